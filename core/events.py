@@ -1,0 +1,163 @@
+"""The engine's events: one dataclass per thing that happens, shared by the dashboard, `--headless --json`,
+the run record and the benchmarks.
+
+`to_dict()` gives the stable JSON schema documented in the README (`{"event": NAME, ...fields}`); add fields,
+never rename them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    event: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict:
+        return {"event": self.event, **asdict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProgress(Event):
+    """Model loading: `stage` in words, `fraction` 0..1 or None when unknown."""
+
+    event: ClassVar[str] = "load"
+    stage: str
+    fraction: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts(Event):
+    """What the dashboard's model panel shows; all numbers read off the loaded model."""
+
+    event: ClassVar[str] = "model"
+    name: str
+    source: str  # "embedded", "gguf", "folder", "hub", "in-memory"
+    architecture: str  # e.g. "LlamaForCausalLM"
+    parameters: int
+    layers: int
+    hidden_size: int
+    vocab_rows: int  # rows of the embedding table = scores computed per run
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    kv_bytes_per_token: int  # 2 * layers * kv_heads * head_dim * bytes_per_element
+    max_context: int
+    device: str
+    dtype: str
+    chat_template: bool
+    trust_remote_code: bool = False
+    load_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Notice(Event):
+    """Something the user should know that is not an error (e.g. no chat template: raw prompt used)."""
+
+    event: ClassVar[str] = "notice"
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPiece:
+    id: int
+    piece: str  # display form: leading space as "␣", newline as "↵"
+    special: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEvent(Event):
+    """Steps 1 and 2: the chat-templated text and its tokens."""
+
+    event: ClassVar[str] = "prompt"
+    text: str  # the formatted text the model reads
+    ids: list[int]
+    pieces: list[PromptPiece]
+    templated: bool  # False when the model has no chat template and the raw prompt is used
+    user_prompt: str = ""
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillEvent(Event):
+    """Step 3: one forward over the whole prompt; `ms` is the time to the first token's scores."""
+
+    event: ClassVar[str] = "prefill"
+    tokens: int
+    ms: float
+    kv_tokens: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    id: int
+    piece: str
+    raw_prob: float  # softmax of the raw logits
+    prob: float  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTokenChar:
+    """A character whose UTF-8 bytes arrived over more than one token (e.g. 开 = e5 bc 80 ← 2 tokens)."""
+
+    char: str
+    hex: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent(Event):
+    """Steps 4-6 for one token: the candidates, the choice, the model run's cost and the text it completed."""
+
+    event: ClassVar[str] = "step"
+    index: int  # 0 = the token scored by prefill
+    id: int
+    piece: str
+    special: bool
+    text: str  # text this token completed ("" while bytes are pending or for special tokens)
+    pending_hex: str  # bytes of an incomplete character, e.g. "e5 bc"
+    pending_needed: int  # how many more bytes the pending character needs
+    completed_chars: list[MultiTokenChar]
+    candidates: list[Candidate]
+    chosen_rank: int  # 0-based rank of the chosen token among all tokens by raw logit
+    chosen_raw_prob: float
+    chosen_prob: float
+    kept_count: int  # tokens left with non-zero probability after top-k / top-p
+    kept_mass: float  # raw probability mass of the kept tokens
+    entropy_bits: float  # of the raw distribution
+    sampled_entropy_bits: float  # of the post-sampler distribution
+    greedy: bool
+    settings: dict  # the SamplerSettings in force for this step
+    settings_changed: bool  # True on the first step that used changed settings
+    latency_ms: float  # the whole step: model run (prefill for index 0) + selection + detokenize
+    forward_ms: float  # the model run alone
+    kv_tokens: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent(Event):
+    event: ClassVar[str] = "done"
+    reason: str  # "eos", "length", "stopped", "error", "context"
+    tokens: int  # tokens selected, the end token included
+    runs: int  # model runs; prefill counts as one
+    scores: int  # vocab_rows * runs
+    ttft_ms: float
+    decode_tok_s: float  # tokens after the first / decode time
+    text: str  # the whole answer, as a one-shot decode would give it
+    prompt_tokens: int = 0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent(Event):
+    """A run ended by a fault. `message` is one actionable line; `step` where it happened (-1 before decode)."""
+
+    event: ClassVar[str] = "error"
+    message: str
+    step: int = -1
+    kind: str = "error"

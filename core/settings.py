@@ -1,0 +1,63 @@
+"""Sampler and run settings, validated once here so every front end gives the same one-line errors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from .errors import SettingsError
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What step 4 (selection) does with the logits.
+
+    temperature 0 means greedy; `greedy=True` forces argmax whatever the temperature.
+    top_k 0 and top_p 1.0 mean "off", as in transformers' generate.
+    """
+
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 0.9
+    greedy: bool = False
+    seed: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+    def validated(self) -> "SamplerSettings":
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise SettingsError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise SettingsError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise SettingsError(f"top-k must be an integer >= 0 (0 = off), got {k!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise SettingsError(f"seed must be an integer >= 0, got {self.seed!r}")
+        return replace(self, temperature=float(t), top_p=float(p))
+
+    def with_changes(self, **changes) -> "SamplerSettings":
+        return replace(self, **changes).validated()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What bounds a run: length, end tokens, how many candidates each step reports."""
+
+    max_new_tokens: int = 256
+    ignore_eos: bool = False
+    top_candidates: int = 10
+
+    def validated(self) -> "RunOptions":
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SettingsError(f"max-new-tokens must be an integer >= 1, got {n!r}")
+        c = self.top_candidates
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise SettingsError(f"top-candidates must be an integer >= 1, got {c!r}")
+        return self

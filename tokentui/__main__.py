@@ -1,0 +1,3 @@
+from tokentui.cli import main
+
+raise SystemExit(main())
