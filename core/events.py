@@ -149,6 +149,7 @@ class DoneEvent(Event):
     decode_tok_s: float  # tokens after the first / decode time
     text: str  # the whole answer, as a one-shot decode would give it
     prompt_tokens: int = 0
+    flushed: str = ""  # stream text released at the end (bytes still pending become U+FFFD, as in a one-shot decode)
     kv_tokens: int = 0
     kv_bytes: int = 0
 

@@ -1,0 +1,280 @@
+"""The generation loop: the six steps run in order and reported as events.
+
+`Engine.run()` is a plain blocking iterator (headless mode, benchmarks); `Engine.events()` is the same run as an
+async iterator whose model work happens on a dedicated thread, so an asyncio caller never blocks. Sampler settings,
+pause, single-step and stop are thread-safe and take effect at the next step boundary; each step event records the
+settings it actually used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import AsyncIterator, Iterator
+
+import torch
+
+from .adapter import input_device, new_cache, synchronize
+from .decode import decode_one_token
+from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
+from .errors import GenerationError, PromptError, SettingsError, TokentuiError
+from .events import (Candidate, DoneEvent, ErrorEvent, Event, ModelFacts, Notice, PrefillEvent, PromptEvent,
+                     StepEvent)
+from .kvcache import cache_nbytes, cache_tokens
+from .loader import LoadedModel
+from .prefill import prefill
+from .select import select
+from .settings import RunOptions, SamplerSettings
+from .template import apply_template
+from .tokenization import tokenize
+
+
+def end_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends an answer: the generation config's (often several, e.g. <|im_end|> and <|endoftext|>)
+    plus the tokenizer's eos."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(i) for i in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
+                 options: RunOptions | None = None):
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.facts: ModelFacts = loaded.facts
+        self.options = (options or RunOptions()).validated()
+        self._sampler = (sampler or SamplerSettings()).validated()
+        self._sampler_changed = False
+        self._cond = threading.Condition()
+        self._paused = False
+        self._step_credits = 0
+        self._run_serial = 0  # the run allowed to continue; a newer run or stop() retires older ones
+        self._stop_serial = -1
+        self._model_lock = threading.Lock()  # one run on the model at a time
+        self.token_bytes = token_bytes(self.tokenizer)
+        self.end_ids = end_token_ids(self.model, self.tokenizer)
+        self.device = input_device(self.model)
+
+    # ------------------------------------------------------------------------------------------- controls
+    @property
+    def sampler(self) -> SamplerSettings:
+        with self._cond:
+            return self._sampler
+
+    def update_sampler(self, **changes) -> SamplerSettings:
+        """Change settings mid-run (validated; raises SettingsError). The next step uses them."""
+        with self._cond:
+            new = self._sampler.with_changes(**changes)
+            if new != self._sampler:
+                self._sampler = new
+                self._sampler_changed = True
+            return new
+
+    @property
+    def paused(self) -> bool:
+        with self._cond:
+            return self._paused
+
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+            self._step_credits = 0
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def step_once(self) -> None:
+        """While paused, let exactly one more step through."""
+        with self._cond:
+            if self._paused:
+                self._step_credits += 1
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        """End the current run at the next step boundary (DoneEvent reason "stopped")."""
+        with self._cond:
+            self._stop_serial = self._run_serial
+            self._cond.notify_all()
+
+    def _gate(self, serial: int) -> bool:
+        """Block while paused; False when this run must stop."""
+        with self._cond:
+            while True:
+                if self._stop_serial >= serial or self._run_serial != serial:
+                    return False
+                if not self._paused:
+                    return True
+                if self._step_credits > 0:
+                    self._step_credits -= 1
+                    return True
+                self._cond.wait()
+
+    def _take_settings(self) -> tuple[SamplerSettings, bool]:
+        with self._cond:
+            changed, self._sampler_changed = self._sampler_changed, False
+            return self._sampler, changed
+
+    # ------------------------------------------------------------------------------------------- the run
+    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+        """One generation, as events: [Notice], PromptEvent, PrefillEvent, StepEvent..., DoneEvent.
+
+        A bad prompt or a fault mid-run ends the stream with an ErrorEvent (one actionable line) instead.
+        """
+        with self._cond:
+            self._run_serial += 1
+            serial = self._run_serial
+            self._sampler_changed = False
+            self._cond.notify_all()
+        with self._model_lock:
+            try:
+                yield from self._run(prompt, system, serial)
+            except TokentuiError as err:
+                yield ErrorEvent(message=str(err), step=getattr(err, "step", -1), kind=type(err).__name__)
+            except torch.cuda.OutOfMemoryError as err:
+                yield ErrorEvent(message=self._oom_message(err), step=getattr(err, "step", -1), kind="oom")
+
+    def _oom_message(self, err) -> str:
+        free, total = (torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0))
+        return (f"out of GPU memory ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free); "
+                "try --dtype bfloat16, fewer --max-new-tokens or a shorter prompt")
+
+    def _run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
+        facts, opts, tok = self.facts, self.options, self.tokenizer
+        # Step 1 — chat template.
+        templated = apply_template(tok, prompt, system)
+        if not templated.templated:
+            yield Notice("this model has no chat template: the raw prompt is used as is")
+        # Step 2 — tokenize.
+        ids, pieces = tokenize(tok, templated, self.token_bytes)
+        if facts.max_context and len(ids) >= facts.max_context:
+            over = len(ids) - facts.max_context + 1
+            raise PromptError(f"the prompt is {len(ids)} tokens, {over} over this model's context of "
+                              f"{facts.max_context}; shorten it")
+        yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
+                          user_prompt=prompt, system_prompt=system)
+        if not self._gate(serial):
+            return
+        # Step 3 — prefill.
+        cache = new_cache(self.model)
+        logits, forward_ms = prefill(self.model, ids, cache)
+        ttft_ms = forward_ms
+        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
+                           kv_bytes=cache_nbytes(cache))
+        generator = torch.Generator(device=logits.device)
+        seed_in_use: int | None = None
+        detok = IncrementalDetokenizer(self.token_bytes)
+        generated: list[int] = []
+        reason = "length"
+        step_start = time.perf_counter() - forward_ms / 1000.0
+        first_token_time = decode_started = None
+        index = 0
+        while True:
+            # Step 4 — selection, with the settings in force now.
+            settings, changed = self._take_settings()
+            if settings.seed != seed_in_use:
+                generator.manual_seed(settings.seed)
+                seed_in_use = settings.seed
+            try:
+                sel = select(logits, settings, generator, opts.top_candidates)
+            except GenerationError as err:
+                located = GenerationError(f"step {index}: {err}")
+                located.step = index
+                raise located from err
+            # Step 6 — detokenize as the token arrives.
+            piece = self.token_bytes
+            det = detok.push(sel.token_id)
+            generated.append(sel.token_id)
+            now = time.perf_counter()
+            if first_token_time is None:
+                first_token_time = now
+            yield StepEvent(
+                index=index, id=sel.token_id, piece=display_piece(piece, sel.token_id), special=det.special,
+                text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
+                completed_chars=list(det.completed),
+                candidates=[Candidate(id=i, piece=display_piece(piece, i), raw_prob=r, prob=p)
+                            for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)],
+                chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
+                kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
+                sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings.to_dict(),
+                settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=forward_ms,
+                kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+            )
+            index += 1
+            if sel.token_id in self.end_ids and not opts.ignore_eos:
+                reason = "eos"
+                break
+            if index >= opts.max_new_tokens:
+                reason = "length"
+                break
+            if facts.max_context and cache_tokens(cache) + 1 >= facts.max_context:
+                reason = "context"
+                break
+            if not self._gate(serial):
+                reason = "stopped"
+                break
+            # Step 5 — decode: only the new token goes through the model.
+            step_start = time.perf_counter()
+            if decode_started is None:
+                decode_started = step_start
+            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache)
+        end = time.perf_counter()
+        decoded = len(generated) - 1
+        decode_s = (end - decode_started) if decode_started is not None else 0.0
+        yield DoneEvent(
+            reason=reason, tokens=len(generated), runs=len(generated), scores=len(generated) * facts.vocab_rows,
+            ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decode_s > 0 else 0.0,
+            text=oneshot_text(tok, generated), prompt_tokens=len(ids), flushed=detok.finish(), kv_tokens=cache_tokens(cache),
+            kv_bytes=cache_nbytes(cache),
+        )
+
+    # ------------------------------------------------------------------------------------------- async
+    async def events(self, prompt: str, system: str | None = None, maxsize: int = 256) -> AsyncIterator[Event]:
+        """The same run as an async iterator. The model work runs on its own thread; a bounded queue gives
+        back-pressure (the producer waits when the consumer falls `maxsize` events behind). Leaving the
+        `async for` early stops the run."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
+        finished = object()
+        abandoned = threading.Event()
+
+        def produce() -> None:
+            try:
+                for event in self.run(prompt, system):
+                    if abandoned.is_set():
+                        self.stop()
+                        continue
+                    asyncio.run_coroutine_threadsafe(queue.put(event), loop).result()
+            except BaseException as err:  # surface bugs to the awaiting side, not a dead thread
+                if not abandoned.is_set():
+                    asyncio.run_coroutine_threadsafe(queue.put(err), loop).result()
+                return
+            if not abandoned.is_set():
+                asyncio.run_coroutine_threadsafe(queue.put(finished), loop).result()
+
+        thread = threading.Thread(target=produce, name="tokentui-engine", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is finished:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            abandoned.set()
+            self.stop()
+            while not queue.empty():  # unblock a producer waiting on a full queue
+                queue.get_nowait()
+            await asyncio.to_thread(thread.join, 30)

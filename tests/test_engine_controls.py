@@ -1,0 +1,201 @@
+"""Live controls: settings changed mid-run, pause / single step / stop, and the async face of the engine.
+A tiny random model keeps these fast; what is checked is the loop's behaviour, not the model."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from conftest import tiny_model
+from tokentui.core.engine import Engine
+from tokentui.core.errors import SettingsError
+from tokentui.core.events import DoneEvent, ErrorEvent, StepEvent
+from tokentui.core.loader import LoadedModel, model_facts
+from tokentui.core.settings import RunOptions, SamplerSettings
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    model = tiny_model("llama", smol_tokenizer)
+    return LoadedModel(model=model, tokenizer=smol_tokenizer,
+                       facts=model_facts(model, smol_tokenizer, name="tiny-llama"))
+
+
+def test_settings_changed_mid_run_apply_at_the_next_step(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=1.0, top_p=1.0, seed=1), RunOptions(max_new_tokens=8,
+                                                                                          ignore_eos=True))
+    seen = []
+    for event in engine.run("Is OpenAI open?"):
+        if isinstance(event, StepEvent):
+            seen.append(event)
+            if event.index == 2:
+                engine.update_sampler(temperature=0.0, top_k=5)
+    assert [s.settings["temperature"] for s in seen] == [1.0, 1.0, 1.0] + [0.0] * 5
+    assert [s.settings_changed for s in seen] == [False, False, False, True, False, False, False, False]
+    assert all(s.greedy for s in seen[3:]) and not any(s.greedy for s in seen[:3])
+    assert all(s.id == s.candidates[0].id for s in seen[3:])  # greedy = the top raw candidate
+    assert seen[3].settings["top_k"] == 5
+
+
+def test_invalid_live_change_is_refused_and_the_run_goes_on(tiny):
+    engine = Engine(tiny, SamplerSettings(), RunOptions(max_new_tokens=4, ignore_eos=True))
+    for bad in (dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)):
+        with pytest.raises(SettingsError):
+            engine.update_sampler(**bad)
+    assert engine.sampler == SamplerSettings()
+    assert isinstance(list(engine.run("Hi"))[-1], DoneEvent)
+
+
+def test_new_seed_mid_run_reseeds_from_that_step(tiny):
+    opts = RunOptions(max_new_tokens=10, ignore_eos=True)
+
+    def ids(change_at=None):
+        engine = Engine(tiny, SamplerSettings(temperature=1.5, top_p=1.0, seed=1), opts)
+        out = []
+        for e in engine.run("Hi"):
+            if isinstance(e, StepEvent):
+                out.append(e.id)
+                if e.index == change_at:
+                    engine.update_sampler(seed=2)
+        return out
+
+    base, changed = ids(), ids(change_at=4)
+    assert base[:5] == changed[:5] and base[5:] != changed[5:]
+
+
+def _collect_in_thread(engine, prompt="Is OpenAI open?"):
+    events: list = []
+
+    def consume():
+        for event in engine.run(prompt):
+            events.append(event)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    return events, thread
+
+
+def _steps(events):
+    return [e for e in list(events) if isinstance(e, StepEvent)]
+
+
+def _wait_for(predicate, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_pause_single_step_resume_and_stop(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=100_000, ignore_eos=True))
+    engine.pause()
+    events, thread = _collect_in_thread(engine)
+    # Paused before the prefill: nothing past the prompt event.
+    time.sleep(0.3)
+    assert _steps(events) == []
+    engine.step_once()
+    assert _wait_for(lambda: len(_steps(events)) == 1)
+    time.sleep(0.3)
+    assert len(_steps(events)) == 1  # exactly one step per press
+    engine.step_once()
+    engine.step_once()
+    assert _wait_for(lambda: len(_steps(events)) == 3)
+    time.sleep(0.2)
+    assert len(_steps(events)) == 3
+    engine.resume()
+    assert _wait_for(lambda: len(_steps(events)) > 20)
+    engine.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.reason == "stopped"
+    assert done.tokens == len(_steps(events))
+
+
+def test_stop_while_paused_ends_the_run(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=1000, ignore_eos=True))
+    events, thread = _collect_in_thread(engine)
+    assert _wait_for(lambda: len(_steps(events)) >= 2)
+    engine.pause()
+    time.sleep(0.1)
+    engine.stop()
+    thread.join(10)
+    assert not thread.is_alive() and events[-1].reason == "stopped"
+
+
+def test_a_new_run_retires_the_previous_one(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=100_000, ignore_eos=True))
+    first, thread = _collect_in_thread(engine)
+    assert _wait_for(lambda: len(_steps(first)) >= 2)
+    engine.options = RunOptions(max_new_tokens=3, ignore_eos=True)
+    second = list(engine.run("Hi"))  # starting it retires the first run at its next step boundary
+    thread.join(10)
+    assert not thread.is_alive() and first[-1].reason == "stopped"
+    assert isinstance(second[-1], DoneEvent) and second[-1].reason == "length" and second[-1].tokens == 3
+
+
+async def test_async_events_match_the_blocking_run(tiny):
+    opts = RunOptions(max_new_tokens=12, ignore_eos=True)
+    engine = Engine(tiny, SamplerSettings(temperature=0), opts)
+    blocking = [e.id for e in engine.run("Hi") if isinstance(e, StepEvent)]
+    ticks = 0
+
+    async def ticker():  # the event loop keeps running while the model works
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    got = [e async for e in engine.events("Hi")]
+    task.cancel()
+    assert [e.id for e in got if isinstance(e, StepEvent)] == blocking
+    assert isinstance(got[-1], DoneEvent) and ticks > 3
+
+
+async def test_leaving_the_async_loop_early_stops_the_run(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=100_000, ignore_eos=True))
+    count = 0
+    agen = engine.events("Hi", maxsize=4)
+    async for event in agen:
+        if isinstance(event, StepEvent):
+            count += 1
+            if count == 5:
+                break
+    await agen.aclose()
+    # The engine is free again: a new run completes.
+    engine.options = RunOptions(max_new_tokens=3, ignore_eos=True)
+    assert isinstance(list(engine.run("Hi"))[-1], DoneEvent)
+
+
+def test_empty_and_too_long_prompts_end_with_an_error_event(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=3))
+    err = list(engine.run("   "))[-1]
+    assert isinstance(err, ErrorEvent) and "empty" in err.message
+    err = list(engine.run("word " * 600))[-1]  # tiny model context: 512
+    assert isinstance(err, ErrorEvent) and "over this model's context of 512" in err.message
+
+
+def test_nan_logits_stop_the_run_naming_the_step(tiny):
+    import torch
+
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=10, ignore_eos=True))
+    calls = {"n": 0}
+
+    def poison(module, args, output):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            return output * float("nan")
+    handle = tiny.model.lm_head.register_forward_hook(poison)
+    try:
+        events = list(engine.run("Hi"))
+    finally:
+        handle.remove()
+    err = events[-1]
+    assert isinstance(err, ErrorEvent) and "step 2" in err.message and "NaN" in err.message
+    assert len(_steps(events)) == 2

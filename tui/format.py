@@ -1,0 +1,89 @@
+"""Small formatting helpers shared by the panels (plain Python, no Textual)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def human_count(n: int | float) -> str:
+    """135_000_000 -> '135M', 596_049_920 -> '596M', 1_540_000_000 -> '1.54B', 999 -> '999'."""
+    n = float(n)
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            v = n / div
+            if v >= 100:
+                return f"{v:.0f}{unit}"
+            if v >= 10:
+                return f"{v:.1f}".rstrip("0").rstrip(".") + unit
+            return f"{v:.2f}".rstrip("0").rstrip(".") + unit
+    return f"{n:.0f}"
+
+
+def human_bytes(n: int | float) -> str:
+    """Binary units: 114688 -> '112 KiB', 1.5 MiB, 3.2 GiB."""
+    n = float(n)
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if n >= 100 else f"{n:.1f} {unit}"
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def ms(value: float | None) -> str:
+    """Milliseconds with sensible precision: 0.42 ms, 8.3 ms, 42 ms, 1,234 ms."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if value < 1:
+        return f"{value:.2f} ms"
+    if value < 10:
+        return f"{value:.1f} ms"
+    return f"{value:,.0f} ms"
+
+
+def percent(p: float, digits: int = 1) -> str:
+    return f"{p * 100:.{digits}f}%"
+
+
+def display_piece(piece: str) -> str:
+    """A token's display form on one line: spaces as ␣, newlines as ↵, tabs as →, other controls escaped."""
+    out = []
+    for ch in piece:
+        if ch == " ":
+            out.append("␣")
+        elif ch == "\n":
+            out.append("↵")
+        elif ch == "\t":
+            out.append("→")
+        elif ch == "\r":
+            out.append("⏎")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def short_path(path: os.PathLike | str | None, width: int = 60) -> str:
+    """`~` for the home directory and an ellipsis in the middle when longer than `width`."""
+    if path is None:
+        return ""
+    text = str(path)
+    home = str(Path.home())
+    if home and home != "/" and text.startswith(home + os.sep):
+        text = "~" + text[len(home):]
+    if len(text) > width > 8:
+        keep = width - 1
+        text = text[: keep // 3] + "…" + text[-(keep - keep // 3):]
+    return text
+
+
+def p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, math.ceil(0.95 * len(ordered)) - 1)
+    return ordered[k]

@@ -1,0 +1,90 @@
+"""One table of every key: the app's bindings, the footer, the help screen and the command palette read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+TEMPERATURE = Binding.Group("temp", compact=True)
+TOP_P = Binding.Group("top-p", compact=True)
+TOP_K = Binding.Group("top-k", compact=True)
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    id: str  # binding id (usable in a Textual keymap), "tokentui.<name>"
+    keys: str  # Textual key names, comma-separated
+    display: str  # how the help screen shows the keys
+    action: str
+    footer: str  # short description for the footer
+    title: str  # command palette title
+    help: str  # one line for the help screen and the palette
+    group: Binding.Group | None = None
+    show: bool = True
+
+
+KEYS: tuple[KeySpec, ...] = (
+    KeySpec("tokentui.temperature-down", "t", "t", "temperature(-1)", "−", "Temperature down",
+            "temperature −0.1 (stops at 0 = greedy); applies at the next step", TEMPERATURE),
+    KeySpec("tokentui.temperature-up", "T,shift+t", "T", "temperature(1)", "+", "Temperature up",
+            "temperature +0.1; applies at the next step", TEMPERATURE),
+    KeySpec("tokentui.top-p-down", "p", "p", "top_p(-1)", "−", "Top-p down",
+            "top-p −0.05 (keeps a smaller set; min 0.05)", TOP_P),
+    KeySpec("tokentui.top-p-up", "P,shift+p", "P", "top_p(1)", "+", "Top-p up",
+            "top-p +0.05 (1.0 = off)", TOP_P),
+    KeySpec("tokentui.top-k-down", "k", "k", "top_k(-1)", "−", "Top-k down",
+            "top-k one notch down: off, 100, 50, 20, 10, 5, 2, 1", TOP_K),
+    KeySpec("tokentui.top-k-up", "K,shift+k", "K", "top_k(1)", "+", "Top-k up",
+            "top-k one notch up: 1, 2, 5, 10, 20, 50, 100, off", TOP_K),
+    KeySpec("tokentui.greedy", "g", "g", "toggle_greedy", "greedy", "Greedy / sample",
+            "switch between greedy decoding (always the top token) and sampling"),
+    KeySpec("tokentui.seed", "s", "s", "new_seed", "seed", "New seed",
+            "draw a new random seed for sampling"),
+    KeySpec("tokentui.pause", "space", "space", "toggle_pause", "pause", "Pause / resume",
+            "pause or resume generation at the next step boundary"),
+    KeySpec("tokentui.step", "n,right", "n / →", "step", "step", "One step",
+            "while paused: let exactly one token through"),
+    KeySpec("tokentui.restart", "r", "r", "restart", "restart", "Restart",
+            "run the same prompt again with the same seed"),
+    KeySpec("tokentui.edit", "e", "e", "edit_prompt", "prompt", "Edit prompt",
+            "edit the prompt and system prompt, then run again"),
+    KeySpec("tokentui.heat", "h", "h", "toggle_heat", "heat", "Heat map",
+            "colour each answer token by the probability it had; show token boundaries"),
+    KeySpec("tokentui.ids", "i", "i", "toggle_ids", "ids", "Token ids",
+            "show the token id on every prompt chip"),
+    KeySpec("tokentui.export", "x", "x", "export", "export", "Export answer",
+            "write the answer to a text file next to the run record and show both paths"),
+    KeySpec("tokentui.help", "question_mark", "?", "help", "help", "Help",
+            "list every key"),
+    KeySpec("tokentui.quit", "q", "q", "quit", "quit", "Quit",
+            "stop generating and leave"),
+)
+
+
+def app_bindings() -> list[Binding]:
+    bindings = []
+    for spec in KEYS:
+        bindings.append(Binding(
+            spec.keys, spec.action, spec.footer, show=spec.show, key_display=spec.display.split(" ")[0],
+            tooltip=spec.help, id=spec.id, group=spec.group,
+        ))
+    return bindings
+
+
+TOP_K_STEPS = (1, 2, 5, 10, 20, 50, 100, 0)  # ascending in how many tokens are kept; 0 = off = all
+
+
+def next_top_k(current: int, direction: int) -> int:
+    """One notch along TOP_K_STEPS; a value between notches moves to the neighbouring notch."""
+    rank = [k if k else 10**12 for k in TOP_K_STEPS]
+    cur = current if current else 10**12
+    if direction > 0:
+        for k, r in zip(TOP_K_STEPS, rank):
+            if r > cur:
+                return k
+        return TOP_K_STEPS[-1]
+    for k, r in reversed(list(zip(TOP_K_STEPS, rank))):
+        if r < cur:
+            return k
+    return TOP_K_STEPS[0]

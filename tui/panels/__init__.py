@@ -1,0 +1,24 @@
+"""One widget per dashboard panel."""
+
+from .candidates import CandidatesPanel
+from .kv import KVPanel
+from .model import ModelPanel
+from .output import OutputPanel, OutputView
+from .pending import PendingPanel
+from .prompt import PromptPanel
+from .sampler import SamplerPanel
+from .speed import SpeedPanel
+from .status import StatusLine
+
+__all__ = [
+    "CandidatesPanel",
+    "KVPanel",
+    "ModelPanel",
+    "OutputPanel",
+    "OutputView",
+    "PendingPanel",
+    "PromptPanel",
+    "SamplerPanel",
+    "SpeedPanel",
+    "StatusLine",
+]

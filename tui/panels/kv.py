@@ -1,0 +1,66 @@
+"""The KV cache: what prefill stored and every decode step adds (keys and values for each layer)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from ..format import human_bytes
+from .base import Panel
+
+
+class KVPanel(Panel):
+    TITLE = "KV cache"
+
+    COMPONENT_CLASSES = {"kv--label", "kv--value", "kv--muted", "kv--fill", "kv--empty"}
+
+    DEFAULT_CSS = """
+    KVPanel {
+        & > .kv--label { color: $text-muted; }
+        & > .kv--value { color: $accent; text-style: bold; }
+        & > .kv--muted { color: $text-muted; }
+        & > .kv--fill { color: $bar; }
+        & > .kv--empty { color: $bar-raw; }
+    }
+    """
+
+    def build(self, state) -> Text:
+        label = self.style_of("kv--label")
+        value = self.style_of("kv--value")
+        muted = self.style_of("kv--muted")
+        facts = state.facts
+        width = max(10, self.content_size.width or 30)
+        out = Text()
+        if facts is None:
+            return Text("filled by prefill, grown by every decode step", style=muted)
+        prompt_tokens = len(state.prompt.ids) if state.prompt else 0
+        out.append("tokens     ", label)
+        out.append(f"{state.kv_tokens:,}", value)
+        if state.kv_tokens and prompt_tokens:
+            out.append(f"  ({prompt_tokens:,} prompt + {max(0, state.kv_tokens - prompt_tokens):,})", muted)
+        out.append("\nsize       ", label)
+        out.append(human_bytes(state.kv_bytes), value)
+        out.append("\nper token  ", label)
+        out.append(human_bytes(facts.kv_bytes_per_token), value)
+        out.append("\n" + " " * 11 + f"2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}", muted)
+        out.append("\ngrowth     ", label)
+        growth = state.kv_growth
+        out.append(f"+{human_bytes(growth)}" if growth else "—", value)
+        out.append(" / step", muted)
+        fill = (state.kv_tokens / facts.max_context) if facts.max_context else 0.0
+        out.append("\ncontext    ", label)
+        out.append(f"{fill * 100:.2f}%", value)
+        out.append(f" of {facts.max_context:,}", muted)
+        out.append("\n")
+        out.append_text(self.gauge(fill, width))
+        return out
+
+    def gauge(self, fill: float, width: int) -> Text:
+        cells = width
+        filled = fill * cells
+        full = int(filled)
+        if fill > 0 and full == 0:
+            full = 1  # never show a used cache as empty
+        text = Text()
+        text.append("█" * min(full, cells), self.style_of("kv--fill"))
+        text.append("░" * max(0, cells - full), self.style_of("kv--empty"))
+        return text

@@ -1,0 +1,279 @@
+"""The answer, streaming in (step 6, detokenize).
+
+`OutputView` is append-only: each token's text is laid out once into wrapped lines (a list of slices of the
+token texts) and only the visible lines are drawn (Textual's line API), so a 4,000-token answer costs the same per
+step as a 40-token one. `h` switches to the heat map: each token coloured by the raw probability it had when it
+was chosen, on alternating backgrounds that show where one token ends and the next begins; that only changes how
+lines are drawn, not the layout.
+"""
+
+from __future__ import annotations
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from textual.color import Color
+from textual.containers import Vertical
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+HEAT_LEVELS = 10
+
+
+class OutputView(ScrollView, can_focus=True):
+    """Wrapped, append-only token text with an optional heat map."""
+
+    COMPONENT_CLASSES = {
+        "output--heat-low",
+        "output--heat-high",
+        "output--boundary-a",
+        "output--boundary-b",
+        "output--pending",
+        "output--placeholder",
+    }
+
+    DEFAULT_CSS = """
+    OutputView {
+        background: $surface;
+        color: $foreground;
+        height: 1fr;
+        overflow-y: auto;
+        overflow-x: hidden;
+        scrollbar-size-vertical: 1;
+        & > .output--heat-low { color: $heat-low; }
+        & > .output--heat-high { color: $heat-high; }
+        & > .output--boundary-a { background: $boundary-a; }
+        & > .output--boundary-b { background: $boundary-b; }
+        & > .output--pending { color: $pending-bytes; text-style: bold; }
+        & > .output--placeholder { color: $text-muted; text-style: italic; }
+    }
+    """
+
+    heat: reactive[bool] = reactive(False)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._texts: list[str] = []
+        self._probs: list[float] = []
+        # each line: list of (token index, start, end) slices; widths in cells
+        self._lines: list[list[tuple[int, int, int]]] = [[]]
+        self._line_cells: list[int] = [0]
+        self._wrap = 0
+        self.pending_marker = ""
+        self.placeholder = ""
+        self._styles_cache: dict | None = None
+
+    # ---- data --------------------------------------------------------------------------------------------
+    @property
+    def token_count(self) -> int:
+        return len(self._texts)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts)
+
+    def clear(self) -> None:
+        self._texts.clear()
+        self._probs.clear()
+        self._lines = [[]]
+        self._line_cells = [0]
+        self.pending_marker = ""
+        self.virtual_size = Size(self._wrap, 1)
+        self.scroll_to(0, 0, animate=False, immediate=True)
+        self.refresh()
+
+    def append(self, tokens: list[tuple[str, float]]) -> None:
+        """Add tokens (text, probability); lays out only the new text."""
+        if not tokens:
+            return
+        at_end = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        first_dirty = len(self._lines) - 1
+        for text, prob in tokens:
+            index = len(self._texts)
+            self._texts.append(text)
+            self._probs.append(prob)
+            if self._wrap > 0:
+                self._layout(index)
+        self._update_size()
+        self.refresh_lines(first_dirty, len(self._lines) - first_dirty)
+        if at_end:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def set_pending(self, marker: str) -> None:
+        if marker != self.pending_marker:
+            self.pending_marker = marker
+            self.refresh_lines(len(self._lines) - 1)
+
+    def _update_size(self) -> None:
+        self.virtual_size = Size(self._wrap, len(self._lines))
+
+    # ---- layout ------------------------------------------------------------------------------------------
+    def _newline(self) -> None:
+        self._lines.append([])
+        self._line_cells.append(0)
+
+    def _layout(self, index: int) -> None:
+        text = self._texts[index]
+        width = self._wrap
+        start = 0
+        for part_no, part in enumerate(text.split("\n")):
+            if part_no:
+                start += 1  # the newline character
+                self._newline()
+            self._place(index, start, part, width)
+            start += len(part)
+
+    def _place(self, index: int, offset: int, part: str, width: int) -> None:
+        if not part:
+            return
+        cells = cell_len(part)
+        used = self._line_cells[-1]
+        if used + cells <= width:
+            self._lines[-1].append((index, offset, offset + len(part)))
+            self._line_cells[-1] = used + cells
+            return
+        if cells <= width and used > 0:
+            # word wrap at the token boundary; a leading space is not carried to the new line
+            self._newline()
+            stripped = part.lstrip(" ")
+            skip = len(part) - len(stripped)
+            if stripped:
+                self._lines[-1].append((index, offset + skip, offset + len(part)))
+                self._line_cells[-1] = cell_len(stripped)
+            return
+        # a piece longer than the line: break it by characters
+        run_start = 0
+        used = self._line_cells[-1]
+        for i, ch in enumerate(part):
+            w = cell_len(ch)
+            if used + w > width and (used > 0):
+                if i > run_start:
+                    self._lines[-1].append((index, offset + run_start, offset + i))
+                    self._line_cells[-1] = used
+                self._newline()
+                run_start, used = i, 0
+            used += w
+        if len(part) > run_start:
+            self._lines[-1].append((index, offset + run_start, offset + len(part)))
+            self._line_cells[-1] = used
+
+    def _relayout(self) -> None:
+        self._lines = [[]]
+        self._line_cells = [0]
+        for index in range(len(self._texts)):
+            self._layout(index)
+        self._update_size()
+
+    def on_resize(self) -> None:
+        width = max(1, self.scrollable_content_region.width - 1)  # keep a column for the pending marker
+        if width != self._wrap:
+            at_end = self.is_vertical_scroll_end or self.max_scroll_y == 0
+            self._wrap = width
+            self._relayout()
+            self.refresh()
+            if at_end:
+                self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    # ---- drawing -----------------------------------------------------------------------------------------
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles_cache = None
+
+    def _palette(self) -> dict:
+        if self._styles_cache is None:
+            base = self.rich_style
+            low = Color.from_rich_color(self.get_component_rich_style("output--heat-low").color)
+            high = Color.from_rich_color(self.get_component_rich_style("output--heat-high").color)
+            bg_a = self.get_component_rich_style("output--boundary-a")
+            bg_b = self.get_component_rich_style("output--boundary-b")
+            heat = []
+            for level in range(HEAT_LEVELS):
+                colour = low.blend(high, level / (HEAT_LEVELS - 1)).rich_color
+                heat.append((base + bg_a + Style(color=colour), base + bg_b + Style(color=colour)))
+            self._styles_cache = {
+                "base": base,
+                "heat": heat,
+                "pending": base + self.get_component_rich_style("output--pending"),
+                "placeholder": base + self.get_component_rich_style("output--placeholder"),
+            }
+        return self._styles_cache
+
+    def watch_heat(self) -> None:
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        line_no = scroll_y + y
+        palette = self._palette()
+        base = palette["base"]
+        if not self._texts:
+            if y == 0 and self.placeholder:
+                return Strip([Segment(self.placeholder, palette["placeholder"])]).crop_extend(0, width, base)
+            return Strip.blank(width, base)
+        if line_no >= len(self._lines):
+            return Strip.blank(width, base)
+        segments = []
+        texts, probs = self._texts, self._probs
+        heat = self.heat
+        for index, start, end in self._lines[line_no]:
+            piece = texts[index][start:end]
+            if heat:
+                level = min(HEAT_LEVELS - 1, max(0, int(probs[index] * (HEAT_LEVELS - 1) + 0.5)))
+                style = palette["heat"][level][index % 2]
+            else:
+                style = base
+            segments.append(Segment(piece, style))
+        if line_no == len(self._lines) - 1 and self.pending_marker:
+            segments.append(Segment(self.pending_marker, palette["pending"]))
+        return Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
+
+
+class OutputPanel(Vertical):
+    """Border + OutputView; the app feeds it new tokens at each flush."""
+
+    DEFAULT_CSS = """
+    OutputPanel {
+        border: round $primary 40%;
+        border-title-color: $primary;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        background: $surface;
+        padding: 0 0 0 1;
+        height: 1fr;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.border_title = "6 detokenize · answer"
+        self.view = OutputView(id="output-view")
+        self.view.placeholder = "waiting for the first token…"
+
+    def compose(self):
+        yield self.view
+
+    def set_heat(self, on: bool) -> None:
+        self.view.heat = on
+        self.border_subtitle = "heat: raw p of each token · low ▁▃▅▇ high" if on else ""
+
+    def sync(self, state) -> None:
+        """Append the tokens this view has not seen yet; update the pending-bytes marker."""
+        view = self.view
+        if len(state.tokens) < view.token_count:
+            view.clear()
+        new = state.tokens[view.token_count:]
+        if new:
+            view.append([(t.text, t.raw_prob) for t in new])
+        hex_, _need = state.pending
+        view.set_pending("▒" if hex_ else "")
+        if state.phase == "error" and not state.tokens:
+            view.placeholder = "no answer: the run failed"
+        elif state.phase == "loading":
+            view.placeholder = "loading the model…"
+        else:
+            view.placeholder = "waiting for the first token…"
+        if not state.tokens:
+            view.refresh()

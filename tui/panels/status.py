@@ -1,0 +1,116 @@
+"""The status line: what the app is doing, where the run is recorded, and warnings that must stay visible."""
+
+from __future__ import annotations
+
+from rich.cells import cell_len
+from rich.text import Text
+from textual.widgets import Static
+
+from ..format import short_path
+from .base import component_style
+
+REASONS = {
+    "eos": "end token",
+    "length": "length limit",
+    "stopped": "stopped",
+    "error": "error",
+    "context": "context full",
+}
+
+
+class StatusLine(Static):
+    COMPONENT_CLASSES = {"status--state", "status--busy", "status--ok", "status--error", "status--warning",
+                         "status--muted", "status--paused"}
+
+    DEFAULT_CSS = """
+    StatusLine {
+        height: 1;
+        background: $panel;
+        color: $foreground;
+        padding: 0 1;
+        & > .status--state { color: $primary; text-style: bold; }
+        & > .status--busy { color: $accent; text-style: bold; }
+        & > .status--ok { color: $success; text-style: bold; }
+        & > .status--error { color: $error; text-style: bold; }
+        & > .status--warning { color: $warning; text-style: bold; }
+        & > .status--paused { color: $warning; text-style: bold; }
+        & > .status--muted { color: $text-muted; }
+    }
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._last = None
+        self.paused = False
+        self.max_new_tokens: int | None = None
+        self.message: str | None = None  # transient app message (e.g. "exported …"), shown on the right
+
+    def show(self, state) -> None:
+        self._last = state
+        self.update(self.build(state))
+
+    def on_resize(self) -> None:
+        if self._last is not None:
+            self.show(self._last)
+
+    def build(self, state) -> Text:
+        s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
+        left = Text()
+        phase = state.phase
+        if phase == "loading":
+            left.append("◌ loading ", s("busy"))
+            left.append(state.load_stage or "", s("muted"))
+            if state.load_fraction is not None:
+                frac = min(max(state.load_fraction, 0.0), 1.0)
+                filled = round(frac * 10)
+                left.append(f" {frac * 100:.0f}% ", s("busy"))
+                left.append("█" * filled + "░" * (10 - filled), s("busy"))
+        elif phase == "load-failed":
+            left.append("✗ model not loaded ", s("error"))
+            left.append("· r retry · q quit", s("muted"))
+        elif phase in ("starting", "prefill"):
+            left.append("◐ prefill ", s("busy"))
+            if state.prompt is not None:
+                left.append(f"· reading {len(state.prompt.ids):,} prompt tokens in one run", s("muted"))
+        elif phase == "decoding":
+            step = state.last_step.index if state.last_step else 0
+            if self.paused:
+                left.append(f"‖ paused at step {step} ", s("paused"))
+                left.append("· n one step · space resume", s("muted"))
+            else:
+                left.append("● decoding ", s("state"))
+                left.append(f"· step {step}", s("muted"))
+        elif phase == "done" and state.done is not None:
+            reason = state.done.reason
+            words = REASONS.get(reason, reason)
+            if reason == "length" and self.max_new_tokens:
+                words += f" ({self.max_new_tokens})"
+            left.append("✓ done: ", s("ok"))
+            left.append(words, s("ok"))
+            left.append(f" · {state.done.tokens:,} tokens", s("muted"))
+        elif phase == "error":
+            left.append("✗ error", s("error"))
+            if state.error is not None and state.error.step >= 0:
+                left.append(f" at step {state.error.step}", s("error"))
+            left.append(f": {state.error_message or ''}", s("error"))
+        else:
+            left.append(phase, s("state"))
+        if state.facts is not None and state.facts.trust_remote_code:
+            left.append("  ⚠ trust-remote-code", s("warning"))
+
+        width = max(1, self.content_size.width or 80)
+        room = width - left.cell_len - 2
+        right = Text()
+        if self.message:
+            message = self.message if len(self.message) <= room else self.message[: max(0, room - 1)] + "…"
+            right.append(message, s("muted"))
+        elif state.record_path is not None:
+            right.append("record ", s("muted"))
+            right.append(short_path(state.record_path, max(10, room - 7)))
+        if right and room > 12:
+            gap = width - left.cell_len - right.cell_len
+            left.append(" " * max(2, gap))
+            left.append_text(right)
+        elif cell_len(left.plain) > width:
+            left.truncate(width, overflow="ellipsis")
+        return left

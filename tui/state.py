@@ -1,0 +1,185 @@
+"""Everything the panels show, folded from the engine's events (plain Python, no Textual, testable alone)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokentui.core.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    LoadProgress,
+    ModelFacts,
+    MultiTokenChar,
+    Notice,
+    PrefillEvent,
+    PromptEvent,
+    StepEvent,
+)
+
+from .format import p95
+
+PLOT_POINTS = 512  # bounded latency history for the plot
+
+
+@dataclass(slots=True)
+class Token:
+    """One chosen token as the output panel needs it."""
+
+    text: str
+    raw_prob: float
+    prob: float
+    special: bool
+    piece: str
+
+
+@dataclass
+class RunState:
+    """The dashboard's model: the loaded model, the current run, and totals over the session."""
+
+    facts: ModelFacts | None = None
+    phase: str = "loading"  # loading, load-failed, starting, prefill, decoding, done, error
+    load_stage: str = "starting"
+    load_fraction: float | None = None
+    run_id: int = 0
+    runs_started: int = 0
+    record_path: Path | None = None
+    prompt: PromptEvent | None = None
+    notices: list[str] = field(default_factory=list)
+    prefill: PrefillEvent | None = None
+    tokens: list[Token] = field(default_factory=list)
+    last_step: StepEvent | None = None
+    settings_changed_at: int | None = None  # step index at which the latest sampler change took effect
+    ttft_ms: float | None = None
+    decode_latencies: list[float] = field(default_factory=list)  # decode steps (index >= 1), all of them
+    plot_points: deque = field(default_factory=lambda: deque(maxlen=PLOT_POINTS))  # (index, latency ms)
+    multi_token_chars: deque = field(default_factory=lambda: deque(maxlen=8))
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    kv_growth: int = 0  # bytes added by the latest step
+    done: DoneEvent | None = None
+    error: ErrorEvent | None = None
+    error_message: str | None = None
+
+    # ---- run lifecycle -------------------------------------------------------------------------------------
+    def start_run(self, run_id: int) -> None:
+        """Forget the previous run (the model facts stay)."""
+        self.run_id = run_id
+        self.runs_started += 1
+        self.phase = "starting"
+        self.record_path = None
+        self.prompt = None
+        self.notices = []
+        self.prefill = None
+        self.tokens = []
+        self.last_step = None
+        self.settings_changed_at = None
+        self.ttft_ms = None
+        self.decode_latencies = []
+        self.plot_points.clear()
+        self.multi_token_chars.clear()
+        self.kv_tokens = 0
+        self.kv_bytes = 0
+        self.kv_growth = 0
+        self.done = None
+        self.error = None
+        self.error_message = None
+
+    @property
+    def running(self) -> bool:
+        return self.phase in ("starting", "prefill", "decoding")
+
+    # ---- folding events ------------------------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        if isinstance(event, StepEvent):
+            self._step(event)
+        elif isinstance(event, PromptEvent):
+            self.prompt = event
+            self.phase = "prefill"
+        elif isinstance(event, PrefillEvent):
+            self.prefill = event
+            self._kv(event.kv_tokens, event.kv_bytes)
+        elif isinstance(event, DoneEvent):
+            self.done = event
+            self.phase = "done"
+            self.ttft_ms = event.ttft_ms or self.ttft_ms
+            if event.kv_tokens:
+                self._kv(event.kv_tokens, event.kv_bytes, growth=False)
+        elif isinstance(event, ErrorEvent):
+            self.error = event
+            self.error_message = event.message
+            self.phase = "error"
+        elif isinstance(event, Notice):
+            self.notices.append(event.message)
+        elif isinstance(event, ModelFacts):
+            self.facts = event
+        elif isinstance(event, LoadProgress):
+            self.load_stage = event.stage
+            self.load_fraction = event.fraction
+
+    def _kv(self, tokens: int, nbytes: int, growth: bool = True) -> None:
+        if growth and self.kv_bytes:
+            self.kv_growth = nbytes - self.kv_bytes
+        self.kv_tokens, self.kv_bytes = tokens, nbytes
+
+    def _step(self, step: StepEvent) -> None:
+        self.phase = "decoding"
+        self.last_step = step
+        self.tokens.append(Token(step.text, step.chosen_raw_prob, step.chosen_prob, step.special, step.piece))
+        if step.settings_changed:
+            self.settings_changed_at = step.index
+        if step.index == 0:
+            self.ttft_ms = step.latency_ms
+        else:
+            self.decode_latencies.append(step.latency_ms)
+            self.plot_points.append((step.index, step.latency_ms))
+        self.multi_token_chars.extend(step.completed_chars)
+        self._kv(step.kv_tokens, step.kv_bytes)
+
+    # ---- derived numbers -----------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Model runs so far in this run (prefill counts as one: it scores the first token)."""
+        return len(self.tokens)
+
+    @property
+    def model_runs(self) -> int:
+        return self.done.runs if self.done else self.steps
+
+    @property
+    def scores(self) -> int:
+        if self.done:
+            return self.done.scores
+        return self.model_runs * (self.facts.vocab_rows if self.facts else 0)
+
+    @property
+    def answer_text(self) -> str:
+        if self.done is not None:
+            return self.done.text
+        return "".join(t.text for t in self.tokens)
+
+    @property
+    def pending(self) -> tuple[str, int]:
+        """(hex bytes, bytes still needed) of an incomplete character after the latest step."""
+        if self.last_step is None or self.phase in ("done",):
+            return "", 0
+        return self.last_step.pending_hex, self.last_step.pending_needed
+
+    def latency_stats(self) -> dict[str, float | None]:
+        lat = self.decode_latencies
+        mean = sum(lat) / len(lat) if lat else None
+        tok_s = (1000.0 / mean) if mean else None
+        if self.done is not None and self.done.decode_tok_s:
+            tok_s = self.done.decode_tok_s
+        return {
+            "last": lat[-1] if lat else None,
+            "mean": mean,
+            "p95": p95(lat),
+            "tok_s": tok_s,
+        }
+
+
+def multi_char_line(c: MultiTokenChar) -> str:
+    return f"{c.char} = {c.hex} ← {c.tokens} tokens"
