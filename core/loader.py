@@ -181,6 +181,15 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     return target, model, tokenizer
 
 
+def _quiet_transformers() -> None:
+    """transformers' own progress bars and warnings write to the terminal, which would scribble over the
+    dashboard; progress reaches the user through our LoadProgress events instead."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 # ---------------------------------------------------------------------------------------------- resolution
 def _first_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
@@ -237,6 +246,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id."""
     started = time.perf_counter()
+    _quiet_transformers()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     spec = (spec or EMBEDDED).strip()

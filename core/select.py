@@ -198,12 +198,24 @@ def _unpack(values: list[float] | torch.Tensor, n: int, greedy: bool) -> Selecti
 
 def _greedy(x: torch.Tensor, lsm: torch.Tensor, h: torch.Tensor, finite: torch.Tensor, n: int) -> torch.Tensor:
     """Argmax, as generate(do_sample=False): torch.argmax, first index on ties; one-hot post-sampler distribution."""
-    token = x.argmax().reshape(1)  # [1] (1-d index tensors: a 0-d one is read back to the host by indexing)
-    top_ids = torch.topk(x, n).indices  # [n] by raw score, descending
+    top_vals, top_ids = torch.topk(x, min(x.numel(), max(n, 2)))  # [>=n] by raw score, descending
+    token = _first_argmax(x, top_vals, top_ids)  # [1] (1-d: indexing with a 0-d tensor reads it back to the host)
     raw = lsm[token].exp()  # [1]
+    top_ids = top_ids[:n]
     zero = torch.zeros((), device=x.device)
     header = [finite, True, token, 0, raw, 1.0, 1, raw, h, zero, zero, zero]
     return _pack(header, top_ids, lsm[top_ids].exp(), (top_ids == token).to(torch.float32))
+
+
+def _first_argmax(x: torch.Tensor, top_vals: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x) as [1], reusing a descending topk of x on CPU (saves an O(V) pass there).
+
+    topk orders ties arbitrarily, so take the smallest id among those equal to the maximum; that is argmax's
+    answer unless the maximum is tied past the end of the topk. On other devices argmax is cheap and needs no sync.
+    """
+    if x.device.type == "cpu" and top_vals.numel() > 1 and bool(top_vals[-1] < top_vals[0]):
+        return torch.where(top_vals == top_vals[0], top_ids, x.numel()).min().reshape(1)
+    return x.argmax().reshape(1)
 
 
 def _sample_all(
@@ -216,10 +228,10 @@ def _sample_all(
     generator: torch.Generator | None,
     n: int,
 ) -> torch.Tensor:
-    """No top-k / top-p: multinomial over the whole vocabulary (O(V), ~4 ms on CPU at V = 151,936)."""
+    """No top-k / top-p: sample the whole vocabulary (two-level multinomial, see _multinomial)."""
     probs = lsm_s.exp()  # [V] post-sampler probabilities
     safe = torch.where(finite, probs, _one_hot(0, probs))  # NaN would make multinomial raise before our check
-    token = torch.multinomial(safe, 1, generator=generator)  # [1]
+    token = _multinomial(safe, generator)  # [1]
     nonzero = probs > 0  # [V] bool (at low temperature the far tail underflows to exactly 0)
     h_s = h if xs is x else -torch.where(nonzero, probs * lsm_s, 0.0).sum()
     top_ids = torch.topk(x, n).indices  # [n]
@@ -293,7 +305,7 @@ def _sample_prefix(
     probs = kept / z  # [k] post-sampler probabilities, 0 where cut
     logpf = shifted - z.log()  # [k] their logs (used where probs > 0)
     safe = torch.where(finite, probs, _one_hot(0, probs))  # NaN would make multinomial raise before our check
-    j = torch.multinomial(safe, 1, generator=generator)  # [1] position in the prefix
+    j = _multinomial(safe, generator)  # [1] position in the prefix
     nonzero = probs > 0
     raw = lsm[idx].exp()  # [k] raw probabilities
     header = [
@@ -314,15 +326,39 @@ def _sample_prefix(
 
 
 def _wider(k: int, vocab: int, values: list[float], xs: torch.Tensor, kth, top_k: int, top_p: float) -> int:
-    """Next prefix size after one that did not contain the whole kept set (rare: flat scores or many ties)."""
+    """Next prefix size after one that did not contain the whole kept set (flat scores, many ties).
+
+    On CPU, topk(k) costs a heap pass while 64 * k <= V and an nth_element plus a sort of k above that, so past
+    the first small prefix the next useful size is V / 64; past half the vocabulary a topk costs a full sort.
+    """
     if top_k:
         ties = int((xs >= kth).sum())  # a second sync, only on this rare path
         return min(vocab, ties + _TIE_MARGIN)
-    # Every token past the prefix weighs at most the prefix's last one, so at least this many more are needed.
+    # Every token past the prefix weighs at most the prefix's last one, so at least `need` more are needed
+    # (a lower bound: real tails decay, hence the factor).
     missing, last = top_p - values[_PREFIX_MASS], values[_LAST_PROB]
     need = math.ceil(missing / last) if last > 0 else vocab
-    k = max(4 * k, k + 2 * need)
-    return vocab if k >= vocab // 2 else k  # past half the vocabulary a topk costs about a full sort
+    k = max(4 * k, k + 8 * need, vocab // 64 + 1)
+    return vocab if k >= vocab // 2 else k
+
+
+_BLOCK = 512  # two-level multinomial: blocks of this many probabilities
+
+
+def _multinomial(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw from `probs` ([m], non-negative, not necessarily normalised) as [1], with torch.multinomial.
+
+    Over a whole vocabulary torch.multinomial costs ~4 ms on CPU. Drawing a block of _BLOCK entries by its mass,
+    then an entry inside the block by its probability, is the same distribution (P(block) * P(entry | block) =
+    P(entry)) for one O(m) sum and two draws over a few hundred entries.
+    """
+    m = probs.numel()
+    if m <= 8 * _BLOCK:
+        return torch.multinomial(probs, 1, generator=generator)
+    blocks = torch.nn.functional.pad(probs, (0, -m % _BLOCK)).view(-1, _BLOCK)  # [m / _BLOCK, _BLOCK]
+    b = torch.multinomial(blocks.sum(dim=-1), 1, generator=generator)  # [1] which block
+    i = torch.multinomial(blocks[b][0], 1, generator=generator)  # [1] which entry in it
+    return b * _BLOCK + i
 
 
 def _one_hot(i: int, like: torch.Tensor) -> torch.Tensor:
