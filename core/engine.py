@@ -160,7 +160,7 @@ class Engine:
         if facts.max_context and len(ids) >= facts.max_context:
             over = len(ids) - facts.max_context + 1
             raise PromptError(f"the prompt is {len(ids)} tokens, {over} over this model's context of "
-                              f"{facts.max_context}; shorten it")
+                              f"{facts.max_context}; shorten it by at least {over} tokens")
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
                           user_prompt=prompt, system_prompt=system)
         if not self._gate(serial):

@@ -158,7 +158,8 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     except ModelLoadError:
         raise
     except Exception as err:
-        raise ModelLoadError(f"{path}: not a usable GGUF model ({_first_line(err)})") from err
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({_first_line(err)}); "
+                             "download it again or pass another --model") from err
     # transformers refuses save_pretrained on a GGUF-loaded model ("quantized with gguf and is not
     # serializable") although the de-quantized weights are plain tensors: drop the quantizer marks first.
     model.hf_quantizer = None
@@ -325,7 +326,7 @@ def _explain_load_error(name: str, err: BaseException) -> str:
                "pass --trust-remote-code if the model ships its own code and you trust it"
     if "trust_remote_code" in low:
         return f"{name} needs its own Python code to load; pass --trust-remote-code only if you trust its source"
-    if "safetensors" in low and ("header" in low or "deserializ" in low or "incomplete" in low):
+    if "deserializ" in low or "header too" in low or "incomplete metadata" in low or "invalid json in header" in low:
         return f"{name}: corrupt or truncated safetensors file ({text}); download the weights again"
     if "use_safetensors" in low or "no file named model.safetensors" in low:
         return f"{name}: no safetensors weights; convert them or pass --allow-pickle if you trust the source"

@@ -141,6 +141,7 @@ def run_headless(args, prompt: str) -> int:
     if args.json:
         print(json.dumps(engine.facts.to_dict(), ensure_ascii=False), file=out, flush=True)
     status = 0
+    wrote_text = False
     events = engine.run(prompt, args.system)
     try:
         for event in (recorder.tee(events) if recorder else events):
@@ -150,6 +151,7 @@ def run_headless(args, prompt: str) -> int:
                 if event.text:
                     out.write(event.text)
                     out.flush()
+                    wrote_text = True
             elif isinstance(event, Notice):
                 print(f"tokentui: {event.message}", file=sys.stderr)
             elif isinstance(event, DoneEvent):
@@ -157,7 +159,10 @@ def run_headless(args, prompt: str) -> int:
                 out.flush()
             if isinstance(event, ErrorEvent):
                 if not args.json:
-                    print(f"\ntokentui: {event.message}", file=sys.stderr)
+                    if wrote_text:
+                        out.write("\n")
+                        out.flush()
+                    print(f"tokentui: {event.message}", file=sys.stderr)
                 status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
     except KeyboardInterrupt:
         engine.stop()
