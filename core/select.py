@@ -28,11 +28,10 @@ from .settings import SamplerSettings
 
 __all__ = ["Selection", "select", "reference_probs", "sample_index"]
 
-PREFIX_MIN = 64  # first prefix for peaked distributions: on CPU topk(64) costs about what topk(10) does
+PREFIX_MIN = 256  # smallest prefix tried: on CPU topk(256) costs about what topk(10) does (a heap pass over V)
 _TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
-_PEAKED_PERPLEXITY = 24.0  # exp(entropy) up to which the top-p nucleus almost always fits in PREFIX_MIN
 _DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
-_BLOCK = 512  # sample_index: draw a block of this many entries, then an entry inside it
+_BLOCK = 256  # sample_index: draw a block of this many entries, then an entry inside it
 _LN2 = math.log(2.0)
 _NAN_MESSAGE = (
     "the model produced NaN/inf scores (numerical overflow: try another dtype, e.g. --dtype float32, or another model)"
@@ -101,6 +100,11 @@ def select(
     (on the scores' device; None uses torch's global RNG), so a seeded generator replays a run.
     Raises GenerationError when the scores hold NaN or ±inf.
     """
+    with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
+        return _select(logits, settings, generator, top_n)
+
+
+def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Generator | None, top_n: int):
     x = _scores(logits)  # [V] float32
     vocab = x.numel()
     n = max(0, min(int(top_n), vocab))
@@ -112,30 +116,45 @@ def select(
     top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
     top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
-    p = torch.softmax(x, dim=-1)  # [V] raw probabilities
-    ps = p if xs is x else torch.softmax(xs, dim=-1)  # [V] probabilities after temperature
-    h = _entropy(x, p)  # [] nats; NaN unless every score is finite
-    hs = h if xs is x else _entropy(xs, ps)  # [] nats, after temperature (before any cut)
-    finite = torch.isfinite(h) & torch.isfinite(hs)  # [] bool: the NaN/inf check, read back with the rest
-
-    if not top_k and top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
-        return _unpack(_sample_all(x, xs, p, ps, h, hs, finite, generator, n), n, greedy=False)
-
-    if top_k:
+    gap = x.max() - x  # [V] >= 0, shared by both entropies
+    p = _softmax(x)  # [V] raw probabilities
+    h = _entropy(p, gap)  # [] nats; NaN unless every score is finite: the NaN/inf check, read back with the rest
+    if top_k:  # the top-k set is renormalised on its own: no full-vocabulary softmax after temperature needed
+        ps = hs = None
         k = max(PREFIX_MIN, top_k + _TIE_MARGIN)
-    elif x.device.type != "cpu":
-        k = _DEVICE_PREFIX
-    else:  # reading the entropy back is free on CPU; a flat distribution would miss PREFIX_MIN and pay twice
-        k = PREFIX_MIN if math.exp(min(float(hs), 50.0)) <= _PEAKED_PERPLEXITY else max(PREFIX_MIN, vocab // 64 + 1)
+    else:
+        ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
+        hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
+        if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
+            return _unpack(_sample_all(x, p, ps, h, hs, generator, n), n, greedy=False)
+        k = _first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
     while True:
-        packed = _sample_prefix(x, xs, p, ps, h, finite, generator, n, k, temperature, top_k, top_p)
+        packed = _sample_prefix(x, xs, p, ps, h, generator, n, k, temperature, top_k, top_p)
         values = packed.tolist()  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
         if values[_ENOUGH] or k == vocab:
             return _unpack(values, n, greedy=False)
         k = _wider(k, vocab, values, xs, top_k, top_p)
+
+
+def _first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
+    """How many of the highest scores to try first for top-p alone; a guess, checked by `enough` and widened.
+
+    On CPU topk(k) is a heap pass, nearly flat in cost up to k ~ 256, while 64 * k <= V, and above that an
+    nth_element (~0.5 ms at V = 151,936) plus a sort of k. The nucleus of top_p runs at roughly
+    0.4 / (1 - top_p) times the perplexity exp(H) (measured on normal, Zipf and Gumbel scores), so guess from
+    the entropy: reading it back is free on CPU. On accelerators topk barely depends on k and a sync costs more.
+    """
+    if x.numel() <= PREFIX_MIN:
+        return PREFIX_MIN
+    if x.device.type != "cpu":
+        return _DEVICE_PREFIX
+    guess = math.exp(min(float(hs), 30.0)) * 0.4 / (1.0 - top_p)  # NaN scores: nan, then PREFIX_MIN
+    if not guess > PREFIX_MIN * 0.75:
+        return PREFIX_MIN
+    return max(x.numel() // 64 + 1, int(1.5 * guess))
 
 
 def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -146,11 +165,11 @@ def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     = P(entry)) for one O(m) sum and two draws over a few hundred entries.
     """
     m = probs.numel()
-    if m <= 8 * _BLOCK:
+    if m <= 4 * _BLOCK:
         return torch.multinomial(probs, 1, generator=generator)
     blocks = torch.nn.functional.pad(probs, (0, -m % _BLOCK)).view(-1, _BLOCK)  # [ceil(m / _BLOCK), _BLOCK]
     b = torch.multinomial(blocks.sum(dim=-1), 1, generator=generator)  # [1] which block
-    i = torch.multinomial(blocks[b][0], 1, generator=generator)  # [1] which entry in it
+    i = torch.multinomial(blocks.index_select(0, b)[0], 1, generator=generator)  # [1] which entry in it
     return b * _BLOCK + i
 
 
@@ -164,24 +183,43 @@ def _scores(logits: torch.Tensor) -> torch.Tensor:
     return logits.reshape(-1).to(torch.float32)
 
 
-def _entropy(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of p = softmax(x), as a [] tensor; NaN unless every score is finite.
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x) [V], renormalised by its own sum.
 
-    H = -log p_max + sum p * (max - x): two non-negative terms, so no cancellation, and two cheap O(V) passes on
-    top of the softmax. Doubles as the NaN/inf check: NaN or +inf anywhere makes p NaN, and a -inf score gives
-    p * (max - x) = 0 * inf = NaN.
+    torch's float32 softmax over one long row accumulates its normaliser lane by lane: at V = 151,936 the
+    probabilities come out ~1e-5 too large or small, all by the same factor, enough to move the top-p boundary by
+    a token. torch.sum reduces pairwise (~1e-7), so one more pass puts the mass back at 1.
     """
-    return -torch.log(p.max()) + torch.dot(p, x.max() - x)
+    p = torch.softmax(x, dim=-1)
+    return p.div_(p.sum())
 
 
-# Layout of the vector moved to the host: a header of scalars, then top_n ids, raw probs, post-sampler probs.
-_FINITE, _ENOUGH, _TOKEN, _RANK, _RAW, _PROB, _KEPT, _MASS, _H, _HS, _PREFIX_MASS, _LAST_PROB = range(12)
+def _entropy(p: torch.Tensor, gap: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy in nats of p = softmax(x / temperature), given gap = max(x) - x; a [] tensor, NaN unless x is finite.
+
+    H = -log p_max + sum p * gap / temperature: two non-negative terms, so no cancellation, and two cheap O(V)
+    passes on top of the softmax. Doubles as the NaN/inf check: NaN or +inf anywhere makes p NaN, and a -inf score
+    gives p * gap = 0 * inf = NaN.
+    """
+    spread = torch.dot(p, gap)
+    return (spread if temperature == 1.0 else spread / temperature) - torch.log(p.max())
+
+
+# Layout of the vector moved to the host: 2 flags, 3 integers, 7 floats, then top_n ids, raw probs, post probs.
+_FINITE, _ENOUGH, _TOKEN, _RANK, _KEPT, _RAW, _PROB, _MASS, _H, _HS, _PREFIX_MASS, _LAST_PROB = range(12)
 _HEADER = 12
 
 
-def _pack(header: list[torch.Tensor], ids: torch.Tensor, raw: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+def _pack(
+    flags: torch.Tensor,  # [2] bool: scores finite, kept set ends inside the prefix
+    ints: torch.Tensor,  # [3] int64: token, chosen rank, kept count
+    floats: torch.Tensor,  # [7] float32: chosen raw prob, chosen prob, kept raw mass, H, H after sampler, M, q_last
+    ids: torch.Tensor,  # [n] int64
+    raw: torch.Tensor,  # [n] float32
+    post: torch.Tensor,  # [n] float32
+) -> torch.Tensor:
     """One float32 vector (exact for ids and counts below 2**24) out of the step's small device tensors."""
-    return torch.cat([t.reshape(-1) for t in header] + [ids, raw, post]).to(torch.float32)
+    return torch.cat([flags, ints, floats, ids, raw, post]).to(torch.float32)
 
 
 def _unpack(values: list[float] | torch.Tensor, n: int, greedy: bool) -> Selection:
@@ -208,15 +246,17 @@ def _unpack(values: list[float] | torch.Tensor, n: int, greedy: bool) -> Selecti
 
 def _greedy(x: torch.Tensor, n: int) -> torch.Tensor:
     """Argmax, as generate(do_sample=False): torch.argmax, first index on ties; one-hot post-sampler distribution."""
-    p = torch.softmax(x, dim=-1)  # [V] raw probabilities
-    h = _entropy(x, p)  # []
+    p = _softmax(x)  # [V] raw probabilities
+    h = _entropy(p, x.max() - x)  # []
     top_vals, top_ids = torch.topk(x, min(x.numel(), max(n, 2)))  # [>= n] by raw score, descending
-    token = _first_argmax(x, top_vals, top_ids)  # [1] (1-d: indexing with a 0-d tensor reads it back to the host)
-    raw = p[token]  # [1]
+    token = _first_argmax(x, top_vals, top_ids)  # [1]
     top_ids = top_ids[:n]
-    one, zero = torch.ones_like(h), torch.zeros_like(h)
-    header = [torch.isfinite(h), one, token, zero, raw, one, one, raw, h, zero, zero, zero]
-    return _pack(header, top_ids, p[top_ids], (top_ids == token).to(torch.float32))
+    raw = p.index_select(0, torch.cat([token, top_ids]))  # [1 + n]
+    zero, one = torch.zeros_like(h), torch.ones_like(h)
+    flags = torch.stack([torch.isfinite(h), one.bool()])
+    ints = torch.cat([token, torch.zeros_like(token), torch.ones_like(token)])  # rank 0, kept count 1
+    floats = torch.cat([raw[:1], one[None], raw[:1], torch.stack([h, zero, zero, zero])])
+    return _pack(flags, ints, floats, top_ids, raw[1:], (top_ids == token).to(torch.float32))
 
 
 def _first_argmax(x: torch.Tensor, top_vals: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
@@ -232,43 +272,33 @@ def _first_argmax(x: torch.Tensor, top_vals: torch.Tensor, top_ids: torch.Tensor
 
 def _sample_all(
     x: torch.Tensor,
-    xs: torch.Tensor,
     p: torch.Tensor,
     ps: torch.Tensor,
     h: torch.Tensor,
     hs: torch.Tensor,
-    finite: torch.Tensor,
     generator: torch.Generator | None,
     n: int,
 ) -> torch.Tensor:
     """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature)."""
-    token = sample_index(torch.where(finite, ps, _one_hot(0, ps)), generator)  # [1]; NaN would make it raise
+    finite = torch.isfinite(h + hs)  # [] the NaN/inf check (either entropy is NaN for non-finite scores)
+    token = sample_index(torch.where(finite, ps, 1.0), generator)  # [1]; NaN would make multinomial raise
     nonzero = ps > 0  # [V] (at low temperature the far tail underflows to exactly 0)
     top_ids = torch.topk(x, n).indices  # [n]
-    header = [
-        finite,
-        finite,  # "enough": always
-        token,
-        (x > x[token]).sum(),
-        p[token],
-        ps[token],
-        nonzero.sum(),
-        torch.where(nonzero, p, 0.0).sum(),
-        h,
-        hs,
-        torch.ones_like(h),
-        torch.zeros_like(h),
-    ]
-    return _pack(header, top_ids, p[top_ids], ps[top_ids])
+    at = torch.cat([token, top_ids])  # [1 + n]
+    raw, post = p.index_select(0, at), ps.index_select(0, at)
+    flags = torch.stack([finite, finite])  # the kept set (everything) always "ends inside"
+    ints = torch.cat([token, torch.stack([(x > x.index_select(0, token)).sum(), nonzero.sum()])])
+    mass = torch.where(nonzero, p, 0.0).sum()  # (sum reduces pairwise; a dot over V drifts by ~1e-6)
+    floats = torch.cat([raw[:1], post[:1], torch.stack([mass, h, hs, torch.ones_like(h), torch.zeros_like(h)])])
+    return _pack(flags, ints, floats, top_ids, raw[1:], post[1:])
 
 
 def _sample_prefix(
     x: torch.Tensor,
     xs: torch.Tensor,
     p: torch.Tensor,
-    ps: torch.Tensor,
+    ps: torch.Tensor | None,
     h: torch.Tensor,
-    finite: torch.Tensor,
     generator: torch.Generator | None,
     n: int,
     k: int,
@@ -283,51 +313,45 @@ def _sample_prefix(
     """
     raw_vals, idx = torch.topk(x, k)  # [k] descending raw scores, their ids
     vals = raw_vals if xs is x else raw_vals / temperature  # [k] scaled exactly as xs = x / temperature
-    shifted = vals - vals[:1]  # [k] <= 0: exponents relative to the top score, as softmax computes them
+    shifted = vals - vals[0]  # [k] <= 0: exponents relative to the top score, as softmax computes them
     unnorm = shifted.exp()  # [k]
-    enough = torch.full((), k == x.numel(), dtype=torch.bool, device=x.device)  # []: kept set ends inside prefix
+    keep = enough = None  # [k] bool, [] bool: whether the kept set ends inside the prefix (k == V: the loop knows)
     if top_k:
         # TopKLogitsWarper: keep every score >= the k-th largest, ties included. All of them are in the prefix
         # iff the prefix's last score is already below it.
         kth = vals[top_k - 1]
-        keep = vals >= kth  # [k]
-        enough = enough | (vals[-1] < kth)
+        keep = vals >= kth
+        enough = vals[-1] < kth
         q = torch.where(keep, unnorm, 0.0)
         q = q / q.sum()  # [k] probabilities after temperature and top-k
     else:
-        keep = torch.ones(k, dtype=torch.bool, device=x.device)
-        q = ps[idx]  # [k] probabilities after temperature, normalised over the whole vocabulary
+        q = ps.index_select(0, idx)  # [k] probabilities after temperature, normalised over the whole vocabulary
     prefix_mass = q.sum()
     if top_p < 1.0:
-        # TopPLogitsWarper, read in descending order: keep a token iff the mass of the tokens before it < top_p
-        # (the top token always). Every token past the prefix has at least the prefix's whole mass before it.
-        before = torch.cumsum(q, dim=-1) - q  # [k] exclusive cumulative mass
-        nucleus = before < top_p
-        nucleus[0] = True
-        keep = keep & nucleus
-        if not top_k:
-            enough = enough | (prefix_mass >= top_p)
+        # TopPLogitsWarper, read in descending order: keep a token iff the mass of the tokens before it < top_p;
+        # the top token has 0 before it, so it always stays. Every token past the prefix has at least the
+        # prefix's whole mass before it.
+        nucleus = torch.cumsum(q, dim=-1) - q < top_p  # exclusive cumulative mass < top_p
+        keep = nucleus if keep is None else keep & nucleus
+        if enough is None:
+            enough = prefix_mass >= top_p
     kept = torch.where(keep, unnorm, 0.0)  # [k]
     z = kept.sum()  # [] >= 1: the top token is always kept
     probs = kept / z  # [k] post-sampler probabilities, 0 where cut
-    j = sample_index(torch.where(finite, probs, _one_hot(0, probs)), generator)  # [1]; NaN would make it raise
+    # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
+    # by a tiny temperature.
+    ok = torch.isfinite(h + z)
+    j = sample_index(torch.where(ok, probs, 1.0), generator)  # [1] position in the prefix; NaN would make it raise
     nonzero = probs > 0
-    raw = p[idx]  # [k] raw probabilities
-    header = [
-        finite,
-        enough,
-        idx[j],
-        (raw_vals > raw_vals[j]).sum(),  # every raw score above the chosen one is inside the prefix
-        raw[j],
-        probs[j],
-        nonzero.sum(),
-        torch.where(nonzero, raw, 0.0).sum(),
-        h,
-        torch.log(z) - torch.dot(probs, shifted),  # entropy of the kept set: -sum probs * (shifted - log z)
-        prefix_mass,
-        q[-1],
-    ]
-    return _pack(header, idx[:n], raw[:n], probs[:n])
+    raw = p.index_select(0, idx)  # [k] raw probabilities
+    chosen = torch.stack([raw_vals, raw, probs]).index_select(1, j)[:, 0]  # [3] raw score, raw prob, prob
+    rank = (raw_vals > chosen[0]).sum()  # every raw score above the chosen one is inside the prefix
+    flags = torch.stack([ok, enough])
+    ints = torch.cat([idx.index_select(0, j), torch.stack([rank, nonzero.sum()])])
+    h_post = z.log() - torch.dot(probs, shifted)  # entropy of the kept set: -sum probs * (shifted - log z)
+    mass = torch.where(nonzero, raw, 0.0).sum()
+    floats = torch.cat([chosen[1:], torch.stack([mass, h, h_post, prefix_mass, q[-1]])])
+    return _pack(flags, ints, floats, idx[:n], raw[:n], probs[:n])
 
 
 def _wider(k: int, vocab: int, values: list[float], xs: torch.Tensor, top_k: int, top_p: float) -> int:
@@ -345,9 +369,3 @@ def _wider(k: int, vocab: int, values: list[float], xs: torch.Tensor, top_k: int
     need = math.ceil(missing / last) if last > 0 else vocab
     k = max(4 * k, k + 8 * need, vocab // 64 + 1)
     return vocab if k >= vocab // 2 else k
-
-
-def _one_hot(i: int, like: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(like)
-    out[i] = 1.0
-    return out
