@@ -23,6 +23,7 @@ THEME_VARIABLE_DEFAULTS: dict[str, str] = {
     "chosen-row": "#88888838",  # the chosen candidate's row
     "bar": "#5fb3f0",  # probability bars
     "bar-raw": "#88888866",  # raw-probability part of a bar
+    "panel-border": "#8888888c",  # panel borders
 }
 
 TOKENTUI_DARK = Theme(
@@ -49,6 +50,7 @@ TOKENTUI_DARK = Theme(
         "chosen-row": "#2a3a52",
         "bar": "#5fb3f0",
         "bar-raw": "#3a4659",
+        "panel-border": "#2f4d66",
         "footer-key-foreground": "#f0a35f",
     },
 )
@@ -77,6 +79,7 @@ TOKENTUI_LIGHT = Theme(
         "chosen-row": "#dbe7f7",
         "bar": "#0b63c4",
         "bar-raw": "#c9ced6",
+        "panel-border": "#9fb8d3",
         "footer-key-foreground": "#b35900",
     },
 )
@@ -110,6 +113,7 @@ TOKENTUI_CONTRAST = Theme(
         "chosen-row": "#0000aa",
         "bar": "#55ffff",
         "bar-raw": "#aaaaaa",
+        "panel-border": "#aaaaaa",
         "border": "#ffffff",
         "border-blurred": "#aaaaaa",
         "text-muted": "#aaaaaa",

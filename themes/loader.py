@@ -54,7 +54,9 @@ def _check_colour(path: Path, key: str, value: object) -> str:
     try:
         Color.parse(value)
     except ColorParseError:
-        raise ThemeFileError(path, f"{key} = {value!r} is not a colour (use \"#rrggbb\", \"rgb(r,g,b)\" or a name)") from None
+        raise ThemeFileError(
+            path, f"{key} = {value!r} is not a colour (use \"#rrggbb\", \"rgb(r,g,b)\" or a name)"
+        ) from None
     return value
 
 

@@ -25,6 +25,8 @@ class KeySpec:
 
 
 KEYS: tuple[KeySpec, ...] = (
+    KeySpec("tokentui.help", "question_mark", "?", "help", "help", "Help",
+            "list every key"),
     KeySpec("tokentui.temperature-down", "t", "t", "temperature(-1)", "−", "Temperature down",
             "temperature −0.1 (stops at 0 = greedy); applies at the next step", TEMPERATURE),
     KeySpec("tokentui.temperature-up", "T,shift+t", "T", "temperature(1)", "+", "Temperature up",
@@ -55,8 +57,8 @@ KEYS: tuple[KeySpec, ...] = (
             "show the token id on every prompt chip"),
     KeySpec("tokentui.export", "x", "x", "export", "export", "Export answer",
             "write the answer to a text file next to the run record and show both paths"),
-    KeySpec("tokentui.help", "question_mark", "?", "help", "help", "Help",
-            "list every key"),
+    KeySpec("tokentui.palette", "ctrl+p", "ctrl+p", "command_palette", "palette", "Command palette",
+            "search every action, and switch themes"),
     KeySpec("tokentui.quit", "q", "q", "quit", "quit", "Quit",
             "stop generating and leave"),
 )
@@ -66,7 +68,8 @@ def app_bindings() -> list[Binding]:
     bindings = []
     for spec in KEYS:
         bindings.append(Binding(
-            spec.keys, spec.action, spec.footer, show=spec.show, key_display=spec.display.split(" ")[0],
+            spec.keys, spec.action, spec.footer, show=spec.show,
+            key_display="^p" if spec.keys == "ctrl+p" else spec.display.split(" ")[0],
             tooltip=spec.help, id=spec.id, group=spec.group,
         ))
     return bindings

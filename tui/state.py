@@ -12,7 +12,6 @@ from tokentui.core.events import (
     Event,
     LoadProgress,
     ModelFacts,
-    MultiTokenChar,
     Notice,
     PrefillEvent,
     PromptEvent,
@@ -179,7 +178,3 @@ class RunState:
             "p95": p95(lat),
             "tok_s": tok_s,
         }
-
-
-def multi_char_line(c: MultiTokenChar) -> str:
-    return f"{c.char} = {c.hex} ← {c.tokens} tokens"

@@ -5,21 +5,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.style import Style
-from textual.widgets import Static
+from textual.widget import Widget
 
 if TYPE_CHECKING:
     from ..state import RunState
 
 
-class Panel(Static):
+class Panel(Widget):
     """A bordered panel whose content is rebuilt from `RunState` by `show(state)`.
 
-    `show` is called by the app's throttled flush; `STEP` is the article's step number(s) in the border title.
+    `show` is called by the app's throttled flush. A panel of fixed size repaints without a layout pass (a
+    `Static.update` would re-lay-out the whole screen on every step); `AUTO_HEIGHT` panels ask for layout.
     """
 
     DEFAULT_CSS = """
     Panel {
-        border: round $primary 40%;
+        border: round $panel-border;
         border-title-color: $primary;
         border-title-style: bold;
         border-subtitle-color: $text-muted;
@@ -30,20 +31,29 @@ class Panel(Static):
     """
 
     TITLE = ""
+    AUTO_HEIGHT = False
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.border_title = self.TITLE
         self._state: "RunState | None" = None
+        self.last_text = None  # what the panel shows now (tests read its .plain)
 
-    def show(self, state: "RunState") -> None:
+    def show(self, state: "RunState", force: bool = False) -> None:
         self._state = state
-        self.update(self.build(state))
+        text = self.build(state)
+        if text == self.last_text and not force:
+            return  # nothing new: no repaint
+        self.last_text = text
+        self.refresh(layout=self.AUTO_HEIGHT)
+
+    def render(self):
+        return self.last_text if self.last_text is not None else ""
 
     def rebuild(self) -> None:
         """Render again from the last state (theme changed, resized, toggled)."""
         if self._state is not None:
-            self.update(self.build(self._state))
+            self.show(self._state, force=True)
 
     def build(self, state: "RunState"):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -54,16 +64,32 @@ class Panel(Static):
     def style_of(self, component: str) -> Style:
         return component_style(self, component)
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        forget_styles(self)
+
+
+def forget_styles(widget) -> None:
+    widget.__dict__.pop("_tokentui_styles", None)
+
 
 def component_style(widget, component: str) -> Style:
     """Only what the component's CSS sets (colour, background, text style), with alpha colours blended over
-    the widget's background, so spans can be layered (a bar on the chosen row keeps the row's background)."""
+    the widget's background, so spans can be layered (a bar on the chosen row keeps the row's background).
+
+    Cached per widget until its styles change (call `forget_styles` from `notify_style_update`)."""
+    cache = widget.__dict__.setdefault("_tokentui_styles", {})
+    style = cache.get(component)
+    if style is not None:
+        return style
     try:
         full = widget.get_component_rich_style(component)
         partial = widget.get_component_rich_style(component, partial=True)
-    except Exception:  # not mounted yet
+    except Exception:  # not mounted yet: do not cache
         return Style()
-    return Style(
+    style = Style(
         color=full.color if partial.color is not None else None,
         bgcolor=full.bgcolor if partial.bgcolor is not None else None,
     ) + partial.without_color
+    cache[component] = style
+    return style

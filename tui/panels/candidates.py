@@ -150,9 +150,9 @@ class CandidatesPanel(Panel):
         rows.append(first)
         second = Text()
         second.append("entropy ", muted)
-        second.append(f"{step.entropy_bits:.2f} bits", value)
+        second.append(f"{max(0.0, step.entropy_bits):.2f} bits", value)
         second.append(" → ", muted)
-        second.append(f"{step.sampled_entropy_bits:.2f}", value)
+        second.append(f"{max(0.0, step.sampled_entropy_bits):.2f}", value)
         second.append(" after sampler", muted)
         rows.append(second)
         if not chosen_in_list:

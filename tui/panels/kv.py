@@ -36,12 +36,16 @@ class KVPanel(Panel):
         out.append("tokens     ", label)
         out.append(f"{state.kv_tokens:,}", value)
         if state.kv_tokens and prompt_tokens:
-            out.append(f"  ({prompt_tokens:,} prompt + {max(0, state.kv_tokens - prompt_tokens):,})", muted)
+            rest = max(0, state.kv_tokens - prompt_tokens)
+            detail = f"  ({prompt_tokens:,} prompt + {rest:,})"
+            if 11 + len(f"{state.kv_tokens:,}") + len(detail) > width:
+                detail = f" ({prompt_tokens:,}+{rest:,})"
+            out.append(detail, muted)
         out.append("\nsize       ", label)
         out.append(human_bytes(state.kv_bytes), value)
         out.append("\nper token  ", label)
         out.append(human_bytes(facts.kv_bytes_per_token), value)
-        out.append("\n" + " " * 11 + f"2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}", muted)
+        out.append(f"\n= 2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}", muted)
         out.append("\ngrowth     ", label)
         growth = state.kv_growth
         out.append(f"+{human_bytes(growth)}" if growth else "—", value)

@@ -48,7 +48,7 @@ class ModelPanel(Panel):
         row("vocab rows", f"{facts.vocab_rows:,}")
         row("context", f"{facts.max_context:,}", "tokens")
         row("device", facts.device, f"· {facts.dtype}")
-        row("source", facts.source, f"· loaded in {facts.load_seconds:.1f} s" if facts.load_seconds else "")
+        row("source", facts.source, f"· loaded {facts.load_seconds:.1f} s" if facts.load_seconds else "")
         if facts.trust_remote_code:
             out.append("\n")
             out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
@@ -61,8 +61,9 @@ class ModelPanel(Panel):
         decodes = max(0, runs - 1)
         row("model runs", f"{runs:,}", f"(prefill + {decodes:,} decode{'s' if decodes != 1 else ''})" if runs else "")
         out.append("\n")
-        out.append("scores       ", label)
-        out.append(f"{runs:,} runs × {facts.vocab_rows:,} = ", muted)
+        out.append("scores computed (vocab rows × runs)", label)
+        out.append("\n")
+        out.append(f"{runs:,} run{'s' if runs != 1 else ''} × {facts.vocab_rows:,} = ", muted)
         out.append(f"{state.scores:,}", value)
         out.append(" scores", muted)
         if state.runs_started > 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
+from textual.binding import Binding
 from textual.color import Color
 from textual.containers import Vertical
 from textual.geometry import Size
@@ -22,8 +23,20 @@ from textual.strip import Strip
 HEAT_LEVELS = 10
 
 
-class OutputView(ScrollView, can_focus=True):
-    """Wrapped, append-only token text with an optional heat map."""
+class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
+    """Wrapped, append-only token text with an optional heat map.
+
+    Only vertical scrolling keys: `right` belongs to the app (one step while paused).
+    """
+
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll Up", show=False),
+        Binding("down", "scroll_down", "Scroll Down", show=False),
+        Binding("home", "scroll_home", "Scroll Home", show=False),
+        Binding("end", "scroll_end", "Scroll End", show=False),
+        Binding("pageup", "page_up", "Page Up", show=False),
+        Binding("pagedown", "page_down", "Page Down", show=False),
+    ]
 
     COMPONENT_CLASSES = {
         "output--heat-low",
@@ -63,7 +76,8 @@ class OutputView(ScrollView, can_focus=True):
         self._wrap = 0
         self.pending_marker = ""
         self.placeholder = ""
-        self._styles_cache: dict | None = None
+        self.tail_count = 0  # text appended after the tokens (DoneEvent.flushed)
+        self._palette_cache: dict | None = None
 
     # ---- data --------------------------------------------------------------------------------------------
     @property
@@ -77,6 +91,7 @@ class OutputView(ScrollView, can_focus=True):
     def clear(self) -> None:
         self._texts.clear()
         self._probs.clear()
+        self.tail_count = 0
         self._lines = [[]]
         self._line_cells = [0]
         self.pending_marker = ""
@@ -179,10 +194,10 @@ class OutputView(ScrollView, can_focus=True):
     # ---- drawing -----------------------------------------------------------------------------------------
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._styles_cache = None
+        self._palette_cache = None
 
     def _palette(self) -> dict:
-        if self._styles_cache is None:
+        if self._palette_cache is None:
             base = self.rich_style
             low = Color.from_rich_color(self.get_component_rich_style("output--heat-low").color)
             high = Color.from_rich_color(self.get_component_rich_style("output--heat-high").color)
@@ -192,13 +207,13 @@ class OutputView(ScrollView, can_focus=True):
             for level in range(HEAT_LEVELS):
                 colour = low.blend(high, level / (HEAT_LEVELS - 1)).rich_color
                 heat.append((base + bg_a + Style(color=colour), base + bg_b + Style(color=colour)))
-            self._styles_cache = {
+            self._palette_cache = {
                 "base": base,
                 "heat": heat,
                 "pending": base + self.get_component_rich_style("output--pending"),
                 "placeholder": base + self.get_component_rich_style("output--placeholder"),
             }
-        return self._styles_cache
+        return self._palette_cache
 
     def watch_heat(self) -> None:
         self.refresh()
@@ -236,7 +251,7 @@ class OutputPanel(Vertical):
 
     DEFAULT_CSS = """
     OutputPanel {
-        border: round $primary 40%;
+        border: round $panel-border;
         border-title-color: $primary;
         border-title-style: bold;
         border-subtitle-color: $text-muted;
@@ -257,22 +272,29 @@ class OutputPanel(Vertical):
 
     def set_heat(self, on: bool) -> None:
         self.view.heat = on
-        self.border_subtitle = "heat: raw p of each token · low ▁▃▅▇ high" if on else ""
+        self.border_subtitle = "heat: raw p [$heat-low]■ low[/] → [$heat-high]■ high[/]" if on else ""
 
     def sync(self, state) -> None:
         """Append the tokens this view has not seen yet; update the pending-bytes marker."""
         view = self.view
-        if len(state.tokens) < view.token_count:
+        if len(state.tokens) < view.token_count - view.tail_count:
             view.clear()
-        new = state.tokens[view.token_count:]
-        if new:
+        new = state.tokens[view.token_count - view.tail_count:]
+        if new and not view.tail_count:
             view.append([(t.text, t.raw_prob) for t in new])
+        flushed = getattr(state.done, "flushed", "") if state.done is not None else ""
+        if flushed and not view.tail_count:
+            # bytes still pending at the end, released as U+FFFD (as a one-shot decode would)
+            view.append([(flushed, 0.0)])
+            view.tail_count = 1
         hex_, _need = state.pending
         view.set_pending("▒" if hex_ else "")
         if state.phase == "error" and not state.tokens:
             view.placeholder = "no answer: the run failed"
         elif state.phase == "loading":
             view.placeholder = "loading the model…"
+        elif state.phase == "load-failed":
+            view.placeholder = "no model loaded: r retries, q quits"
         else:
             view.placeholder = "waiting for the first token…"
         if not state.tokens:

@@ -37,9 +37,9 @@ class PendingPanel(Panel):
         out.append("\n")
         chars = list(state.multi_token_chars)
         if not chars:
-            out.append("characters split over tokens appear here,\ne.g. 开 = e5 bc 80 ← 2 tokens", muted)
+            out.append("characters that take several tokens\nshow here, e.g. 开 = e5 bc 80 ← 2 tokens", muted)
             return out
-        out.append("characters that took more than one token:", label)
+        out.append("split over several tokens:", label)
         height = self.content_size.height or 8
         for c in chars[-max(1, height - 2):]:
             out.append("\n")

@@ -10,6 +10,7 @@ from .base import Panel
 
 class PromptPanel(Panel):
     TITLE = "1 chat template · 2 tokenize"
+    AUTO_HEIGHT = True
 
     COMPONENT_CLASSES = {
         "prompt--special",
@@ -50,7 +51,8 @@ class PromptPanel(Panel):
         subtitle = f"{count:,} prompt token{'s' if count != 1 else ''}"
         if not event.templated:
             subtitle += " · raw prompt"
-            out.append("⚠ no chat template: the raw prompt is used, exactly as typed\n", self.style_of("prompt--warning"))
+            out.append("⚠ no chat template: the raw prompt is used, exactly as typed\n",
+                       self.style_of("prompt--warning"))
         self.border_subtitle = subtitle + (" · ids on" if self.show_ids else "")
         if self.show_template:
             out.append_text(self._template_text(event))

@@ -52,8 +52,6 @@ class SamplerPanel(Panel):
             note.append("changed: applies at the next step", changed)
         elif state.settings_changed_at is not None:
             note.append(f"changed at step {state.settings_changed_at}", changed)
-        elif in_force is not None:
-            note.append("in force since step 0", muted)
         compact = (self.content_size.height or 1) < 4
         out = Text()
         if compact:
@@ -71,6 +69,8 @@ class SamplerPanel(Panel):
                 out.append("\n")
             out.append(f"{key:<12}", label)
             out.append(val, value)
+        if not note and in_force is not None:
+            note.append("unchanged since step 0", muted)
         if note:
             out.append("\n")
             out.append_text(note)

@@ -8,13 +8,22 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Vertical
-from textual.widgets import Static
+from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from ..format import ms
-from .base import component_style
+from .base import component_style, forget_styles
 
 PLOT_INTERVAL = 0.25  # at most 4 plot redraws a second
+
+
+class SpeedStats(Widget):
+    DEFAULT_CSS = "SpeedStats { height: 3; background: $surface; }"
+
+    text: Text | None = None
+
+    def render(self):
+        return self.text if self.text is not None else ""
 
 
 class LatencyPlot(PlotextPlot):
@@ -22,10 +31,12 @@ class LatencyPlot(PlotextPlot):
     LatencyPlot { height: 1fr; min-height: 4; background: $surface; }
     """
 
+    colour: tuple[int, int, int] | None = None  # the line colour of the last drawing (the theme's)
+
     def draw(self, points, colour: tuple[int, int, int]) -> None:
+        self.colour = colour
         plt = self.plt
         plt.clear_data()
-        plt.clear_figure()
         plt.xticks([])
         if points:
             xs = [p[0] for p in points]
@@ -45,7 +56,7 @@ class SpeedPanel(Vertical):
 
     DEFAULT_CSS = """
     SpeedPanel {
-        border: round $primary 40%;
+        border: round $panel-border;
         border-title-color: $primary;
         border-title-style: bold;
         border-subtitle-color: $text-muted;
@@ -55,27 +66,36 @@ class SpeedPanel(Vertical):
         & > .speed--value { color: $accent; text-style: bold; }
         & > .speed--muted { color: $text-muted; }
         & > .speed--line { color: $primary; }
-        #speed-stats { height: auto; background: $surface; }
     }
     """
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.border_title = "3 prefill · 5 decode · speed"
-        self.stats = Static(id="speed-stats")
+        self.stats = SpeedStats(id="speed-stats")
         self.plot = LatencyPlot(id="speed-plot")
         self._state = None
         self._plotted_at = 0.0
         self._plot_timer = None
-        self._plotted_len = -1
+        self.last_text = None
 
     def compose(self) -> ComposeResult:
         yield self.stats
         yield self.plot
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        forget_styles(self)
+
     def show(self, state, force: bool = False) -> None:
         self._state = state
-        self.stats.update(self._stats(state))
+        if not self.display:  # hidden on small terminals: nothing to draw (a resize rebuilds with force)
+            return
+        text = self._stats(state)
+        if force or text != self.last_text:
+            self.last_text = text
+            self.stats.text = text
+            self.stats.refresh()
         self._maybe_plot(force)
 
     def rebuild(self) -> None:
@@ -101,24 +121,42 @@ class SpeedPanel(Vertical):
 
     def _stats(self, state) -> Text:
         s = lambda name: component_style(self, f"speed--{name}")  # noqa: E731
+        narrow = (self.stats.size.width or 40) < 36  # e.g. 120 columns
         out = Text()
         stats = state.latency_stats()
+
+        def num(value, fmt="{:.1f}") -> None:
+            out.append(fmt.format(value) if value is not None else "—", s("value"))
+
         out.append("prefill ", s("label"))
-        if state.prefill is not None:
-            out.append(ms(state.prefill.ms), s("value"))
-            out.append(f" ({state.prefill.tokens:,} tok)", s("muted"))
+        prefill = state.prefill.ms if state.prefill is not None else None
+        if narrow:
+            num(prefill, "{:,.0f}")
+            out.append(" · TTFT ", s("label"))
+            num(state.ttft_ms, "{:,.0f}")
+            out.append(" ms", s("muted"))
         else:
-            out.append("—", s("muted"))
-        out.append(" · TTFT ", s("label"))
-        out.append(ms(state.ttft_ms) if state.ttft_ms is not None else "—", s("value"))
-        out.append("\nstep ", s("label"))
-        for n, key in enumerate(("last", "mean", "p95")):
-            if n:
-                out.append(" · ", s("muted"))
-            out.append(f"{key} ", s("muted"))
-            out.append(ms(stats[key]) if stats[key] is not None else "—", s("value"))
-        out.append("\n", s("muted"))
-        out.append(f"{stats['tok_s']:.1f}" if stats["tok_s"] else "—", s("value"))
-        out.append(" tok/s decode", s("muted"))
+            out.append(ms(prefill) if prefill is not None else "—", s("value"))
+            if state.prefill is not None:
+                out.append(f" ({state.prefill.tokens:,} tok)", s("muted"))
+            out.append(" · TTFT ", s("label"))
+            out.append(ms(state.ttft_ms) if state.ttft_ms is not None else "—", s("value"))
+        out.append("\nlast ", s("label"))
+        num(stats["last"])
+        out.append(" · mean ", s("label"))
+        num(stats["mean"])
+        if narrow:
+            out.append(" ms\np95 ", s("label"))
+            num(stats["p95"])
+            out.append(" ms · ", s("muted"))
+            num(stats["tok_s"])
+            out.append(" tok/s", s("muted"))
+        else:
+            out.append(" · p95 ", s("label"))
+            num(stats["p95"])
+            out.append(" ms", s("muted"))
+            out.append("\ndecode ", s("label"))
+            num(stats["tok_s"])
+            out.append(" tokens/s", s("muted"))
         self.border_subtitle = "ms per decode step"
         return out

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.widgets import Static
+from textual.widget import Widget
 
 from ..format import short_path
-from .base import component_style
+from .base import component_style, forget_styles
 
 REASONS = {
     "eos": "end token",
@@ -18,7 +18,7 @@ REASONS = {
 }
 
 
-class StatusLine(Static):
+class StatusLine(Widget):
     COMPONENT_CLASSES = {"status--state", "status--busy", "status--ok", "status--error", "status--warning",
                          "status--muted", "status--paused"}
 
@@ -41,13 +41,24 @@ class StatusLine(Static):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._last = None
+        self.last_text = None
         self.paused = False
         self.max_new_tokens: int | None = None
         self.message: str | None = None  # transient app message (e.g. "exported …"), shown on the right
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        forget_styles(self)
+
     def show(self, state) -> None:
         self._last = state
-        self.update(self.build(state))
+        text = self.build(state)
+        if text != self.last_text:
+            self.last_text = text
+            self.refresh()
+
+    def render(self):
+        return self.last_text if self.last_text is not None else ""
 
     def on_resize(self) -> None:
         if self._last is not None:

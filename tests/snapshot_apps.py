@@ -1,0 +1,27 @@
+"""Apps for the snapshot tests: the dashboard on the scripted engine, caret blinking off, no user themes."""
+
+from __future__ import annotations
+
+from fakes import ScriptedEngine, make_loader
+
+from tokentui.tui import DashboardConfig, TokentuiApp
+
+
+class SnapshotApp(TokentuiApp):
+    CURSOR_BLINK = False
+
+
+def make_app(theme: str = "tokentui-dark") -> SnapshotApp:
+    config = DashboardConfig(load=make_loader(ScriptedEngine()), theme=theme, user_theme_dir=None, recorder=None)
+    return SnapshotApp(config)
+
+
+async def wait_until_done(pilot) -> None:
+    """run_before for snap_compare: the scripted run has finished and the last repaint happened."""
+    from fakes import wait_for
+
+    app = pilot.app
+    await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the run to finish")
+    await pilot.pause(0.1)
+    app._rebuild_all()
+    await pilot.pause()

@@ -1,0 +1,561 @@
+"""The dashboard: a thin engine worker, a state folded from its events, and one widget per panel.
+
+Threads: the model loads in a thread worker (through a daemon thread, so quitting mid-load does not wait for it);
+generation runs in an exclusive thread worker that iterates `engine.run`, records each event and posts it — it
+never waits for the UI. The app folds events into `RunState` at once and repaints at most ~30 times a second.
+Failures come back one way: `on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal
+from textual.css.query import NoMatches
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from tokentui.core.errors import SettingsError, TokentuiError
+from tokentui.core.events import ErrorEvent, LoadProgress, Notice, StepEvent
+from tokentui.core.settings import SamplerSettings
+from tokentui.themes import BUILTIN_THEMES, DEFAULT_THEME, THEME_VARIABLE_DEFAULTS, load_user_themes
+
+from .commands import TokentuiCommands
+from .config import DashboardConfig, EngineLike
+from .format import short_path
+from .keys import app_bindings, next_top_k
+from .messages import EngineEvent, LoadProgressed, RunNote, RunStarted
+from .panels import (
+    CandidatesPanel,
+    KVPanel,
+    ModelPanel,
+    OutputPanel,
+    PendingPanel,
+    PromptPanel,
+    SamplerPanel,
+    SpeedPanel,
+    StatusLine,
+)
+from .screens import ErrorDialog, HelpScreen, PromptEditor
+from .state import RunState
+
+FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
+
+
+class TokentuiApp(App[int]):
+    """Watch a language model write, one token at a time."""
+
+    TITLE = "tokentui"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses live elsewhere
+    BINDINGS = [*app_bindings(), Binding("ctrl+c", "quit", "quit", show=False, priority=True,
+                                         id="tokentui.interrupt")]
+    COMMANDS = App.COMMANDS | {TokentuiCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide"), (150, "-xwide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall"), (44, "-xtall")]
+    CURSOR_BLINK = True  # snapshot tests turn caret blinking off
+
+    def __init__(self, config: DashboardConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: EngineLike | None = None
+        self.state = RunState()
+        self.prompt = config.prompt
+        self.system = config.system
+        self.sampler_settings: SamplerSettings = config.sampler
+        self.heat = False
+        self.show_ids = False
+        self.user_theme_names: set[str] = set()
+        self.record_paths: list[Path] = []  # every run recorded this session
+        self._run_id = 0
+        self._engine_lock = threading.Lock()  # one engine.run at a time, across restarts
+        self._flush_timer = None
+        self._last_flush = 0.0
+        self._status_message_timer = None
+        self._startup_notes: list[tuple[str, str]] = []
+        self._prompt_key = None
+        self._run_worker: Worker | None = None  # the current run's worker (older ones may still be finishing)
+        for theme in BUILTIN_THEMES.values():
+            self.register_theme(theme)
+        themes, errors = load_user_themes(config.user_theme_dir)
+        for theme in themes:
+            self.register_theme(theme)
+            self.user_theme_names.add(theme.name)
+        for error in errors:
+            self._startup_notes.append((str(error), "error"))
+        self._initial_theme = config.theme
+        if config.theme not in self.available_themes:
+            known = ", ".join(sorted(n for n in self.available_themes if n.startswith("tokentui")
+                                     or n in self.user_theme_names))
+            self._startup_notes.append((f"Unknown theme {config.theme!r}; using {DEFAULT_THEME} (known: {known})",
+                                        "error"))
+            self._initial_theme = DEFAULT_THEME
+
+    # ---- layout --------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield PromptPanel(id="prompt")
+        with Horizontal(id="middle"):
+            yield OutputPanel(id="output")
+            yield CandidatesPanel(id="candidates")
+            yield ModelPanel(id="model")
+        with Grid(id="bottom"):
+            yield SamplerPanel(id="sampler")
+            yield SpeedPanel(id="speed")
+            yield KVPanel(id="kv")
+            yield PendingPanel(id="pending")
+        yield StatusLine(id="status")
+        yield Footer(compact=True, show_command_palette=False)  # ^p is in the key table
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(THEME_VARIABLE_DEFAULTS)
+
+    def on_mount(self) -> None:
+        self.theme = self._initial_theme
+        self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self._rebuild_all))
+        for message, severity in self._startup_notes:
+            self.notify(message, severity=severity, timeout=12, markup=False)
+        self.query_one(SamplerPanel).requested = self.sampler_settings
+        self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
+        self._repaint_now()
+        self._install_signal_handlers()
+        self._start_load()
+
+    def _install_signal_handlers(self) -> None:
+        """A dropped SSH session (SIGHUP) or a kill (SIGTERM) quits like `q`: run stopped, record kept,
+        terminal restored."""
+        if self.is_headless:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.action_quit)
+        except (NotImplementedError, RuntimeError, AttributeError, ValueError):
+            pass  # not the main thread, or no such signal here
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._rebuild_all)
+
+    def on_unmount(self) -> None:
+        """However the app ends, let the generation thread finish its run at the next step."""
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+        self._halt_engine()
+
+    # ---- loading -------------------------------------------------------------------------------------------
+    def _start_load(self) -> None:
+        self.state.phase = "loading"
+        self.state.load_stage = "starting"
+        self.state.load_fraction = None
+        self._repaint_now()
+        self._load_engine()
+
+    @work(thread=True, exclusive=True, group="load", name="load", exit_on_error=False)
+    def _load_engine(self) -> EngineLike | None:
+        """Call the loader in a daemon thread, so quitting does not wait for a 30-second conversion."""
+        worker = get_current_worker()
+        result: dict = {}
+        finished = threading.Event()
+
+        def progress(p: LoadProgress) -> None:
+            self.post_message(LoadProgressed(p))
+
+        def target() -> None:
+            try:
+                result["engine"] = self.config.load(progress)
+            except BaseException as err:  # handed to the worker, which re-raises it
+                result["error"] = err
+            finally:
+                finished.set()
+
+        threading.Thread(target=target, name="tokentui-load", daemon=True).start()
+        while not finished.wait(0.05):
+            if worker.is_cancelled:
+                return None
+        if "error" in result:
+            raise result["error"]
+        return result.get("engine")
+
+    def on_load_progressed(self, message: LoadProgressed) -> None:
+        if self.state.phase == "loading":
+            self.state.apply(message.progress)
+            self.query_one(StatusLine).show(self.state)
+
+    def _engine_ready(self, engine: EngineLike) -> None:
+        self.engine = engine
+        try:
+            if engine.sampler != self.sampler_settings:
+                engine.update_sampler(**self.sampler_settings.to_dict())
+            if getattr(engine, "options", None) != self.config.options:
+                engine.options = self.config.options.validated()
+        except SettingsError as err:
+            self.notify(str(err), severity="error", markup=False)
+        self.sampler_settings = engine.sampler
+        self.query_one(SamplerPanel).requested = self.sampler_settings
+        self.state.facts = engine.facts
+        self._start_run()
+
+    def _load_failed(self, error: BaseException | None) -> None:
+        self.state.phase = "load-failed"
+        if isinstance(error, TokentuiError):
+            message = str(error)
+        else:
+            message = f"{type(error).__name__}: {error}" if error else "unknown error"
+        self.state.error_message = message
+        self._repaint_now()
+        self.push_screen(ErrorDialog("The model could not be loaded", message, retry=True), self._after_error_dialog)
+
+    def _after_error_dialog(self, choice: str | None) -> None:
+        if choice == "retry":
+            self._start_load()
+        elif choice == "quit":
+            self.action_quit()
+
+    def _run_failed(self, title: str, message: str) -> None:
+        """A run ended by a fault or bad input: say so in a dialog; retry, edit the prompt, or carry on."""
+        if isinstance(self.screen, ErrorDialog):
+            self.pop_screen()
+
+        def chosen(choice: str | None) -> None:
+            if choice == "retry":
+                self._start_run()
+            elif choice == "edit":
+                self.action_edit_prompt()
+            elif choice == "quit":
+                self.action_quit()
+
+        self.push_screen(ErrorDialog(title, message, retry=True, edit=True), chosen)
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    def _start_run(self) -> None:
+        """Stop the current run (if any) and start the current prompt afresh."""
+        engine = self.engine
+        if engine is None:
+            return
+        self._halt_engine()
+        self._run_id += 1
+        self.state.start_run(self._run_id)
+        self.query_one(OutputPanel).view.clear()
+        self._repaint_now()
+        self._run_worker = self._generate(engine, self.prompt, self.system, self._run_id)
+
+    def _halt_engine(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        engine.stop()
+        if engine.paused:
+            engine.resume()
+
+    @work(thread=True, exclusive=True, group="generate", name="generate", exit_on_error=False)
+    def _generate(self, engine: EngineLike, prompt: str, system: str | None, run_id: int) -> None:
+        """Loop `engine.run`, record and post every event. Never waits for the UI."""
+        worker = get_current_worker()
+        with self._engine_lock:
+            if worker.is_cancelled or run_id != self._run_id:
+                return
+            recorder = self.config.recorder
+            path = None
+            if recorder is not None:
+                try:
+                    path = recorder.open_run()
+                    recorder.write(engine.facts)
+                except OSError as err:
+                    recorder = None
+                    self.post_message(RunNote(run_id, f"run not recorded: {err}"))
+            self.post_message(RunStarted(run_id, path))
+            stopping = False
+            try:
+                for event in engine.run(prompt, system):
+                    if recorder is not None:
+                        try:
+                            recorder.write(event)
+                        except OSError as err:
+                            recorder.close()
+                            recorder = None
+                            self.post_message(RunNote(run_id, f"recording stopped: {err}"))
+                    self.post_message(EngineEvent(run_id, event))
+                    if not stopping and (worker.is_cancelled or run_id != self._run_id):
+                        engine.stop()  # superseded: end at the next step, keep the record complete
+                        stopping = True
+            finally:
+                if recorder is not None:
+                    recorder.close()
+
+    def on_run_started(self, message: RunStarted) -> None:
+        if message.record_path is not None:
+            self.record_paths.append(message.record_path)
+        if message.run_id == self._run_id:
+            self.state.record_path = message.record_path
+            self._repaint_now()
+
+    def on_run_note(self, message: RunNote) -> None:
+        if message.run_id == self._run_id:
+            self.notify(message.message, severity=message.severity, markup=False)
+
+    def on_engine_event(self, message: EngineEvent) -> None:
+        if message.run_id != self._run_id:
+            return  # a superseded run finishing
+        event = message.event
+        self.state.apply(event)
+        if isinstance(event, StepEvent):
+            self._schedule_flush()
+            return
+        if isinstance(event, Notice):
+            self.notify(event.message, severity="warning", timeout=8, markup=False)
+        self._repaint_now()
+        if isinstance(event, ErrorEvent):
+            where = f" at step {event.step}" if event.step >= 0 else ""
+            self._run_failed(f"The run failed{where}", event.message)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if worker.group == "load":
+            if event.state == WorkerState.SUCCESS and worker.result is not None:
+                self._engine_ready(worker.result)
+            elif event.state == WorkerState.ERROR:
+                self._load_failed(worker.error)
+        elif worker.group == "generate" and event.state == WorkerState.ERROR and worker is self._run_worker:
+            error = worker.error
+            message = str(error) if isinstance(error, TokentuiError) else f"{type(error).__name__}: {error}"
+            self.state.phase = "error"
+            self.state.error_message = message
+            self._repaint_now()
+            self._run_failed("The run failed", message)
+
+    # ---- repainting ----------------------------------------------------------------------------------------
+    def _schedule_flush(self) -> None:
+        if self._flush_timer is not None:
+            return
+        delay = FLUSH_INTERVAL - (time.monotonic() - self._last_flush)
+        if delay <= 0:
+            self._repaint_now()
+        else:
+            self._flush_timer = self.set_timer(delay, self._repaint_now)
+
+    def _repaint_now(self, force: bool = False) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+            self._flush_timer = None
+        self._last_flush = time.monotonic()
+        try:
+            self._paint(force)
+        except NoMatches:  # shutting down: the panels are gone
+            pass
+
+    def _paint(self, force: bool) -> None:
+        state = self.state
+        prompt_panel = self.query_one(PromptPanel)
+        prompt_panel.show_ids = self.show_ids
+        prompt_panel.show_template = self.size.height >= 36
+        key = (id(state.prompt), state.phase == "loading", self.show_ids, prompt_panel.show_template)
+        if force or key != self._prompt_key:
+            self._prompt_key = key
+            prompt_panel.show(state)
+        self.query_one(OutputPanel).sync(state)
+        self.query_one(CandidatesPanel).show(state, force)
+        self.query_one(SamplerPanel).show(state, force)
+        self.query_one(ModelPanel).show(state, force)
+        self.query_one(KVPanel).show(state, force)
+        self.query_one(PendingPanel).show(state, force)
+        done = state.phase in ("done", "error", "load-failed")
+        self.query_one(SpeedPanel).show(state, force=force or done)
+        status = self.query_one(StatusLine)
+        status.paused = self.paused
+        status.show(state)
+
+    def _rebuild_all(self) -> None:
+        self._repaint_now(force=True)
+        self.query_one(OutputPanel).view.refresh()
+
+    # ---- actions: sampler ----------------------------------------------------------------------------------
+    def _change_sampler(self, **changes) -> None:
+        try:
+            if self.engine is not None:
+                new = self.engine.update_sampler(**changes)
+            else:
+                new = self.sampler_settings.with_changes(**changes)
+        except SettingsError as err:
+            self.notify(str(err), severity="error", markup=False)
+            return
+        self.sampler_settings = new
+        panel = self.query_one(SamplerPanel)
+        panel.requested = new
+        panel.show(self.state)
+
+    def action_temperature(self, direction: int) -> None:
+        t = self.sampler_settings.temperature
+        new = round(max(0.0, t + 0.1 * direction), 2)
+        if new != t:
+            self._change_sampler(temperature=new)
+
+    def action_top_p(self, direction: int) -> None:
+        p = self.sampler_settings.top_p
+        new = round(min(1.0, max(0.05, p + 0.05 * direction)), 2)
+        if new != p:
+            self._change_sampler(top_p=new)
+
+    def action_top_k(self, direction: int) -> None:
+        k = self.sampler_settings.top_k
+        new = next_top_k(k, direction)
+        if new != k:
+            self._change_sampler(top_k=new)
+
+    def action_toggle_greedy(self) -> None:
+        s = self.sampler_settings
+        if s.is_greedy:
+            changes: dict = {"greedy": False}
+            if s.temperature == 0:
+                changes["temperature"] = self._last_temperature or 0.7
+            self._change_sampler(**changes)
+        else:
+            self._last_temperature = s.temperature
+            self._change_sampler(greedy=True)
+
+    _last_temperature: float | None = None
+
+    def action_new_seed(self) -> None:
+        seed = self.sampler_settings.seed
+        new = seed
+        while new == seed:
+            new = random.randrange(0, 2**31 - 1)
+        self._change_sampler(seed=new)
+
+    # ---- actions: run control ------------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """The engine's own flag: pausing takes effect at the next step boundary."""
+        return self.engine is not None and self.engine.paused
+
+    def _require_running(self, what: str) -> bool:
+        if self.engine is not None and self.state.running:
+            return True
+        hint = "r restarts" if self.engine is not None else "the model is not loaded yet"
+        self.notify(f"Nothing is generating — {hint}", severity="warning", timeout=4, markup=False)
+        return False
+
+    def action_toggle_pause(self) -> None:
+        if not self._require_running("pause"):
+            return
+        engine = self.engine
+        if engine.paused:
+            engine.resume()
+        else:
+            engine.pause()
+        self._repaint_now()
+
+    def action_step(self) -> None:
+        if not self._require_running("step"):
+            return
+        if not self.engine.paused:
+            self.engine.pause()
+            self.notify("Paused — n (or →) lets one token through, space resumes", timeout=4, markup=False)
+            self._repaint_now()
+            return
+        self.engine.step_once()
+
+    def action_restart(self) -> None:
+        if self.engine is None:
+            if self.state.phase == "load-failed":
+                self._start_load()
+            return
+        self._start_run()
+
+    def action_edit_prompt(self) -> None:
+        if isinstance(self.screen, PromptEditor):
+            return
+
+        def done(result) -> None:
+            if result is None:
+                return
+            self.prompt, self.system = result
+            if self.engine is not None:
+                self._start_run()
+            else:
+                self.notify("The new prompt runs once the model is loaded", timeout=4, markup=False)
+
+        self.push_screen(PromptEditor(self.prompt, self.system, cursor_blink=self.CURSOR_BLINK), done)
+
+    # ---- actions: view -------------------------------------------------------------------------------------
+    def action_toggle_heat(self) -> None:
+        self.heat = not self.heat
+        self.query_one(OutputPanel).set_heat(self.heat)
+
+    def action_toggle_ids(self) -> None:
+        self.show_ids = not self.show_ids
+        self._repaint_now()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_export(self) -> None:
+        state = self.state
+        if not state.tokens and state.done is None:
+            self.notify("Nothing to export yet", severity="warning", timeout=4, markup=False)
+            return
+        text = state.answer_text
+        record = state.record_path
+        try:
+            if record is not None:
+                path = record.with_name(record.stem + ".answer.txt")
+            else:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                path = Path.cwd() / f"tokentui-answer-{stamp}.txt"
+                n = 1
+                while path.exists():
+                    path = Path.cwd() / f"tokentui-answer-{stamp}-{n}.txt"
+                    n += 1
+            path.write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
+        except OSError as err:
+            self.notify(f"Export failed: {err}", severity="error", markup=False)
+            return
+        self.last_export = path
+        record_line = f"record {record}" if record else "run not recorded"
+        self.notify(f"answer {path}\n{record_line}", title="exported", timeout=10, markup=False)
+        self._status_message(f"exported {short_path(path)}")
+
+    last_export: Path | None = None
+
+    def _status_message(self, message: str, seconds: float = 6.0) -> None:
+        status = self.query_one(StatusLine)
+        status.message = message
+        status.show(self.state)
+        if self._status_message_timer is not None:
+            self._status_message_timer.stop()
+
+        def clear() -> None:
+            status.message = None
+            status.show(self.state)
+
+        self._status_message_timer = self.set_timer(seconds, clear)
+
+    def action_quit(self) -> None:  # type: ignore[override]
+        self._halt_engine()
+        self.exit(0)
+
+
+def run_dashboard(config: DashboardConfig) -> int:
+    """Run the dashboard until the user quits; returns the process exit code (0 = normal)."""
+    app = TokentuiApp(config)
+    try:
+        app.run()
+    finally:
+        if app.engine is not None:
+            try:
+                app._halt_engine()
+            except Exception:
+                pass
+    if app.record_paths:
+        last = app.record_paths[-1]
+        runs = len(app.record_paths)
+        where = f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}"
+        print(f"tokentui: {where}", file=sys.stderr)
+    return app.return_code or 0

@@ -1,0 +1,81 @@
+"""`?`: every key, what it does, and the six steps the panels show."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from ..keys import KEYS
+
+STEPS = (
+    ("1 chat template", "the app wraps your question in the model's fixed format"),
+    ("2 tokenize", "the formatted text becomes token ids"),
+    ("3 prefill", "one model run over the whole prompt scores the first token and fills the KV cache"),
+    ("4 selection", "temperature, top-k, top-p, then greedy or sampling pick one token"),
+    ("5 decode", "the chosen token goes back in; one model run per token"),
+    ("6 detokenize", "ids turn back into text; incomplete bytes wait for the next token"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,q,question_mark,f1", "dismiss", "close", show=True),
+    ]
+
+    DEFAULT_CSS = """
+    HelpScreen {
+        align: center middle;
+        background: $background 60%;
+    }
+    HelpScreen > VerticalScroll {
+        width: 96;
+        max-width: 100%;
+        height: auto;
+        max-height: 100%;
+        border: round $primary;
+        border-title-color: $primary;
+        border-title-style: bold;
+        background: $surface;
+        padding: 0 1;
+    }
+    HelpScreen Static { width: 100%; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body") as body:
+            body.border_title = "tokentui · keys"
+            body.border_subtitle = "esc / ? to close"
+            yield Static(self._keys_table(), id="help-keys")
+            yield Static(self._steps_table(), id="help-steps")
+
+    def _keys_table(self) -> Table:
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+        table.add_column("key", style="bold", no_wrap=True, min_width=7)
+        table.add_column("action", style="bold", no_wrap=True, min_width=16)
+        table.add_column("does", ratio=1)
+        for spec in KEYS:
+            table.add_row(Text(spec.display, style=self._accent()), spec.title, spec.help)
+        return table
+
+    def _steps_table(self) -> Table:
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True, title="the six steps",
+                      title_justify="left", title_style="bold")
+        table.add_column("step", style="bold", no_wrap=True, min_width=25)
+        table.add_column("what", ratio=1)
+        for name, what in STEPS:
+            table.add_row(name, what)
+        return table
+
+    def _accent(self) -> str:
+        try:
+            return str(self.app.current_theme.accent or "bold")
+        except Exception:
+            return "bold"
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
