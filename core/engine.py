@@ -9,13 +9,14 @@ settings it actually used.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from typing import AsyncIterator, Iterator
 
 import torch
 
-from .adapter import input_device, new_cache, synchronize
+from .adapter import first_capacity, input_device, new_cache, synchronize
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
 from .errors import GenerationError, PromptError, SettingsError, TokentuiError
@@ -26,6 +27,7 @@ from .loader import LoadedModel
 from .prefill import prefill
 from .select import select
 from .settings import RunOptions, SamplerSettings
+from .speed import SpeedOptions, use_threads
 from .template import apply_template
 from .tokenization import tokenize
 
@@ -47,7 +49,9 @@ def end_token_ids(model, tokenizer) -> set[int]:
 
 class Engine:
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
-                 options: RunOptions | None = None):
+                 options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
+        """`speed`: threads per phase and the --compile fast path (core/speed.py, core/compiled.py); with
+        compile, the decode step is compiled here (minutes on a small CPU), reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
@@ -63,6 +67,16 @@ class Engine:
         self.token_bytes = token_bytes(self.tokenizer)
         self.end_ids = end_token_ids(self.model, self.tokenizer)
         self.device = input_device(self.model)
+        self.speed = (speed or SpeedOptions()).validated()
+        self._compiled = None
+        if self.speed.compile:
+            from .compiled import CompiledDecoder, bucket_for
+
+            self._compiled = CompiledDecoder(self.model)
+            bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a typical chat prompt
+            if bucket is not None:
+                use_threads(self.device, self.speed.decode_threads())
+                self._compiled.warm_up(bucket, progress)
 
     # ------------------------------------------------------------------------------------------- controls
     @property
@@ -137,17 +151,37 @@ class Engine:
             self._sampler_changed = False
             self._cond.notify_all()
         with self._model_lock:
+            step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
+            events = self._run(prompt, system, serial)
             try:
-                yield from self._run(prompt, system, serial)
+                for event in events:
+                    if isinstance(event, StepEvent):
+                        step = event.index + 1
+                    yield event
             except TokentuiError as err:
                 yield ErrorEvent(message=str(err), step=getattr(err, "step", -1), kind=type(err).__name__)
             except torch.cuda.OutOfMemoryError as err:
-                yield ErrorEvent(message=self._oom_message(err), step=getattr(err, "step", -1), kind="oom")
+                yield ErrorEvent(message=self._oom_message(err, step), step=step, kind="oom")
+            finally:
+                events.close()
 
-    def _oom_message(self, err) -> str:
-        free, total = (torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (0, 0))
-        return (f"out of GPU memory ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free); "
-                "try --dtype bfloat16, fewer --max-new-tokens or a shorter prompt")
+    def _oom_message(self, err, step: int = -1) -> str:
+        """One line with the numbers (asked for, free of total where the device can say) and what to try."""
+        numbers = []
+        asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
+        if asked:
+            numbers.append(f"tried to allocate {asked.group(1)}")
+        if self.device.type == "cuda":
+            try:
+                free, total = torch.cuda.mem_get_info(self.device)
+                numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+            except Exception:  # a broken CUDA context must not hide the real error
+                pass
+        where = f" at step {step}" if step >= 0 else " in prefill"
+        detail = f" ({'; '.join(numbers)})" if numbers else ""
+        smaller = "--dtype bfloat16, " if self.facts.dtype == "float32" else ""
+        return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
+                "or a smaller model")
 
     def _run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
@@ -166,8 +200,16 @@ class Engine:
         if not self._gate(serial):
             return
         # Step 3 — prefill.
-        cache = new_cache(self.model)
+        cache = None
+        if self._compiled is not None:
+            cache, notice = self._compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
+            if notice:
+                yield Notice(notice)
+        if cache is None:
+            cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
+        use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
         logits, forward_ms = prefill(self.model, ids, cache)
+        use_threads(self.device, self.speed.decode_threads())
         ttft_ms = forward_ms
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))

@@ -169,6 +169,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    _remove_abandoned(target)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -180,6 +181,19 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
         raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
                              "set TOKENTUI_CACHE_DIR to a writable folder") from err
     return target, model, tokenizer
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Delete half-written copies of `target` left by a process that was killed while saving (their pid is in
+    the name): each can be as large as the model."""
+    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
+        try:
+            pid = int(leftover.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(leftover, ignore_errors=True)
+        except (ValueError, OSError):
+            pass  # not ours to judge (another user's process, or an odd name): leave it
 
 
 def _quiet_transformers() -> None:

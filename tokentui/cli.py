@@ -61,7 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
-    p.add_argument("--threads", type=_int("threads"), default=None, help="CPU threads for torch")
+    p.add_argument("--threads", type=_int("threads"), default=None,
+                   help="CPU threads for the model (default: all cores but one, which the dashboard needs)")
+    p.add_argument("--compile", action="store_true",
+                   help="static KV cache + torch.compile'd decode step: faster decoding after a one-time compile "
+                        "(minutes on a small CPU; CUDA graphs on a GPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off: safetensors/GGUF)")
     p.add_argument("--headless", action="store_true", help="no dashboard: stream the answer to stdout")
@@ -111,68 +115,153 @@ def make_loader(args):
         from tokentui.core.engine import Engine
         from tokentui.core.loader import load_model
 
-        if args.threads:
-            import torch
-            torch.set_num_threads(args.threads)
+        from tokentui.core.speed import SpeedOptions
+
         loaded = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                             trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
                             progress=progress)
         sampler, options = settings_from_args(args)
-        return Engine(loaded, sampler, options)
+        return Engine(loaded, sampler, options, speed=SpeedOptions(compile=args.compile, threads=args.threads),
+                      progress=progress)
 
     return load
 
 
 def run_headless(args, prompt: str) -> int:
-    from tokentui.core.events import DoneEvent, ErrorEvent, LoadProgress, Notice, StepEvent
-    from tokentui.core.record import RunRecorder
+    from tokentui.core.events import LoadProgress
 
     out = sys.stdout
+    output_ok = True
+    engine = None
+
+    def emit(text: str, stream=None) -> None:
+        """Write to the terminal; once it is gone (SSH dropped, pipe closed) stop the run but keep recording."""
+        nonlocal output_ok
+        if not output_ok:
+            return
+        try:
+            (stream or out).write(text)
+            (stream or out).flush()
+        except OSError:
+            output_ok = False
+            _silence_stdio()
+            if engine is not None:
+                engine.stop()
 
     def progress(event: LoadProgress) -> None:
         if args.json:
-            print(json.dumps(event.to_dict()), file=out, flush=True)
+            emit(json.dumps(event.to_dict()) + "\n")
 
     engine = make_loader(args)(progress)
+    # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
+    # record ends with a `done` event (reason "stopped"). Before the first step (a long prompt's prefill is one
+    # model run that cannot be stopped half-way) and on a second signal it interrupts at once; the record then
+    # still ends with a `done` event, written here.
+    stopped_by: list[int] = []
+    decoding: list[bool] = []
+
+    def on_signal(signum, frame):
+        first = not stopped_by
+        stopped_by.append(signum)
+        engine.stop()
+        if not first or not decoding:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
+    try:
+        return _headless_run(args, prompt, engine, emit, stopped_by, decoding, lambda: output_ok)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
+    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent
+    from tokentui.core.record import RunRecorder
+
     recorder = None if args.no_record else RunRecorder(args.record_dir)
     if recorder is not None:
         recorder.open_run()
         recorder.write(engine.facts)
     if args.json:
-        print(json.dumps(engine.facts.to_dict(), ensure_ascii=False), file=out, flush=True)
+        emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
     status = 0
     wrote_text = False
-    events = engine.run(prompt, args.system)
+    steps: list[StepEvent] = []
+    prompt_tokens = 0
+    finished = False  # a done or error event was seen
     try:
-        for event in (recorder.tee(events) if recorder else events):
+        for event in engine.run(prompt, args.system):
+            if stopped_by or not output_ok():
+                engine.stop()  # also when the signal came before the run had started
+            if recorder is not None:
+                recorder.write(event)
+            finished = finished or isinstance(event, (DoneEvent, ErrorEvent))
+            if isinstance(event, StepEvent):
+                steps.append(event)
+                decoding[:] = [True]
+            elif isinstance(event, PromptEvent):
+                prompt_tokens = len(event.ids)
             if args.json:
-                print(json.dumps(event.to_dict(), ensure_ascii=False), file=out, flush=True)
+                emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
             elif isinstance(event, StepEvent):
                 if event.text:
-                    out.write(event.text)
-                    out.flush()
+                    emit(event.text)
                     wrote_text = True
             elif isinstance(event, Notice):
-                print(f"tokentui: {event.message}", file=sys.stderr)
+                emit(f"tokentui: {event.message}\n", sys.stderr)
             elif isinstance(event, DoneEvent):
-                out.write(event.flushed + "\n")
-                out.flush()
+                emit(event.flushed + "\n")
             if isinstance(event, ErrorEvent):
                 if not args.json:
                     if wrote_text:
-                        out.write("\n")
-                        out.flush()
-                    print(f"tokentui: {event.message}", file=sys.stderr)
+                        emit("\n")
+                    emit(f"tokentui: {event.message}\n", sys.stderr)
                 status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
         engine.stop()
-        status = 130
-        print("\ntokentui: interrupted", file=sys.stderr)
+        if not stopped_by:
+            stopped_by.append(signal.SIGINT)
     finally:
+        if not finished and (stopped_by or not output_ok()):
+            # Interrupted mid-step, or stopped before the first step: the record still ends with "done".
+            done = DoneEvent(reason="stopped", tokens=len(steps), runs=len(steps),
+                             scores=len(steps) * engine.facts.vocab_rows,
+                             ttft_ms=steps[0].latency_ms if steps else 0.0, decode_tok_s=0.0,
+                             text="".join(s.text for s in steps), prompt_tokens=prompt_tokens,
+                             kv_tokens=steps[-1].kv_tokens if steps else 0,
+                             kv_bytes=steps[-1].kv_bytes if steps else 0)
+            if recorder is not None:
+                recorder.write(done)
+            if args.json:
+                emit(json.dumps(done.to_dict(), ensure_ascii=False) + "\n")
         if recorder is not None:
             recorder.close()
-            print(f"tokentui: run recorded in {recorder.path}", file=sys.stderr)
+    if stopped_by:
+        name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
+                signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
+        if wrote_text and not finished:
+            emit("\n")
+        emit(f"tokentui: {name}; the run stopped\n", sys.stderr)
+        status = 128 + stopped_by[0]
+    elif not output_ok():
+        status = EXIT_RUN_FAILED
+    if recorder is not None:
+        emit(f"tokentui: run recorded in {recorder.path}\n", sys.stderr)
     return status
+
+
+def _silence_stdio() -> None:
+    """The terminal or pipe is gone: send further output (and Python's exit-time flush) to /dev/null."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os.close(devnull)
 
 
 def run_dashboard(args, prompt: str) -> int:
@@ -184,10 +273,14 @@ def run_dashboard(args, prompt: str) -> int:
     config = DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
                              options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir))
-    return run_app(config)
+    return run_app(config, abandon_after=5.0)
+
+
+_signal_seen: list[int] = []
 
 
 def _raise_keyboard_interrupt(signum, frame):
+    _signal_seen.append(signum)
     raise KeyboardInterrupt
 
 
@@ -202,18 +295,22 @@ def main(argv: list[str] | None = None) -> int:
             raise TokentuiError("--json needs --headless")
         if args.threads is not None and args.threads < 1:
             raise TokentuiError(f"--threads must be >= 1, got {args.threads}")
+        # A dropped SSH session (SIGHUP) or a kill (SIGTERM) while starting up ends like Ctrl-C. Once running,
+        # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, _raise_keyboard_interrupt)
         if args.headless:
-            # A dropped SSH session (SIGHUP) or a kill (SIGTERM) ends the run like Ctrl-C: record closed.
-            for sig in (signal.SIGHUP, signal.SIGTERM):
-                signal.signal(sig, _raise_keyboard_interrupt)
             return run_headless(args, prompt)
         return run_dashboard(args, prompt)
     except TokentuiError as err:
         print(f"tokentui: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("\ntokentui: interrupted", file=sys.stderr)
-        return 130
+        try:
+            print("\ntokentui: interrupted", file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP)
+            _silence_stdio()
+        return 128 + (_signal_seen[-1] if _signal_seen else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """The dashboard: a thin engine worker, a state folded from its events, and one widget per panel.
 
 Threads: the model loads in a thread worker (through a daemon thread, so quitting mid-load does not wait for it);
-generation runs in an exclusive thread worker that iterates `engine.run`, records each event and posts it — it
-never waits for the UI. The app folds events into `RunState` at once and repaints at most ~30 times a second.
-Failures come back one way: `on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
+generation runs in an exclusive thread worker (again through a daemon thread, so quitting mid-prefill does not
+wait for it) that iterates `engine.run`, records each event and posts it — it never waits for the UI. The app
+folds events into `RunState` at once and repaints at most ~30 times a second. Failures come back one way:
+`on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import sys
@@ -83,6 +85,7 @@ class TokentuiApp(App[int]):
         self._startup_notes: list[tuple[str, str]] = []
         self._prompt_key = None
         self._run_worker: Worker | None = None  # the current run's worker (older ones may still be finishing)
+        self._load_thread: threading.Thread | None = None
         for theme in BUILTIN_THEMES.values():
             self.register_theme(theme)
         themes, errors = load_user_themes(config.user_theme_dir)
@@ -114,6 +117,16 @@ class TokentuiApp(App[int]):
         yield StatusLine(id="status")
         yield Footer(compact=True, show_command_palette=False)  # ^p is in the key table
 
+    def get_driver_class(self):
+        """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
+        driver_class = super().get_driver_class()
+        if driver_class.__name__ == "LinuxDriver":
+            from .driver import TerminalDriver
+
+            if issubclass(TerminalDriver, driver_class):
+                return TerminalDriver
+        return driver_class
+
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLE_DEFAULTS)
 
@@ -129,13 +142,13 @@ class TokentuiApp(App[int]):
         self._start_load()
 
     def _install_signal_handlers(self) -> None:
-        """A dropped SSH session (SIGHUP) or a kill (SIGTERM) quits like `q`: run stopped, record kept,
-        terminal restored."""
+        """A dropped SSH session (SIGHUP), a kill (SIGTERM) or an interrupt sent as a signal (SIGINT; Ctrl-C
+        typed in the dashboard is a key) quits like `q`: run stopped, record kept, terminal restored."""
         if self.is_headless:
             return
         try:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGHUP, signal.SIGTERM):
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.action_quit)
         except (NotImplementedError, RuntimeError, AttributeError, ValueError):
             pass  # not the main thread, or no such signal here
@@ -175,7 +188,8 @@ class TokentuiApp(App[int]):
             finally:
                 finished.set()
 
-        threading.Thread(target=target, name="tokentui-load", daemon=True).start()
+        self._load_thread = threading.Thread(target=target, name="tokentui-load", daemon=True)
+        self._load_thread.start()
         while not finished.wait(0.05):
             if worker.is_cancelled:
                 return None
@@ -256,8 +270,32 @@ class TokentuiApp(App[int]):
 
     @work(thread=True, exclusive=True, group="generate", name="generate", exit_on_error=False)
     def _generate(self, engine: EngineLike, prompt: str, system: str | None, run_id: int) -> None:
-        """Loop `engine.run`, record and post every event. Never waits for the UI."""
+        """Run the generation loop on a daemon thread and wait for it; errors come back through this worker.
+
+        The daemon thread is what lets the app quit at once: a thread worker is joined when the app's event loop
+        closes, and one model run (a long prompt's prefill) cannot be stopped half-way. Once cancelled, this
+        worker returns and the thread ends its run by itself at the next step boundary (`engine.stop`)."""
         worker = get_current_worker()
+        failure: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                self._generate_events(engine, prompt, system, run_id, worker)
+            except BaseException as err:  # handed to the worker, which re-raises it
+                failure.append(err)
+
+        thread = threading.Thread(target=target, name="tokentui-generate", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.05)
+            if worker.is_cancelled:
+                return
+        if failure:
+            raise failure[0]
+
+    def _generate_events(self, engine: EngineLike, prompt: str, system: str | None, run_id: int,
+                         worker: Worker) -> None:
+        """Loop `engine.run`, record and post every event. Never waits for the UI."""
         with self._engine_lock:
             if worker.is_cancelled or run_id != self._run_id:
                 return
@@ -541,9 +579,25 @@ class TokentuiApp(App[int]):
         self._halt_engine()
         self.exit(0)
 
+    def settled(self, timeout: float) -> bool:
+        """After the app has ended: wait up to `timeout` seconds for the run in progress to end at its next step
+        boundary (its record then ends with `done`). False while the model is still busy in a single long model
+        run (a long prompt's prefill) or still loading — neither can be stopped half-way."""
+        if self._load_thread is not None and self._load_thread.is_alive():
+            return False
+        if not self._engine_lock.acquire(timeout=timeout):
+            return False
+        self._engine_lock.release()
+        return True
 
-def run_dashboard(config: DashboardConfig) -> int:
-    """Run the dashboard until the user quits; returns the process exit code (0 = normal)."""
+
+def run_dashboard(config: DashboardConfig, abandon_after: float | None = None) -> int:
+    """Run the dashboard until the user quits; returns the process exit code (0 = normal).
+
+    abandon_after: (the command line) once the terminal is restored, wait at most this many seconds for the model
+    to finish what it is doing; if it is still busy (loading, or one long prefill), end the process at once
+    instead of waiting for it. The record then holds every step written so far, each a whole line.
+    """
     app = TokentuiApp(config)
     try:
         app.run()
@@ -557,5 +611,17 @@ def run_dashboard(config: DashboardConfig) -> int:
         last = app.record_paths[-1]
         runs = len(app.record_paths)
         where = f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}"
-        print(f"tokentui: {where}", file=sys.stderr)
-    return app.return_code or 0
+        try:
+            print(f"tokentui: {where}", file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP): the record is what matters
+            pass
+    code = app.return_code or 0
+    if abandon_after is not None and not app.settled(abandon_after):
+        try:
+            print("tokentui: stopped without waiting for the model to finish its current run", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:  # the terminal is gone
+            pass
+        os._exit(code)
+    return code

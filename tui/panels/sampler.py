@@ -46,10 +46,12 @@ class SamplerPanel(Panel):
         muted = self.style_of("sampler--muted")
         values = describe(settings)
         in_force = state.last_step.settings if state.last_step is not None else None
-        pending = bool(in_force) and state.running and SamplerSettings(**in_force) != settings
+        differs = bool(in_force) and SamplerSettings(**in_force) != settings
         note = Text()
-        if pending:
+        if differs and state.running:
             note.append("changed: applies at the next step", changed)
+        elif differs:  # the run has ended with other settings
+            note.append("changed: applies to the next run (r)", changed)
         elif state.settings_changed_at is not None:
             note.append(f"changed at step {state.settings_changed_at}", changed)
         compact = (self.content_size.height or 1) < 4

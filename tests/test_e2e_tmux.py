@@ -1,0 +1,85 @@
+"""End to end in a real terminal: tmux runs `tokentui` (no arguments: the dashboard on the embedded model with
+the seeds' question), the screen shows the prompt tokens, the candidates and the answer; `T` raises the
+temperature on screen; `q` quits and leaves the shell usable (cooked mode, echo, no alternate screen, no mouse
+reporting, cursor visible)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tmux_pane import Pane, have_tmux, read_pid, wait_gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
+
+
+def record_of(pid: int, runs_dir) -> list[dict]:
+    """The run record the process with `pid` is writing (its file name carries the pid); complete lines only."""
+    files = sorted(runs_dir.glob(f"*-{pid}.jsonl")) + sorted(runs_dir.glob(f"*-{pid}-*.jsonl"))
+    if not files:
+        return []
+    text = files[-1].read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def assert_terminal_restored(pane: Pane) -> None:
+    flags = pane.flags()
+    assert flags["alternate_on"] == "0", flags  # the alternate screen is gone
+    assert flags["cursor_flag"] == "1", flags  # the cursor is visible
+    assert flags["wrap_flag"] == "1", flags  # line wrapping is back on
+    for mouse in ("mouse_any_flag", "mouse_button_flag", "mouse_standard_flag", "mouse_sgr_flag"):
+        assert flags[mouse] == "0", flags  # no mouse reporting left on
+    modes = pane.stty()
+    for mode in ("icanon", "echo", "isig", "icrnl", "opost"):
+        assert mode in modes and f"-{mode}" not in modes, (mode, sorted(modes))
+    pane.type_line("echo usable-$((6*7))")
+    pane.wait_for(lambda t: "usable-42" in t.replace("usable-$((6*7))", ""), timeout=20, what="the shell to answer")
+
+
+def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, isolated_dirs, tmp_path):
+    runs_dir = isolated_dirs["TOKENTUI_STATE_DIR"] / "runs"
+    pidfile = tmp_path / "pid"
+    with Pane("e2e", 160, 48) as pane:
+        pane.run_tokentui([], pidfile)
+        pid = read_pid(pidfile)
+        screen = pane.wait_for(lambda t: "␣Open" in t, timeout=120, what="the prompt tokens")
+        assert "Is OpenAI open?" in screen  # the chat-templated text (tall terminal)
+        assert "1 chat template · 2 tokenize" in screen and "prompt tokens" in screen
+
+        # The candidates table and the answer as it streams.
+        screen = pane.wait_for(lambda t: "▶" in t and "sampled p" in t and re.search(r"\d+\.\d%", t),
+                               timeout=120, what="the candidates table")
+        assert "4 selection · candidates" in screen and "entropy" in screen
+        deadline = time.monotonic() + 120
+        while len([e for e in record_of(pid, runs_dir) if e["event"] == "step"]) < 4:
+            assert time.monotonic() < deadline, "no steps recorded"
+            time.sleep(0.2)
+        steps = [e for e in record_of(pid, runs_dir) if e["event"] == "step"]
+        opening = "".join(s["text"] for s in steps[:3]).strip()
+        assert opening
+        pane.wait_for(lambda t: opening in t, timeout=60, what=f"the answer's opening {opening!r}")
+
+        # T raises the temperature: the sampler panel shows it.
+        assert re.search(r"temperature\s+0\.70", pane.capture())
+        pane.send("T")
+        screen = pane.wait_for(lambda t: re.search(r"temperature\s+0\.80", t), timeout=10,
+                               what="temperature 0.80 on screen")
+        assert re.search(r"changed: applies|changed at step \d+", screen)  # the panel says when it applies
+
+        pane.send("q")
+        assert pane.exit_status(timeout=60) == 0
+        wait_gone(pid, timeout=30)
+        after = pane.capture()
+        assert "Traceback" not in after and "run recorded in" in after
+        assert_terminal_restored(pane)
+
+    lines = record_of(pid, runs_dir)
+    assert lines[0]["event"] == "model" and lines[-1]["event"] in ("done",)
+    steps = [e for e in lines if e["event"] == "step"]
+    assert [s["index"] for s in steps] == list(range(len(steps)))
+    if any(s["settings"]["temperature"] == 0.8 for s in steps):  # the key landed before the run ended
+        first = next(s for s in steps if s["settings"]["temperature"] == 0.8)
+        assert first["settings_changed"]
