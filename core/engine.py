@@ -219,7 +219,7 @@ class Engine:
         generated: list[int] = []
         reason = "length"
         step_start = time.perf_counter() - forward_ms / 1000.0
-        first_token_time = decode_started = None
+        decode_started = None
         index = 0
         while True:
             # Step 4 — selection, with the settings in force now.
@@ -234,17 +234,15 @@ class Engine:
                 located.step = index
                 raise located from err
             # Step 6 — detokenize as the token arrives.
-            piece = self.token_bytes
+            vocab = self.token_bytes
             det = detok.push(sel.token_id)
             generated.append(sel.token_id)
             now = time.perf_counter()
-            if first_token_time is None:
-                first_token_time = now
             yield StepEvent(
-                index=index, id=sel.token_id, piece=display_piece(piece, sel.token_id), special=det.special,
+                index=index, id=sel.token_id, piece=display_piece(vocab, sel.token_id), special=det.special,
                 text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
                 completed_chars=list(det.completed),
-                candidates=[Candidate(id=i, piece=display_piece(piece, i), raw_prob=r, prob=p)
+                candidates=[Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p)
                             for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)],
                 chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
@@ -259,7 +257,8 @@ class Engine:
             if index >= opts.max_new_tokens:
                 reason = "length"
                 break
-            if facts.max_context and cache_tokens(cache) + 1 >= facts.max_context:
+            # The next token would sit at position cache_tokens: it must be inside the context.
+            if facts.max_context and cache_tokens(cache) >= facts.max_context:
                 reason = "context"
                 break
             if not self._gate(serial):
@@ -276,8 +275,8 @@ class Engine:
         yield DoneEvent(
             reason=reason, tokens=len(generated), runs=len(generated), scores=len(generated) * facts.vocab_rows,
             ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decode_s > 0 else 0.0,
-            text=oneshot_text(tok, generated), prompt_tokens=len(ids), flushed=detok.finish(), kv_tokens=cache_tokens(cache),
-            kv_bytes=cache_nbytes(cache),
+            text=oneshot_text(tok, generated), prompt_tokens=len(ids), flushed=detok.finish(),
+            kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
         )
 
     # ------------------------------------------------------------------------------------------- async

@@ -199,3 +199,14 @@ def test_nan_logits_stop_the_run_naming_the_step(tiny):
     err = events[-1]
     assert isinstance(err, ErrorEvent) and "step 2" in err.message and "NaN" in err.message
     assert len(_steps(events)) == 2
+
+
+def test_run_stops_when_the_context_is_full(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=10_000, ignore_eos=True))
+    events = list(engine.run("Is OpenAI open?"))
+    prompt_tokens = len(events[0].ids)
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.reason == "context"
+    # every token fed to the model sat at a position < 512; the last chosen token is reported, not fed
+    assert done.kv_tokens == 512
+    assert done.tokens == 512 - prompt_tokens + 1
