@@ -162,3 +162,12 @@ class ErrorEvent(Event):
     message: str
     step: int = -1
     kind: str = "error"
+
+
+def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int) -> DoneEvent:
+    """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended on
+    purpose), built from the steps already reported, so a record always ends with one."""
+    return DoneEvent(reason="stopped", tokens=len(steps), runs=len(steps), scores=len(steps) * vocab_rows,
+                     ttft_ms=steps[0].latency_ms if steps else 0.0, decode_tok_s=0.0,
+                     text="".join(s.text for s in steps), prompt_tokens=prompt_tokens,
+                     kv_tokens=steps[-1].kv_tokens if steps else 0, kv_bytes=steps[-1].kv_bytes if steps else 0)

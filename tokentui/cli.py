@@ -108,21 +108,26 @@ def settings_from_args(args):
     return sampler, options
 
 
-def make_loader(args):
-    """A callable that loads the model and returns a ready Engine (the dashboard runs it on a worker thread)."""
+def engine_spec(args):
+    from tokentui.core.process import EngineSpec
+
+    sampler, options = settings_from_args(args)
+    return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                      trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
+                      compile=args.compile, threads=args.threads, sampler=sampler, options=options)
+
+
+def make_loader(args, *, in_process: bool = True):
+    """A callable that loads the model and returns a ready engine (the dashboard runs it on a worker thread):
+    in this process for --headless, in a child process for the dashboard (core/process.py says why)."""
+    spec = engine_spec(args)
 
     def load(progress):
-        from tokentui.core.engine import Engine
-        from tokentui.core.loader import load_model
+        from tokentui.core.process import ProcessEngine, load_engine
 
-        from tokentui.core.speed import SpeedOptions
-
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                            trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
-                            progress=progress)
-        sampler, options = settings_from_args(args)
-        return Engine(loaded, sampler, options, speed=SpeedOptions(compile=args.compile, threads=args.threads),
-                      progress=progress)
+        if in_process:
+            return load_engine(spec, progress)
+        return ProcessEngine(spec, progress)
 
     return load
 
@@ -176,7 +181,7 @@ def run_headless(args, prompt: str) -> int:
 
 
 def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
-    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent
+    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent, stopped_done
     from tokentui.core.record import RunRecorder
 
     recorder = None if args.no_record else RunRecorder(args.record_dir)
@@ -225,12 +230,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     finally:
         if not finished and (stopped_by or not output_ok()):
             # Interrupted mid-step, or stopped before the first step: the record still ends with "done".
-            done = DoneEvent(reason="stopped", tokens=len(steps), runs=len(steps),
-                             scores=len(steps) * engine.facts.vocab_rows,
-                             ttft_ms=steps[0].latency_ms if steps else 0.0, decode_tok_s=0.0,
-                             text="".join(s.text for s in steps), prompt_tokens=prompt_tokens,
-                             kv_tokens=steps[-1].kv_tokens if steps else 0,
-                             kv_bytes=steps[-1].kv_bytes if steps else 0)
+            done = stopped_done(steps, prompt_tokens, engine.facts.vocab_rows)
             if recorder is not None:
                 recorder.write(done)
             if args.json:
@@ -270,7 +270,7 @@ def run_dashboard(args, prompt: str) -> int:
     from tokentui.tui.config import DashboardConfig
 
     sampler, options = settings_from_args(args)
-    config = DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
+    config = DashboardConfig(load=make_loader(args, in_process=False), prompt=prompt, system=args.system, sampler=sampler,
                              options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir))
     return run_app(config, abandon_after=5.0)

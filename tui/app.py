@@ -616,6 +616,12 @@ def run_dashboard(config: DashboardConfig, abandon_after: float | None = None) -
         except OSError:  # the terminal is gone (SIGHUP): the record is what matters
             pass
     code = app.return_code or 0
+    close = getattr(app.engine, "close", None)
+    if close is not None:
+        # The model runs in a child process (core/process.py): a decoding run ends at its next step boundary;
+        # a long prefill is ended by closing the child, and the run's record still ends with `done`.
+        app.settled(1.0)
+        close()
     if abandon_after is not None and not app.settled(abandon_after):
         try:
             print("tokentui: stopped without waiting for the model to finish its current run", file=sys.stderr)
