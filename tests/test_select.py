@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
-from tokentui.core.select import Selection, reference_probs, sample_index, select
+from tokentui.core.select import Selection, reference_probs, sample_index, select, top_scores
 from tokentui.core.settings import SamplerSettings
 
 PROB_TOL = 1e-6
@@ -271,6 +271,29 @@ def test_greedy_takes_the_first_of_tied_maxima():
         x[ties] = 9.0
         assert select(x, sampler(greedy=True), None, 10).token_id == int(torch.argmax(x)) == min(ties)
         assert select(x, sampler(greedy=True), None, 1).token_id == min(ties)
+
+
+@pytest.mark.parametrize("vocab", [151_936, 49_152, 16_384 + 7, 300])
+@pytest.mark.parametrize("n", [1, 2, 10, 64])
+def test_top_scores_are_torch_topk(vocab, n):
+    for case in ("normal", "ties", "spikes"):
+        x = torch.randn(vocab, generator=gen(vocab + n)) * 3.5
+        if case == "ties":  # many equal scores around the n-th, spread over many blocks
+            x = torch.round(x)
+        elif case == "spikes":  # the winners crowded into one block, and into the ragged tail
+            x[100:100 + n] = 50.0 + torch.arange(n, dtype=torch.float32)
+            x[-3:] = 60.0
+        values, ids = top_scores(x, n)
+        expected = torch.topk(x, n).values
+        assert torch.equal(values, expected), case
+        assert torch.equal(x[ids], values) and len(set(ids.tolist())) == n, case
+
+
+def test_greedy_takes_the_first_of_tied_maxima_in_a_large_vocabulary():
+    for ties in ([151_000, 5, 70_000], list(range(0, 151_936, 9_000)), [151_935, 151_934]):
+        x = torch.randn(151_936, generator=gen(11))
+        x[ties] = 20.0
+        assert select(x, sampler(greedy=True), None, 10).token_id == int(torch.argmax(x)) == min(ties)
 
 
 def test_greedy_matches_generate_without_sampling():
