@@ -422,7 +422,33 @@ def bench_launch(reps: int, cold: bool) -> dict:
             log(f"  launch warm: {warm[-1]:.1f} s")
         out["warm_s"] = med(warm)
         out["warm_all"] = warm
+        floor = []
+        for _ in range(reps):
+            floor.append(imports_seconds(env))
+            log(f"  imports alone: {floor[-1]:.1f} s")
+        out["imports_s"] = med(floor)
     return out
+
+
+IMPORTS_ONLY = (  # what any transformers-based start must import before it can load SmolLM2 (gc off, as tokentui)
+    "import gc; gc.disable(); import torch; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+    "import transformers.models.llama.modeling_llama; print('imported', flush=True)"
+)
+
+
+def imports_seconds(env: dict) -> float:
+    """Seconds from spawning a Python that only imports torch and transformers' Llama stack to its line saying so
+    (not to its exit, which tears torch down): the floor under any warm launch that runs the model through
+    transformers, timed the way the launch is."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", IMPORTS_ONLY], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    seconds = time.perf_counter() - start
+    proc.wait()
+    if line.strip() != "imported":
+        raise RuntimeError("the import-only process failed")
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -537,6 +563,11 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
         r.append("`tokentui --headless --json --max-new-tokens 1` in a fresh process, timed to its first step event; "
                  "cold = empty TOKENTUI_CACHE_DIR (the GGUF is de-quantized and cached), warm = cached. Warm runs: "
                  + ", ".join(f"{s:.1f}" for s in launch["warm_all"]) + " s.\n")
+        r.append(f"The floor under a warm launch: a fresh Python that only imports torch and transformers' Llama "
+                 f"modules (the cyclic GC off, as tokentui does) takes {launch['imports_s']:.1f} s here "
+                 f"(median of {len(launch['warm_all'])}), {100 * launch['imports_s'] / launch['warm_s']:.0f} % of "
+                 "the warm launch; loading the cached weights and tokenizer, the template, and the prefill are "
+                 "the rest.\n")
     text = "\n".join(r)
     path.write_text(text, encoding="utf-8")
     return text

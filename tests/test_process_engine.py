@@ -184,3 +184,13 @@ def test_the_dashboard_parent_never_imports_torch():
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_dashboard_loader_starts_a_model_process(isolated_dirs, tmp_path):
+    from tokentui.cli import build_parser, make_loader
+
+    args = build_parser().parse_args(["--model", str(tmp_path / "missing")])
+    stages = []
+    with pytest.raises(ModelLoadError, match="no such file or folder"):
+        make_loader(args, in_process=False)(stages.append)
+    assert stages and stages[0].stage == "finding the model"  # progress came back from the child

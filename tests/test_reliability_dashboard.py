@@ -468,7 +468,7 @@ async def test_export_from_the_command_palette_while_generating(tmp_path):
 # ---- security ----------------------------------------------------------------------------------------------------
 
 def test_trust_remote_code_is_off_unless_asked(monkeypatch):
-    from tokentui.cli import build_parser, make_loader as cli_loader
+    from tokentui.cli import build_parser, engine_spec, make_loader as cli_loader
     import tokentui.core.loader as loader
 
     seen = []
@@ -486,6 +486,8 @@ def test_trust_remote_code_is_off_unless_asked(monkeypatch):
         with pytest.raises(Stop):
             cli_loader(args)(lambda p: None)
         assert seen[-1]["trust_remote_code"] is expected and seen[-1]["allow_pickle"] is False
+        spec = engine_spec(args)  # what the dashboard's model process is started with
+        assert spec.trust_remote_code is expected and spec.allow_pickle is False
 
 
 @pytest.mark.parametrize("trusted", [False, True])
