@@ -270,8 +270,8 @@ def run_dashboard(args, prompt: str) -> int:
     from tokentui.tui.config import DashboardConfig
 
     sampler, options = settings_from_args(args)
-    config = DashboardConfig(load=make_loader(args, in_process=False), prompt=prompt, system=args.system, sampler=sampler,
-                             options=options, theme=args.theme,
+    config = DashboardConfig(load=make_loader(args, in_process=False), prompt=prompt, system=args.system,
+                             sampler=sampler, options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir))
     return run_app(config, abandon_after=5.0)
 
