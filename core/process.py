@@ -90,11 +90,45 @@ def worker_log_path() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------- parent side
+@dataclass
+class StartedProcess:
+    proc: subprocess.Popen
+    conn: Connection
+    log_path: Path
+
+
+def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> StartedProcess:
+    """Start the child and ask it to load `spec`; returns at once. The dashboard calls this before importing
+    textual, so the child's ~4 s of imports and loading overlap the app's start instead of following it."""
+    log_path = log_path or worker_log_path()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    parent_end, child_end = socket.socketpair()
+    with open(log_path, "wb") as log:
+        # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from tokentui.core.process import _child; _child(int(sys.argv[1]))",
+             str(child_end.fileno())],
+            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    child_end.close()
+    conn = Connection(parent_end.detach())
+    try:
+        conn.send(("load", spec))
+    except OSError:  # it died at once; ProcessEngine reports how
+        pass
+    return StartedProcess(proc, conn, log_path)
+
+
 class ProcessEngine:
     """An Engine running in a child process; construct it from a thread that may block (it waits for the load)."""
 
-    def __init__(self, spec: EngineSpec, progress: Progress = lambda p: None, *, log_path: Path | None = None):
-        self.log_path = log_path or worker_log_path()
+    def __init__(self, spec: EngineSpec, progress: Progress = lambda p: None, *, log_path: Path | None = None,
+                 started: "StartedProcess | None" = None):
+        """`started`: a child already started for `spec` by `start_model_process` (it has been importing torch
+        while the caller set up); otherwise one is started here."""
+        started = started or start_model_process(spec, log_path)
+        self.log_path = started.log_path
+        self._proc, self._conn = started.proc, started.conn
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._events: queue.Queue = queue.Queue(maxsize=EVENT_BACKLOG)
@@ -102,19 +136,7 @@ class ProcessEngine:
         self._paused = False
         self._closing = False
         self._dead = threading.Event()
-        parent_end, child_end = socket.socketpair()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from tokentui.core.process import _child; _child(int(sys.argv[1]))",
-                 str(child_end.fileno())],
-                pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        child_end.close()
-        self._conn = Connection(parent_end.detach())
         try:
-            self._send(("load", spec))
             ready = self._wait_ready(progress)
         except BaseException:
             self.close()

@@ -121,13 +121,18 @@ def make_loader(args, *, in_process: bool = True):
     """A callable that loads the model and returns a ready engine (the dashboard runs it on a worker thread):
     in this process for --headless, in a child process for the dashboard (core/process.py says why)."""
     spec = engine_spec(args)
+    early = []
+    if not in_process:  # start the model process now: it imports torch while the dashboard starts
+        from tokentui.core.process import start_model_process
+
+        early.append(start_model_process(spec))
 
     def load(progress):
         from tokentui.core.process import ProcessEngine, load_engine
 
         if in_process:
             return load_engine(spec, progress)
-        return ProcessEngine(spec, progress)
+        return ProcessEngine(spec, progress, started=early.pop() if early else None)  # a retry starts afresh
 
     return load
 
@@ -266,11 +271,14 @@ def _silence_stdio() -> None:
 
 def run_dashboard(args, prompt: str) -> int:
     from tokentui.core.record import RunRecorder
+
+    load = make_loader(args, in_process=False)  # the model process starts first: it takes the longest
+
     from tokentui.tui.app import run_dashboard as run_app
     from tokentui.tui.config import DashboardConfig
 
     sampler, options = settings_from_args(args)
-    config = DashboardConfig(load=make_loader(args, in_process=False), prompt=prompt, system=args.system,
+    config = DashboardConfig(load=load, prompt=prompt, system=args.system,
                              sampler=sampler, options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir))
     return run_app(config, abandon_after=5.0)
