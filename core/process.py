@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -163,8 +164,6 @@ class ProcessEngine:
         if code is None:
             return "it closed its connection"
         if code < 0:
-            import signal
-
             try:
                 return f"killed by {signal.Signals(-code).name}"
             except ValueError:
@@ -176,7 +175,10 @@ class ProcessEngine:
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
-                self._proc.wait(timeout=5)
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
                 raise ModelLoadError(f"the model process ended while loading ({self._ended_text()}); "
                                      f"its output is in {self.log_path}") from None
             if message[0] == "progress":
