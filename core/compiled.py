@@ -17,8 +17,9 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
 * Prefill stays eager (one call per run, variable length; transformers never compiles it either) and writes
   into the same static cache.
 * On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
-  torch records CUDA graphs per Python thread, so a dashboard run (its own worker thread) re-records on its first
-  steps after the warm-up on the loading thread: milliseconds, not a recompile.
+  torch records CUDA graphs per Python thread: a run on another thread than the warm-up (`Engine.events()`)
+  re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
+  runs on its main thread.
 * Threads on CPU: the generated kernels bake in the thread count they were compiled with; the engine compiles at
   its decode thread count (1 on 2 cores). Compiled with 2 threads the step fell to ~3 tok/s on the busy 2-core
   box (OpenMP barriers on a shared core), against ~28 with one.
