@@ -174,11 +174,15 @@ def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- 1 + 4
-def bench_decode(loaded, reps: int, with_compile: bool) -> dict:
-    model = loaded.model
+def bench_decode(loaded, stock, reps: int, with_compile: bool) -> dict:
+    """`loaded` goes to the engines (which re-lay its wide weights, core/layout.py); `stock`, a second copy exactly
+    as transformers loads it, runs generate (what a user would run instead) and the stock-layout engine."""
+    model = stock.model
     opts = RunOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     greedy = SamplerSettings(temperature=0.0)
     engine = Engine(loaded, greedy, opts)
+    stock_engine = Engine(stock, greedy, opts, speed=SpeedOptions(weight_layout="stock"))
+    assert engine.layout.matrices and not stock_engine.layout.matrices
     threads = engine.speed.decode_threads()
     ids, _, _, prompt_ids = run_engine(engine)
     assert len(prompt_ids) == 38, f"the benchmark prompt should be 38 tokens, got {len(prompt_ids)}"
@@ -186,25 +190,26 @@ def bench_decode(loaded, reps: int, with_compile: bool) -> dict:
                  "generate_default_threads": TORCH_DEFAULT_THREADS}
     gen_ids, _ = run_generate(model, prompt_ids, NEW_TOKENS, TORCH_DEFAULT_THREADS)
     assert ids == gen_ids, "engine and generate chose different tokens"
-    compiled = None
+    compiled = {}  # name -> Engine: --compile at the default thread count, and with every core (headless)
     if with_compile:
-        log("compiling the decode step (minutes on a small CPU) ...")
-        started = time.perf_counter()
-        compiled = Engine(loaded, greedy, opts, speed=SpeedOptions(compile=True))
-        res["compile_s"] = time.perf_counter() - started
-        c_ids = run_engine(compiled)[0]
-        res["compiled_ids_equal"] = c_ids == gen_ids
-        assert c_ids == gen_ids, "the compiled engine chose different tokens from generate"
+        variants = {"compiled": SpeedOptions(compile=True)}
+        if TORCH_DEFAULT_THREADS > threads:
+            variants["compiled@all-threads"] = SpeedOptions(compile=True, threads=TORCH_DEFAULT_THREADS)
+        for name, speed in variants.items():
+            log(f"compiling the decode step for {name} (minutes on a small CPU) ...")
+            started = time.perf_counter()
+            compiled[name] = Engine(loaded, greedy, opts, speed=speed)
+            res.setdefault("compile_s", {})[name] = time.perf_counter() - started
+            c_ids = run_engine(compiled[name])[0]
+            assert c_ids == gen_ids, f"{name} chose different tokens from generate"
     series: dict[str, list[float]] = {}
     for rep in range(reps):
-        for name in ("engine", "generate@default", "generate@engine-threads", "compiled"):
-            if name == "engine":
-                got, done, _, _ = run_engine(engine)
+        for name in ("engine", "generate@default", "generate@engine-threads", "engine@stock-layout", *compiled):
+            if name in ("engine", "engine@stock-layout"):
+                got, done, _, _ = run_engine(engine if name == "engine" else stock_engine)
                 rate = done.decode_tok_s
-            elif name == "compiled":
-                if compiled is None:
-                    continue
-                got, done, _, _ = run_engine(compiled)
+            elif name in compiled:
+                got, done, _, _ = run_engine(compiled[name])
                 rate = done.decode_tok_s
             else:
                 t = TORCH_DEFAULT_THREADS if name == "generate@default" else threads
@@ -216,8 +221,11 @@ def bench_decode(loaded, reps: int, with_compile: bool) -> dict:
     res["ratio_default"] = med([e / g for e, g in zip(series["engine"], series["generate@default"])])
     res["ratio_default_same_threads"] = med(
         [e / g for e, g in zip(series["engine"], series["generate@engine-threads"])])
-    if compiled is not None:
-        res["ratio_compiled"] = med([c / g for c, g in zip(series["compiled"], series["generate@default"])])
+    res["ratio_stock_layout"] = med([e / g for e, g in zip(series["engine@stock-layout"], series["generate@default"])])
+    res["layout"] = engine.layout
+    for name in compiled:
+        res[f"ratio_{name}"] = med([c / g for c, g in zip(series[name], series["generate@default"])])
+    if "compiled" in compiled:
         res["ratio_compiled_same_threads"] = med(
             [c / g for c, g in zip(series["compiled"], series["generate@engine-threads"])])
     # 4: the physical limit, measured now
@@ -228,8 +236,8 @@ def bench_decode(loaded, reps: int, with_compile: bool) -> dict:
     best_bw = max(bw1, bw_all)
     res["limit_tok_s"] = best_bw * 1e9 / weights
     res["limit_ratio_default"] = res["tok_s"]["engine"] / res["limit_tok_s"]
-    if compiled is not None:
-        res["limit_ratio_compiled"] = res["tok_s"]["compiled"] / res["limit_tok_s"]
+    for name in compiled:
+        res[f"limit_ratio_{name}"] = res["tok_s"][name] / res["limit_tok_s"]
     res["_engine"] = engine
     return res
 
@@ -359,7 +367,8 @@ def engine_overhead(engine: Engine) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- 6
-def bench_prefill(loaded, reps: int) -> dict:
+def bench_prefill(loaded, stock, reps: int) -> dict:
+    """The engine's prefill (its model re-laid) against a plain forward of the stock copy at torch's defaults."""
     model = loaded.model
     speed = SpeedOptions()
     text = (ROOT / "README.md").read_text(encoding="utf-8") * 4
@@ -379,7 +388,7 @@ def bench_prefill(loaded, reps: int) -> dict:
 
             with torch.inference_mode():
                 start = time.perf_counter()
-                model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(config=model.config),
+                stock.model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(config=model.config),
                       use_cache=True, logits_to_keep=1)
                 series["plain"].append((time.perf_counter() - start) * 1000)
         out[n] = {"engine_ms": med(series["engine"]), "plain_ms": med(series["plain"]),
@@ -483,10 +492,16 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
              f"{d['ratio_default']:.2f} | {verdict('1-default', d['ratio_default'])} |")
     r.append(f"| 1 | same, both at {d['engine_threads']} thread(s) (not a target: the like-for-like kernel ratio) "
              f"| — | {d['ratio_default_same_threads']:.2f} | — |")
+    r.append(f"| 1 | engine with `--weight-layout stock` ÷ generate (not a target: what the transposed layout adds) "
+             f"| — | {d['ratio_stock_layout']:.2f} | — |")
     if "ratio_compiled" in d:
         r.append(f"| 1 | engine `--compile` decode ÷ generate (defaults) | ≥ 1.5 | {d['ratio_compiled']:.2f} | "
                  f"{verdict('1-fastest', d['ratio_compiled'])} |")
         r.append(f"| 1 | same, both at {d['engine_threads']} thread(s) | — | {d['ratio_compiled_same_threads']:.2f} | — |")
+    if "ratio_compiled@all-threads" in d:
+        v = d["ratio_compiled@all-threads"]
+        r.append(f"| 1 | engine `--compile --threads {TORCH_DEFAULT_THREADS}` (every core: headless) ÷ generate "
+                 f"(defaults) | ≥ 1.5 | {v:.2f} | {verdict('1-fastest', v)} |")
     else:
         r.append("| 1 | engine `--compile` ÷ generate | ≥ 1.5 | not run (--quick / --no-compile) | — |")
     if dash:
@@ -504,6 +519,10 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     if "limit_ratio_compiled" in d:
         r.append(f"| 4 | decode ÷ physical limit, `--compile` | ≥ 0.5 | {d['limit_ratio_compiled']:.2f} | "
                  f"{verdict('4', d['limit_ratio_compiled'])} |")
+    if "limit_ratio_compiled@all-threads" in d:
+        v = d["limit_ratio_compiled@all-threads"]
+        r.append(f"| 4 | decode ÷ physical limit, `--compile --threads {TORCH_DEFAULT_THREADS}` (every core: "
+                 f"headless) | ≥ 0.5 | {v:.2f} | {verdict('4', v)} |")
     if launch:
         r.append(f"| 5 | launch to first token, warm (cached conversion) | ≤ 3 s | {launch['warm_s']:.1f} s | "
                  f"{verdict('5-warm', launch['warm_s'])} |")
@@ -520,8 +539,10 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     r.append("|-----------|----------------|")
     names = {"engine": f"engine, defaults ({d['engine_threads']} decode thread(s))",
              "compiled": "engine, `--compile`",
+             "compiled@all-threads": f"engine, `--compile --threads {TORCH_DEFAULT_THREADS}`",
              "generate@default": f"generate, torch default ({TORCH_DEFAULT_THREADS} threads)",
-             "generate@engine-threads": f"generate, {d['engine_threads']} thread(s)"}
+             "generate@engine-threads": f"generate, {d['engine_threads']} thread(s)",
+             "engine@stock-layout": "engine, `--weight-layout stock`"}
     for key, value in d["tok_s"].items():
         r.append(f"| {names[key]} | {value:.1f} |")
     r.append(f"| physical limit: {d['weight_bytes'] / 1e6:.0f} MB of weights per step ÷ "
@@ -529,8 +550,15 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     r.append("")
     r.append(f"Read bandwidth (sum over 1 GiB): {d['bandwidth_1']:.1f} GB/s on 1 thread, {d['bandwidth_all']:.1f} GB/s "
              f"on {TORCH_DEFAULT_THREADS}; the limit uses the larger. All contenders produced the same "
-             f"{NEW_TOKENS} token IDs (asserted)." + (f" Compiling took {d['compile_s']:.0f} s (once per process)."
-                                                     if "compile_s" in d else "") + "\n")
+             f"{NEW_TOKENS} token IDs (asserted); generate ran on a second copy of the model, exactly as "
+             f"transformers loads it, the engine on weights it re-laid: {d['layout'].describe()} "
+             "(core/layout.py)." + (" Compiling took " + " and ".join(
+                 f"{v:.0f} s ({names[k]})" for k, v in d["compile_s"].items()) + ", once per process."
+                 if "compile_s" in d else "") + "\n")
+    if "compiled@all-threads" in d["tok_s"]:
+        r.append(f"`--compile --threads {TORCH_DEFAULT_THREADS}` is an option, not the default: its kernels wait on "
+                 "each other at every step, so as soon as anything else wants a core (the dashboard, another job) "
+                 "it collapses (~3 tok/s measured on this box under load); core/speed.py says more.\n")
     if dash:
         r.append("### 2 — dashboard\n")
         r.append(f"Decode tok/s as the engine measures it: headless {dash['tok_s']['headless']:.1f}, with the "
@@ -588,8 +616,9 @@ def main() -> int:
     info = machine()
     log(f"machine: {info}")
     loaded = load_model(None, device="cpu", dtype="float32")
+    stock = load_model(None, device="cpu", dtype="float32")  # never given to a default engine: weights as loaded
     log("1, 4: decode against generate ...")
-    d = bench_decode(loaded, args.reps, with_compile=not (args.quick or args.no_compile))
+    d = bench_decode(loaded, stock, args.reps, with_compile=not (args.quick or args.no_compile))
     engine = d.pop("_engine")
     dash = None
     if not args.no_dashboard:
@@ -600,10 +629,10 @@ def main() -> int:
             log(f"  skipped: the dashboard is not importable ({err})")
     log("3: selection ...")
     sel = bench_select(1000 / d["tok_s"]["engine"], engine.speed.decode_threads(),
-                       real_scores(loaded, d["prompt_ids"]))
+                       real_scores(stock, d["prompt_ids"]))
     over = engine_overhead(engine)
     log("6: prefill ...")
-    pre = bench_prefill(loaded, max(2, args.reps - 2))
+    pre = bench_prefill(loaded, stock, max(2, args.reps - 2))
     launch = None
     if not args.no_launch:
         log("5: launch to first token ...")

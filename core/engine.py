@@ -20,9 +20,10 @@ from .adapter import first_capacity, input_device, new_cache, synchronize
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
 from .errors import GenerationError, PromptError, SettingsError, TokentuiError
-from .events import (Candidate, DoneEvent, ErrorEvent, Event, ModelFacts, Notice, PrefillEvent, PromptEvent,
-                     StepEvent)
+from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
+                     PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens
+from .layout import LayoutReport, transpose_wide_weights
 from .loader import LoadedModel
 from .prefill import prefill
 from .select import select
@@ -50,8 +51,10 @@ def end_token_ids(model, tokenizer) -> set[int]:
 class Engine:
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
-        """`speed`: threads per phase and the --compile fast path (core/speed.py, core/compiled.py); with
-        compile, the decode step is compiled here (minutes on a small CPU), reported through `progress`."""
+        """`speed`: threads per phase, the weight layout and the --compile fast path (core/speed.py,
+        core/layout.py, core/compiled.py). On CPU the engine stores the model's wide float32 projections transposed,
+        in place (same values, faster decode; weight_layout="stock" leaves the model untouched). With compile, the
+        decode step is compiled here (minutes on a small CPU), reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
@@ -68,6 +71,11 @@ class Engine:
         self.end_ids = end_token_ids(self.model, self.tokenizer)
         self.device = input_device(self.model)
         self.speed = (speed or SpeedOptions()).validated()
+        self.layout = LayoutReport()
+        if self.speed.weight_layout == "auto" and self.device.type == "cpu":
+            self.layout = transpose_wide_weights(self.model)  # in place: see core/layout.py
+            if progress is not None and self.layout.matrices:
+                progress(LoadProgress(self.layout.describe(), None))
         self._compiled = None
         if self.speed.compile:
             from .compiled import CompiledDecoder, bucket_for

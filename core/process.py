@@ -55,6 +55,7 @@ class EngineSpec:
     allow_pickle: bool = False
     compile: bool = False
     threads: int | None = None
+    weight_layout: str = "auto"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     options: RunOptions = field(default_factory=RunOptions)
 
@@ -76,7 +77,8 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
                             progress=progress)
         return Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
-                                                                              threads=spec.threads),
+                                                                              threads=spec.threads,
+                                                                              weight_layout=spec.weight_layout),
                       progress=progress)
     finally:
         if was_enabled:

@@ -41,13 +41,16 @@ _TORCH_DEFAULT_THREADS = torch.get_num_threads()  # read at import, before anyon
 @dataclass(frozen=True)
 class SpeedOptions:
     """compile: static KV cache + torch.compile'd decode step (core/compiled.py); threads / prefill_threads: CPU
-    threads for decode / prefill, None = the policy above."""
+    threads for decode / prefill, None = the policy above; weight_layout: see core/layout.py."""
 
     compile: bool = False
     threads: int | None = None
     prefill_threads: int | None = None
+    weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/layout.py); "stock"
 
     def validated(self) -> "SpeedOptions":
+        if self.weight_layout not in ("auto", "stock"):
+            raise SettingsError(f"weight-layout must be auto or stock, got {self.weight_layout!r}")
         for name in ("threads", "prefill_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

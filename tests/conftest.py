@@ -42,6 +42,15 @@ def embedded(embedded_cold):
 
 
 @pytest.fixture(scope="session")
+def embedded_stock(embedded_cold):
+    """A second copy that no Engine is ever given: engines store wide weights transposed (core/layout.py), so
+    oracles that must run on the model exactly as transformers loads it use this one."""
+    from tokentui.core.loader import load_model
+
+    return load_model(None, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer(embedded):
     return embedded.tokenizer
 

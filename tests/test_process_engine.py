@@ -194,3 +194,20 @@ def test_the_dashboard_loader_starts_a_model_process(isolated_dirs, tmp_path):
     with pytest.raises(ModelLoadError, match="no such file or folder"):
         make_loader(args, in_process=False)(stages.append)
     assert stages and stages[0].stage == "finding the model"  # progress came back from the child
+
+
+def test_the_weight_layout_flag_reaches_the_child(embedded):
+    """`--weight-layout` travels in the spec: the child reports the re-laid matrices while loading, or none."""
+    from tokentui.cli import build_parser, engine_spec
+
+    for flag, expect in (("auto", True), ("stock", False)):
+        spec = engine_spec(build_parser().parse_args(["--weight-layout", flag]))
+        assert spec.weight_layout == flag
+        stages = []
+        engine = ProcessEngine(spec, stages.append)
+        try:
+            relaid = [s.stage for s in stages if "stored transposed" in s.stage]
+            assert relaid == (["weights: 61 wide matrices (310 MiB) stored transposed for a faster CPU decode "
+                               "(same values)"] if expect else [])
+        finally:
+            engine.close()

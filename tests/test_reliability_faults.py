@@ -135,6 +135,7 @@ def test_bfloat16_on_a_gpu_that_cannot_do_it(monkeypatch):
     (["--prompt", ""], "the prompt is empty"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "no such file"),
     (["--json"], "--json needs --headless"),
+    (["--weight-layout", "sideways"], "argument --weight-layout: invalid choice: 'sideways'"),
 ])
 def test_dashboard_mode_bad_flags_are_one_line_before_the_screen_changes(args, needle):
     result = tokentui(*args, timeout=120)

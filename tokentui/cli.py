@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="static KV cache + torch.compile'd decode step: faster decoding after a one-time compile "
                         "(minutes on a small CPU; CUDA graphs on a GPU)")
+    p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto",
+                   help="auto: on CPU, store wide float32 weight matrices transposed for a faster decode (same "
+                        "values, scores differ by float rounding); stock: leave them as loaded")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off: safetensors/GGUF)")
     p.add_argument("--headless", action="store_true", help="no dashboard: stream the answer to stdout")
@@ -114,7 +117,8 @@ def engine_spec(args):
     sampler, options = settings_from_args(args)
     return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
-                      compile=args.compile, threads=args.threads, sampler=sampler, options=options)
+                      compile=args.compile, threads=args.threads, weight_layout=args.weight_layout,
+                      sampler=sampler, options=options)
 
 
 def make_loader(args, *, in_process: bool = True):
