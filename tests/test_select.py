@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
-from tokentui.core.select import Selection, reference_probs, sample_index, select, top_scores
+from tokentui.core.select import Selection, reference_probs, sample_index, select, top_prefix, top_scores
 from tokentui.core.settings import SamplerSettings
 
 PROB_TOL = 1e-6
@@ -287,6 +287,25 @@ def test_top_scores_are_torch_topk(vocab, n):
         expected = torch.topk(x, n).values
         assert torch.equal(values, expected), case
         assert torch.equal(x[ids], values) and len(set(ids.tolist())) == n, case
+
+
+@pytest.mark.parametrize("vocab", [151_936, 49_152])
+@pytest.mark.parametrize("k", [1, 64, 256, 511, 512, 2_375, 6_000])
+def test_top_prefix_is_torch_topk(vocab, k):
+    for case in ("normal", "ties", "spikes", "sample-misses"):
+        x = torch.randn(vocab, generator=gen(vocab + k)) * 3.5
+        if case == "ties":  # many equal scores around the k-th
+            x = torch.round(x)
+        elif case == "spikes":  # the winners crowded into a few blocks, and at the very end
+            x[100:100 + k // 2] = 50.0 + torch.arange(k // 2, dtype=torch.float32)
+            x[-3:] = 60.0
+        elif case == "sample-misses":  # winners only where the strided sample does not look: the fallback
+            x = torch.zeros(vocab)
+            x[1::16][:k] = 1.0 + torch.arange(min(k, x[1::16].numel()), dtype=torch.float32)
+        values, ids = top_prefix(x, k)
+        expected = torch.topk(x, k).values
+        assert torch.equal(values, expected), case
+        assert torch.equal(x[ids], values) and len(set(ids.tolist())) == k, case
 
 
 def test_greedy_takes_the_first_of_tied_maxima_in_a_large_vocabulary():
