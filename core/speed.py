@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .errors import SettingsError
+from .layout import LAYOUTS
 
 def cpu_cores() -> int:
     """CPU cores this process may use: torch's default (physical cores) within the affinity mask."""
@@ -49,8 +50,8 @@ class SpeedOptions:
     weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/layout.py); "stock"
 
     def validated(self) -> "SpeedOptions":
-        if self.weight_layout not in ("auto", "stock"):
-            raise SettingsError(f"weight-layout must be auto or stock, got {self.weight_layout!r}")
+        if self.weight_layout not in LAYOUTS:
+            raise SettingsError(f"weight-layout must be {' or '.join(LAYOUTS)}, got {self.weight_layout!r}")
         for name in ("threads", "prefill_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

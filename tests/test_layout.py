@@ -104,3 +104,11 @@ def test_embedded_model_engine_equals_stock_generate_128_tokens(embedded, embedd
     events = list(engine.run("Is OpenAI open?"))
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(embedded_stock.model, prompt.ids, 128)
+
+
+def test_the_command_line_offers_exactly_the_layouts_the_engine_knows():
+    from tokentui.cli import build_parser
+    from tokentui.core.layout import LAYOUTS
+
+    action = next(a for a in build_parser()._actions if a.dest == "weight_layout")
+    assert tuple(action.choices) == LAYOUTS and action.default == "auto"

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="static KV cache + torch.compile'd decode step: faster decoding after a one-time compile "
                         "(minutes on a small CPU; CUDA graphs on a GPU)")
+    # the choices of core.layout.LAYOUTS, spelled out: importing core here would import torch into the dashboard
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto",
                    help="auto: on CPU, store wide float32 weight matrices transposed for a faster decode (same "
                         "values, scores differ by float rounding); stock: leave them as loaded")
