@@ -163,3 +163,43 @@ async def test_output_view_wraps_at_token_boundaries_and_appends_only():
         await pilot.resize_terminal(40, 5)
         await pilot.pause()
         assert view._wrap > width and view.text.endswith(" more")
+
+
+async def test_a_growing_answer_scrolls_and_moves_the_thumb_without_relaying_out_the_screen():
+    """Growth updates the view's scroll range and scrollbar only (output.py says why); the first overflow, which
+    brings the scrollbar in, is a real layout."""
+    app = OutputApp()
+    async with app.run_test(size=(30, 6)) as pilot:
+        view = app.query_one(OutputView)
+        await pilot.pause()
+        layouts = []
+        original = app.screen._refresh_layout
+
+        def counting(*args, **kwargs):
+            layouts.append(1)
+            return original(*args, **kwargs)
+
+        app.screen._refresh_layout = counting
+        for i in range(60):  # a token per frame, as the app appends them; overflows: the scrollbar appears
+            view.append([(f" word{i}", 0.5)])
+            await pilot.pause()
+        assert view.show_vertical_scrollbar and len(layouts) >= 1
+        assert view.is_vertical_scroll_end and view.scroll_y > 0  # it followed the text past the first overflow
+        layouts.clear()
+        for batch in range(20):
+            view.append([(f" more{batch}-{i}", 0.5) for i in range(6)])
+            await pilot.pause()
+            assert view.virtual_size.height == len(view._lines)
+            assert view.vertical_scrollbar.window_virtual_size == len(view._lines)
+            assert view.is_vertical_scroll_end and view.scroll_y == view.max_scroll_y > 0, (view.scroll_y, view.max_scroll_y, view.virtual_size, view.container_size, batch)
+        assert layouts == []
+        view.scroll_home(animate=False, immediate=True)  # the reader scrolls up: the view stays there
+        view.append([(" later", 0.5)] * 12)
+        await pilot.pause()
+        assert view.scroll_y == 0 and not view.is_vertical_scroll_end
+        view.scroll_end(animate=False, immediate=True)  # and back to the end: it follows again
+        view.append([(" again", 0.5)] * 12)
+        await pilot.pause()
+        assert view.is_vertical_scroll_end and view.scroll_y == view.max_scroll_y
+        last = "".join(view._texts[i][s:e] for i, s, e in view._lines[-1])
+        assert last.strip() and last.strip() in "".join(s.text for s in view.render_line(view.size.height - 1))
