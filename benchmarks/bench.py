@@ -594,7 +594,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
         r.append(f"The floor under a warm launch: a fresh Python that only imports torch and transformers' Llama "
                  f"modules (the cyclic GC off, as tokentui does) takes {launch['imports_s']:.1f} s here "
                  f"(median of {len(launch['warm_all'])}), {100 * launch['imports_s'] / launch['warm_s']:.0f} % of "
-                 "the warm launch; loading the cached weights and tokenizer (~0.7 s), storing the wide weights transposed (0.2–0.4 s), the template, and the prefill are "
+                 "the warm launch; loading the cached weights and tokenizer (~0.7 s), storing the wide weights transposed (0.2–1.2 s in a fresh process, mostly page faults on the new memory; `--weight-layout stock` skips it), the template, and the prefill are "
                  "the rest.\n")
     text = "\n".join(r)
     path.write_text(text, encoding="utf-8")

@@ -20,8 +20,11 @@ a tied input embedding that shares the Parameter — still sees the same [out, i
 by the contiguous [in, out] storage directly. Nothing is copied twice: the old storage is freed (except while one
 matrix is being copied).
 
-Cost: a copy of those matrices once per load, 0.18 s for SmolLM2's 310 MiB on the 2-core box (the engine uses
-every core for it; 0.28 s on one).
+Cost: a copy of those matrices once per load, 0.18 s for SmolLM2's 310 MiB on the 2-core box once the weights
+are in memory (the engine uses every core for it; 0.28 s on one). In a fresh process it also pays the first touch
+of the loaded weights and page faults on the new memory: a warm `tokentui --headless` launch measured 4.5-5.7 s
+against 4.2-4.5 s with `--weight-layout stock` (interleaved). It is done at load, not after the first token, so
+that every run, prefill included, computes with one layout and a seed replays exactly.
 
 What it changes: MKL sums in another order, so scores differ from the stock layout by float rounding (~1e-5
 relative); greedy IDs are checked against `generate` on a stock-layout copy in tests/test_layout.py and by the
