@@ -81,6 +81,12 @@ def test_engine_relays_on_cpu_by_default_and_stock_opts_out(smol_tokenizer):
                   speed=SpeedOptions(weight_layout="stock"))
     assert kept.layout.matrices == 0
     assert all(p.is_contiguous() for p in kept.model.parameters())
+    before = torch.get_num_threads()
+    try:
+        limited = Engine(loaded(tiny_model("llama", smol_tokenizer), smol_tokenizer), speed=SpeedOptions(threads=1))
+        assert limited.layout.matrices == 5 and torch.get_num_threads() == 1  # --threads also bounds the copy
+    finally:
+        torch.set_num_threads(before)
     with pytest.raises(SettingsError, match="weight-layout must be auto or stock"):
         SpeedOptions(weight_layout="sideways").validated()
 
