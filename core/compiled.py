@@ -27,6 +27,13 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   every step would be a device sync on CUDA. KV bytes are reported for the tokens used (the used prefix of each
   buffer, read off the tensors); the allocation is reported once, as a Notice.
 
+* One decoder per model (and CPU thread count), shared by every Engine on that model: `CompiledDecoder.for_model`.
+  Dynamo keeps compiled graphs per code object, and its guards tell two models apart but not two static caches
+  (transformers marks their tensors static-address, so a graph holds them the way it holds weights). A second
+  decoder on the same model therefore reused the first one's graph, which read and wrote the *first* decoder's
+  cache: wrong tokens, silently (tests/test_fastpaths.py). Sharing the decoder shares its caches; `run_lock`
+  keeps two engines from running on them at once.
+
 The compiled step gives the same token IDs as `generate(do_sample=False)` on the embedded model (checked by
 tests/test_fastpaths.py and by the benchmark), but its scores are not bit-identical to eager ones (different
 summation order in the generated kernels), so ties at the 6th decimal could in principle pick another token.
@@ -37,6 +44,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -95,11 +103,25 @@ class StaticKV(StaticCache):
         self.decoder = decoder
 
 
+_SHARED: "weakref.WeakKeyDictionary[object, dict[int, CompiledDecoder]]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
 class CompiledDecoder:
-    """Owns the compiled step and one static cache per bucket for one model. Not thread-safe: the engine runs one
-    generation at a time."""
+    """Owns the compiled step and one static cache per bucket for one model. Get it with `for_model` (see the
+    module docstring for why it is shared); a run holds `run_lock` from prefill to its last step."""
+
+    @classmethod
+    def for_model(cls, model, threads: int) -> "CompiledDecoder":
+        """The decoder for `model` at `threads` CPU threads (generated CPU kernels bake in their thread count)."""
+        with _SHARED_LOCK:
+            per_model = _SHARED.setdefault(model, {})
+            if threads not in per_model:
+                per_model[threads] = cls(model)
+            return per_model[threads]
 
     def __init__(self, model):
+        self.run_lock = threading.Lock()
         self.model = model
         self.device = input_device(model)
         self._dtype = model.get_input_embeddings().weight.dtype

@@ -12,6 +12,7 @@ import asyncio
 import re
 import threading
 import time
+from contextlib import nullcontext
 from typing import AsyncIterator, Iterator
 
 import torch
@@ -82,7 +83,7 @@ class Engine:
         if self.speed.compile:
             from .compiled import CompiledDecoder, bucket_for
 
-            self._compiled = CompiledDecoder(self.model)
+            self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
             bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a typical chat prompt
             if bucket is not None:
                 use_threads(self.device, self.speed.decode_threads())
@@ -160,7 +161,8 @@ class Engine:
             serial = self._run_serial
             self._sampler_changed = False
             self._cond.notify_all()
-        with self._model_lock:
+        # A compiled run also holds its decoder's lock: engines on one model share its static caches.
+        with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
             step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
             events = self._run(prompt, system, serial)
             try:

@@ -4,6 +4,8 @@ bit), the thread policy against what torch reports, and the compiled decode step
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -173,6 +175,35 @@ def test_compiled_run_beyond_its_reach_decodes_eagerly(tiny, compiled_tiny):
         engine.options = RunOptions(max_new_tokens=40, ignore_eos=True)
     assert any("decoding eagerly" in e.message for e in events if isinstance(e, Notice))
     assert events[-1].reason == "context" and steps[-1].kv_tokens == 512  # positions 0..511: the whole context
+
+
+def test_a_second_compiled_engine_on_the_same_model_gives_the_right_tokens(tiny, compiled_tiny):
+    """Dynamo's guards do not tell two static caches apart: a second decoder on the same model reused the first
+    one's compiled graph, which read and wrote the first decoder's cache, and chose wrong tokens. Engines on one
+    model now share its decoder (and take turns on its caches)."""
+    first, _ = compiled_tiny
+    before = torch.get_num_threads()
+    try:
+        second = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=40, ignore_eos=True),
+                        speed=SpeedOptions(compile=True))
+        for engine, prompt in ((second, "Is OpenAI open?"), (first, "Name three colours."), (second, "Why?")):
+            events, steps = run(engine, prompt)
+            prompt_ids = next(e for e in events if isinstance(e, PromptEvent)).ids
+            assert [s.id for s in steps] == generate_ids(tiny.model, prompt_ids, 40), prompt
+        assert second._compiled is first._compiled
+        # Runs on the two engines take turns: the second waits while the first holds the shared caches.
+        held = first.run("Is OpenAI open?")
+        next(held)  # the first run has started (its PromptEvent)
+        seen = []
+        waiting = threading.Thread(target=lambda: seen.extend(second.run("Why?")))
+        waiting.start()
+        waiting.join(0.5)
+        assert seen == []  # not even its PromptEvent (milliseconds) while the first run holds the caches
+        held.close()
+        waiting.join(60)
+        assert isinstance(seen[-1], DoneEvent) and seen[-1].tokens == 40
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow
