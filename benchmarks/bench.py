@@ -431,27 +431,36 @@ def bench_launch(reps: int, cold: bool) -> dict:
             log(f"  launch warm: {warm[-1]:.1f} s")
         out["warm_s"] = med(warm)
         out["warm_all"] = warm
-        floor = []
+        floor: dict[str, list[float]] = {name: [] for name in IMPORTS_ONLY}
         for _ in range(reps):
-            floor.append(imports_seconds(env))
-            log(f"  imports alone: {floor[-1]:.1f} s")
-        out["imports_s"] = med(floor)
+            for name, code in IMPORTS_ONLY.items():
+                floor[name].append(imports_seconds(env, code))
+            log("  imports alone: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in floor.items()))
+        out["imports_s"] = med(floor["transformers"])
+        out["imports_torch_s"] = med(floor["torch"])
+        out["imports_compiler_s"] = med(floor["torch+compiler"])
     return out
 
 
-IMPORTS_ONLY = (  # what any transformers-based start must import before it can load SmolLM2 (gc off, as tokentui)
-    "import gc; gc.disable(); import torch; from transformers import AutoModelForCausalLM, AutoTokenizer; "
-    "import transformers.models.llama.modeling_llama; print('imported', flush=True)"
-)
+_GC_OFF = "import gc; gc.disable(); "  # as tokentui imports
+IMPORTS_ONLY = {  # the floor under a warm launch, in three layers, each timed in a fresh Python
+    "torch": _GC_OFF + "import torch",
+    # torch's compiler and distributed-tensor packages: transformers 5.23 imports both on every model load
+    # (masking_utils and integrations/deepgemm import torch._dynamo; core_model_loading -> distributed/
+    # sharding_utils imports torch.distributed.tensor), though a single-device eager run uses neither
+    "torch+compiler": _GC_OFF + "import torch, torch._dynamo, torch.distributed.tensor",
+    # what any transformers-based start must import before it can load SmolLM2
+    "transformers": _GC_OFF + "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+                    "import transformers.models.llama.modeling_llama",
+}
 
 
-def imports_seconds(env: dict) -> float:
-    """Seconds from spawning a Python that only imports torch and transformers' Llama stack to its line saying so
-    (not to its exit, which tears torch down): the floor under any warm launch that runs the model through
-    transformers, timed the way the launch is."""
+def imports_seconds(env: dict, code: str) -> float:
+    """Seconds from spawning a Python that only runs the imports in `code` to its line saying it did (not to its
+    exit, which tears torch down), timed the way the launch is."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", IMPORTS_ONLY], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code + "; print('imported', flush=True)"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     seconds = time.perf_counter() - start
     proc.wait()
@@ -596,6 +605,16 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  f"(median of {len(launch['warm_all'])}), {100 * launch['imports_s'] / launch['warm_s']:.0f} % of "
                  "the warm launch; loading the cached weights and tokenizer (~0.7 s), storing the wide weights transposed (0.2–1.2 s in a fresh process, mostly page faults on the new memory; `--weight-layout stock` skips it), the template, and the prefill are "
                  "the rest.\n")
+        r.append(f"Of that floor, torch alone takes {launch['imports_torch_s']:.1f} s; torch's compiler and "
+                 f"distributed-tensor packages add {launch['imports_compiler_s'] - launch['imports_torch_s']:.1f} s "
+                 "(transformers 5.23 imports `torch._dynamo` from masking_utils and integrations/deepgemm, and "
+                 "`torch.distributed.tensor` from distributed/sharding_utils, on every model load, though a "
+                 "single-device eager run uses neither); the rest of transformers "
+                 f"{launch['imports_s'] - launch['imports_compiler_s']:.1f} s. Skipping those two packages "
+                 "would mean standing in for torch's own modules while transformers imports (deepgemm applies "
+                 "`@torch._dynamo.assume_constant_result` at import time), and even then the warm launch would be "
+                 f"~{launch['warm_s'] - (launch['imports_compiler_s'] - launch['imports_torch_s']):.1f} s by "
+                 "subtraction: over 3 s either way on this machine, so tokentui does not.\n")
     text = "\n".join(r)
     path.write_text(text, encoding="utf-8")
     return text
