@@ -35,7 +35,9 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   (transformers marks their tensors static-address, so a graph holds them the way it holds weights). A second
   decoder on the same model therefore reused the first one's graph, which read and wrote the *first* decoder's
   cache: wrong tokens, silently (tests/test_fastpaths.py). Sharing the decoder shares its caches; `run_lock`
-  keeps two engines from running on them at once.
+  keeps two engines from running on them at once. The registry holds models weakly, so dropping the last engine
+  frees the model object; the frozen weights, though, stay with torch's compiled code for the life of the process
+  (even after torch._dynamo.reset()), which is one reason the dashboard runs each model in a process of its own.
 
 The compiled step gives the same token IDs as `generate(do_sample=False)` on the embedded model (checked by
 tests/test_fastpaths.py and by the benchmark), but its scores are not bit-identical to eager ones (different
@@ -125,7 +127,7 @@ class CompiledDecoder:
 
     def __init__(self, model):
         self.run_lock = threading.Lock()
-        self.model = model
+        self._model = weakref.ref(model)  # the registry is keyed on the model: a strong reference would keep it
         self.device = input_device(model)
         self._dtype = model.get_input_embeddings().weight.dtype
         self._caches: dict[int, StaticKV] = {}
@@ -135,6 +137,13 @@ class CompiledDecoder:
         kwargs, self._inductor_config = compile_settings(self.device)
         self._step = torch.compile(self._forward, **kwargs)
         self.compile_seconds: dict[int, float] = {}
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:  # pragma: no cover - engines hold their model; a decoder outliving it is a bug
+            raise RuntimeError("the compiled decoder's model is gone")
+        return model
 
     def _forward(self, ids: torch.Tensor, cache: StaticKV) -> torch.Tensor:
         return self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]

@@ -4,7 +4,9 @@ bit), the thread policy against what torch reports, and the compiled decode step
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -204,6 +206,22 @@ def test_a_second_compiled_engine_on_the_same_model_gives_the_right_tokens(tiny,
         assert isinstance(seen[-1], DoneEvent) and seen[-1].tokens == 40
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_shared_compiled_decoder_does_not_keep_a_dropped_model_alive(smol_tokenizer):
+    model = tiny_model("llama", smol_tokenizer)
+    loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4, ignore_eos=True),
+                        speed=SpeedOptions(compile=True))
+        assert len(run(engine)[1]) == 4
+    finally:
+        torch.set_num_threads(before)
+    gone = weakref.ref(model)
+    del engine, loaded, model
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.slow
