@@ -159,6 +159,24 @@ def weight_bytes_per_step(model) -> int:
     return total
 
 
+def matvec_sweep_tok_s(model, threads: int, reps: int = 15) -> float:
+    """Tokens/s if a decode step were nothing but torch's matrix-vector products: one F.linear of a [1, in] vector
+    by every nn.Linear weight of `model` (the vocabulary head included), back to back, median of `reps`. No
+    attention, norms, activations or Python model code: a ceiling for any step built from torch's CPU kernels."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    vectors = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+    use_threads(torch.device("cpu"), threads)
+    times = []
+    with torch.inference_mode():
+        for rep in range(reps + 3):
+            start = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(vectors[w.shape[1]], w)
+            if rep >= 3:  # the first sweeps warm up
+                times.append(time.perf_counter() - start)
+    return 1.0 / med(times)
+
+
 def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
     """Read bandwidth in GB/s: best of `reps` sums over a `gib` GiB float32 tensor (far larger than any cache)."""
     torch.set_num_threads(threads)
@@ -239,6 +257,8 @@ def bench_decode(loaded, stock, reps: int, with_compile: bool) -> dict:
     best_bw = max(bw1, bw_all)
     res["limit_tok_s"] = best_bw * 1e9 / weights
     res["limit_ratio_default"] = res["tok_s"]["engine"] / res["limit_tok_s"]
+    res["sweep_tok_s"] = {t: matvec_sweep_tok_s(loaded.model, t) for t in sorted({1, TORCH_DEFAULT_THREADS})}
+    use_threads(torch.device("cpu"), threads)
     for name in compiled:
         res[f"limit_ratio_{name}"] = res["tok_s"][name] / res["limit_tok_s"]
     res["_engine"] = engine
@@ -535,6 +555,10 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
         v = d["limit_ratio_compiled@all-threads"]
         r.append(f"| 4 | decode ÷ physical limit, `--compile --threads {TORCH_DEFAULT_THREADS}` (every core: "
                  f"headless) | ≥ 0.5 | {v:.2f} | {verdict('4', v)} |")
+    best_sweep = max(d["sweep_tok_s"].values())
+    r.append(f"| 4 | torch's matrix-vector products alone, every weight once (not a target: the ceiling for a step "
+             f"built from torch's CPU kernels; best of {', '.join(f'{t}' for t in d['sweep_tok_s'])} thread(s)) ÷ "
+             f"physical limit | — | {best_sweep / d['limit_tok_s']:.2f} | — |")
     if launch:
         r.append(f"| 5 | launch to first token, warm (cached conversion) | ≤ 3 s | {launch['warm_s']:.1f} s | "
                  f"{verdict('5-warm', launch['warm_s'])} |")
@@ -557,6 +581,9 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
              "engine@stock-layout": "engine, `--weight-layout stock`"}
     for key, value in d["tok_s"].items():
         r.append(f"| {names[key]} | {value:.1f} |")
+    for t, rate in d["sweep_tok_s"].items():
+        r.append(f"| torch's matrix-vector products alone (F.linear by every weight once), {t} thread(s) | "
+                 f"{rate:.1f} |")
     r.append(f"| physical limit: {d['weight_bytes'] / 1e6:.0f} MB of weights per step ÷ "
              f"{max(d['bandwidth_1'], d['bandwidth_all']):.1f} GB/s | {d['limit_tok_s']:.1f} |")
     r.append("")
