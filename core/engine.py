@@ -74,7 +74,7 @@ class Engine:
         self.speed = (speed or SpeedOptions()).validated()
         self.layout = LayoutReport()
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
-            # a one-time copy while loading: every core (0.18 s, not 0.28), unless --threads limits the model's
+            # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
             use_threads(self.device, self.speed.threads or cpu_cores())
             self.layout = transpose_wide_weights(self.model)  # in place: see core/layout.py
             if progress is not None and self.layout.matrices:

@@ -150,7 +150,6 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self.set_reactive(OutputView.virtual_size, size)
         if self.show_vertical_scrollbar:
             self.vertical_scrollbar.window_virtual_size = size.height
-        self.refresh()
 
     # ---- layout ------------------------------------------------------------------------------------------
     def _newline(self) -> None:
