@@ -14,8 +14,8 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   holding mkldnn-packed weights, so every process compiles again). A bucket is sized for the whole run
   (prompt + --max-new-tokens); runs needing more than MAX_COMPILED_TOKENS decode eagerly (a Notice says so), since
   every step attends over the whole static buffer.
-* Prefill stays eager (one call per run, variable length; transformers never compiles it either) and writes
-  into the same static cache.
+* Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
+  cache, chunk by chunk for a long prompt (core/prefill.py), like the eager path.
 * On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
   torch records CUDA graphs per Python thread: a run on another thread than the warm-up (`Engine.events()`)
   re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
@@ -169,13 +169,15 @@ class CompiledDecoder:
         return cache, notice
 
     # ------------------------------------------------------------------------------------------- the run
-    def prefill(self, ids: torch.Tensor, cache: StaticKV) -> torch.Tensor:
-        """Eager prefill into the (reset) static cache; ids [1, T] -> logits [V]."""
-        with torch.inference_mode():
-            cache.reset()
-        cache.host_tokens = 0
+    def prefill(self, ids: torch.Tensor, cache: StaticKV, first: bool = True) -> torch.Tensor:
+        """Eager prefill of one chunk into the static cache (reset first when `first`); ids [1, T] -> logits [V].
+        A later chunk lands after the tokens already written (StaticCache counts them per layer)."""
+        if first:
+            with torch.inference_mode():
+                cache.reset()
+            cache.host_tokens = 0
         logits = forward_last_logits(self.model, ids, cache)
-        cache.host_tokens = ids.shape[1]
+        cache.host_tokens += ids.shape[1]
         return logits
 
     def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:

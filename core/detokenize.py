@@ -40,6 +40,7 @@ __all__ = [
     "display_bytes",
     "is_special",
     "DetokStep",
+    "DetokEnd",
     "IncrementalDetokenizer",
     "oneshot_text",
 ]
@@ -465,6 +466,26 @@ class DetokStep:
         return self.pending.hex(" ")
 
 
+@dataclass(frozen=True, slots=True)
+class DetokEnd:
+    """How a stream ended (`IncrementalDetokenizer.end()`).
+
+    `text`: text released at the end, never a U+FFFD for held bytes. `dropped`: bytes of an incomplete character
+    still held (they can no longer complete); `dropped_needed`: how many more it needed; `dropped_text`: what a
+    one-shot decode makes of them (U+FFFD: one for a byte-level prefix, one per byte for a byte-fallback run), so
+    that the stream's text + `dropped_text` == the one-shot decode.
+    """
+
+    text: str
+    dropped: bytes = b""
+    dropped_needed: int = 0
+    dropped_text: str = ""
+
+    @property
+    def dropped_hex(self) -> str:
+        return self.dropped.hex(" ")
+
+
 def _needed_after(pending: bytes) -> int:
     """Bytes still missing from an incomplete character, read off its UTF-8 lead byte."""
     if not pending:
@@ -654,6 +675,22 @@ class IncrementalDetokenizer:
         if text:
             self._parts.append(text)
         return text
+
+    def end(self) -> DetokEnd:
+        """End of generation without inventing text: bytes still held are returned as `dropped` instead of being
+        released as U+FFFD (the engine reports them as bytes). MODE_DECODE cannot know its bytes, so there the
+        tail is released as `finish()` would (possibly U+FFFD) and nothing is reported dropped."""
+        if self.mode == MODE_DECODE or not self._pending:
+            return DetokEnd(self.finish())
+        held = self._pending
+        needed = _needed_after(held)
+        if self.mode == MODE_BYTE_LEVEL:
+            dropped_text = held.decode("utf-8", errors="replace")  # the held bytes are one valid prefix: one U+FFFD
+        else:
+            dropped_text = _REPLACEMENT * len(held)  # ByteFallback: an unfinished run is one U+FFFD per byte
+        self._reset_bytes()
+        self._run_invalid = False
+        return DetokEnd("", held, needed, dropped_text)
 
     # -- MODE_DECODE
 

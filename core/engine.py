@@ -22,15 +22,15 @@ from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
 from .errors import GenerationError, PromptError, SettingsError, TokentuiError
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
-                     PromptEvent, StepEvent)
+                     PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens
-from .layout import LayoutReport, transpose_wide_weights
+from .layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 from .loader import LoadedModel
-from .prefill import prefill
+from .prefill import prefill_chunks
 from .select import select
 from .settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, cpu_cores, use_threads
-from .template import apply_template
+from .template import apply_template, default_system_prompt
 from .tokenization import tokenize
 
 
@@ -76,9 +76,10 @@ class Engine:
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
             # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
             use_threads(self.device, self.speed.threads or cpu_cores())
+            plan = plan_wide_weights(self.model)
+            if progress is not None and plan.matrices:  # said before the work, which it names
+                progress(LoadProgress(plan.describe_work(), None))
             self.layout = transpose_wide_weights(self.model)  # in place: see core/layout.py
-            if progress is not None and self.layout.matrices:
-                progress(LoadProgress(self.layout.describe(), None))
         self._compiled = None
         if self.speed.compile:
             from .compiled import CompiledDecoder, bucket_for
@@ -145,6 +146,17 @@ class Engine:
                     return True
                 self._cond.wait()
 
+    def _timed_gate(self, serial: int) -> tuple[bool, float]:
+        """`_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode time."""
+        started = time.perf_counter()
+        go = self._gate(serial)
+        return go, time.perf_counter() - started
+
+    def _stopping(self, serial: int) -> bool:
+        """True when this run must stop (checked between prefill chunks, which do not wait for pause)."""
+        with self._cond:
+            return self._stop_serial >= serial or self._run_serial != serial
+
     def _take_settings(self) -> tuple[SamplerSettings, bool]:
         with self._cond:
             changed, self._sampler_changed = self._sampler_changed, False
@@ -152,7 +164,8 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------- the run
     def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
-        """One generation, as events: [Notice], PromptEvent, PrefillEvent, StepEvent..., DoneEvent.
+        """One generation, as events: [Notice], PromptEvent, [PrefillProgress... for a long prompt], PrefillEvent,
+        StepEvent..., DoneEvent (also when stopped before the first token).
 
         A bad prompt or a fault mid-run ends the stream with an ErrorEvent (one actionable line) instead.
         """
@@ -189,7 +202,7 @@ class Engine:
                 numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
             except Exception:  # a broken CUDA context must not hide the real error
                 pass
-        where = f" at step {step}" if step >= 0 else " in prefill"
+        where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
         detail = f" ({'; '.join(numbers)})" if numbers else ""
         smaller = "--dtype bfloat16, " if self.facts.dtype == "float32" else ""
         return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
@@ -208,10 +221,13 @@ class Engine:
             raise PromptError(f"the prompt is {len(ids)} tokens, {over} over this model's context of "
                               f"{facts.max_context}; shorten it by at least {over} tokens")
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
-                          user_prompt=prompt, system_prompt=system)
-        if not self._gate(serial):
+                          user_prompt=prompt, system_prompt=system,
+                          default_system_prompt=default_system_prompt(tok))
+        go, paused_s = self._timed_gate(serial)
+        if not go:
+            yield self._ended_before_first_token(len(ids), None, paused_s)
             return
-        # Step 3 — prefill.
+        # Step 3 — prefill (a long prompt in chunks, with progress and a chance to stop between them).
         cache = None
         if self._compiled is not None:
             cache, notice = self._compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
@@ -220,7 +236,14 @@ class Engine:
         if cache is None:
             cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
         use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
-        logits, forward_ms = prefill(self.model, ids, cache)
+        chunked = len(ids) > opts.prefill_chunk
+        logits, forward_ms = None, 0.0
+        for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk):
+            if chunked:
+                yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
+                if logits is None and self._stopping(serial):
+                    yield self._ended_before_first_token(len(ids), cache, paused_s)
+                    return
         use_threads(self.device, self.speed.decode_threads())
         ttft_ms = forward_ms
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
@@ -232,6 +255,7 @@ class Engine:
         reason = "length"
         step_start = time.perf_counter() - forward_ms / 1000.0
         decode_started = None
+        decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
         index = 0
         while True:
             # Step 4 — selection, with the settings in force now.
@@ -242,7 +266,7 @@ class Engine:
             try:
                 sel = select(logits, settings, generator, opts.top_candidates)
             except GenerationError as err:
-                located = GenerationError(f"step {index}: {err}")
+                located = GenerationError(f"step {index + 1}: {err}")  # numbered from 1; .step is the index
                 located.step = index
                 raise located from err
             # Step 6 — detokenize as the token arrives.
@@ -273,7 +297,11 @@ class Engine:
             if facts.max_context and cache_tokens(cache) >= facts.max_context:
                 reason = "context"
                 break
-            if not self._gate(serial):
+            go, waited = self._timed_gate(serial)
+            paused_s += waited
+            if decode_started is not None:
+                decode_paused_s += waited
+            if not go:
                 reason = "stopped"
                 break
             # Step 5 — decode: only the new token goes through the model.
@@ -283,13 +311,27 @@ class Engine:
             logits, forward_ms = decode_one_token(self.model, sel.token_id, cache)
         end = time.perf_counter()
         decoded = len(generated) - 1
-        decode_s = (end - decode_started) if decode_started is not None else 0.0
+        decode_s = (end - decode_started - decode_paused_s) if decode_started is not None else 0.0
+        # Bytes of a character that can no longer complete are reported as bytes, not released as U+FFFD; the
+        # answer text leaves out what a one-shot decode makes of them (the oracle: one-shot == text + that).
+        ending = detok.end()
+        text = oneshot_text(tok, generated)
+        if ending.dropped_text and text.endswith(ending.dropped_text):
+            text = text[: -len(ending.dropped_text)]
         yield DoneEvent(
             reason=reason, tokens=len(generated), runs=len(generated), scores=len(generated) * facts.vocab_rows,
-            ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decode_s > 0 else 0.0,
-            text=oneshot_text(tok, generated), prompt_tokens=len(ids), flushed=detok.finish(),
-            kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+            ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decoded > 0 and decode_s > 0 else None,
+            text=text, prompt_tokens=len(ids), flushed=ending.text,
+            kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), paused_ms=paused_s * 1000.0,
+            dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed,
         )
+
+    def _ended_before_first_token(self, prompt_tokens: int, cache, paused_s: float) -> DoneEvent:
+        """The `done` of a run stopped before its first token (before or during prefill): no token, so no time to
+        first token and no decode speed (null, not 0); the KV figures are what the prefill chunks done hold."""
+        return DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
+                         prompt_tokens=prompt_tokens, kv_tokens=cache_tokens(cache) if cache is not None else 0,
+                         kv_bytes=cache_nbytes(cache) if cache is not None else 0, paused_ms=paused_s * 1000.0)
 
     # ------------------------------------------------------------------------------------------- async
     async def events(self, prompt: str, system: str | None = None, maxsize: int = 256) -> AsyncIterator[Event]:

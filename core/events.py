@@ -43,13 +43,14 @@ class ModelFacts(Event):
     attention_heads: int
     kv_heads: int
     head_dim: int
-    kv_bytes_per_token: int  # 2 * layers * kv_heads * head_dim * bytes_per_element
+    kv_bytes_per_token: int  # 2 * layers * kv_heads * head_dim * kv_bytes_per_value
     max_context: int
     device: str
     dtype: str
     chat_template: bool
     trust_remote_code: bool = False
     load_seconds: float = 0.0
+    kv_bytes_per_value: int = 0  # element size of the KV cache's dtype (4 for float32); 0 = not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +79,31 @@ class PromptEvent(Event):
     templated: bool  # False when the model has no chat template and the raw prompt is used
     user_prompt: str = ""
     system_prompt: str | None = None
+    # what the template puts in the system message when the user gives none (None: it adds no system message)
+    default_system_prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress(Event):
+    """Step 3 under way: a long prompt is prefilled in chunks, and this follows each chunk (short prompts, one
+    pass, send none). Between the PromptEvent and the PrefillEvent."""
+
+    event: ClassVar[str] = "prefill_progress"
+    tokens_done: int  # prompt tokens in the KV cache so far
+    tokens: int  # prompt tokens in all
+    elapsed_ms: float  # since prefill began
+
+    def __post_init__(self):
+        if not 0 <= self.tokens_done <= self.tokens:
+            raise ValueError(f"prefill progress {self.tokens_done} of {self.tokens} tokens is out of range")
+        if self.elapsed_ms < 0:
+            raise ValueError(f"prefill progress elapsed_ms must be >= 0, got {self.elapsed_ms}")
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillEvent(Event):
-    """Step 3: one forward over the whole prompt; `ms` is the time to the first token's scores."""
+    """Step 3: the whole prompt through the model (in chunks when it is long); `ms` is the whole prefill, i.e.
+    the time to the first token's scores."""
 
     event: ClassVar[str] = "prefill"
     tokens: int
@@ -145,13 +166,16 @@ class DoneEvent(Event):
     tokens: int  # tokens selected, the end token included
     runs: int  # model runs; prefill counts as one
     scores: int  # vocab_rows * runs
-    ttft_ms: float
-    decode_tok_s: float  # tokens after the first / decode time
-    text: str  # the whole answer, as a one-shot decode would give it
+    ttft_ms: float | None  # prefill time to the first token; None when the run ended before its first token
+    decode_tok_s: float | None  # tokens after the first / decode time (paused time excluded); None: no decode step
+    text: str  # the answer: a one-shot decode of the ids, less what the dropped bytes decode to (U+FFFD)
     prompt_tokens: int = 0
-    flushed: str = ""  # stream text released at the end (bytes still pending become U+FFFD, as in a one-shot decode)
+    flushed: str = ""  # stream text released at the end (never U+FFFD for held bytes: those are `dropped_hex`)
     kv_tokens: int = 0
     kv_bytes: int = 0
+    paused_ms: float = 0.0  # time the run sat paused between steps (not decode time)
+    dropped_hex: str = ""  # bytes of an incomplete character still held when the run ended, e.g. "e7 88"
+    dropped_needed: int = 0  # bytes that character still needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +190,15 @@ class ErrorEvent(Event):
 
 def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int) -> DoneEvent:
     """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended on
-    purpose), built from the steps already reported, so a record always ends with one."""
+    purpose), built from the steps already reported, so a record always ends with one.
+
+    Time to first token and decode speed come from the steps' own latencies (None without a first token / a decode
+    step); bytes the last step still held are reported as dropped."""
+    decode_ms = sum(s.latency_ms for s in steps[1:])
+    last = steps[-1] if steps else None
     return DoneEvent(reason="stopped", tokens=len(steps), runs=len(steps), scores=len(steps) * vocab_rows,
-                     ttft_ms=steps[0].latency_ms if steps else 0.0, decode_tok_s=0.0,
+                     ttft_ms=steps[0].latency_ms if steps else None,
+                     decode_tok_s=(len(steps) - 1) / (decode_ms / 1000.0) if decode_ms > 0 else None,
                      text="".join(s.text for s in steps), prompt_tokens=prompt_tokens,
-                     kv_tokens=steps[-1].kv_tokens if steps else 0, kv_bytes=steps[-1].kv_bytes if steps else 0)
+                     kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
+                     dropped_hex=last.pending_hex if last else "", dropped_needed=last.pending_needed if last else 0)

@@ -49,6 +49,11 @@ class LayoutReport:
     matrices: int = 0
     bytes: int = 0
 
+    def describe_work(self) -> str:
+        """The progress line while re-laying (reads after the dashboard's "loading")."""
+        return (f"re-laying {self.matrices} wide matrices ({self.bytes / 2**20:.0f} MiB) for a faster CPU decode "
+                "(same values)")
+
     def describe(self) -> str:
         if not self.matrices:
             return "weights: stock layout"
@@ -63,6 +68,21 @@ def is_wide_cpu_linear(module: torch.nn.Module) -> bool:
     weight = module.weight
     return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
             and weight.shape[0] >= WIDE_RATIO * weight.shape[1] and weight.is_contiguous())
+
+
+def _wide_weights(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The wide float32 CPU weights still in the stock layout, each once (a tied weight is one Parameter)."""
+    found: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        if is_wide_cpu_linear(module):
+            found.setdefault(id(module.weight), module.weight)
+    return list(found.values())
+
+
+def plan_wide_weights(model: torch.nn.Module) -> LayoutReport:
+    """What `transpose_wide_weights` would re-lay, without touching the model (for a progress line before it)."""
+    weights = _wide_weights(model)
+    return LayoutReport(len(weights), sum(w.nbytes for w in weights))
 
 
 def transpose_wide_weights(model: torch.nn.Module) -> LayoutReport:

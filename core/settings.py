@@ -45,13 +45,17 @@ class SamplerSettings:
         return asdict(self)
 
 
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward pass (core/prefill.py says why prompts are chunked)
+
+
 @dataclass(frozen=True)
 class RunOptions:
-    """What bounds a run: length, end tokens, how many candidates each step reports."""
+    """What bounds a run: length, end tokens, how many candidates each step reports, the prefill chunk."""
 
     max_new_tokens: int = 256
     ignore_eos: bool = False
     top_candidates: int = 10
+    prefill_chunk: int = PREFILL_CHUNK  # a prompt longer than this is prefilled in chunks, with progress events
 
     def validated(self) -> "RunOptions":
         n = self.max_new_tokens
@@ -60,4 +64,7 @@ class RunOptions:
         c = self.top_candidates
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise SettingsError(f"top-candidates must be an integer >= 1, got {c!r}")
+        k = self.prefill_chunk
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise SettingsError(f"prefill chunk must be an integer >= 1 token, got {k!r}")
         return self

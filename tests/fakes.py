@@ -212,13 +212,16 @@ class ScriptedEngine:
 
     def __init__(self, *, delay: float = 0.0, options: RunOptions | None = None,
                  sampler: SamplerSettings | None = None, facts: ModelFacts = FACTS, fail_at: int | None = None,
-                 raise_at: int | None = None, chat_template: bool = True):
+                 raise_at: int | None = None, chat_template: bool = True,
+                 default_system: str | None = None, keep_end_tokens: bool = False):
         self.facts = facts if chat_template else replace(facts, chat_template=False)
         self.options = options or RunOptions()
         self.delay = delay
         self.fail_at = fail_at
         self.raise_at = raise_at
         self.chat_template = chat_template
+        self.default_system = default_system  # what the template would put in an empty system message
+        self.keep_end_tokens = keep_end_tokens  # with ignore_eos, play the end token too (as the real engine does)
         self._sampler = (sampler or SamplerSettings()).validated()
         self._changed = False
         self._lock = threading.Lock()
@@ -294,9 +297,8 @@ class ScriptedEngine:
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
-        with self._cond:
+        with self._cond:  # like the real engines, a step granted before the run (pause + step) carries into it
             self._stop = False
-            self._allow = 0
         with self._lock:
             self._changed = False
         self.runs.append((prompt, system))
@@ -325,14 +327,14 @@ class ScriptedEngine:
             templated = False
         ids = [p.id for p in pieces]
         yield PromptEvent(text=text, ids=ids, pieces=pieces, templated=templated, user_prompt=prompt,
-                          system_prompt=system)
+                          system_prompt=system, default_system_prompt=self.default_system)
         n_prompt = len(ids)
         yield PrefillEvent(tokens=n_prompt, ms=42.0, kv_tokens=n_prompt, kv_bytes=n_prompt * KV_BYTES_PER_TOKEN)
 
         opts = self.options
         script = list(ANSWER)
         if opts.ignore_eos:
-            body = [s for s in ANSWER if s.id != EOS_ID]
+            body = list(ANSWER) if self.keep_end_tokens else [s for s in ANSWER if s.id != EOS_ID]
             script = []
             while len(script) < opts.max_new_tokens:
                 script.extend(body)
@@ -350,10 +352,10 @@ class ScriptedEngine:
                 reason = "stopped"
                 break
             if self.fail_at == index:
-                yield ErrorEvent(f"NaN in the logits at step {index}: the run stopped", index, "nan")
+                yield ErrorEvent(f"NaN in the logits at step {index + 1}: the run stopped", index, "nan")
                 return
             if self.raise_at == index:
-                raise RuntimeError(f"scripted crash at step {index}")
+                raise RuntimeError(f"scripted crash at step {index + 1}")
             with self._lock:
                 settings = self._sampler
                 changed, self._changed = self._changed, False

@@ -11,12 +11,13 @@ import pytest
 
 SCHEMA = {
     "model": {"name", "parameters", "layers", "hidden_size", "vocab_rows", "kv_heads", "head_dim",
-              "kv_bytes_per_token", "device", "dtype", "max_context"},
+              "kv_bytes_per_token", "kv_bytes_per_value", "device", "dtype", "max_context"},
     "prompt": {"text", "ids", "pieces"},
     "prefill": {"tokens", "ms"},
     "step": {"index", "id", "piece", "text", "pending_hex", "candidates", "chosen_rank", "settings", "latency_ms",
              "kv_tokens", "kv_bytes"},
-    "done": {"reason", "tokens", "runs", "scores", "ttft_ms", "decode_tok_s"},
+    "done": {"reason", "tokens", "runs", "scores", "ttft_ms", "decode_tok_s", "paused_ms", "dropped_hex",
+             "dropped_needed"},
 }
 
 

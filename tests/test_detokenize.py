@@ -493,3 +493,37 @@ def test_token_bytes_is_shared_and_lazy(byte_level):
 def test_detok_step_pending_hex_format():
     step = DetokStep("", b"\xe5\xbc", 1)
     assert step.pending_hex == "e5 bc" and step.completed == [] and not step.special
+
+
+# ------------------------------------------------------------------------------------------------ the end
+
+
+def test_end_reports_held_bytes_instead_of_fffd_byte_level(byte_level):
+    ids = byte_level.convert_tokens_to_ids(["a", "b", B[0xE5] + B[0xBC]])  # "ab" + the first two bytes of 开
+    det = IncrementalDetokenizer(byte_level)
+    steps = [det.push(i) for i in ids]
+    assert steps[-1].pending == b"\xe5\xbc"
+    end = det.end()
+    assert (end.text, end.dropped, end.dropped_hex, end.dropped_needed) == ("", b"\xe5\xbc", "e5 bc", 1)
+    oneshot = oneshot_text(byte_level, ids)
+    assert oneshot == det.text + end.dropped_text and end.dropped_text == FFFD  # the oracle: one U+FFFD here
+    assert det.pending == b""
+
+
+def test_end_reports_held_bytes_instead_of_fffd_byte_fallback(byte_fallback):
+    ids = byte_fallback.convert_tokens_to_ids(["▁hi", "<0xF0>", "<0x9F>"])  # an emoji's first two bytes of four
+    det = IncrementalDetokenizer(byte_fallback)
+    for i in ids:
+        det.push(i)
+    end = det.end()
+    assert (end.text, end.dropped_hex, end.dropped_needed) == ("", "f0 9f", 2)
+    assert oneshot_text(byte_fallback, ids) == det.text + end.dropped_text == "hi" + FFFD * 2  # one per byte
+
+
+def test_end_without_held_bytes_is_finish(byte_level):
+    ids = byte_level.convert_tokens_to_ids(["a", "b"])
+    det = IncrementalDetokenizer(byte_level)
+    for i in ids:
+        det.push(i)
+    end = det.end()
+    assert (end.text, end.dropped, end.dropped_needed, end.dropped_text) == ("", b"", 0, "")

@@ -1,7 +1,8 @@
 """End to end in a real terminal: tmux runs `tokentui` (no arguments: the dashboard on the embedded model with
 the seeds' question), the screen shows the prompt tokens, the candidates and the answer; `T` raises the
-temperature on screen; `q` quits and leaves the shell usable (cooked mode, echo, no alternate screen, no mouse
-reporting, cursor visible)."""
+temperature on screen; at 80×24 the readings strip shows the KV size, the ms/step figure and the pending bytes as
+the record has them, with `q quit` in the key bar; `q` quits and leaves the shell usable (cooked mode, echo, no
+alternate screen, no mouse reporting, cursor visible)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,27 @@ def assert_terminal_restored(pane: Pane) -> None:
     pane.wait_for(lambda t: "usable-42" in t.replace("usable-$((6*7))", ""), timeout=20, what="the shell to answer")
 
 
+def check_readings_strip(screen: str, record: list[dict]) -> None:
+    """The strip's KV size, token count, ms/step and pending bytes are those of one step in the run record."""
+    from tokentui.tui.format import human_bytes
+
+    match = re.search(r"KV (\S+ \S+) · ([\d,]+) tok │ ([\d.]+) ms/step · ([\d.]+) tok/s │ pending (.+?)\s*│", screen)
+    assert match, screen
+    size, tokens, ms_step, pending = match.group(1), int(match.group(2).replace(",", "")), match.group(3), \
+        match.group(5)
+    steps = [e for e in record if e["event"] == "step"]
+    done = [e for e in record if e["event"] == "done"]
+    at = [e for e in steps + done if e.get("kv_tokens") == tokens]
+    assert at and human_bytes(at[-1]["kv_bytes"]) == size, (size, tokens, at[-1:] if at else None)
+    decodes = [s for s in steps if s["index"] >= 1 and s["kv_tokens"] <= tokens]
+    assert ms_step == f"{decodes[-1]['latency_ms']:.1f}", (ms_step, decodes[-1]["latency_ms"])
+    if done:  # the run ended: nothing is held (bytes it ended on are shown as dropped)
+        expected = done[0].get("dropped_hex") or "none"
+    else:  # paused after the step the strip shows
+        expected = [s for s in steps if s["kv_tokens"] == tokens][-1]["pending_hex"] or "none"
+    assert pending.split(" needs")[0].split(" +")[0].split(" dropped")[0] == expected, (pending, expected)
+
+
 def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, isolated_dirs, tmp_path):
     runs_dir = isolated_dirs["TOKENTUI_STATE_DIR"] / "runs"
     pidfile = tmp_path / "pid"
@@ -67,7 +89,18 @@ def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, 
         pane.send("T")
         screen = pane.wait_for(lambda t: re.search(r"temperature\s+0\.80", t), timeout=10,
                                what="temperature 0.80 on screen")
-        assert re.search(r"changed: applies|changed at step \d+", screen)  # the panel says when it applies
+        assert re.search(r"changed: applies|step \d+ \S+ \S+→\S+", screen)  # the panel says when it applies
+
+        # 80×24, the default terminal: the KV size, the ms/step figure and the pending bytes in the readings strip,
+        # each as the record has it, and the key bar keeps `q quit`.
+        pane.resize(80, 24)
+        pane.send("Space")  # pause, so the screen holds still (a finished run holds still anyway)
+        screen = pane.wait_for(lambda t: "ms/step" in t and "q quit" in t and len(t.splitlines()) <= 24,
+                               timeout=20, what="the readings strip at 80×24")
+        time.sleep(0.5)
+        screen = pane.capture()
+        check_readings_strip(screen, record_of(pid, runs_dir))
+        assert "q quit" in screen.splitlines()[-1] and "? help" in screen.splitlines()[-1]
 
         pane.send("q")
         assert pane.exit_status(timeout=60) == 0

@@ -197,8 +197,8 @@ def test_nan_logits_stop_the_run_naming_the_step(tiny):
     finally:
         handle.remove()
     err = events[-1]
-    assert isinstance(err, ErrorEvent) and "step 2" in err.message and "NaN" in err.message
-    assert len(_steps(events)) == 2
+    assert isinstance(err, ErrorEvent) and "step 3" in err.message and "NaN" in err.message
+    assert len(_steps(events)) == 2  # two tokens out; the third (step 3, numbered from 1) failed
 
 
 def test_run_stops_when_the_context_is_full(tiny):

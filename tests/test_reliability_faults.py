@@ -48,7 +48,7 @@ def oom_after(model, runs: int):
     return lambda: model.__dict__.pop("forward", None)
 
 
-@pytest.mark.parametrize("runs, where", [(3, "at step 3"), (0, "in prefill")])
+@pytest.mark.parametrize("runs, where", [(3, "at step 4"), (0, "in prefill")])
 def test_out_of_memory_ends_the_run_with_numbers_and_a_suggestion(tiny, monkeypatch, runs, where):
     def no_cuda_query(*_):
         raise AssertionError("mem_get_info must not be called for a CPU model")
@@ -77,14 +77,14 @@ def test_oom_message_on_a_gpu_reports_free_memory_and_survives_a_broken_query(ti
     engine.device = SimpleNamespace(type="cuda", index=0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(1.5 * 2**30), 8 * 2**30))
     message = engine._oom_message(torch.cuda.OutOfMemoryError(OOM_TEXT), 7)
-    assert "at step 7" in message and "1.5 of 8.0 GiB free" in message and "tried to allocate 2.00 GiB" in message
+    assert "at step 8" in message and "1.5 of 8.0 GiB free" in message and "tried to allocate 2.00 GiB" in message
 
     def broken(device):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
     message = engine._oom_message(torch.cuda.OutOfMemoryError("CUDA out of memory."), 7)
-    assert message.startswith("out of GPU memory at step 7; try")
+    assert message.startswith("out of GPU memory at step 8; try")  # index 7 = the 8th token
     engine.facts = replace(engine.facts, dtype="bfloat16")  # already half precision: not suggested again
     assert "--dtype bfloat16" not in engine._oom_message(torch.cuda.OutOfMemoryError("x"), 1)
 
@@ -111,7 +111,7 @@ def test_headless_out_of_memory_is_one_line_and_a_failed_exit(embedded, isolated
     assert "Traceback" not in result.stderr
     lines = [ln for ln in result.stderr.splitlines() if ln.strip() and "run recorded in" not in ln]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tokentui: out of GPU memory at step 3 (tried to allocate 2.00 GiB)"), lines[0]
+    assert lines[0].startswith("tokentui: out of GPU memory at step 4 (tried to allocate 2.00 GiB)"), lines[0]
     (record,) = tmp_path.glob("*.jsonl")
     last = json.loads(record.read_text(encoding="utf-8").splitlines()[-1])
     assert last["event"] == "error" and last["kind"] == "oom" and last["step"] == 3

@@ -14,6 +14,7 @@ from tokentui.core.record import RunRecorder
 from tokentui.core.settings import SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.panels import OutputPanel, PromptPanel, SamplerPanel, StatusLine
+from tokentui.tui.panels.sampler import SHORT_NAMES, setting_value
 from tokentui.tui.screens import HelpScreen, PromptEditor
 
 SIZE = (100, 48)
@@ -54,10 +55,10 @@ SAMPLER_KEYS = [
     ("p", SamplerSettings(top_p=0.9), "top_p", 0.85, "top-p 0.85"),
     ("P", SamplerSettings(top_p=0.9), "top_p", 0.95, "top-p 0.95"),
     ("P", SamplerSettings(top_p=0.95), "top_p", 1.0, "top-p 1.00 (off)"),
-    ("k", SamplerSettings(top_k=0), "top_k", 100, "top-k 100"),
+    ("K", SamplerSettings(top_k=0), "top_k", 1, "top-k 1"),
+    ("k", SamplerSettings(top_k=1), "top_k", 0, "top-k off"),
     ("k", SamplerSettings(top_k=10), "top_k", 5, "top-k 5"),
     ("K", SamplerSettings(top_k=10), "top_k", 20, "top-k 20"),
-    ("K", SamplerSettings(top_k=100), "top_k", 0, "top-k off"),
     ("g", SamplerSettings(greedy=False), "greedy", True, "mode greedy"),
 ]
 
@@ -73,7 +74,11 @@ async def test_sampler_key_changes_panel_engine_and_next_step(key, start, settin
         assert getattr(engine.sampler, setting) == value
         assert shown in sampler_text(app)  # shown at once, before any step
         await next_step_with(pilot, engine, **{setting: value})
-        await wait_for(pilot, lambda: "changed at step" in sampler_text(app), what="the change step shown")
+        # the panel names the setting, its old and new value and the step (numbered from 1) that first used it
+        first_use = next(s for s in engine.steps if s.settings_changed).index + 1
+        name = SHORT_NAMES[setting]
+        await wait_for(pilot, lambda: f"step {first_use} {name} " in sampler_text(app)
+                       and f"→{setting_value(setting, value)}" in sampler_text(app), what="the change shown")
         await pilot.press("q")
 
 
@@ -93,12 +98,12 @@ async def test_greedy_toggles_back_to_sampling_and_restores_temperature():
 
 
 async def test_clamps_do_not_touch_the_engine():
-    engine = slow_engine(sampler=SamplerSettings(temperature=0.0, top_p=1.0, top_k=1))
+    engine = slow_engine(sampler=SamplerSettings(temperature=0.0, top_p=1.0, top_k=100))
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
         await decoding(pilot, engine)
-        await pilot.press("t", "P", "k")
-        assert engine.sampler == SamplerSettings(temperature=0.0, top_p=1.0, top_k=1)
+        await pilot.press("t", "P", "K")  # each at its end of the range already
+        assert engine.sampler == SamplerSettings(temperature=0.0, top_p=1.0, top_k=100)
         await pilot.press("p")
         assert engine.sampler.top_p == 0.95
         engine.update_sampler(top_p=0.05)
@@ -281,8 +286,8 @@ async def test_export_next_to_the_record(tmp_path):
         await pilot.press("x")
         exported = record.with_name(record.stem + ".answer.txt")
         assert exported.read_text(encoding="utf-8") == ANSWER_TEXT + "\n"
-        messages = [n.message for n in app._notifications]
-        assert any(str(exported) in m and str(record) in m for m in messages), messages
+        await pilot.pause()
+        assert app.screen.paths == [str(exported), str(record)]  # the export dialog: full paths, one a line
     lines = record.read_text(encoding="utf-8").splitlines()
     assert '"event": "model"' in lines[0] and '"event": "done"' in lines[-1]
 
@@ -296,7 +301,8 @@ async def test_export_to_cwd_without_a_record(tmp_path, monkeypatch):
         await pilot.press("x")
         files = list(tmp_path.glob("tokentui-answer-*.txt"))
         assert len(files) == 1 and files[0].read_text(encoding="utf-8") == ANSWER_TEXT + "\n"
-        assert any("run not recorded" in n.message for n in app._notifications)
+        await pilot.pause()
+        assert app.screen.paths == [str(files[0])] and "not recorded" in screen_text(app)
 
 
 async def test_help_screen_lists_every_key():

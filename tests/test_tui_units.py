@@ -42,11 +42,20 @@ def test_display_piece_and_short_path():
 
 
 def test_top_k_ladder():
-    assert TOP_K_STEPS[-1] == 0  # off keeps everything: the top of the ladder
-    assert next_top_k(0, -1) == 100 and next_top_k(0, +1) == 0
-    assert next_top_k(1, -1) == 1 and next_top_k(1, +1) == 2
-    assert next_top_k(10, -1) == 5 and next_top_k(10, +1) == 20
+    """K walks off → 1 → 2 → 5 → … → 100 and stops; k walks back down to off (k from off used to jump to 100
+    while K did nothing)."""
+    up, k = [], 0
+    for _ in range(len(TOP_K_STEPS) + 2):
+        k = next_top_k(k, +1)
+        up.append(k)
+    assert up == [1, 2, 5, 10, 20, 50, 100, 100, 100, 100]
+    down = []
+    for _ in range(len(TOP_K_STEPS) + 1):
+        k = next_top_k(k, -1)
+        down.append(k)
+    assert down == [50, 20, 10, 5, 2, 1, 0, 0, 0]
     assert next_top_k(7, -1) == 5 and next_top_k(7, +1) == 10  # between notches
+    assert "off → 1 → 2 → 5" in next(s.help for s in KEYS if s.id == "tokentui.top-k-up")
 
 
 def test_key_table_ids_are_unique():

@@ -100,6 +100,11 @@ class Pane:
     def send(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", self.session, *keys)
 
+    def resize(self, width: int, height: int) -> None:
+        """Resize the pane's window, as a user dragging the terminal would."""
+        self.tmux("resize-window", "-t", self.session, "-x", str(width), "-y", str(height))
+        self.width, self.height = width, height
+
     def type_line(self, line: str) -> None:
         self.tmux("send-keys", "-t", self.session, "-l", line)
         self.tmux("send-keys", "-t", self.session, "Enter")

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 def read_prompt(args) -> str:
     from tokentui.core.errors import PromptError
 
+    if args.prompt is not None and args.prompt_file is not None:
+        raise PromptError("--prompt and --prompt-file both give the prompt: pass one of them")
     if args.prompt_file is not None:
         try:
             text = args.prompt_file.read_bytes().decode("utf-8")
@@ -227,6 +229,9 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                 emit(f"tokentui: {event.message}\n", sys.stderr)
             elif isinstance(event, DoneEvent):
                 emit(event.flushed + "\n")
+                if event.dropped_hex:  # not printed as U+FFFD: said here, once
+                    emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
+                         f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
             if isinstance(event, ErrorEvent):
                 if not args.json:
                     if wrote_text:
@@ -261,6 +266,10 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     return status
 
 
+_WHERE_DROPPED = {"length": "at the length limit", "context": "at the context limit",
+                  "stopped": "when the run stopped", "eos": "before the end token"}
+
+
 def _silence_stdio() -> None:
     """The terminal or pipe is gone: send further output (and Python's exit-time flush) to /dev/null."""
     import os
@@ -280,13 +289,21 @@ def run_dashboard(args, prompt: str) -> int:
     load = make_loader(args, in_process=False)  # the model process starts first: it takes the longest
 
     from tokentui.tui.app import run_dashboard as run_app
+    from tokentui.core.precheck import check_model_and_device
     from tokentui.tui.config import DashboardConfig
+
+    def relaunch(model: str | None, device: str):
+        """A loader for another model / device chosen in the dashboard, with every other flag as given."""
+        return make_loader(argparse.Namespace(**{**vars(args), "model": model, "device": device}), in_process=False)
 
     sampler, options = settings_from_args(args)
     config = DashboardConfig(load=load, prompt=prompt, system=args.system,
                              sampler=sampler, options=options, theme=args.theme,
-                             recorder=None if args.no_record else RunRecorder(args.record_dir))
-    return run_app(config, abandon_after=5.0)
+                             recorder=None if args.no_record else RunRecorder(args.record_dir),
+                             model=args.model, device=args.device, relaunch=relaunch,
+                             check=lambda model, device: check_model_and_device(
+                                 model, device, allow_pickle=args.allow_pickle))
+    return run_app(config, abandon_after=5.0)  # non-zero when the app says so (e.g. quit after a load error)
 
 
 _signal_seen: list[int] = []
@@ -312,8 +329,16 @@ def main(argv: list[str] | None = None) -> int:
         # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
         for sig in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(sig, _raise_keyboard_interrupt)
+        from tokentui.core.precheck import check_model_and_device, parse_device, resolve_model
+
         if args.headless:
+            # A bad --model (or an unreachable hub) is reported before torch is imported, in a fraction of a
+            # second; CUDA visibility is left to the loader, which imports torch anyway.
+            parse_device(args.device)
+            resolve_model(args.model, allow_pickle=args.allow_pickle)
             return run_headless(args, prompt)
+        # Bad --model / --device found before the dashboard opens: the same line and status as headless.
+        check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)
         return run_dashboard(args, prompt)
     except TokentuiError as err:
         print(f"tokentui: {err}", file=sys.stderr)

@@ -23,7 +23,6 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from tokentui.core.errors import SettingsError, TokentuiError
@@ -34,7 +33,9 @@ from tokentui.themes import BUILTIN_THEMES, DEFAULT_THEME, THEME_VARIABLE_DEFAUL
 from .commands import TokentuiCommands
 from .config import DashboardConfig, EngineLike
 from .format import short_path
+from .keybar import KeyBar
 from .keys import app_bindings, next_top_k
+from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
 from .messages import EngineEvent, LoadProgressed, RunNote, RunStarted
 from .panels import (
     CandidatesPanel,
@@ -43,11 +44,13 @@ from .panels import (
     OutputPanel,
     PendingPanel,
     PromptPanel,
+    ReadingsStrip,
     SamplerPanel,
     SpeedPanel,
     StatusLine,
 )
-from .screens import ErrorDialog, HelpScreen, PromptEditor
+from .screens import ErrorDialog, HelpScreen, ModelPicker, PromptEditor
+from .screens.exported import ExportedDialog
 from .state import RunState
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
@@ -61,15 +64,16 @@ class TokentuiApp(App[int]):
     BINDINGS = [*app_bindings(), Binding("ctrl+c", "quit", "quit", show=False, priority=True,
                                          id="tokentui.interrupt")]
     COMMANDS = App.COMMANDS | {TokentuiCommands}
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide"), (150, "-xwide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall"), (44, "-xtall")]
+    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS  # tui/layout.py: which panels show at which size
+    VERTICAL_BREAKPOINTS = VERTICAL_BREAKPOINTS
+    AUTO_FOCUS = "#output-view"  # arrows scroll the answer; Tab moves to the (scrollable) prompt panel
     CURSOR_BLINK = True  # snapshot tests turn caret blinking off
 
     def __init__(self, config: DashboardConfig) -> None:
         super().__init__()
         self.config = config
         self.engine: EngineLike | None = None
-        self.state = RunState()
+        self.state = RunState(show_special_tokens=config.options.ignore_eos)
         self.prompt = config.prompt
         self.system = config.system
         self.sampler_settings: SamplerSettings = config.sampler
@@ -86,6 +90,9 @@ class TokentuiApp(App[int]):
         self._prompt_key = None
         self._run_worker: Worker | None = None  # the current run's worker (older ones may still be finishing)
         self._load_thread: threading.Thread | None = None
+        self.pause_armed = False  # space while loading: pause the first run after its first token
+        self._dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
+        self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
         for theme in BUILTIN_THEMES.values():
             self.register_theme(theme)
         themes, errors = load_user_themes(config.user_theme_dir)
@@ -114,8 +121,9 @@ class TokentuiApp(App[int]):
             yield SpeedPanel(id="speed")
             yield KVPanel(id="kv")
             yield PendingPanel(id="pending")
+        yield ReadingsStrip(id="readings")  # KV · ms/step · pending on one line when their panels are hidden
         yield StatusLine(id="status")
-        yield Footer(compact=True, show_command_palette=False)  # ^p is in the key table
+        yield KeyBar(id="keys")  # whole entries only; `? help` and `q quit` always (tui/keybar.py)
 
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
@@ -154,7 +162,38 @@ class TokentuiApp(App[int]):
             pass  # not the main thread, or no such signal here
 
     def on_resize(self) -> None:
+        self._apply_layout()
         self.call_after_refresh(self._rebuild_all)
+
+    _layout_plan = None
+    _layout_settling = True  # until the first layout plan is in place
+
+    def _apply_layout(self) -> None:
+        """Show and hide the panels as tui/layout.py's table says for this size (the stylesheet sizes them)."""
+        width, height = self.size
+        layout = plan(width, height)
+        if layout == self._layout_plan:
+            return
+        self._layout_plan = layout
+        self._layout_settling = True  # the answer waits for the new layout (not wrapped at a passing width)
+
+        def settled() -> None:
+            self._layout_settling = False
+            self._repaint_now()
+
+        self.call_after_refresh(settled)
+        try:
+            for widget_id in ("model", *READINGS_IDS):
+                self.query_one(f"#{widget_id}").display = layout.shows(widget_id)
+            strip = self.query_one(ReadingsStrip)
+            strip.display = layout.readings_strip
+            note = hidden_note(layout)  # said under the strip, or under the answer when there is no strip
+            strip.border_subtitle = note if layout.readings_strip else ""
+            self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
+            self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
+            self.query_one(PromptPanel).template_rows = layout.template_rows
+        except NoMatches:  # not composed yet, or shutting down
+            self._layout_plan = None
 
     def on_unmount(self) -> None:
         """However the app ends, let the generation thread finish its run at the next step."""
@@ -204,6 +243,7 @@ class TokentuiApp(App[int]):
 
     def _engine_ready(self, engine: EngineLike) -> None:
         self.engine = engine
+        self.load_error = None
         try:
             if engine.sampler != self.sampler_settings:
                 engine.update_sampler(**self.sampler_settings.to_dict())
@@ -218,19 +258,49 @@ class TokentuiApp(App[int]):
 
     def _load_failed(self, error: BaseException | None) -> None:
         self.state.phase = "load-failed"
+        self.load_error = error or RuntimeError("unknown error")
         if isinstance(error, TokentuiError):
             message = str(error)
         else:
             message = f"{type(error).__name__}: {error}" if error else "unknown error"
         self.state.error_message = message
         self._repaint_now()
-        self.push_screen(ErrorDialog("The model could not be loaded", message, retry=True), self._after_error_dialog)
+        self.push_screen(ErrorDialog("The model could not be loaded", message, retry=True,
+                                     change=self.config.relaunch is not None), self._after_error_dialog)
 
     def _after_error_dialog(self, choice: str | None) -> None:
         if choice == "retry":
             self._start_load()
+        elif choice == "change":
+            self.action_change_model()
         elif choice == "quit":
             self.action_quit()
+
+    @property
+    def exit_code(self) -> int:
+        """What quitting now returns: 0, or — while the model has failed to load — 2 for bad input (a model or
+        device that cannot work) and 1 for any other failure, as the command line does."""
+        if self.engine is None and self.load_error is not None:
+            return 2 if isinstance(self.load_error, TokentuiError) else 1
+        return 0
+
+    def action_change_model(self) -> None:
+        """Pick another model / device (checked first, like the command line does) and load it."""
+        relaunch = self.config.relaunch
+        if relaunch is None or isinstance(self.screen, ModelPicker):
+            return
+
+        def chosen(result) -> None:
+            if result is None:
+                if self.engine is None:  # still nothing loaded: the error stays on screen
+                    self._repaint_now()
+                return
+            model, device = result
+            self.config.load = relaunch(model, device)
+            self.config.model, self.config.device = model, device
+            self._start_load()
+
+        self.push_screen(ModelPicker(self.config.model, self.config.device, check=self.config.check), chosen)
 
     def _run_failed(self, title: str, message: str) -> None:
         """A run ended by a fault or bad input: say so in a dialog; retry, edit the prompt, or carry on."""
@@ -257,6 +327,10 @@ class TokentuiApp(App[int]):
         self._run_id += 1
         self.state.start_run(self._run_id)
         self.query_one(OutputPanel).view.clear()
+        if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
+            self.pause_armed = False
+            engine.pause()
+            engine.step_once()
         self._repaint_now()
         self._run_worker = self._generate(engine, self.prompt, self.system, self._run_id)
 
@@ -350,7 +424,7 @@ class TokentuiApp(App[int]):
             self.notify(event.message, severity="warning", timeout=8, markup=False)
         self._repaint_now()
         if isinstance(event, ErrorEvent):
-            where = f" at step {event.step}" if event.step >= 0 else ""
+            where = f" at step {event.step + 1}" if event.step >= 0 else ""  # numbered from 1, like the tokens
             self._run_failed(f"The run failed{where}", event.message)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -390,14 +464,15 @@ class TokentuiApp(App[int]):
 
     def _paint(self, force: bool) -> None:
         state = self.state
+        self._apply_layout()
         prompt_panel = self.query_one(PromptPanel)
         prompt_panel.show_ids = self.show_ids
-        prompt_panel.show_template = self.size.height >= 36
-        key = (id(state.prompt), state.phase == "loading", self.show_ids, prompt_panel.show_template)
+        key = (id(state.prompt), state.phase == "loading", self.show_ids, prompt_panel.template_rows)
         if force or key != self._prompt_key:
             self._prompt_key = key
-            prompt_panel.show(state)
-        self.query_one(OutputPanel).sync(state)
+            prompt_panel.show(state, force)
+        if not self._layout_settling:
+            self.query_one(OutputPanel).sync(state)
         self.query_one(CandidatesPanel).show(state, force)
         self.query_one(SamplerPanel).show(state, force)
         self.query_one(ModelPanel).show(state, force)
@@ -405,6 +480,7 @@ class TokentuiApp(App[int]):
         self.query_one(PendingPanel).show(state, force)
         done = state.phase in ("done", "error", "load-failed")
         self.query_one(SpeedPanel).show(state, force=force or done)
+        self.query_one(ReadingsStrip).show(state, force)
         status = self.query_one(StatusLine)
         status.paused = self.paused
         status.show(state)
@@ -480,6 +556,12 @@ class TokentuiApp(App[int]):
         return False
 
     def action_toggle_pause(self) -> None:
+        if self.engine is None and self.state.phase == "loading":
+            self.pause_armed = not self.pause_armed
+            self.notify("Pausing at the first token once the model is loaded" if self.pause_armed
+                        else "Will not pause at the first token", timeout=4, markup=False)
+            self._repaint_now()
+            return
         if not self._require_running("pause"):
             return
         engine = self.engine
@@ -506,20 +588,43 @@ class TokentuiApp(App[int]):
             return
         self._start_run()
 
+    def _pause_for_dialog(self) -> bool:
+        """Dialogs cover the panels, so a run must not go on unseen behind them: pause it while one is open (it
+        resumes when the dialog closes, unless it was paused already). True when this paused it."""
+        if self.engine is not None and self.state.running and not self.engine.paused:
+            self.engine.pause()
+            self._dialog_paused = True
+            self._repaint_now()
+            return True
+        return False
+
+    def _resume_after_dialog(self) -> None:
+        if self._dialog_paused:
+            self._dialog_paused = False
+            if self.engine is not None and self.engine.paused:
+                self.engine.resume()
+            self._repaint_now()
+
     def action_edit_prompt(self) -> None:
         if isinstance(self.screen, PromptEditor):
             return
+        paused = self._pause_for_dialog()
 
         def done(result) -> None:
             if result is None:
+                self._resume_after_dialog()
                 return
+            self._dialog_paused = False  # the new run replaces the paused one (_start_run resumes the engine)
             self.prompt, self.system = result
             if self.engine is not None:
                 self._start_run()
             else:
                 self.notify("The new prompt runs once the model is loaded", timeout=4, markup=False)
 
-        self.push_screen(PromptEditor(self.prompt, self.system, cursor_blink=self.CURSOR_BLINK), done)
+        prompt_event = self.state.prompt
+        self.push_screen(PromptEditor(self.prompt, self.system, cursor_blink=self.CURSOR_BLINK,
+                                      default_system=prompt_event.default_system_prompt if prompt_event else None,
+                                      default_known=prompt_event is not None, run_paused=paused), done)
 
     # ---- actions: view -------------------------------------------------------------------------------------
     def action_toggle_heat(self) -> None:
@@ -532,7 +637,8 @@ class TokentuiApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            paused = self._pause_for_dialog()
+            self.push_screen(HelpScreen(run_paused=paused), lambda _result: self._resume_after_dialog())
 
     def action_export(self) -> None:
         state = self.state
@@ -556,8 +662,10 @@ class TokentuiApp(App[int]):
             self.notify(f"Export failed: {err}", severity="error", markup=False)
             return
         self.last_export = path
-        record_line = f"record {record}" if record else "run not recorded"
-        self.notify(f"answer {path}\n{record_line}", title="exported", timeout=10, markup=False)
+        # the full paths in a dialog of their own, one per line, never wrapped (a toast broke them mid-name)
+        if isinstance(self.screen, ExportedDialog):
+            self.pop_screen()
+        self.push_screen(ExportedDialog(path, record, running=state.running))
         self._status_message(f"exported {short_path(path)}")
 
     last_export: Path | None = None
@@ -577,7 +685,7 @@ class TokentuiApp(App[int]):
 
     def action_quit(self) -> None:  # type: ignore[override]
         self._halt_engine()
-        self.exit(0)
+        self.exit(return_code=self.exit_code)
 
     def settled(self, timeout: float) -> bool:
         """After the app has ended: wait up to `timeout` seconds for the run in progress to end at its next step
@@ -616,6 +724,13 @@ def run_dashboard(config: DashboardConfig, abandon_after: float | None = None) -
         except OSError:  # the terminal is gone (SIGHUP): the record is what matters
             pass
     code = app.return_code or 0
+    if app.engine is None and app.load_error is not None:  # quit after a failed load: say why, on the terminal too
+        error = app.load_error
+        try:
+            print(f"tokentui: {error if isinstance(error, TokentuiError) else f'{type(error).__name__}: {error}'}",
+                  file=sys.stderr)
+        except OSError:
+            pass
     close = getattr(app.engine, "close", None)
     if close is not None:
         # The model runs in a child process (core/process.py): a decoding run ends at its next step boundary;

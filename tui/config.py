@@ -56,3 +56,10 @@ class DashboardConfig:
     theme: str = "tokentui-dark"
     recorder: RunRecorder | None = None
     user_theme_dir: Path | None = field(default_factory=_default_theme_dir)
+    # What the model / device are (shown in the "change model or device" dialog), and how to load another:
+    # `relaunch(model, device)` returns a Loader for them (None: the dashboard cannot switch models).
+    model: str | None = None
+    device: str = "auto"
+    relaunch: Callable[[str | None, str], Loader] | None = None
+    # `check(model, device)` raises a one-line TokentuiError when they cannot work (no model needed to tell)
+    check: Callable[[str, str], None] | None = None

@@ -36,17 +36,17 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.top-p-up", "P,shift+p", "P", "top_p(1)", "+", "Top-p up",
             "top-p +0.05 (1.0 = off)", TOP_P),
     KeySpec("tokentui.top-k-down", "k", "k", "top_k(-1)", "−", "Top-k down",
-            "top-k one notch down: off, 100, 50, 20, 10, 5, 2, 1", TOP_K),
+            "top-k one notch down: 100 → 50 → 20 → 10 → 5 → 2 → 1 → off", TOP_K),
     KeySpec("tokentui.top-k-up", "K,shift+k", "K", "top_k(1)", "+", "Top-k up",
-            "top-k one notch up: 1, 2, 5, 10, 20, 50, 100, off", TOP_K),
+            "top-k one notch up: off → 1 → 2 → 5 → 10 → 20 → 50 → 100", TOP_K),
     KeySpec("tokentui.greedy", "g", "g", "toggle_greedy", "greedy", "Greedy / sample",
             "switch between greedy decoding (always the top token) and sampling"),
     KeySpec("tokentui.seed", "s", "s", "new_seed", "seed", "New seed",
             "draw a new random seed for sampling"),
     KeySpec("tokentui.pause", "space", "space", "toggle_pause", "pause", "Pause / resume",
-            "pause or resume generation at the next step boundary"),
+            "pause or resume generation at the next step boundary; while loading: pause at the first token"),
     KeySpec("tokentui.step", "n,right", "n / →", "step", "step", "One step",
-            "while paused: let exactly one token through"),
+            "while paused: let exactly one token through; while generating: pause (then n steps)"),
     KeySpec("tokentui.restart", "r", "r", "restart", "restart", "Restart",
             "run the same prompt again with the same seed"),
     KeySpec("tokentui.edit", "e", "e", "edit_prompt", "prompt", "Edit prompt",
@@ -75,19 +75,13 @@ def app_bindings() -> list[Binding]:
     return bindings
 
 
-TOP_K_STEPS = (1, 2, 5, 10, 20, 50, 100, 0)  # ascending in how many tokens are kept; 0 = off = all
+TOP_K_STEPS = (0, 1, 2, 5, 10, 20, 50, 100)  # the notches, in the order K walks them; 0 = off (listed first)
 
 
 def next_top_k(current: int, direction: int) -> int:
-    """One notch along TOP_K_STEPS; a value between notches moves to the neighbouring notch."""
-    rank = [k if k else 10**12 for k in TOP_K_STEPS]
-    cur = current if current else 10**12
+    """One notch along TOP_K_STEPS: K (+1) walks off → 1 → 2 → … → 100 and stops there; k (−1) walks back down
+    to off. A value between notches (from --top-k) moves to the neighbouring notch."""
     if direction > 0:
-        for k, r in zip(TOP_K_STEPS, rank):
-            if r > cur:
-                return k
-        return TOP_K_STEPS[-1]
-    for k, r in reversed(list(zip(TOP_K_STEPS, rank))):
-        if r < cur:
-            return k
-    return TOP_K_STEPS[0]
+        return next((k for k in TOP_K_STEPS if k > current), TOP_K_STEPS[-1] if current <= TOP_K_STEPS[-1]
+                    else current)
+    return next((k for k in reversed(TOP_K_STEPS) if k < current), TOP_K_STEPS[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,7 @@ from tokentui.core.events import (
     ModelFacts,
     Notice,
     PrefillEvent,
+    PrefillProgress,
     PromptEvent,
     StepEvent,
 )
@@ -34,11 +37,24 @@ class Token:
     piece: str
 
 
+SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
+CHANGES_KEPT = 6  # sampler changes remembered per run (the sampler panel lists the latest)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsChange:
+    """Sampler settings that changed, and the step (numbered from 1, as the panels show it) that first used them."""
+
+    step: int
+    changes: tuple[tuple[str, object, object], ...]  # (setting, old value, new value), in SETTING_NAMES order
+
+
 @dataclass
 class RunState:
     """The dashboard's model: the loaded model, the current run, and totals over the session."""
 
     facts: ModelFacts | None = None
+    show_special_tokens: bool = False  # --ignore-eos: special tokens stay in the answer, marked (kept across runs)
     phase: str = "loading"  # loading, load-failed, starting, prefill, decoding, done, error
     load_stage: str = "starting"
     load_fraction: float | None = None
@@ -48,9 +64,13 @@ class RunState:
     prompt: PromptEvent | None = None
     notices: list[str] = field(default_factory=list)
     prefill: PrefillEvent | None = None
+    prefill_started: float | None = None  # time.monotonic() when the prompt went in (the status line's clock)
+    prefill_progress: PrefillProgress | None = None  # the latest chunk of a long prompt's prefill, if chunked
+    prefill_progress_at: float | None = None  # time.monotonic() when it came
     tokens: list[Token] = field(default_factory=list)
     last_step: StepEvent | None = None
-    settings_changed_at: int | None = None  # step index at which the latest sampler change took effect
+    settings_changed_at: int | None = None  # step number (from 1) at which the latest sampler change took effect
+    settings_changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES_KEPT))  # SettingsChange, oldest first
     ttft_ms: float | None = None
     decode_latencies: list[float] = field(default_factory=list)  # decode steps (index >= 1), all of them
     plot_points: deque = field(default_factory=lambda: deque(maxlen=PLOT_POINTS))  # (index, latency ms)
@@ -72,9 +92,13 @@ class RunState:
         self.prompt = None
         self.notices = []
         self.prefill = None
+        self.prefill_started = None
+        self.prefill_progress = None
+        self.prefill_progress_at = None
         self.tokens = []
         self.last_step = None
         self.settings_changed_at = None
+        self.settings_changes.clear()
         self.ttft_ms = None
         self.decode_latencies = []
         self.plot_points.clear()
@@ -85,6 +109,16 @@ class RunState:
         self.done = None
         self.error = None
         self.error_message = None
+
+    def prefill_elapsed(self, now: float | None = None) -> float | None:
+        """Seconds since the prefill began (None before the prompt went in): the engine's own count at its latest
+        progress event plus the time since, else the dashboard's clock since the prompt event."""
+        now = time.monotonic() if now is None else now
+        if self.prefill_progress is not None and self.prefill_progress_at is not None:
+            return self.prefill_progress.elapsed_ms / 1000 + max(0.0, now - self.prefill_progress_at)
+        if self.prefill_started is None:
+            return None
+        return max(0.0, now - self.prefill_started)
 
     @property
     def running(self) -> bool:
@@ -97,6 +131,10 @@ class RunState:
         elif isinstance(event, PromptEvent):
             self.prompt = event
             self.phase = "prefill"
+            self.prefill_started = time.monotonic()
+        elif isinstance(event, PrefillProgress):
+            self.prefill_progress = event
+            self.prefill_progress_at = time.monotonic()
         elif isinstance(event, PrefillEvent):
             self.prefill = event
             self._kv(event.kv_tokens, event.kv_bytes)
@@ -125,15 +163,21 @@ class RunState:
 
     def _step(self, step: StepEvent) -> None:
         self.phase = "decoding"
+        previous = self.last_step
         self.last_step = step
         self.tokens.append(Token(step.text, step.chosen_raw_prob, step.chosen_prob, step.special, step.piece))
         if step.settings_changed:
-            self.settings_changed_at = step.index
+            self.settings_changed_at = step.index + 1
+            before = previous.settings if previous is not None else {}
+            diff = tuple((name, before.get(name), step.settings.get(name)) for name in SETTING_NAMES
+                         if before.get(name) != step.settings.get(name))
+            if diff:
+                self.settings_changes.append(SettingsChange(step.index + 1, diff))
         if step.index == 0:
             self.ttft_ms = step.latency_ms
         else:
             self.decode_latencies.append(step.latency_ms)
-            self.plot_points.append((step.index, step.latency_ms))
+            self.plot_points.append((step.index + 1, step.latency_ms))  # step numbers from 1, as shown
         self.multi_token_chars.extend(step.completed_chars)
         self._kv(step.kv_tokens, step.kv_bytes)
 
@@ -166,6 +210,18 @@ class RunState:
             return "", 0
         return self.last_step.pending_hex, self.last_step.pending_needed
 
+    @property
+    def dropped(self) -> tuple[str, str]:
+        """(hex bytes, why) of an incomplete character the run ended on: held, never completed, and dropped from
+        the answer (not shown as U+FFFD). ("", "") when there was none."""
+        done = self.done
+        hex_ = getattr(done, "dropped_hex", "") if done is not None else ""
+        if not hex_:
+            return "", ""
+        why = {"length": "at the length limit", "context": "at the full context", "stopped": "when the run stopped",
+               "eos": "at the end token"}.get(done.reason, "at the end of the run")
+        return hex_, f"incomplete character {why}"
+
     def latency_stats(self) -> dict[str, float | None]:
         lat = self.decode_latencies
         mean = sum(lat) / len(lat) if lat else None
@@ -175,6 +231,7 @@ class RunState:
         return {
             "last": lat[-1] if lat else None,
             "mean": mean,
+            "median": statistics.median(lat) if lat else None,  # whole run, like p95 (the plot shows a window)
             "p95": p95(lat),
             "tok_s": tok_s,
         }

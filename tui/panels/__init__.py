@@ -6,6 +6,7 @@ from .model import ModelPanel
 from .output import OutputPanel, OutputView
 from .pending import PendingPanel
 from .prompt import PromptPanel
+from .readings import ReadingsStrip
 from .sampler import SamplerPanel
 from .speed import SpeedPanel
 from .status import StatusLine
@@ -18,6 +19,7 @@ __all__ = [
     "OutputView",
     "PendingPanel",
     "PromptPanel",
+    "ReadingsStrip",
     "SamplerPanel",
     "SpeedPanel",
     "StatusLine",

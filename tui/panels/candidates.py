@@ -68,7 +68,8 @@ class CandidatesPanel(Panel):
             return Text("the top candidates of each step appear here", style=muted)
         width = max(20, self.content_size.width or 40)
         height = self.content_size.height or 14
-        self.border_subtitle = f"step {step.index}" + (" · prefill" if step.index == 0 else "")
+        # numbered from 1, like the tokens: step 90 is the 90th token (step 1 is scored by prefill)
+        self.border_subtitle = f"step {step.index + 1}" + (" · from prefill" if step.index == 0 else "")
         cands = list(step.candidates)
         chosen_in_list = any(c.id == step.id for c in cands)
         summary = self._summary(step, width, chosen_in_list)
@@ -104,7 +105,7 @@ class CandidatesPanel(Panel):
         for rank, c in enumerate(cands):
             if cut and rank == step.kept_count:
                 out.append("\n")
-                label = f" cut: {step.kept_count} kept · {percent(step.kept_mass)} of raw mass "
+                label = f" cut: {step.kept_count} kept · {percent(step.kept_mass)} of raw p "
                 out.append("┄┄" + label + "┄" * max(0, width - 2 - cell_len(label)), rule_style)
             out.append("\n")
             is_chosen = c.id == step.id
@@ -140,13 +141,18 @@ class CandidatesPanel(Panel):
             first.append("greedy", value)
             first.append(" · always the top token", muted)
         else:
-            parts = []
-            if s.get("top_k"):
-                parts.append(f"top-k {s['top_k']}")
-            parts.append(f"top-p {float(s.get('top_p', 1.0)):.2f}")
-            first.append(" ".join(parts), value)
-            first.append(f" → kept {step.kept_count:,} ", muted)
-            first.append(f"({percent(step.kept_mass)})", muted)
+            top_p = float(s.get("top_p", 1.0))
+            parts = [f"top-k {s['top_k']}" if s.get("top_k") else "top-k off",
+                     "top-p off" if top_p >= 1.0 else f"top-p {top_p:.2f}"]
+            first.append(" · ".join(parts), value)
+            first.append(f" → kept {step.kept_count:,}", muted)
+            rows.append(first)
+            # kept_mass is measured on the raw scores (softmax at temperature 1), before temperature reshapes them
+            mass = Text()
+            mass.append("kept mass ", muted)
+            mass.append(percent(step.kept_mass), value)
+            mass.append(" of raw p (before temperature)" if width >= 46 else " (raw p, before T)", muted)
+            first = mass
         rows.append(first)
         second = Text()
         second.append("entropy ", muted)

@@ -8,6 +8,16 @@ from ..format import human_bytes
 from .base import Panel
 
 
+def kv_bytes_per_value(facts) -> int:
+    """Bytes of one cached number (4 for float32, 2 for bf16), so 2 × layers × kv heads × head dim × this equals the
+    per-token size shown. From the model facts; 0 (shown as ?) when they do not say and it cannot be derived exactly."""
+    given = getattr(facts, "kv_bytes_per_value", 0)
+    if given:
+        return given
+    values = 2 * facts.layers * facts.kv_heads * facts.head_dim
+    return facts.kv_bytes_per_token // values if values and facts.kv_bytes_per_token % values == 0 else 0
+
+
 class KVPanel(Panel):
     TITLE = "KV cache"
 
@@ -45,7 +55,12 @@ class KVPanel(Panel):
         out.append(human_bytes(state.kv_bytes), value)
         out.append("\nper token  ", label)
         out.append(human_bytes(facts.kv_bytes_per_token), value)
-        out.append(f"\n= 2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}", muted)
+        per_value = kv_bytes_per_value(facts)
+        value_part = f"×{per_value} B" if per_value else "×? B"
+        formula = f"= 2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}{value_part}"
+        if len(formula) > width:
+            formula = f"= 2×{facts.layers}L×{facts.kv_heads}h×{facts.head_dim}{value_part}"
+        out.append("\n" + formula, muted)
         out.append("\ngrowth     ", label)
         growth = state.kv_growth
         out.append(f"+{human_bytes(growth)}" if growth else "—", value)

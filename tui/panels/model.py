@@ -30,6 +30,9 @@ class ModelPanel(Panel):
         facts = state.facts
         out = Text()
         if facts is None:
+            if state.phase == "load-failed":
+                return Text("no model loaded: see the error\nr retry · m another model or device · q quit",
+                            style=self.style_of("model--warning"))
             return Text("loading…", style=muted)
 
         def row(name: str, val: str, extra: str = "") -> None:

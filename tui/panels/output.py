@@ -1,15 +1,18 @@
 """The answer, streaming in (step 6, detokenize).
 
-`OutputView` is append-only: each token's text is laid out once into wrapped lines (a list of slices of the
-token texts) and only the visible lines are drawn (Textual's line API), so a 4,000-token answer costs the same per
-step as a 40-token one. `h` switches to the heat map: each token coloured by the raw probability it had when it
+`OutputView` is append-only: each token's text is laid out once into word-wrapped lines (a list of slices of the
+token texts; a word split over several tokens wraps as one word, and only the last line can change when tokens
+arrive) and only the visible lines are drawn (Textual's line API), so a 4,000-token answer costs the same per step
+as a 40-token one. `h` switches to the heat map: each token coloured by the raw probability it had when it
 was chosen, on alternating backgrounds that show where one token ends and the next begins; that only changes how
 lines are drawn, not the layout.
 """
 
 from __future__ import annotations
 
-from rich.cells import cell_len
+import unicodedata
+
+from rich.cells import get_character_cell_size as cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -45,6 +48,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         "output--boundary-b",
         "output--pending",
         "output--placeholder",
+        "output--special",
     }
 
     DEFAULT_CSS = """
@@ -55,12 +59,14 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         overflow-y: auto;
         overflow-x: hidden;
         scrollbar-size-vertical: 1;
+        scrollbar-gutter: stable;  /* the scrollbar's column is kept: its arrival does not re-wrap the answer */
         & > .output--heat-low { color: $heat-low; }
         & > .output--heat-high { color: $heat-high; }
         & > .output--boundary-a { background: $boundary-a; }
         & > .output--boundary-b { background: $boundary-b; }
         & > .output--pending { color: $pending-bytes; text-style: bold; }
         & > .output--placeholder { color: $text-muted; text-style: italic; }
+        & > .output--special { color: $special-token; text-style: bold; }
     }
     """
 
@@ -70,6 +76,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         super().__init__(id=id, classes=classes)
         self._texts: list[str] = []
         self._probs: list[float] = []
+        self._special: set[int] = set()  # token indices drawn as special-token markers (e.g. <|im_end|>)
         # each line: list of (token index, start, end) slices; widths in cells
         self._lines: list[list[tuple[int, int, int]]] = [[]]
         self._line_cells: list[int] = [0]
@@ -92,6 +99,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
     def clear(self) -> None:
         self._texts.clear()
         self._probs.clear()
+        self._special.clear()
         self.tail_count = 0
         self._lines = [[]]
         self._line_cells = [0]
@@ -101,15 +109,17 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self.scroll_to(0, 0, animate=False, immediate=True)
         self.refresh()
 
-    def append(self, tokens: list[tuple[str, float]]) -> None:
-        """Add tokens (text, probability); lays out only the new text."""
+    def append(self, tokens: list[tuple]) -> None:
+        """Add tokens (text, probability[, special marker]); lays out only the new text."""
         if not tokens:
             return
         first_dirty = len(self._lines) - 1
-        for text, prob in tokens:
+        for text, prob, *marker in tokens:
             index = len(self._texts)
             self._texts.append(text)
             self._probs.append(prob)
+            if marker and marker[0]:
+                self._special.add(index)
             if self._wrap > 0:
                 self._layout(index)
         self._update_size()
@@ -153,6 +163,21 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
 
     # ---- layout ------------------------------------------------------------------------------------------
     def _newline(self) -> None:
+        """End the last line (without its trailing spaces: at a wrap they belong to neither line) and start one."""
+        line = self._lines[-1]
+        while line:
+            index, start, end = line[-1]
+            text = self._texts[index]
+            cut = end
+            while cut > start and text[cut - 1] == " ":
+                cut -= 1
+            if cut == end:
+                break
+            self._line_cells[-1] -= end - cut
+            if cut > start:
+                line[-1] = (index, start, cut)
+                break
+            line.pop()
         self._lines.append([])
         self._line_cells.append(0)
 
@@ -168,38 +193,63 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             start += len(part)
 
     def _place(self, index: int, offset: int, part: str, width: int) -> None:
-        if not part:
-            return
-        cells = cell_len(part)
-        used = self._line_cells[-1]
-        if used + cells <= width:
-            self._lines[-1].append((index, offset, offset + len(part)))
-            self._line_cells[-1] = used + cells
-            return
-        if cells <= width and used > 0:
-            # word wrap at the token boundary; a leading space is not carried to the new line
-            self._newline()
-            stripped = part.lstrip(" ")
-            skip = len(part) - len(stripped)
-            if stripped:
-                self._lines[-1].append((index, offset + skip, offset + len(part)))
-                self._line_cells[-1] = cell_len(stripped)
-            return
-        # a piece longer than the line: break it by characters
-        run_start = 0
-        used = self._line_cells[-1]
+        """Lay out `part` (no newline in it) on the last line, wrapping at word boundaries like any text view: a
+        space, or either side of a wide (CJK) character, is a break opportunity, whichever token it came in. When
+        a character does not fit, the word it belongs to — which may have begun in earlier tokens — moves to a
+        new line whole; a space that does not fit ends the line; only a word longer than the line is broken."""
+        lines, cells = self._lines, self._line_cells
         for i, ch in enumerate(part):
-            w = cell_len(ch)
-            if used + w > width and (used > 0):
-                if i > run_start:
-                    self._lines[-1].append((index, offset + run_start, offset + i))
-                    self._line_cells[-1] = used
+            w = cell_size(ch)
+            if cells[-1] + w > width and cells[-1] > 0:
+                if ch.isspace():
+                    self._newline()
+                    continue  # the space at a wrap is not carried to the new line
+                moved = self._trailing_word(width - w) if w < 2 else None
                 self._newline()
-                run_start, used = i, 0
-            used += w
-        if len(part) > run_start:
-            self._lines[-1].append((index, offset + run_start, offset + len(part)))
-            self._line_cells[-1] = used
+                if moved:
+                    lines[-1].extend(moved[0])
+                    cells[-1] = moved[1]
+            line = lines[-1]
+            if line and line[-1][0] == index and line[-1][2] == offset + i:
+                line[-1] = (index, line[-1][1], offset + i + 1)
+            else:
+                line.append((index, offset + i, offset + i + 1))
+            cells[-1] += w
+
+    def _trailing_word(self, room: int) -> tuple[list[tuple[int, int, int]], int] | None:
+        """Cut the word at the end of the last line (its slices, possibly from several tokens, and its width) off
+        that line, if something before it on the line leaves a break opportunity and the word fits in `room`
+        cells; None otherwise (a word longer than a line breaks where it is). A word starts after a space or a
+        wide (CJK) character — or at one, when only punctuation follows it, so `开放)` never leaves `)` alone."""
+        line = self._lines[-1]
+        texts = self._texts
+        word_cells = 0
+        punctuation_only = True
+        for k in range(len(line) - 1, -1, -1):
+            index, start, end = line[k]
+            text = texts[index]
+            for j in range(end - 1, start - 1, -1):
+                ch = text[j]
+                wide = cell_size(ch) == 2
+                if ch.isspace() or wide:  # the break opportunity
+                    cut = j if wide and punctuation_only else j + 1
+                    if cut == j:
+                        word_cells += 2
+                    if not word_cells or (k == 0 and cut == start) or word_cells > room:
+                        return None  # the line ends at a break already, the word is the line, or too long
+                    moved = ([(index, cut, end)] if cut < end else []) + line[k + 1:]
+                    del line[k + 1:]
+                    if cut > start:
+                        line[k] = (index, start, cut)
+                    else:
+                        del line[k]
+                    self._line_cells[-1] -= word_cells
+                    return moved, word_cells
+                word_cells += cell_size(ch)
+                punctuation_only = punctuation_only and unicodedata.category(ch).startswith("P")
+                if word_cells > room:
+                    return None  # longer than a line: it breaks where it is
+        return None  # the whole line is one word
 
     def _relayout(self) -> None:
         self._lines = [[]]
@@ -239,6 +289,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 "heat": heat,
                 "pending": base + self.get_component_rich_style("output--pending"),
                 "placeholder": base + self.get_component_rich_style("output--placeholder"),
+                "special": base + self.get_component_rich_style("output--special"),
             }
         return self._palette_cache
 
@@ -259,10 +310,12 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             return Strip.blank(width, base)
         segments = []
         texts, probs = self._texts, self._probs
-        heat = self.heat
+        heat, special = self.heat, self._special
         for index, start, end in self._lines[line_no]:
             piece = texts[index][start:end]
-            if heat:
+            if index in special:
+                style = palette["special"]
+            elif heat:
                 level = min(HEAT_LEVELS - 1, max(0, int(probs[index] * (HEAT_LEVELS - 1) + 0.5)))
                 style = palette["heat"][level][index % 2]
             else:
@@ -293,13 +346,20 @@ class OutputPanel(Vertical):
         self.border_title = "6 detokenize · answer"
         self.view = OutputView(id="output-view")
         self.view.placeholder = "waiting for the first token…"
+        self.heat = False
+        self.note = ""  # what a bigger terminal would add, when the readings strip is not there to say it
+
+    def set_note(self, note: str) -> None:
+        self.note = note
+        self.set_heat(self.heat)
 
     def compose(self):
         yield self.view
 
     def set_heat(self, on: bool) -> None:
+        self.heat = on
         self.view.heat = on
-        self.border_subtitle = "heat: raw p [$heat-low]■ low[/] → [$heat-high]■ high[/]" if on else ""
+        self.border_subtitle = "heat: raw p [$heat-low]■ low[/] → [$heat-high]■ high[/]" if on else self.note
 
     def sync(self, state) -> None:
         """Append the tokens this view has not seen yet; update the pending-bytes marker."""
@@ -308,7 +368,11 @@ class OutputPanel(Vertical):
             view.clear()
         new = state.tokens[view.token_count - view.tail_count:]
         if new and not view.tail_count:
-            view.append([(t.text, t.raw_prob) for t in new])
+            # With --ignore-eos the end token does not end the run: it is part of the answer the model goes on
+            # from, so it is shown, marked, instead of vanishing (its text is empty: special tokens decode to "").
+            marked = state.show_special_tokens
+            view.append([(t.piece, t.raw_prob, True) if marked and t.special and not t.text else (t.text, t.raw_prob)
+                         for t in new])
         flushed = getattr(state.done, "flushed", "") if state.done is not None else ""
         if flushed and not view.tail_count:
             # bytes still pending at the end, released as U+FFFD (as a one-shot decode would)

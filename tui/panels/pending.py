@@ -28,8 +28,12 @@ class PendingPanel(Panel):
         char_style = self.style_of("pending--char")
         out = Text()
         hex_, needed = state.pending
+        dropped, why = state.dropped
         out.append("held      ", label)
-        if hex_:
+        if dropped:
+            out.append(dropped, byte_style)
+            out.append(f"  dropped: {why}", muted)
+        elif hex_:
             out.append(hex_, byte_style)
             out.append(f"  needs {needed} more byte{'s' if needed != 1 else ''}", muted)
         else:

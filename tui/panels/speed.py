@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich.text import Text
@@ -18,7 +19,7 @@ PLOT_INTERVAL = 0.25  # at most 4 plot redraws a second
 
 
 class SpeedStats(Widget):
-    DEFAULT_CSS = "SpeedStats { height: 3; background: $surface; }"
+    DEFAULT_CSS = "SpeedStats { height: 3; background: $surface; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     text: Text | None = None
 
@@ -26,28 +27,85 @@ class SpeedStats(Widget):
         return self.text if self.text is not None else ""
 
 
+LABEL_WIDTH = 5  # y-axis labels, right-aligned: the plot never shifts sideways as latencies change
+AXIS_WIDTH = 1  # the y axis line plotext draws right of the labels
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k at or above `value` (a y-axis top that halves
+    into a round middle tick)."""
+    if value <= 0:
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for base in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        top = base * 10.0 ** exp
+        if top >= value * (1 - 1e-9):
+            return top
+    return 10.0 ** (exp + 1)  # pragma: no cover
+
+
+def tick_label(value: float) -> str:
+    """A y tick in ms, always LABEL_WIDTH cells: '    0', ' 0.75', ' 12.5', '1,250', '12.5k', ' 125k'."""
+    if value >= 10_000:
+        text = f"{value / 1000:.1f}".rstrip("0").rstrip(".") + "k"
+        if len(text) > LABEL_WIDTH:
+            text = f"{value / 1000:.0f}k"
+    elif value < 10:
+        text = f"{value:.3g}"
+    elif value != int(value):
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:,.0f}"
+    return text.rjust(LABEL_WIDTH)[-LABEL_WIDTH:]
+
+
+def y_ticks(points) -> tuple[float, list[float], list[str]]:
+    """(top, tick values, labels): 0, half and the top, the top a nice number a little above the window's max."""
+    peak = max((p[1] for p in points), default=0.0)
+    top = nice_ceiling(peak * 1.1) if peak > 0 else 1.0
+    ticks = [0.0, top / 2, top]
+    return top, ticks, [tick_label(t) for t in ticks]
+
+
 class LatencyPlot(PlotextPlot):
+    """Decode latency per step: the last steps that fit the width (one per cell), y in ms from 0."""
+
     DEFAULT_CSS = """
     LatencyPlot { height: 1fr; min-height: 4; background: $surface; }
     """
 
     colour: tuple[int, int, int] | None = None  # the line colour of the last drawing (the theme's)
+    window: list = []  # the (step, ms) points of the last drawing
+    labels: list[str] = []  # the y labels of the last drawing
+
+    @property
+    def capacity(self) -> int:
+        """How many steps fit: one per cell right of the labels and the axis."""
+        return max(2, (self.size.width or 40) - LABEL_WIDTH - AXIS_WIDTH - 1)
 
     def draw(self, points, colour: tuple[int, int, int]) -> None:
         self.colour = colour
+        window = list(points)[-self.capacity:]
+        self.window = window
         plt = self.plt
         plt.clear_data()
-        plt.xticks([])
-        if points:
-            xs = [p[0] for p in points]
-            ys = [p[1] for p in points]
+        top, ticks, labels = y_ticks(window)
+        self.labels = labels
+        plt.ylim(0, top)
+        plt.yticks(ticks, labels)
+        if window:
+            xs = [p[0] for p in window]
+            ys = [p[1] for p in window]
             plt.plot(xs, ys, marker="braille", color=colour)
-            top = max(ys)
-            plt.ylim(0, top * 1.15 if top > 0 else 1)
             plt.xlim(xs[0], max(xs[-1], xs[0] + 1))
+        roomy = (self.size.height or 0) >= 7  # else every row goes to the data; the subtitle names the steps
+        if window and roomy:
             plt.xticks([xs[0], xs[-1]], [str(xs[0]), str(xs[-1])])
-        plt.yfrequency(3)
+        else:
+            plt.xticks([])
         plt.frame(False)
+        plt.xaxes(roomy, False)
+        plt.yaxes(True, False)
         self.refresh()
 
 
@@ -102,6 +160,10 @@ class SpeedPanel(Vertical):
         if self._state is not None:
             self.show(self._state, force=True)
 
+    def on_resize(self) -> None:
+        """Shown again after being hidden, or resized: the stats' forms and the plot's window depend on the width."""
+        self.call_after_refresh(self.rebuild)
+
     def _maybe_plot(self, force: bool) -> None:
         now = time.monotonic()
         if force or now - self._plotted_at >= PLOT_INTERVAL:
@@ -118,45 +180,59 @@ class SpeedPanel(Vertical):
         colour = line.color.get_truecolor() if line.color is not None else None
         rgb = (colour.red, colour.green, colour.blue) if colour else Color.parse("#5fb3f0").rgb
         self.plot.draw(list(self._state.plot_points), rgb)
+        self._subtitle()
 
     def _stats(self, state) -> Text:
+        """Three lines, none ever wrapped: each the longest of its forms that fits the panel's width, so p95 and
+        tokens/s stay on screen in a narrow panel (e.g. at 120×36)."""
         s = lambda name: component_style(self, f"speed--{name}")  # noqa: E731
-        narrow = (self.stats.size.width or 40) < 36  # e.g. 120 columns
-        out = Text()
+        width = max(10, self.stats.size.width or 40)
         stats = state.latency_stats()
+        dash = "—"
 
-        def num(value, fmt="{:.1f}") -> None:
-            out.append(fmt.format(value) if value is not None else "—", s("value"))
+        def num(value, fmt="{:.1f}") -> str:
+            return fmt.format(value) if value is not None else dash
 
-        out.append("prefill ", s("label"))
         prefill = state.prefill.ms if state.prefill is not None else None
-        if narrow:
-            num(prefill, "{:,.0f}")
-            out.append(" · TTFT ", s("label"))
-            num(state.ttft_ms, "{:,.0f}")
-            out.append(" ms", s("muted"))
-        else:
-            out.append(ms(prefill) if prefill is not None else "—", s("value"))
-            if state.prefill is not None:
-                out.append(f" ({state.prefill.tokens:,} tok)", s("muted"))
-            out.append(" · TTFT ", s("label"))
-            out.append(ms(state.ttft_ms) if state.ttft_ms is not None else "—", s("value"))
-        out.append("\nlast ", s("label"))
-        num(stats["last"])
-        out.append(" · mean ", s("label"))
-        num(stats["mean"])
-        if narrow:
-            out.append(" ms\np95 ", s("label"))
-            num(stats["p95"])
-            out.append(" ms · ", s("muted"))
-            num(stats["tok_s"])
-            out.append(" tok/s", s("muted"))
-        else:
-            out.append(" · p95 ", s("label"))
-            num(stats["p95"])
-            out.append(" ms", s("muted"))
-            out.append("\ndecode ", s("label"))
-            num(stats["tok_s"])
-            out.append(" tokens/s", s("muted"))
-        self.border_subtitle = "ms per decode step"
+        n_prompt = f" ({state.prefill.tokens:,} tok)" if state.prefill is not None else ""
+        ttft = ms(state.ttft_ms) if state.ttft_ms is not None else dash
+        last, median, p95_, tok_s = (num(stats["last"]), num(stats.get("median")), num(stats["p95"]),
+                                     num(stats["tok_s"]))
+        L, V, M = "label", "value", "muted"
+        lines = [
+            [[("prefill ", L), (ms(prefill) if prefill is not None else dash, V), (n_prompt, M), (" · TTFT ", L),
+              (ttft, V)],
+             [("prefill ", L), (num(prefill, "{:,.0f}"), V), (" · TTFT ", L), (num(state.ttft_ms, "{:,.0f}"), V),
+              (" ms", M)],
+             [("TTFT ", L), (ttft, V)]],
+            [[("last ", L), (last, V), (" · median ", L), (median, V), (" · p95 ", L), (p95_, V), (" ms", M)],
+             [("last ", L), (last, V), (" · median ", L), (median, V), (" ms", M)],
+             [("last ", L), (last, V), (" · med ", L), (median, V), (" ms", M)],
+             [("last ", L), (last, V), (" ms", M)]],
+            [[("decode ", L), (tok_s, V), (" tokens/s", M), (f" · all {len(state.decode_latencies):,} steps", M)],
+             [("decode ", L), (tok_s, V), (" tokens/s", M)],
+             [("p95 ", L), (p95_, V), (" ms · ", M), (tok_s, V), (" tok/s", M)],
+             [(tok_s, V), (" tok/s", M)]],
+        ]
+        if width < len(f"last {last} · median {median} · p95 {p95_} ms"):
+            lines[2] = lines[2][2:]  # p95 did not fit on the second line: it goes on the third
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for n, forms in enumerate(lines):
+            if n:
+                out.append("\n")
+            chosen = next((f for f in forms if sum(len(t) for t, _ in f) <= width), forms[-1])
+            line = Text(no_wrap=True)
+            for text, style in chosen:
+                line.append(text, s(style))
+            line.truncate(width, overflow="ellipsis")
+            out.append_text(line)
         return out
+
+    def _subtitle(self) -> None:
+        """The plot's unit, and its window of steps when that is not the whole run or has no x labels."""
+        window = self.plot.window
+        total = len(self._state.decode_latencies) if self._state is not None else 0
+        if window and (total > len(window) or (self.plot.size.height or 0) < 7):
+            self.border_subtitle = f"ms · steps {window[0][0]:,}–{window[-1][0]:,}"
+        else:
+            self.border_subtitle = "ms per decode step"

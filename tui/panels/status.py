@@ -60,6 +60,19 @@ class StatusLine(Widget):
     def render(self):
         return self.last_text if self.last_text is not None else ""
 
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self._tick)  # the prefill clock moves even when no event comes for a while
+
+    def _tick(self) -> None:
+        if self._last is not None and self._last.phase in ("starting", "prefill"):
+            self.show(self._last)
+
+    @staticmethod
+    def _bar(fraction: float, style) -> Text:
+        frac = min(max(fraction, 0.0), 1.0)
+        filled = round(frac * 10)
+        return Text(f"{frac * 100:.0f}% " + "█" * filled + "░" * (10 - filled), style=style)
+
     def on_resize(self) -> None:
         if self._last is not None:
             self.show(self._last)
@@ -70,21 +83,30 @@ class StatusLine(Widget):
         phase = state.phase
         if phase == "loading":
             left.append("◌ loading ", s("busy"))
-            left.append(state.load_stage or "", s("muted"))
-            if state.load_fraction is not None:
-                frac = min(max(state.load_fraction, 0.0), 1.0)
-                filled = round(frac * 10)
-                left.append(f" {frac * 100:.0f}% ", s("busy"))
-                left.append("█" * filled + "░" * (10 - filled), s("busy"))
+            stage = (state.load_stage or "").strip()
+            if stage.lower().startswith("loading"):  # the stage names itself: never "loading loading"
+                stage = stage[len("loading"):].lstrip(" :·")
+            left.append(stage, s("muted"))
+            if state.load_fraction is not None:  # only where the loader measures one
+                left.append(" ")
+                left.append_text(self._bar(state.load_fraction, s("busy")))
         elif phase == "load-failed":
             left.append("✗ model not loaded ", s("error"))
             left.append("· r retry · q quit", s("muted"))
         elif phase in ("starting", "prefill"):
             left.append("◐ prefill ", s("busy"))
-            if state.prompt is not None:
+            elapsed = state.prefill_elapsed()
+            progress = state.prefill_progress
+            if progress is not None:
+                left.append(f"· {progress.tokens_done:,} of {progress.tokens:,} prompt tokens ", s("muted"))
+                left.append_text(self._bar(progress.tokens_done / progress.tokens if progress.tokens else 0.0,
+                                           s("busy")))
+            elif state.prompt is not None:
                 left.append(f"· reading {len(state.prompt.ids):,} prompt tokens in one run", s("muted"))
+            if elapsed is not None:
+                left.append(f" · {elapsed:,.0f} s", s("muted"))
         elif phase == "decoding":
-            step = state.last_step.index if state.last_step else 0
+            step = state.last_step.index + 1 if state.last_step else 0  # numbered from 1: step N = N tokens
             if self.paused:
                 left.append(f"‖ paused at step {step} ", s("paused"))
                 left.append("· n one step · space resume", s("muted"))
@@ -102,7 +124,7 @@ class StatusLine(Widget):
         elif phase == "error":
             left.append("✗ error", s("error"))
             if state.error is not None and state.error.step >= 0:
-                left.append(f" at step {state.error.step}", s("error"))
+                left.append(f" at step {state.error.step + 1}", s("error"))
             left.append(f": {state.error_message or ''}", s("error"))
         else:
             left.append(phase, s("state"))

@@ -2,6 +2,7 @@
 
 from .error import ErrorDialog
 from .help import HelpScreen
+from .model_picker import ModelPicker
 from .prompt_editor import PromptEditor
 
-__all__ = ["ErrorDialog", "HelpScreen", "PromptEditor"]
+__all__ = ["ErrorDialog", "HelpScreen", "ModelPicker", "PromptEditor"]

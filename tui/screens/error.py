@@ -10,12 +10,13 @@ from textual.widgets import Button, Static
 
 
 class ErrorDialog(ModalScreen[str]):
-    """Dismisses with "retry", "edit", "quit" or "close"."""
+    """Dismisses with "retry", "edit", "change" (model or device), "quit" or "close"."""
 
     BINDINGS = [
         Binding("escape", "choose('close')", "close"),
         Binding("r", "choose('retry')", "retry"),
         Binding("e", "choose('edit')", "edit prompt"),
+        Binding("m", "choose('change')", "change model or device"),
         Binding("q", "choose('quit')", "quit"),
     ]
 
@@ -31,8 +32,10 @@ class ErrorDialog(ModalScreen[str]):
     ErrorDialog Button { margin-left: 1; }
     """
 
-    def __init__(self, title: str, message: str, retry: bool = True, edit: bool = False) -> None:
+    def __init__(self, title: str, message: str, retry: bool = True, edit: bool = False,
+                 change: bool = False) -> None:
         super().__init__()
+        self._change = change
         self._title = title
         self._message = message
         self._retry = retry
@@ -47,6 +50,8 @@ class ErrorDialog(ModalScreen[str]):
                     yield Button("Retry (r)", id="retry", variant="primary")
                 if self._edit:
                     yield Button("Edit prompt (e)", id="edit")
+                if self._change:
+                    yield Button("Model / device (m)", id="change")
                 yield Button("Close (esc)", id="close")
                 yield Button("Quit (q)", id="quit", variant="error")
 
@@ -54,6 +59,7 @@ class ErrorDialog(ModalScreen[str]):
         self.dismiss(event.button.id or "close")
 
     def action_choose(self, choice: str) -> None:
-        if (choice == "retry" and not self._retry) or (choice == "edit" and not self._edit):
+        if (choice == "retry" and not self._retry) or (choice == "edit" and not self._edit) \
+                or (choice == "change" and not self._change):
             return
         self.dismiss(choice)

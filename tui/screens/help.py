@@ -1,4 +1,5 @@
-"""`?`: every key, what it does, and the six steps the panels show."""
+"""`?`: every key, what it does, the six steps the panels show, and which panels show at which terminal size
+(from tui/layout.py, the table the app lays itself out by)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..keys import KEYS
+from ..layout import plan, size_table
 
 STEPS = (
     ("1 chat template", "the app wraps your question in the model's fixed format"),
@@ -46,12 +48,21 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen Static { width: 100%; }
     """
 
+    def __init__(self, run_paused: bool = False) -> None:
+        """run_paused: the dashboard paused the run while this screen covers it (it resumes on close)."""
+        super().__init__()
+        self.run_paused = run_paused
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body") as body:
             body.border_title = "tokentui · keys"
-            body.border_subtitle = "esc / ? to close"
+            body.border_subtitle = ("generation paused while this is open · " if self.run_paused else "") \
+                + "esc / ? to close"
             yield Static(self._keys_table(), id="help-keys")
+            yield Static("Tab moves between the answer and the prompt panel; ↑ ↓ PgUp PgDn Home End (or the mouse "
+                         "wheel) scroll the one in focus.", id="help-scroll", markup=False)
             yield Static(self._steps_table(), id="help-steps")
+            yield Static(self._sizes_table(), id="help-sizes")
 
     def _keys_table(self) -> Table:
         table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
@@ -69,6 +80,22 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("what", ratio=1)
         for name, what in STEPS:
             table.add_row(name, what)
+        return table
+
+    def _sizes_table(self) -> Table:
+        try:
+            width, height = self.app.size
+        except Exception:
+            width = height = 0
+        here = plan(width, height)
+        hidden = ", ".join(p.short for p in here.hidden) or "nothing"
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True,
+                      title=f"panels by terminal size (now {width}×{height}; hidden here: {hidden})",
+                      title_justify="left", title_style="bold")
+        table.add_column("what", ratio=1)
+        table.add_column("shown at", style="bold", no_wrap=True)
+        for what, where in size_table():
+            table.add_row(what, where)
         return table
 
     def _accent(self) -> str:

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, TextArea
+from textual.widgets import Button, Input, Label, Static, TextArea
 
 
 class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
@@ -27,15 +27,41 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
     PromptEditor TextArea { height: 6; }
     PromptEditor Label { margin-top: 1; color: $text-muted; }
     PromptEditor #prompt-error { color: $error; height: auto; margin-top: 0; }
+    PromptEditor #system-effective { color: $text-muted; height: auto; max-height: 4; }
+    PromptEditor #editor-paused { color: $warning; height: auto; margin-top: 1; }
     PromptEditor Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
     PromptEditor Button { margin-left: 1; }
     """
 
-    def __init__(self, prompt: str, system: str | None, cursor_blink: bool = True) -> None:
+    def __init__(self, prompt: str, system: str | None, cursor_blink: bool = True, *,
+                 default_system: str | None = None, default_known: bool = False, run_paused: bool = False) -> None:
+        """default_system: what this model's chat template puts in the system message when the field is left
+        empty (None: nothing); default_known is False until a run has reported it (the model is still loading).
+        run_paused: the dashboard paused the run while this dialog is open."""
         super().__init__()
         self._prompt = prompt
         self._system = system or ""
         self._blink = cursor_blink
+        self._default = default_system
+        self._default_known = default_known
+        self._run_paused = run_paused
+
+    def empty_means(self) -> str:
+        """What an empty system prompt field means for this model, in words."""
+        if not self._default_known:
+            return "empty: the model's own default, if its template has one (known once it is loaded)"
+        if self._default:
+            return "empty: this model's template puts in its default (below)"
+        return "empty: no system message (this model's template adds none)"
+
+    def effective(self, typed: str) -> str:
+        """The system prompt the model will read with `typed` in the field."""
+        typed = typed.strip()
+        if typed:
+            return f"in effect: {typed}"
+        if not self._default_known:
+            return "in effect: not known until the model is loaded"
+        return f"in effect (template default): {self._default}" if self._default else "in effect: none"
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
@@ -46,10 +72,14 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
             area.cursor_blink = self._blink
             yield area
             yield Label("", id="prompt-error")
-            yield Label("system prompt (empty: none)")
+            yield Label(f"system prompt — {self.empty_means()}", id="system-label")
             system = Input(self._system, id="system-text", placeholder="e.g. You are a terse assistant.")
             system.cursor_blink = self._blink
             yield system
+            yield Static(self.effective(self._system), id="system-effective", markup=False)
+            if self._run_paused:
+                yield Static("generation is paused while this is open; esc resumes it, ctrl+s starts the new run",
+                             id="editor-paused", markup=False)
             with Horizontal():
                 yield Button("Run (ctrl+s)", id="run", variant="primary")
                 yield Button("Cancel (esc)", id="cancel")
@@ -64,6 +94,10 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
             self.action_submit()
         else:
             self.action_cancel()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "system-text":
+            self.query_one("#system-effective", Static).update(self.effective(event.value))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_submit()

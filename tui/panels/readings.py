@@ -1,0 +1,116 @@
+"""The readings strip: the KV cache size, the per-step latency and the pending bytes on one line, for terminals
+too small for their own panels (tui/layout.py says which). Numbers come from `RunState`, exactly as the full panels
+show them; its bottom border says which panels a larger terminal would add."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from ..format import human_bytes
+from .base import component_style, forget_styles
+
+
+def readings(state) -> dict[str, str | None]:
+    """The strip's numbers as text (None: not known yet), from the same state the full panels read."""
+    stats = state.latency_stats()
+    hex_, needed = state.pending
+    dropped, _why = state.dropped
+    return {
+        "kv_size": human_bytes(state.kv_bytes) if state.kv_tokens else None,
+        "kv_tokens": f"{state.kv_tokens:,}" if state.kv_tokens else None,
+        "ms_step": f"{stats['last']:.1f}" if stats["last"] is not None else None,
+        "tok_s": f"{stats['tok_s']:.1f}" if stats["tok_s"] is not None else None,
+        "pending": hex_ or None,
+        "needed": str(needed) if hex_ else None,
+        "dropped": dropped or None,  # bytes the run ended on, never completed (the pending panel says why)
+    }
+
+
+class ReadingsStrip(Widget):
+    """`KV 5.4 MiB · 124 tok │ 74.0 ms/step · 13.5 tok/s │ pending e5 bc +1 byte` — shorter forms when narrow."""
+
+    COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes"}
+
+    DEFAULT_CSS = """
+    ReadingsStrip {
+        height: 1;
+        background: $surface;
+        padding: 0 1;
+        border-subtitle-color: $text-muted;
+        & > .readings--label { color: $text-muted; }
+        & > .readings--value { color: $accent; text-style: bold; }
+        & > .readings--muted { color: $text-muted; }
+        & > .readings--bytes { color: $pending-bytes; text-style: bold; }
+    }
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._state = None
+        self.last_text: Text | None = None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        forget_styles(self)
+
+    def show(self, state, force: bool = False) -> None:
+        self._state = state
+        if not self.display:
+            return
+        text = self.build(state)
+        if force or text != self.last_text:
+            self.last_text = text
+            self.refresh()
+
+    def render(self):
+        return self.last_text if self.last_text is not None else ""
+
+    def on_resize(self) -> None:
+        if self._state is not None:
+            self.show(self._state, force=True)
+
+    def build(self, state) -> Text:
+        width = max(1, self.content_size.width or 78)
+        forms = [self._line(state, level) for level in range(3)]
+        for text in forms:
+            if text.cell_len <= width:
+                return text
+        text = forms[-1]
+        text.truncate(width, overflow="ellipsis")
+        return text
+
+    def _line(self, state, level: int) -> Text:
+        """level 0: in words; 1: shorter; 2: shortest."""
+        s = lambda name: component_style(self, f"readings--{name}")  # noqa: E731
+        r = readings(state)
+        dash = "—"
+        sep = (" │ ", " │ ", "│")[level]
+        dot = (" · ", " · ", "·")[level]
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append("KV ", s("label"))
+        out.append(r["kv_size"] or dash, s("value"))
+        out.append(dot, s("muted"))
+        out.append(r["kv_tokens"] or dash, s("value"))
+        out.append(" tok", s("muted"))
+        out.append(sep, s("muted"))
+        out.append(r["ms_step"] or dash, s("value"))
+        out.append(" ms/step", s("muted"))
+        out.append(dot, s("muted"))
+        out.append(r["tok_s"] or dash, s("value"))
+        out.append(" tok/s", s("muted"))
+        out.append(sep, s("muted"))
+        out.append("pending ", s("label"))
+        if r["dropped"]:
+            out.append(r["dropped"], s("bytes"))
+            out.append(" dropped at the end" if level == 0 else " dropped", s("muted"))
+        elif r["pending"]:
+            out.append(r["pending"], s("bytes"))
+            needed = int(r["needed"])
+            if level == 0:
+                out.append(f" needs {needed} more byte{'s' if needed != 1 else ''}", s("muted"))
+            else:
+                out.append(f" +{needed}", s("muted"))
+        else:
+            out.append("none", s("muted"))
+        return out
