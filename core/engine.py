@@ -17,10 +17,10 @@ from typing import AsyncIterator, Iterator
 
 import torch
 
-from .adapter import first_capacity, input_device, new_cache, synchronize
+from .adapter import first_capacity, input_device, new_cache
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
-from .errors import GenerationError, PromptError, SettingsError, TokentuiError
+from .errors import GenerationError, PromptError, TokentuiError
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens

@@ -7,7 +7,7 @@ never rename them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 

@@ -5,13 +5,14 @@ generation runs in an exclusive thread worker (again through a daemon thread, so
 wait for it) that iterates `engine.run`, records each event and posts it — it never waits for the UI. The app
 folds events into `RunState` at once and repaints at most ~30 times a second. Failures come back one way:
 `on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
+
+Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py (mixins of this app).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import sys
 import threading
@@ -25,18 +26,19 @@ from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from tokentui.core.errors import SettingsError, TokentuiError
-from tokentui.core.events import ErrorEvent, LoadProgress, Notice, StepEvent
+from tokentui.core.errors import TokentuiError
+from tokentui.core.events import ErrorEvent, Notice, StepEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import BUILTIN_THEMES, DEFAULT_THEME, THEME_VARIABLE_DEFAULTS, load_user_themes
 
+from .actions import ActionsMixin
 from .commands import TokentuiCommands
 from .config import DashboardConfig, EngineLike
-from .format import short_path
 from .keybar import KeyBar
-from .keys import app_bindings, next_top_k
+from .keys import app_bindings
+from .loading import LoadingMixin
 from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
-from .messages import EngineEvent, LoadProgressed, RunNote, RunStarted
+from .messages import EngineEvent, RunNote, RunStarted
 from .panels import (
     CandidatesPanel,
     KVPanel,
@@ -49,14 +51,12 @@ from .panels import (
     SpeedPanel,
     StatusLine,
 )
-from .screens import ErrorDialog, HelpScreen, ModelPicker, PromptEditor
-from .screens.exported import ExportedDialog
 from .state import RunState
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
 
 
-class TokentuiApp(App[int]):
+class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
     """Watch a language model write, one token at a time."""
 
     TITLE = "tokentui"
@@ -200,122 +200,6 @@ class TokentuiApp(App[int]):
         if self._flush_timer is not None:
             self._flush_timer.stop()
         self._halt_engine()
-
-    # ---- loading -------------------------------------------------------------------------------------------
-    def _start_load(self) -> None:
-        self.state.phase = "loading"
-        self.state.load_stage = "starting"
-        self.state.load_fraction = None
-        self._repaint_now()
-        self._load_engine()
-
-    @work(thread=True, exclusive=True, group="load", name="load", exit_on_error=False)
-    def _load_engine(self) -> EngineLike | None:
-        """Call the loader in a daemon thread, so quitting does not wait for a 30-second conversion."""
-        worker = get_current_worker()
-        result: dict = {}
-        finished = threading.Event()
-
-        def progress(p: LoadProgress) -> None:
-            self.post_message(LoadProgressed(p))
-
-        def target() -> None:
-            try:
-                result["engine"] = self.config.load(progress)
-            except BaseException as err:  # handed to the worker, which re-raises it
-                result["error"] = err
-            finally:
-                finished.set()
-
-        self._load_thread = threading.Thread(target=target, name="tokentui-load", daemon=True)
-        self._load_thread.start()
-        while not finished.wait(0.05):
-            if worker.is_cancelled:
-                return None
-        if "error" in result:
-            raise result["error"]
-        return result.get("engine")
-
-    def on_load_progressed(self, message: LoadProgressed) -> None:
-        if self.state.phase == "loading":
-            self.state.apply(message.progress)
-            self.query_one(StatusLine).show(self.state)
-
-    def _engine_ready(self, engine: EngineLike) -> None:
-        self.engine = engine
-        self.load_error = None
-        try:
-            if engine.sampler != self.sampler_settings:
-                engine.update_sampler(**self.sampler_settings.to_dict())
-            if getattr(engine, "options", None) != self.config.options:
-                engine.options = self.config.options.validated()
-        except SettingsError as err:
-            self.notify(str(err), severity="error", markup=False)
-        self.sampler_settings = engine.sampler
-        self.query_one(SamplerPanel).requested = self.sampler_settings
-        self.state.facts = engine.facts
-        self._start_run()
-
-    def _load_failed(self, error: BaseException | None) -> None:
-        self.state.phase = "load-failed"
-        self.load_error = error or RuntimeError("unknown error")
-        if isinstance(error, TokentuiError):
-            message = str(error)
-        else:
-            message = f"{type(error).__name__}: {error}" if error else "unknown error"
-        self.state.error_message = message
-        self._repaint_now()
-        self.push_screen(ErrorDialog("The model could not be loaded", message, retry=True,
-                                     change=self.config.relaunch is not None), self._after_error_dialog)
-
-    def _after_error_dialog(self, choice: str | None) -> None:
-        if choice == "retry":
-            self._start_load()
-        elif choice == "change":
-            self.action_change_model()
-        elif choice == "quit":
-            self.action_quit()
-
-    @property
-    def exit_code(self) -> int:
-        """What quitting now returns: 0, or — while the model has failed to load — 2 for bad input (a model or
-        device that cannot work) and 1 for any other failure, as the command line does."""
-        if self.engine is None and self.load_error is not None:
-            return 2 if isinstance(self.load_error, TokentuiError) else 1
-        return 0
-
-    def action_change_model(self) -> None:
-        """Pick another model / device (checked first, like the command line does) and load it."""
-        relaunch = self.config.relaunch
-        if relaunch is None or isinstance(self.screen, ModelPicker):
-            return
-
-        def chosen(result) -> None:
-            if result is None:
-                if self.engine is None:  # still nothing loaded: the error stays on screen
-                    self._repaint_now()
-                return
-            model, device = result
-            self.config.load = relaunch(model, device)
-            self.config.model, self.config.device = model, device
-            self._start_load()
-
-        self.push_screen(ModelPicker(self.config.model, self.config.device, check=self.config.check), chosen)
-
-    def _run_failed(self, title: str, message: str) -> None:
-        """A run ended by a fault or bad input: say so in a dialog; retry, edit the prompt, or carry on."""
-        if isinstance(self.screen, ErrorDialog):
-            self.pop_screen()
-
-        def chosen(choice: str | None) -> None:
-            if choice == "retry":
-                self._start_run()
-            elif choice == "edit":
-                self.action_edit_prompt()
-            elif choice == "quit":
-                self.action_quit()
-
-        self.push_screen(ErrorDialog(title, message, retry=True, edit=True), chosen)
 
     # ---- generation ----------------------------------------------------------------------------------------
     def _start_run(self) -> None:
@@ -488,200 +372,6 @@ class TokentuiApp(App[int]):
     def _rebuild_all(self) -> None:
         self._repaint_now(force=True)
         self.query_one(OutputPanel).view.refresh()
-
-    # ---- actions: sampler ----------------------------------------------------------------------------------
-    def _change_sampler(self, **changes) -> None:
-        try:
-            if self.engine is not None:
-                new = self.engine.update_sampler(**changes)
-            else:
-                new = self.sampler_settings.with_changes(**changes)
-        except SettingsError as err:
-            self.notify(str(err), severity="error", markup=False)
-            return
-        self.sampler_settings = new
-        panel = self.query_one(SamplerPanel)
-        panel.requested = new
-        panel.show(self.state)
-
-    def action_temperature(self, direction: int) -> None:
-        t = self.sampler_settings.temperature
-        new = round(max(0.0, t + 0.1 * direction), 2)
-        if new != t:
-            self._change_sampler(temperature=new)
-
-    def action_top_p(self, direction: int) -> None:
-        p = self.sampler_settings.top_p
-        new = round(min(1.0, max(0.05, p + 0.05 * direction)), 2)
-        if new != p:
-            self._change_sampler(top_p=new)
-
-    def action_top_k(self, direction: int) -> None:
-        k = self.sampler_settings.top_k
-        new = next_top_k(k, direction)
-        if new != k:
-            self._change_sampler(top_k=new)
-
-    def action_toggle_greedy(self) -> None:
-        s = self.sampler_settings
-        if s.is_greedy:
-            changes: dict = {"greedy": False}
-            if s.temperature == 0:
-                changes["temperature"] = self._last_temperature or 0.7
-            self._change_sampler(**changes)
-        else:
-            self._last_temperature = s.temperature
-            self._change_sampler(greedy=True)
-
-    _last_temperature: float | None = None
-
-    def action_new_seed(self) -> None:
-        seed = self.sampler_settings.seed
-        new = seed
-        while new == seed:
-            new = random.randrange(0, 2**31 - 1)
-        self._change_sampler(seed=new)
-
-    # ---- actions: run control ------------------------------------------------------------------------------
-    @property
-    def paused(self) -> bool:
-        """The engine's own flag: pausing takes effect at the next step boundary."""
-        return self.engine is not None and self.engine.paused
-
-    def _require_running(self, what: str) -> bool:
-        if self.engine is not None and self.state.running:
-            return True
-        hint = "r restarts" if self.engine is not None else "the model is not loaded yet"
-        self.notify(f"Nothing is generating — {hint}", severity="warning", timeout=4, markup=False)
-        return False
-
-    def action_toggle_pause(self) -> None:
-        if self.engine is None and self.state.phase == "loading":
-            self.pause_armed = not self.pause_armed
-            self.notify("Pausing at the first token once the model is loaded" if self.pause_armed
-                        else "Will not pause at the first token", timeout=4, markup=False)
-            self._repaint_now()
-            return
-        if not self._require_running("pause"):
-            return
-        engine = self.engine
-        if engine.paused:
-            engine.resume()
-        else:
-            engine.pause()
-        self._repaint_now()
-
-    def action_step(self) -> None:
-        if not self._require_running("step"):
-            return
-        if not self.engine.paused:
-            self.engine.pause()
-            self.notify("Paused — n (or →) lets one token through, space resumes", timeout=4, markup=False)
-            self._repaint_now()
-            return
-        self.engine.step_once()
-
-    def action_restart(self) -> None:
-        if self.engine is None:
-            if self.state.phase == "load-failed":
-                self._start_load()
-            return
-        self._start_run()
-
-    def _pause_for_dialog(self) -> bool:
-        """Dialogs cover the panels, so a run must not go on unseen behind them: pause it while one is open (it
-        resumes when the dialog closes, unless it was paused already). True when this paused it."""
-        if self.engine is not None and self.state.running and not self.engine.paused:
-            self.engine.pause()
-            self._dialog_paused = True
-            self._repaint_now()
-            return True
-        return False
-
-    def _resume_after_dialog(self) -> None:
-        if self._dialog_paused:
-            self._dialog_paused = False
-            if self.engine is not None and self.engine.paused:
-                self.engine.resume()
-            self._repaint_now()
-
-    def action_edit_prompt(self) -> None:
-        if isinstance(self.screen, PromptEditor):
-            return
-        paused = self._pause_for_dialog()
-
-        def done(result) -> None:
-            if result is None:
-                self._resume_after_dialog()
-                return
-            self._dialog_paused = False  # the new run replaces the paused one (_start_run resumes the engine)
-            self.prompt, self.system = result
-            if self.engine is not None:
-                self._start_run()
-            else:
-                self.notify("The new prompt runs once the model is loaded", timeout=4, markup=False)
-
-        prompt_event = self.state.prompt
-        self.push_screen(PromptEditor(self.prompt, self.system, cursor_blink=self.CURSOR_BLINK,
-                                      default_system=prompt_event.default_system_prompt if prompt_event else None,
-                                      default_known=prompt_event is not None, run_paused=paused), done)
-
-    # ---- actions: view -------------------------------------------------------------------------------------
-    def action_toggle_heat(self) -> None:
-        self.heat = not self.heat
-        self.query_one(OutputPanel).set_heat(self.heat)
-
-    def action_toggle_ids(self) -> None:
-        self.show_ids = not self.show_ids
-        self._repaint_now()
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            paused = self._pause_for_dialog()
-            self.push_screen(HelpScreen(run_paused=paused), lambda _result: self._resume_after_dialog())
-
-    def action_export(self) -> None:
-        state = self.state
-        if not state.tokens and state.done is None:
-            self.notify("Nothing to export yet", severity="warning", timeout=4, markup=False)
-            return
-        text = state.answer_text
-        record = state.record_path
-        try:
-            if record is not None:
-                path = record.with_name(record.stem + ".answer.txt")
-            else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                path = Path.cwd() / f"tokentui-answer-{stamp}.txt"
-                n = 1
-                while path.exists():
-                    path = Path.cwd() / f"tokentui-answer-{stamp}-{n}.txt"
-                    n += 1
-            path.write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
-        except OSError as err:
-            self.notify(f"Export failed: {err}", severity="error", markup=False)
-            return
-        self.last_export = path
-        # the full paths in a dialog of their own, one per line, never wrapped (a toast broke them mid-name)
-        if isinstance(self.screen, ExportedDialog):
-            self.pop_screen()
-        self.push_screen(ExportedDialog(path, record, running=state.running))
-        self._status_message(f"exported {short_path(path)}")
-
-    last_export: Path | None = None
-
-    def _status_message(self, message: str, seconds: float = 6.0) -> None:
-        status = self.query_one(StatusLine)
-        status.message = message
-        status.show(self.state)
-        if self._status_message_timer is not None:
-            self._status_message_timer.stop()
-
-        def clear() -> None:
-            status.message = None
-            status.show(self.state)
-
-        self._status_message_timer = self.set_timer(seconds, clear)
 
     def action_quit(self) -> None:  # type: ignore[override]
         self._halt_engine()

@@ -41,7 +41,7 @@ class PendingPanel(Panel):
         out.append("\n")
         chars = list(state.multi_token_chars)
         if not chars:
-            out.append("characters that take several tokens\nshow here, e.g. 开 = e5 bc 80 ← 2 tokens", muted)
+            out.append("characters split over several tokens show here, e.g. 开 = e5 bc 80 ← 2 tokens", muted)
             return out
         out.append("split over several tokens:", label)
         height = self.content_size.height or 8
