@@ -5,10 +5,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.style import Style
+from textual.binding import Binding
 from textual.widget import Widget
 
 if TYPE_CHECKING:
     from ..state import RunState
+
+
+# The keys of a scrolling panel: vertical scrolling only, since `right` belongs to the app (one step while paused)
+# and the other letters are the app's too. Shared by the answer view and the prompt panel.
+SCROLL_BINDINGS = [
+    Binding("up", "scroll_up", "Scroll Up", show=False),
+    Binding("down", "scroll_down", "Scroll Down", show=False),
+    Binding("home", "scroll_home", "Scroll Home", show=False),
+    Binding("end", "scroll_end", "Scroll End", show=False),
+    Binding("pageup", "page_up", "Page Up", show=False),
+    Binding("pagedown", "page_down", "Page Down", show=False),
+]
 
 
 class Panel(Widget):

@@ -15,13 +15,14 @@ import unicodedata
 from rich.cells import get_character_cell_size as cell_size
 from rich.segment import Segment
 from rich.style import Style
-from textual.binding import Binding
 from textual.color import Color
 from textual.containers import Vertical
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from .base import SCROLL_BINDINGS
 
 HEAT_LEVELS = 10
 
@@ -32,14 +33,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
     Only vertical scrolling keys: `right` belongs to the app (one step while paused).
     """
 
-    BINDINGS = [
-        Binding("up", "scroll_up", "Scroll Up", show=False),
-        Binding("down", "scroll_down", "Scroll Down", show=False),
-        Binding("home", "scroll_home", "Scroll Home", show=False),
-        Binding("end", "scroll_end", "Scroll End", show=False),
-        Binding("pageup", "page_up", "Page Up", show=False),
-        Binding("pagedown", "page_down", "Page Down", show=False),
-    ]
+    BINDINGS = SCROLL_BINDINGS
 
     COMPONENT_CLASSES = {
         "output--heat-low",

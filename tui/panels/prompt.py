@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
 from ..format import display_piece
-from .base import component_style, forget_styles
+from .base import SCROLL_BINDINGS, component_style, forget_styles
 
 
 class PromptText(Widget):
@@ -35,14 +34,7 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
 
     TITLE = "1 chat template · 2 tokenize"
 
-    BINDINGS = [
-        Binding("up", "scroll_up", "Scroll Up", show=False),
-        Binding("down", "scroll_down", "Scroll Down", show=False),
-        Binding("home", "scroll_home", "Scroll Home", show=False),
-        Binding("end", "scroll_end", "Scroll End", show=False),
-        Binding("pageup", "page_up", "Page Up", show=False),
-        Binding("pagedown", "page_down", "Page Down", show=False),
-    ]
+    BINDINGS = SCROLL_BINDINGS
 
     COMPONENT_CLASSES = {
         "prompt--special",
