@@ -282,3 +282,20 @@ async def test_with_ignore_eos_the_end_token_stays_in_the_answer_marked():
         await pilot.pause()
         assert "<|im_end|>" not in app.query_one(OutputPanel).view.text
         await pilot.press("q")
+
+
+async def test_the_speed_panel_says_paused_time_is_not_counted():
+    """Defect 2's dashboard half: the end's tokens/s is the engine's (paused time left out), and the panel says so."""
+    from tokentui.tui.panels import SpeedPanel
+
+    engine = ScriptedEngine()
+    app = make_app(make_loader(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.phase == "done", what="the run")
+        done = replace(app.state.done, paused_ms=6000.0, decode_tok_s=16.1)
+        app.state.apply(done)
+        app._rebuild_all()
+        await pilot.pause()
+        text = app.query_one(SpeedPanel).last_text.plain
+        assert "16.1 tokens/s" in text and "6.0 s paused, not counted" in text
+        await pilot.press("q")

@@ -214,6 +214,10 @@ class SpeedPanel(Vertical):
              [("p95 ", L), (p95_, V), (" ms · ", M), (tok_s, V), (" tok/s", M)],
              [(tok_s, V), (" tok/s", M)]],
         ]
+        paused_ms = getattr(state.done, "paused_ms", 0.0) if state.done is not None else 0.0
+        if paused_ms and paused_ms >= 100:  # say that the speed leaves the pause out, where it fits
+            lines[2].insert(0, [("decode ", L), (tok_s, V), (" tokens/s", M),
+                                (f" · {paused_ms / 1000:,.1f} s paused, not counted", M)])
         if width < len(f"last {last} · median {median} · p95 {p95_} ms"):
             lines[2] = lines[2][2:]  # p95 did not fit on the second line: it goes on the third
         out = Text(no_wrap=True, overflow="ellipsis")
