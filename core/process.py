@@ -10,11 +10,9 @@ a core to itself and the dashboard only receives events. Headless mode keeps the
 next step boundary, pause / single step / stop. Importing this module does not import torch; the parent of a
 dashboard never loads it.
 
-Protocol: `multiprocessing.connection` over a socket pair, pickled tuples.
-  parent -> child  ("load", EngineSpec) first; then ("run", serial, prompt, system), ("stop", serial),
-                   ("pause",), ("resume",), ("step",), ("sampler", SamplerSettings), ("options", RunOptions), ("quit",)
-  child -> parent  ("progress", LoadProgress) while loading, then ("ready", facts, sampler, options) or
-                   ("load-error", kind, message); then ("event", serial, Event) and ("crash", serial, message)
+Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/protocol.py (the
+parent sends Load, then StartRun / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the child
+answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's serial).
 The child ends when the parent says quit or its end of the socket closes (the parent exited or was killed).
 """
 
@@ -28,6 +26,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -36,6 +35,9 @@ from typing import Callable, Iterator
 from . import errors
 from .errors import GenerationError, ModelLoadError, TokentuiError
 from .events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent, StepEvent, stopped_done
+from .protocol import (COMMANDS, LOADING_REPLIES, RUN_REPLIES, Crash, Load, LoadFailed, Loading, Pause,
+                       ProtocolError, Quit, Ready, Resume, RunEvent, SetOptions, SetSampler, StartRun, Step, Stop,
+                       expect)
 from .paths import state_dir
 from .settings import RunOptions, SamplerSettings
 
@@ -120,10 +122,22 @@ def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> Start
     child_end.close()
     conn = Connection(parent_end.detach())
     try:
-        conn.send(("load", spec))
+        conn.send(Load(spec))
     except OSError:  # it died at once; ProcessEngine reports how
         pass
     return StartedProcess(proc, conn, log_path)
+
+
+@dataclass(frozen=True, slots=True)
+class _ChildGone:
+    """Queued by the reader once the child's end of the connection has closed (it exited or was ended)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """Queued by the reader for a message that broke the protocol: the run in progress ends with this error."""
+
+    message: str
 
 
 class ProcessEngine:
@@ -142,26 +156,22 @@ class ProcessEngine:
         self._serial = 0
         self._paused = False
         self._closing = False
-        self._dead = threading.Event()
         try:
             ready = self._wait_ready(progress)
         except BaseException:
             self.close()
             raise
-        self.facts: ModelFacts = ready[1]
-        self._sampler: SamplerSettings = ready[2]
-        self._options: RunOptions = ready[3]
+        self.facts: ModelFacts = ready.facts
+        self._sampler: SamplerSettings = ready.sampler
+        self._options: RunOptions = ready.options
         threading.Thread(target=self._read, name="tokentui-model-events", daemon=True).start()
 
     # ---- plumbing
-    def _send(self, message: tuple) -> None:
-        with self._send_lock:
-            self._conn.send(message)
-
-    def _post(self, message: tuple) -> None:
-        """A control message; silently dropped once the child is gone (the run reports that)."""
+    def _post(self, message) -> None:
+        """A command for the child; silently dropped once the child is gone (the run reports that)."""
         try:
-            self._send(message)
+            with self._send_lock:
+                self._conn.send(message)
         except (OSError, EOFError, ValueError):
             pass
 
@@ -176,7 +186,7 @@ class ProcessEngine:
                 return f"killed by signal {-code}"
         return f"exit status {code}"
 
-    def _wait_ready(self, progress: Progress) -> tuple:
+    def _wait_ready(self, progress: Progress) -> Ready:
         while True:
             try:
                 message = self._conn.recv()
@@ -187,26 +197,31 @@ class ProcessEngine:
                     pass
                 raise ModelLoadError(f"the model process ended while loading ({self._ended_text()}); "
                                      f"its output is in {self.log_path}") from None
-            if message[0] == "progress":
-                progress(message[1])
-            elif message[0] == "ready":
+            message = expect(message, LOADING_REPLIES, "while loading")
+            if isinstance(message, Loading):
+                progress(message.progress)
+            elif isinstance(message, Ready):
                 return message
-            elif message[0] == "load-error":
-                kind, text = message[1], message[2]
-                error_type = getattr(errors, kind, None)
+            else:  # LoadFailed
+                error_type = getattr(errors, message.kind, None)
                 if isinstance(error_type, type) and issubclass(error_type, TokentuiError):
-                    raise error_type(text)
-                raise ModelLoadError(text)
+                    raise error_type(message.message)
+                raise ModelLoadError(message.message)
 
     def _read(self) -> None:
-        """Move the child's events into a bounded queue (when it is full the child's sends wait: back-pressure)."""
+        """Move the child's run messages into a bounded queue (when it is full the child's sends wait: back-pressure);
+        when the connection closes, say so with `_ChildGone`, so a waiting run never has to poll."""
         try:
             while True:
-                self._events.put(self._conn.recv())
+                message = self._conn.recv()
+                try:
+                    self._events.put(expect(message, RUN_REPLIES, "during a run"))
+                except ProtocolError as err:
+                    self._events.put(_Refused(str(err)))
         except (EOFError, OSError):
             pass
         finally:
-            self._dead.set()
+            self._events.put(_ChildGone())
 
     @property
     def pid(self) -> int:
@@ -225,7 +240,7 @@ class ProcessEngine:
             changed = new != self._sampler
             self._sampler = new
         if changed:
-            self._post(("sampler", new))
+            self._post(SetSampler(new))
         return new
 
     @property
@@ -234,8 +249,8 @@ class ProcessEngine:
 
     @options.setter
     def options(self, value: RunOptions) -> None:
-        self._options = value.validated()
-        self._post(("options", self._options))
+        self._options = value
+        self._post(SetOptions(self._options))
 
     @property
     def paused(self) -> bool:
@@ -243,20 +258,20 @@ class ProcessEngine:
 
     def pause(self) -> None:
         self._paused = True
-        self._post(("pause",))
+        self._post(Pause())
 
     def resume(self) -> None:
         self._paused = False
-        self._post(("resume",))
+        self._post(Resume())
 
     def step_once(self) -> None:
         if self._paused:
-            self._post(("step",))
+            self._post(Step())
 
     def stop(self) -> None:
         with self._state_lock:
             serial = self._serial
-        self._post(("stop", serial))
+        self._post(Stop(serial))
 
     def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
         """One generation, as the child's Engine reports it. If the child is ended on purpose (close) the run
@@ -264,18 +279,16 @@ class ProcessEngine:
         with self._state_lock:
             self._serial += 1
             serial = self._serial
-        self._post(("stop", serial - 1))  # a newer run retires the older one, as with Engine
-        self._post(("run", serial, prompt, system))
+        self._post(Stop(serial - 1))  # a newer run retires the older one, as with Engine
+        self._post(StartRun(serial, prompt, system))
         steps: list[StepEvent] = []
         prompt_tokens = 0
         finished = False
         try:
             while not finished:
-                try:
-                    message = self._events.get(timeout=0.1)
-                except queue.Empty:
-                    if not self._dead.is_set() or not self._events.empty():
-                        continue
+                message = self._events.get()
+                if isinstance(message, _ChildGone):
+                    self._events.put(message)  # for any later run too
                     if self._closing:
                         finished = True
                         yield stopped_done(steps, prompt_tokens, self.facts.vocab_rows)
@@ -286,11 +299,13 @@ class ProcessEngine:
                         pass
                     raise GenerationError(f"the model process ended unexpectedly ({self._ended_text()}); "
                                           f"its output is in {self.log_path}")
-                if message[1] != serial:
+                if isinstance(message, _Refused):
+                    raise GenerationError(message.message)
+                if message.serial != serial:
                     continue  # the tail of an older run
-                if message[0] == "crash":
-                    raise GenerationError(message[2])
-                event = message[2]
+                if isinstance(message, Crash):
+                    raise GenerationError(message.message)
+                event = message.event
                 if isinstance(event, StepEvent):
                     steps.append(event)
                 elif isinstance(event, PromptEvent):
@@ -299,12 +314,12 @@ class ProcessEngine:
                 yield event
         finally:
             if not finished:  # abandoned part-way: let the child stop too
-                self._post(("stop", serial))
+                self._post(Stop(serial))
 
     def close(self, timeout: float = 1.0) -> None:
         """End the child: at once if it is loading or in a long prefill (a run in progress then ends "stopped")."""
         self._closing = True
-        self._post(("quit",))
+        self._post(Quit())
         try:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -314,88 +329,95 @@ class ProcessEngine:
             self._conn.close()
         except OSError:
             pass
-        self._dead.set()
 
 
 # ---------------------------------------------------------------------------------------------------- child side
-def _child(fd: int) -> None:
-    conn = Connection(fd)
-    send_lock = threading.Lock()
+class _Child:
+    """The model process: loads the engine on the main thread, runs one generation at a time there, and applies
+    commands (stop, pause, step, settings) from a reader thread at once — the engine takes them at its next step."""
 
-    def send(message: tuple) -> None:
-        with send_lock:
-            conn.send(message)
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.send_lock = threading.Lock()
+        self.runs: queue.Queue[StartRun] = queue.Queue()
+        self.engine = None  # set once loaded
+        self.stop_serial = 0  # every run up to this one is stopped
+        self.running_serial = 0
 
-    try:
-        first = conn.recv()
-    except (EOFError, OSError):
-        return
-    spec: EngineSpec = first[1]
-    runs: queue.Queue = queue.Queue()
-    engine_box: list = []
-    stop_serial = [0]
-    running_serial = [0]
+    def send(self, message) -> None:
+        with self.send_lock:
+            self.conn.send(message)
 
-    def commands() -> None:
+    def commands(self) -> None:
         """Control messages, applied at once; runs are queued for the main thread. EOF: the parent is gone."""
         while True:
             try:
-                message = conn.recv()
+                message = self.conn.recv()
             except (EOFError, OSError):
                 os._exit(0)
-            op = message[0]
-            if op == "quit":
-                os._exit(0)
-            engine = engine_box[0] if engine_box else None
-            if op == "run":
-                runs.put(message)
-            elif engine is None:
-                continue
-            elif op == "stop":
-                stop_serial[0] = max(stop_serial[0], message[1])
-                if running_serial[0] <= message[1]:
-                    engine.stop()
-            elif op == "pause":
-                engine.pause()
-            elif op == "resume":
-                engine.resume()
-            elif op == "step":
-                engine.step_once()
-            elif op == "sampler":
-                engine.update_sampler(**message[1].to_dict())
-            elif op == "options":
-                engine.options = message[1]
+            try:
+                self.apply(expect(message, COMMANDS, "the model process"))
+            except ProtocolError as err:  # refused, not guessed at: a note in the log, nothing done
+                print(f"tokentui model process: refused a message: {err}", file=sys.stderr)
 
-    threading.Thread(target=commands, name="tokentui-commands", daemon=True).start()
-    # The imports take seconds in this fresh process: said, so the dashboard's first stage is not a blank. (Not
-    # in load_engine: headless's signal tests interrupt at its first load event, and interrupted in the middle of
-    # `import torch` the process once failed to exit; that case was not looked into further.)
-    send(("progress", LoadProgress("importing torch and transformers", None)))
-    try:
-        engine = load_engine(spec, lambda p: send(("progress", p)))
-    except TokentuiError as err:
-        send(("load-error", type(err).__name__, str(err)))
-        return
-    except Exception as err:  # shown in the dashboard's dialog as one line; the log has the traceback
-        import traceback
+    def apply(self, command) -> None:
+        if isinstance(command, Quit):
+            os._exit(0)
+        if isinstance(command, StartRun):
+            self.runs.put(command)
+            return
+        engine = self.engine
+        if engine is None:
+            return  # still loading: nothing to stop, pause or set yet (the spec carried the settings)
+        if isinstance(command, Stop):
+            self.stop_serial = max(self.stop_serial, command.serial)
+            if self.running_serial <= command.serial:
+                engine.stop()
+        elif isinstance(command, Pause):
+            engine.pause()
+        elif isinstance(command, Resume):
+            engine.resume()
+        elif isinstance(command, Step):
+            engine.step_once()
+        elif isinstance(command, SetSampler):
+            engine.update_sampler(**command.settings.to_dict())
+        elif isinstance(command, SetOptions):
+            engine.options = command.options
 
-        traceback.print_exc()
-        send(("load-error", "ModelLoadError", f"could not load the model ({type(err).__name__}: {err})"))
-        return
-    engine_box.append(engine)
-    send(("ready", engine.facts, engine.sampler, engine.options))
-    while True:
-        _, serial, prompt, system = runs.get()
-        running_serial[0] = serial
-        if serial <= stop_serial[0]:  # stopped before it started
-            send(("event", serial, stopped_done([], 0, engine.facts.vocab_rows)))
-            continue
+    def serve(self) -> None:
         try:
-            for event in engine.run(prompt, system):
-                send(("event", serial, event))
-        except Exception as err:
-            import traceback
-
+            first = expect(self.conn.recv(), (Load,), "the model process's first message")
+        except (EOFError, OSError, ProtocolError):
+            return
+        threading.Thread(target=self.commands, name="tokentui-commands", daemon=True).start()
+        # The imports take seconds in this fresh process: said, so the dashboard's first stage is not a blank. (Not
+        # in load_engine: headless's signal tests interrupt at its first load event, and interrupted in the middle of
+        # `import torch` the process once failed to exit; that case was not looked into further.)
+        self.send(Loading(LoadProgress("importing torch and transformers", None)))
+        try:
+            engine = load_engine(first.spec, lambda p: self.send(Loading(p)))
+        except TokentuiError as err:
+            self.send(LoadFailed(type(err).__name__, str(err)))
+            return
+        except Exception as err:  # shown in the dashboard's dialog as one line; the log has the traceback
             traceback.print_exc()
-            send(("crash", serial, f"the model process failed: {type(err).__name__}: {err}"))
+            self.send(LoadFailed("ModelLoadError", f"could not load the model ({type(err).__name__}: {err})"))
+            return
+        self.engine = engine
+        self.send(Ready(engine.facts, engine.sampler, engine.options))
+        while True:
+            run = self.runs.get()
+            self.running_serial = run.serial
+            if run.serial <= self.stop_serial:  # stopped before it started
+                self.send(RunEvent(run.serial, stopped_done([], 0, engine.facts.vocab_rows)))
+                continue
+            try:
+                for event in engine.run(run.prompt, run.system):
+                    self.send(RunEvent(run.serial, event))
+            except Exception as err:
+                traceback.print_exc()
+                self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
 
+
+def _child(fd: int) -> None:
+    _Child(Connection(fd)).serve()

@@ -1,4 +1,5 @@
-"""Sampler and run settings, validated once here so every front end gives the same one-line errors."""
+"""Sampler and run settings, validated once, as they are built, so every front end gives the same one-line errors
+and an invalid value cannot exist."""
 
 from __future__ import annotations
 
@@ -26,20 +27,29 @@ class SamplerSettings:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
 
-    def validated(self) -> "SamplerSettings":
+    def __post_init__(self) -> None:
+        """Checked here, once: an invalid SamplerSettings cannot exist (every front end gets the same one-line
+        SettingsError), and the numbers are stored as floats whatever type they came in."""
         t, p, k = self.temperature, self.top_p, self.top_k
-        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
             raise SettingsError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
-        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
             raise SettingsError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise SettingsError(f"top-k must be an integer >= 0 (0 = off), got {k!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SettingsError(f"seed must be an integer >= 0, got {self.seed!r}")
-        return replace(self, temperature=float(t), top_p=float(p))
+        if not isinstance(self.greedy, bool):
+            raise SettingsError(f"greedy must be true or false, got {self.greedy!r}")
+        object.__setattr__(self, "temperature", float(t))  # frozen: the one place a field is normalised
+        object.__setattr__(self, "top_p", float(p))
+
+    def validated(self) -> "SamplerSettings":
+        """Already valid since construction; kept so callers written against the old two-step API still work."""
+        return self
 
     def with_changes(self, **changes) -> "SamplerSettings":
-        return replace(self, **changes).validated()
+        return replace(self, **changes)  # the new settings are checked as they are built
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +67,8 @@ class RunOptions:
     top_candidates: int = 10
     prefill_chunk: int = PREFILL_CHUNK  # a prompt longer than this is prefilled in chunks, with progress events
 
-    def validated(self) -> "RunOptions":
+    def __post_init__(self) -> None:
+        """Checked here, once: an invalid RunOptions cannot exist."""
         n = self.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise SettingsError(f"max-new-tokens must be an integer >= 1, got {n!r}")
@@ -67,4 +78,9 @@ class RunOptions:
         k = self.prefill_chunk
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise SettingsError(f"prefill chunk must be an integer >= 1 token, got {k!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise SettingsError(f"ignore-eos must be true or false, got {self.ignore_eos!r}")
+
+    def validated(self) -> "RunOptions":
+        """Already valid since construction; kept so callers written against the old two-step API still work."""
         return self

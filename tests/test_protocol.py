@@ -1,0 +1,184 @@
+"""The model process's wire protocol (core/protocol.py): typed messages checked where they are built, and a
+message that is not what the receiving side expects is refused, not misread. The parent side is driven here by a
+stand-in child on a socket pair (no model, no second process)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from fakes import FACTS, ScriptedEngine
+from tokentui.core.errors import GenerationError, SettingsError
+from tokentui.core.events import DoneEvent, StepEvent
+from tokentui.core.process import ProcessEngine, StartedProcess
+from tokentui.core.protocol import (COMMANDS, Crash, Load, LoadFailed, ProtocolError, Ready, RunEvent, SetSampler,
+                                    StartRun, Stop, expect)
+from tokentui.core.settings import RunOptions, SamplerSettings
+
+
+@pytest.mark.parametrize("build", [
+    lambda: StartRun(-1, "hi"),
+    lambda: StartRun(True, "hi"),
+    lambda: StartRun(1, b"hi"),
+    lambda: StartRun(1, "hi", system=3),
+    lambda: Stop("1"),
+    lambda: RunEvent(1, ("step", 1)),
+    lambda: Crash(1, None),
+    lambda: Ready(FACTS, SamplerSettings(), None),
+    lambda: LoadFailed("ModelLoadError", 42),
+    lambda: Load({"model": "x"}),
+])
+def test_a_malformed_message_cannot_be_built(build):
+    with pytest.raises(ProtocolError):
+        build()
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_p=0.0),
+                                 dict(top_p=1.5), dict(top_k=-1), dict(top_k=2.5), dict(seed=-3), dict(greedy="yes"),
+                                 dict(temperature=True)])
+def test_invalid_settings_cannot_exist_so_they_are_never_sent(bad):
+    """Settings are checked once, as they are built (not by each layer): SetSampler can only carry valid ones."""
+    with pytest.raises(SettingsError):
+        SetSampler(SamplerSettings(**bad))
+    with pytest.raises(SettingsError):
+        SamplerSettings().with_changes(**bad)
+
+
+def test_settings_are_normalised_where_built():
+    s = SamplerSettings(temperature=1, top_p=1)
+    assert isinstance(s.temperature, float) and isinstance(s.top_p, float)
+    with pytest.raises(SettingsError):
+        RunOptions(max_new_tokens=0)
+    with pytest.raises(SettingsError):
+        RunOptions(ignore_eos="no")
+
+
+def test_the_old_positional_tuples_are_refused():
+    for message in (("run", 1, "hi", None), ("stop", 1), ("pause",), None, "quit"):
+        with pytest.raises(ProtocolError, match="expected"):
+            expect(message, COMMANDS, "the model process")
+    assert expect(Stop(3), COMMANDS, "the model process") == Stop(3)
+
+
+class FakeProc:
+    """What ProcessEngine asks of its child's Popen."""
+
+    pid = 0
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+
+    def poll(self):
+        return 0 if self.ended.is_set() else None
+
+    def wait(self, timeout=None):
+        self.ended.wait(timeout)
+        return 0
+
+    def kill(self):
+        self.ended.set()
+
+
+def stand_in_child(conn: Connection, proc: FakeProc, reply) -> None:
+    """Load -> Ready; each StartRun -> whatever `reply(run)` gives; Quit / EOF -> gone."""
+    try:
+        assert isinstance(conn.recv(), Load)
+        conn.send(Ready(FACTS, SamplerSettings(), RunOptions()))
+        while True:
+            message = conn.recv()
+            if isinstance(message, StartRun):
+                for out in reply(message):
+                    conn.send(out)
+            elif type(message).__name__ == "Quit":
+                break
+    except (EOFError, OSError):
+        pass
+    finally:
+        proc.ended.set()
+        conn.close()
+
+
+def process_engine(reply) -> ProcessEngine:
+    from tokentui.core.process import EngineSpec
+
+    parent_end, child_end = socket.socketpair()
+    parent, child = Connection(parent_end.detach()), Connection(child_end.detach())
+    proc = FakeProc()
+    parent.send(Load(EngineSpec()))
+    threading.Thread(target=stand_in_child, args=(child, proc, reply), daemon=True).start()
+    return ProcessEngine(EngineSpec(), started=StartedProcess(proc, parent, Path("/dev/null")))
+
+
+def scripted_events(prompt: str):
+    return list(ScriptedEngine().run(prompt))
+
+
+def test_a_stale_run_s_events_are_dropped_and_a_new_run_gets_only_its_own():
+    events = scripted_events("Is OpenAI open?")
+
+    def reply(run: StartRun):
+        # the tail of an older run arrives first: it must not show up in this one
+        yield RunEvent(run.serial - 1, events[-1])
+        for event in events:
+            yield RunEvent(run.serial, event)
+
+    engine = process_engine(reply)
+    try:
+        got = list(engine.run("Is OpenAI open?"))
+        assert got == events
+        again = list(engine.run("Is OpenAI open?"))
+        assert again == events and sum(isinstance(e, DoneEvent) for e in again) == 1
+    finally:
+        engine.close()
+
+
+def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_misreading():
+    events = scripted_events("Is OpenAI open?")
+
+    def reply(run: StartRun):
+        yield RunEvent(run.serial, events[0])
+        yield ("event", run.serial, events[1])  # the old positional form: refused
+
+    engine = process_engine(reply)
+    try:
+        got = []
+        with pytest.raises(GenerationError, match="expected RunEvent, Crash, got tuple"):
+            for event in engine.run("Is OpenAI open?"):
+                got.append(event)
+        assert got == events[:1] and not any(isinstance(e, StepEvent) for e in got[1:])
+    finally:
+        engine.close()
+
+
+def test_a_crash_message_ends_its_run_with_the_child_s_words():
+    def reply(run: StartRun):
+        yield Crash(run.serial, "the model process failed: RuntimeError: boom")
+
+    engine = process_engine(reply)
+    try:
+        with pytest.raises(GenerationError, match="RuntimeError: boom"):
+            list(engine.run("hi"))
+    finally:
+        engine.close()
+
+
+def test_a_child_that_goes_away_mid_run_ends_the_run_without_polling():
+    """The reader queues `gone` when the connection closes: the waiting run wakes at once and says so."""
+    events = scripted_events("Is OpenAI open?")
+
+    def reply(run: StartRun):
+        yield RunEvent(run.serial, events[0])
+        raise EOFError  # the stand-in child ends here, mid-run
+
+    engine = process_engine(reply)
+    try:
+        with pytest.raises(GenerationError, match="ended unexpectedly"):
+            list(engine.run("hi"))
+        with pytest.raises(GenerationError, match="ended unexpectedly"):  # and so does any later run, at once
+            list(engine.run("hi"))
+    finally:
+        engine.close()
