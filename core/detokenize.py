@@ -12,7 +12,8 @@ The contract, tested against the tokenizer itself: the concatenation of everythi
 emits (plus `finish()`) equals `oneshot_text(tokenizer, ids)`.
 
 The module also gives step 2 its display form of a token (`display_piece`): spaces as `␣`, newlines as `↵`,
-bytes that are not a character on their own as `<0xNN>`, special tokens as their literal text.
+bytes that are not a character on their own as `<0xNN>`, special tokens as their literal text. `display_text` is
+the one whitespace / control-character mapping, which the dashboard uses too.
 
 Never imports textual: the engine, `--headless --json` and the benchmarks use it too.
 """
@@ -392,9 +393,10 @@ def token_bytes(tokenizer: Any) -> TokenBytes:
 
 
 def display_text(text: str) -> str:
-    """Make whitespace visible: every space `␣`, newline `↵`, tab `⇥`, carriage return `␍`.
-
-    Other control characters (which would move the terminal's cursor) are shown as `<0xNN>`.
+    """The one display mapping of a token's text, on one line: every space `␣`, newline `↵`, tab `⇥`, carriage
+    return `␍`, other control characters (which would move the terminal's cursor) `<0xNN>`, and nothing at all
+    `∅` (never a blank cell). Used by `display_piece` here and by the dashboard's panels; a text already in
+    display form comes back unchanged.
     """
     out = []
     for c in text:
@@ -405,7 +407,7 @@ def display_text(text: str) -> str:
             out.append(f"<0x{ord(c):02X}>")
         else:
             out.append(c)
-    return "".join(out)
+    return "".join(out) or "∅"
 
 
 def display_bytes(data: bytes) -> str:

@@ -59,8 +59,8 @@ class Engine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
-        self.options = (options or RunOptions()).validated()
-        self._sampler = (sampler or SamplerSettings()).validated()
+        self.options = options or RunOptions()  # settings are valid by construction (core/settings.py)
+        self._sampler = sampler or SamplerSettings()
         self._sampler_changed = False
         self._cond = threading.Condition()
         self._paused = False
@@ -278,7 +278,8 @@ class Engine:
                 index=index, id=sel.token_id, piece=display_piece(vocab, sel.token_id), special=det.special,
                 text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
                 completed_chars=list(det.completed),
-                candidates=[Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p)
+                candidates=[Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
+                                      special=vocab.is_special(i))
                             for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)],
                 chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,

@@ -118,6 +118,7 @@ class Candidate:
     piece: str
     raw_prob: float  # softmax of the raw logits
     prob: float  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
+    special: bool = False  # a special token (the tokenizer's own list, as StepEvent.special / PromptPiece.special)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,17 +189,47 @@ class ErrorEvent(Event):
     kind: str = "error"
 
 
-def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int) -> DoneEvent:
-    """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended on
-    purpose), built from the steps already reported, so a record always ends with one.
+class StepTally:
+    """What a "stopped" `done` needs from the steps a run reported, kept as they pass instead of the steps themselves
+    (a long run in the dashboard would otherwise hold every step twice): the count, the first step's latency, the
+    decode latencies' sum, the text, and the last step."""
 
-    Time to first token and decode speed come from the steps' own latencies (None without a first token / a decode
-    step); bytes the last step still held are reported as dropped."""
-    decode_ms = sum(s.latency_ms for s in steps[1:])
-    last = steps[-1] if steps else None
-    return DoneEvent(reason="stopped", tokens=len(steps), runs=len(steps), scores=len(steps) * vocab_rows,
-                     ttft_ms=steps[0].latency_ms if steps else None,
-                     decode_tok_s=(len(steps) - 1) / (decode_ms / 1000.0) if decode_ms > 0 else None,
-                     text="".join(s.text for s in steps), prompt_tokens=prompt_tokens,
-                     kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
-                     dropped_hex=last.pending_hex if last else "", dropped_needed=last.pending_needed if last else 0)
+    __slots__ = ("count", "first_ms", "decode_ms", "text", "last")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_ms: float | None = None
+        self.decode_ms = 0.0
+        self.text: list[str] = []
+        self.last: StepEvent | None = None
+
+    def add(self, step: StepEvent) -> None:
+        if self.count == 0:
+            self.first_ms = step.latency_ms
+        else:
+            self.decode_ms += step.latency_ms
+        self.count += 1
+        if step.text:
+            self.text.append(step.text)
+        self.last = step
+
+    def stopped_done(self, prompt_tokens: int, vocab_rows: int) -> DoneEvent:
+        """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended
+        on purpose), so a record always ends with one. Time to first token and decode speed come from the steps' own
+        latencies (None without a first token / a decode step); bytes the last step still held are reported as
+        dropped."""
+        n, last = self.count, self.last
+        return DoneEvent(reason="stopped", tokens=n, runs=n, scores=n * vocab_rows, ttft_ms=self.first_ms,
+                         decode_tok_s=(n - 1) / (self.decode_ms / 1000.0) if self.decode_ms > 0 else None,
+                         text="".join(self.text), prompt_tokens=prompt_tokens,
+                         kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
+                         dropped_hex=last.pending_hex if last else "",
+                         dropped_needed=last.pending_needed if last else 0)
+
+
+def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int) -> DoneEvent:
+    """`StepTally.stopped_done` for steps at hand as a list."""
+    tally = StepTally()
+    for step in steps:
+        tally.add(step)
+    return tally.stopped_done(prompt_tokens, vocab_rows)

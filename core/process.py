@@ -34,7 +34,8 @@ from typing import Callable, Iterator
 
 from . import errors
 from .errors import GenerationError, ModelLoadError, TokentuiError
-from .events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent, StepEvent, stopped_done
+from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent, StepEvent, StepTally,
+                     stopped_done)
 from .protocol import (COMMANDS, LOADING_REPLIES, RUN_REPLIES, Crash, Load, LoadFailed, Loading, Pause,
                        ProtocolError, Quit, Ready, Resume, RunEvent, SetOptions, SetSampler, StartRun, Step, Stop,
                        expect)
@@ -281,7 +282,7 @@ class ProcessEngine:
             serial = self._serial
         self._post(Stop(serial - 1))  # a newer run retires the older one, as with Engine
         self._post(StartRun(serial, prompt, system))
-        steps: list[StepEvent] = []
+        steps = StepTally()  # enough for a "stopped" done, without keeping every step
         prompt_tokens = 0
         finished = False
         try:
@@ -291,7 +292,7 @@ class ProcessEngine:
                     self._events.put(message)  # for any later run too
                     if self._closing:
                         finished = True
-                        yield stopped_done(steps, prompt_tokens, self.facts.vocab_rows)
+                        yield steps.stopped_done(prompt_tokens, self.facts.vocab_rows)
                         return
                     try:
                         self._proc.wait(timeout=5)
@@ -307,7 +308,7 @@ class ProcessEngine:
                     raise GenerationError(message.message)
                 event = message.event
                 if isinstance(event, StepEvent):
-                    steps.append(event)
+                    steps.add(event)
                 elif isinstance(event, PromptEvent):
                     prompt_tokens = len(event.ids)
                 finished = isinstance(event, (DoneEvent, ErrorEvent))

@@ -1,4 +1,5 @@
-"""Every run is written as it happens to a JSON-lines file with the `--headless --json` schema.
+"""Every run is written as it happens to a JSON-lines file with the `--headless --json` schema (what is written
+when, and how a cut-off run still ends with `done`, is core/runner.py's job; this is the file).
 
 Each line is flushed (and fsync'd at the end) so a kill loses at most the step in flight; file names carry a
 timestamp and pid and are opened with "x" so an old record is never overwritten.
@@ -10,7 +11,6 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from .events import Event
 from .paths import runs_dir
@@ -54,12 +54,3 @@ class RunRecorder:
                 pass
             self._fh.close()
             self._fh = None
-
-    def tee(self, events: Iterable[Event]) -> Iterator[Event]:
-        """Record a run's events while passing them on (the file is closed when the run ends)."""
-        try:
-            for event in events:
-                self.write(event)
-                yield event
-        finally:
-            self.close()

@@ -35,6 +35,7 @@ from tokentui.core.events import (
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 EOS_ID = 151645
+SPECIAL_IDS = frozenset({151643, 151644, EOS_ID})  # <|endoftext|>, <|im_start|>, <|im_end|>
 KV_BYTES_PER_TOKEN = 2 * 28 * 8 * 128 * 2  # 114,688 (bf16)
 
 FACTS = ModelFacts(
@@ -383,7 +384,8 @@ class ScriptedEngine:
         raw = [c[2] for c in scripted.candidates]
         total = sum(raw)
         probs = apply_sampler(raw, s)
-        cands = [Candidate(c[0], c[1], c[2] / total, p) for c, p in zip(scripted.candidates, probs)]
+        cands = [Candidate(c[0], c[1], c[2] / total, p, special=c[0] in SPECIAL_IDS)
+                 for c, p in zip(scripted.candidates, probs)]
         chosen_rank = next(i for i, c in enumerate(cands) if c.id == scripted.id)
         if s.is_greedy or cands[chosen_rank].prob == 0:
             chosen_rank = 0  # greedy, or the scripted token was cut: take the top one
@@ -394,7 +396,7 @@ class ScriptedEngine:
             special = scripted.special
         else:
             text = chosen.piece.replace("␣", " ").replace("↵", "\n")
-            special = chosen.id == EOS_ID or chosen.piece.startswith("<|")
+            special = chosen.special
             text = "" if special else text
             pending_hex, pending_needed, completed = "", 0, []
         kept = [c for c in cands if c.prob > 0]

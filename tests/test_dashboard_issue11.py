@@ -13,7 +13,7 @@ from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.events import DoneEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
-from tokentui.tui.panels import CandidatesPanel, KVPanel, ModelPanel, PendingPanel, SamplerPanel
+from tokentui.tui.panels import CandidatesPanel, KVPanel, ModelPanel, SamplerPanel
 from tokentui.tui.screens import ErrorDialog, HelpScreen, ModelPicker, PromptEditor
 from tokentui.tui.state import RunState
 

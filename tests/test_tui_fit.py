@@ -23,12 +23,11 @@ from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.format import human_bytes
 from tokentui.tui.keybar import entries, fit
 from tokentui.tui.layout import PARTS, plan, size_table
-from tokentui.tui.panels import (CandidatesPanel, ModelPanel, OutputPanel, OutputView, PromptPanel, ReadingsStrip,
+from tokentui.tui.panels import (ModelPanel, OutputPanel, OutputView, PromptPanel, ReadingsStrip,
                                  SpeedPanel, StatusLine)
 from tokentui.tui.panels.readings import readings
 from tokentui.tui.panels.speed import LatencyPlot
 from tokentui.tui.screens import HelpScreen
-from tokentui.tui.state import RunState
 
 
 class FitApp(TokentuiApp):

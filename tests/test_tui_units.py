@@ -12,7 +12,7 @@ from fakes import ANSWER_TEXT, ScriptedEngine, apply_sampler
 from tokentui.core.events import DoneEvent, StepEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import BUILTIN_THEMES, THEME_VARIABLE_DEFAULTS, ThemeFileError, load_user_themes
-from tokentui.tui.format import display_piece, human_bytes, human_count, ms, p95, short_path
+from tokentui.tui.format import human_bytes, human_count, ms, p95, short_path
 from tokentui.tui.keys import KEYS, TOP_K_STEPS, next_top_k
 from tokentui.tui.panels import OutputView
 from tokentui.tui.state import RunState
@@ -31,11 +31,7 @@ def test_human_units():
     assert p95([float(i) for i in range(1, 101)]) == 95.0 and p95([]) is None
 
 
-def test_display_piece_and_short_path():
-    assert display_piece(" Open") == "␣Open"
-    assert display_piece("\n") == "↵"
-    assert display_piece("␣Open") == "␣Open"
-    assert display_piece("\x00") == "\\x00"
+def test_short_path():  # a token's display form is tested in tests/test_display_special.py
     path = Path.home() / "a" / "very" / "long" / "path" / "to" / "a" / "run" / "record.jsonl"
     assert short_path(path, 200).startswith("~")
     assert len(short_path("/x" * 100, 30)) == 30

@@ -42,7 +42,9 @@ def _int(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tokentui", description="Watch a language model write, one token at a time.")
+    p = _Parser(prog="tokentui", description="Watch a language model write, one token at a time.",
+                epilog="tokentui replay FILE.jsonl [--speed N] [--theme T] [--headless [--json]]: play a run "
+                       "record back, no model needed (see tokentui replay --help)")
     p.add_argument("--model", "-m", default=None,
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")
@@ -108,9 +110,9 @@ def settings_from_args(args):
     from tokentui.core.settings import RunOptions, SamplerSettings
 
     sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              greedy=args.greedy, seed=args.seed).validated()
+                              greedy=args.greedy, seed=args.seed)
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                         top_candidates=args.top_candidates).validated()
+                         top_candidates=args.top_candidates)
     return sampler, options
 
 
@@ -193,76 +195,62 @@ def run_headless(args, prompt: str) -> int:
 
 
 def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
-    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent, stopped_done
+    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, StepEvent
     from tokentui.core.record import RunRecorder
+    from tokentui.core.runner import RecordedRun
 
-    recorder = None if args.no_record else RunRecorder(args.record_dir)
-    if recorder is not None:
-        recorder.open_run()
-        recorder.write(engine.facts)
-    if args.json:
-        emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+    def note(message: str) -> None:
+        emit(f"tokentui: {message}\n", sys.stderr)
+
     status = 0
     wrote_text = False
-    steps: list[StepEvent] = []
-    prompt_tokens = 0
-    finished = False  # a done or error event was seen
-    try:
-        for event in engine.run(prompt, args.system):
-            if stopped_by or not output_ok():
-                engine.stop()  # also when the signal came before the run had started
-            if recorder is not None:
-                recorder.write(event)
-            finished = finished or isinstance(event, (DoneEvent, ErrorEvent))
-            if isinstance(event, StepEvent):
-                steps.append(event)
-                decoding[:] = [True]
-            elif isinstance(event, PromptEvent):
-                prompt_tokens = len(event.ids)
-            if args.json:
-                emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
-            elif isinstance(event, StepEvent):
-                if event.text:
-                    emit(event.text)
-                    wrote_text = True
-            elif isinstance(event, Notice):
-                emit(f"tokentui: {event.message}\n", sys.stderr)
-            elif isinstance(event, DoneEvent):
-                emit(event.flushed + "\n")
-                if event.dropped_hex:  # not printed as U+FFFD: said here, once
-                    emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
-                         f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
-            if isinstance(event, ErrorEvent):
-                if not args.json:
-                    if wrote_text:
-                        emit("\n")
+    with RecordedRun(engine, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
+        run.open()
+        if args.json:
+            emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+        try:
+            for event in run.events(prompt, args.system):
+                if stopped_by or not output_ok():
+                    engine.stop()  # also when the signal came before the run had started
+                if isinstance(event, StepEvent):
+                    decoding[:] = [True]
+                if args.json:
+                    emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                elif isinstance(event, StepEvent):
+                    if event.text:
+                        emit(event.text)
+                        wrote_text = True
+                elif isinstance(event, Notice):
                     emit(f"tokentui: {event.message}\n", sys.stderr)
-                status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
-        engine.stop()
-        if not stopped_by:
-            stopped_by.append(signal.SIGINT)
-    finally:
-        if not finished and (stopped_by or not output_ok()):
-            # Interrupted mid-step, or stopped before the first step: the record still ends with "done".
-            done = stopped_done(steps, prompt_tokens, engine.facts.vocab_rows)
-            if recorder is not None:
-                recorder.write(done)
-            if args.json:
-                emit(json.dumps(done.to_dict(), ensure_ascii=False) + "\n")
-        if recorder is not None:
-            recorder.close()
+                elif isinstance(event, DoneEvent):
+                    emit(event.flushed + "\n")
+                    if event.dropped_hex:  # not printed as U+FFFD: said here, once
+                        emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
+                             f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
+                if isinstance(event, ErrorEvent):
+                    if not args.json:
+                        if wrote_text:
+                            emit("\n")
+                        emit(f"tokentui: {event.message}\n", sys.stderr)
+                    status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
+        except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
+            engine.stop()
+            if not stopped_by:
+                stopped_by.append(signal.SIGINT)
+    # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
+    if run.cut_off is not None and args.json:
+        emit(json.dumps(run.cut_off.to_dict(), ensure_ascii=False) + "\n")
     if stopped_by:
         name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
                 signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
-        if wrote_text and not finished:
+        if wrote_text and not run.finished:
             emit("\n")
         emit(f"tokentui: {name}; the run stopped\n", sys.stderr)
         status = 128 + stopped_by[0]
     elif not output_ok():
         status = EXIT_RUN_FAILED
-    if recorder is not None:
-        emit(f"tokentui: run recorded in {recorder.path}\n", sys.stderr)
+    if run.path is not None:
+        emit(f"tokentui: run recorded in {run.path}\n", sys.stderr)
     return status
 
 
@@ -317,6 +305,11 @@ def _raise_keyboard_interrupt(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     from tokentui.core.errors import TokentuiError
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["replay"]:  # `tokentui replay FILE`: a record played back (tokentui/replay.py), no torch
+        from tokentui.replay import replay_main
+
+        return replay_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         prompt = read_prompt(args)

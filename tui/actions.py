@@ -4,11 +4,11 @@ export. A mixin of `TokentuiApp` (tui/app.py), which owns the state these read a
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 from tokentui.core.errors import SettingsError
 
+from .export import export_answer
 from .format import short_path
 from .keys import next_top_k
 from .panels import OutputPanel, SamplerPanel, StatusLine
@@ -173,19 +173,9 @@ class ActionsMixin:
         if not state.tokens and state.done is None:
             self.notify("Nothing to export yet", severity="warning", timeout=4, markup=False)
             return
-        text = state.answer_text
         record = state.record_path
         try:
-            if record is not None:
-                path = record.with_name(record.stem + ".answer.txt")
-            else:
-                stamp = time.strftime("%Y%m%d-%H%M%S")
-                path = Path.cwd() / f"tokentui-answer-{stamp}.txt"
-                n = 1
-                while path.exists():
-                    path = Path.cwd() / f"tokentui-answer-{stamp}-{n}.txt"
-                    n += 1
-            path.write_text(text + ("\n" if text and not text.endswith("\n") else ""), encoding="utf-8")
+            path = export_answer(state.answer_text, record)  # tui/export.py
         except OSError as err:
             self.notify(f"Export failed: {err}", severity="error", markup=False)
             return

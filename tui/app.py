@@ -2,11 +2,13 @@
 
 Threads: the model loads in a thread worker (through a daemon thread, so quitting mid-load does not wait for it);
 generation runs in an exclusive thread worker (again through a daemon thread, so quitting mid-prefill does not
-wait for it) that iterates `engine.run`, records each event and posts it — it never waits for the UI. The app
+wait for it) that iterates the engine's run, recorded by core/runner.py, and posts each event — it never waits for
+the UI. The app
 folds events into `RunState` at once and repaints at most ~30 times a second. Failures come back one way:
 `on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
 
-Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py (mixins of this app).
+Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py (mixins of this app),
+theme registration in tui/theming.py, writing an export in tui/export.py.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from tokentui.core.errors import TokentuiError
 from tokentui.core.events import ErrorEvent, Notice, StepEvent
+from tokentui.core.runner import RecordedRun
 from tokentui.core.settings import SamplerSettings
-from tokentui.themes import BUILTIN_THEMES, DEFAULT_THEME, THEME_VARIABLE_DEFAULTS, load_user_themes
+from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from .actions import ActionsMixin
 from .commands import TokentuiCommands
@@ -52,6 +55,7 @@ from .panels import (
     StatusLine,
 )
 from .state import RunState
+from .theming import register_themes
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
 
@@ -93,21 +97,10 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.pause_armed = False  # space while loading: pause the first run after its first token
         self._dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
         self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
-        for theme in BUILTIN_THEMES.values():
-            self.register_theme(theme)
-        themes, errors = load_user_themes(config.user_theme_dir)
-        for theme in themes:
-            self.register_theme(theme)
-            self.user_theme_names.add(theme.name)
-        for error in errors:
-            self._startup_notes.append((str(error), "error"))
-        self._initial_theme = config.theme
-        if config.theme not in self.available_themes:
-            known = ", ".join(sorted(n for n in self.available_themes if n.startswith("tokentui")
-                                     or n in self.user_theme_names))
-            self._startup_notes.append((f"Unknown theme {config.theme!r}; using {DEFAULT_THEME} (known: {known})",
-                                        "error"))
-            self._initial_theme = DEFAULT_THEME
+        themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
+        self.user_theme_names.update(themes.user_names)
+        self._startup_notes.extend((error, "error") for error in themes.errors)
+        self._initial_theme = themes.initial
 
     # ---- layout --------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -253,37 +246,21 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
 
     def _generate_events(self, engine: EngineLike, prompt: str, system: str | None, run_id: int,
                          worker: Worker) -> None:
-        """Loop `engine.run`, record and post every event. Never waits for the UI."""
+        """Loop the engine's run (recorded by core/runner.py) and post every event. Never waits for the UI."""
         with self._engine_lock:
             if worker.is_cancelled or run_id != self._run_id:
                 return
-            recorder = self.config.recorder
-            path = None
-            if recorder is not None:
-                try:
-                    path = recorder.open_run()
-                    recorder.write(engine.facts)
-                except OSError as err:
-                    recorder = None
-                    self.post_message(RunNote(run_id, f"run not recorded: {err}"))
-            self.post_message(RunStarted(run_id, path))
-            stopping = False
-            try:
-                for event in engine.run(prompt, system):
-                    if recorder is not None:
-                        try:
-                            recorder.write(event)
-                        except OSError as err:
-                            recorder.close()
-                            recorder = None
-                            self.post_message(RunNote(run_id, f"recording stopped: {err}"))
+            with RecordedRun(engine, self.config.recorder,
+                             on_note=lambda message: self.post_message(RunNote(run_id, message))) as run:
+                self.post_message(RunStarted(run_id, run.open()))
+                stopping = False
+                for event in run.events(prompt, system):
                     self.post_message(EngineEvent(run_id, event))
                     if not stopping and (worker.is_cancelled or run_id != self._run_id):
                         engine.stop()  # superseded: end at the next step, keep the record complete
                         stopping = True
-            finally:
-                if recorder is not None:
-                    recorder.close()
+            if run.cut_off is not None:  # the engine's stream ended without `done`: the run's one is this
+                self.post_message(EngineEvent(run_id, run.cut_off))
 
     def on_run_started(self, message: RunStarted) -> None:
         if message.record_path is not None:

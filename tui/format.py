@@ -48,25 +48,6 @@ def percent(p: float, digits: int = 1) -> str:
     return f"{p * 100:.{digits}f}%"
 
 
-def display_piece(piece: str) -> str:
-    """A token's display form on one line: spaces as ␣, newlines as ↵, tabs as →, other controls escaped."""
-    out = []
-    for ch in piece:
-        if ch == " ":
-            out.append("␣")
-        elif ch == "\n":
-            out.append("↵")
-        elif ch == "\t":
-            out.append("→")
-        elif ch == "\r":
-            out.append("⏎")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out) or "∅"
-
-
 def short_path(path: os.PathLike | str | None, width: int = 60) -> str:
     """`~` for the home directory and an ellipsis in the middle when longer than `width`."""
     if path is None:

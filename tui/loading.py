@@ -65,7 +65,7 @@ class LoadingMixin:
             if engine.sampler != self.sampler_settings:
                 engine.update_sampler(**self.sampler_settings.to_dict())
             if getattr(engine, "options", None) != self.config.options:
-                engine.options = self.config.options.validated()
+                engine.options = self.config.options
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
         self.sampler_settings = engine.sampler

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from tokentui.core.events import (
     DoneEvent,
@@ -14,16 +15,18 @@ from tokentui.core.events import (
     Event,
     LoadProgress,
     ModelFacts,
-    Notice,
+    MultiTokenChar,
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
     StepEvent,
 )
+from tokentui.core.run import Run
 
 from .format import p95
 
-PLOT_POINTS = 512  # bounded latency history for the plot
+PLOT_POINTS = 512  # the latency plot's window (steps)
+MULTI_TOKEN_CHARS_SHOWN = 8  # the latest characters that came over several tokens
 
 
 @dataclass(slots=True)
@@ -35,6 +38,27 @@ class Token:
     prob: float
     special: bool
     piece: str
+
+
+class Tokens(Sequence):
+    """The run's chosen tokens as `Token`s, made when asked for (the run holds the one copy)."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __len__(self) -> int:
+        return len(self._run)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, stride = key.indices(len(self._run))
+            if stride != 1:
+                return [self[i] for i in range(start, stop, stride)]
+            columns = [self._run.values(name, start, stop)
+                       for name in ("text", "chosen_raw_prob", "chosen_prob", "special", "piece")]
+            return [Token(*values) for values in zip(*columns)]
+        step = self._run.step(key)
+        return Token(step.text, step.chosen_raw_prob, step.chosen_prob, step.special, step.piece)
 
 
 SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
@@ -61,25 +85,16 @@ class RunState:
     run_id: int = 0
     runs_started: int = 0
     record_path: Path | None = None
-    prompt: PromptEvent | None = None
-    notices: list[str] = field(default_factory=list)
-    prefill: PrefillEvent | None = None
+    run: Run = field(default_factory=Run)  # the current run: prompt, prefill, every step, the end (core/run.py)
     prefill_started: float | None = None  # time.monotonic() when the prompt went in (the status line's clock)
     prefill_progress: PrefillProgress | None = None  # the latest chunk of a long prompt's prefill, if chunked
     prefill_progress_at: float | None = None  # time.monotonic() when it came
-    tokens: list[Token] = field(default_factory=list)
-    last_step: StepEvent | None = None
     settings_changed_at: int | None = None  # step number (from 1) at which the latest sampler change took effect
     settings_changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES_KEPT))  # SettingsChange, oldest first
     ttft_ms: float | None = None
-    decode_latencies: list[float] = field(default_factory=list)  # decode steps (index >= 1), all of them
-    plot_points: deque = field(default_factory=lambda: deque(maxlen=PLOT_POINTS))  # (index, latency ms)
-    multi_token_chars: deque = field(default_factory=lambda: deque(maxlen=8))
     kv_tokens: int = 0
     kv_bytes: int = 0
     kv_growth: int = 0  # bytes added by the latest step
-    done: DoneEvent | None = None
-    error: ErrorEvent | None = None
     error_message: str | None = None
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
@@ -89,25 +104,16 @@ class RunState:
         self.runs_started += 1
         self.phase = "starting"
         self.record_path = None
-        self.prompt = None
-        self.notices = []
-        self.prefill = None
+        self.run = Run(self.facts)
         self.prefill_started = None
         self.prefill_progress = None
         self.prefill_progress_at = None
-        self.tokens = []
-        self.last_step = None
         self.settings_changed_at = None
         self.settings_changes.clear()
         self.ttft_ms = None
-        self.decode_latencies = []
-        self.plot_points.clear()
-        self.multi_token_chars.clear()
         self.kv_tokens = 0
         self.kv_bytes = 0
         self.kv_growth = 0
-        self.done = None
-        self.error = None
         self.error_message = None
 
     def prefill_elapsed(self, now: float | None = None) -> float | None:
@@ -126,46 +132,42 @@ class RunState:
 
     # ---- folding events ------------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:
+        if isinstance(event, LoadProgress):
+            self.load_stage = event.stage
+            self.load_fraction = event.fraction
+            return
         if isinstance(event, StepEvent):
-            self._step(event)
-        elif isinstance(event, PromptEvent):
-            self.prompt = event
+            previous = self.run.last
+            self.run.apply(event)
+            self._step(event, previous)
+            return
+        self.run.apply(event)
+        if isinstance(event, PromptEvent):
             self.phase = "prefill"
             self.prefill_started = time.monotonic()
         elif isinstance(event, PrefillProgress):
             self.prefill_progress = event
             self.prefill_progress_at = time.monotonic()
         elif isinstance(event, PrefillEvent):
-            self.prefill = event
             self._kv(event.kv_tokens, event.kv_bytes)
         elif isinstance(event, DoneEvent):
-            self.done = event
             self.phase = "done"
             self.ttft_ms = event.ttft_ms or self.ttft_ms
             if event.kv_tokens:
                 self._kv(event.kv_tokens, event.kv_bytes, growth=False)
         elif isinstance(event, ErrorEvent):
-            self.error = event
             self.error_message = event.message
             self.phase = "error"
-        elif isinstance(event, Notice):
-            self.notices.append(event.message)
         elif isinstance(event, ModelFacts):
             self.facts = event
-        elif isinstance(event, LoadProgress):
-            self.load_stage = event.stage
-            self.load_fraction = event.fraction
 
     def _kv(self, tokens: int, nbytes: int, growth: bool = True) -> None:
         if growth and self.kv_bytes:
             self.kv_growth = nbytes - self.kv_bytes
         self.kv_tokens, self.kv_bytes = tokens, nbytes
 
-    def _step(self, step: StepEvent) -> None:
+    def _step(self, step: StepEvent, previous: StepEvent | None) -> None:
         self.phase = "decoding"
-        previous = self.last_step
-        self.last_step = step
-        self.tokens.append(Token(step.text, step.chosen_raw_prob, step.chosen_prob, step.special, step.piece))
         if step.settings_changed:
             self.settings_changed_at = step.index + 1
             before = previous.settings if previous is not None else {}
@@ -175,17 +177,58 @@ class RunState:
                 self.settings_changes.append(SettingsChange(step.index + 1, diff))
         if step.index == 0:
             self.ttft_ms = step.latency_ms
-        else:
-            self.decode_latencies.append(step.latency_ms)
-            self.plot_points.append((step.index + 1, step.latency_ms))  # step numbers from 1, as shown
-        self.multi_token_chars.extend(step.completed_chars)
         self._kv(step.kv_tokens, step.kv_bytes)
+
+    # ---- the run's parts, read from the run (one copy of each) ----------------------------------------------
+    @property
+    def prompt(self) -> PromptEvent | None:
+        return self.run.prompt
+
+    @property
+    def prefill(self) -> PrefillEvent | None:
+        return self.run.prefill
+
+    @property
+    def notices(self) -> list[str]:
+        return [notice.message for notice in self.run.notices]
+
+    @property
+    def last_step(self) -> StepEvent | None:
+        return self.run.last
+
+    @property
+    def done(self) -> DoneEvent | None:
+        return self.run.done
+
+    @property
+    def error(self) -> ErrorEvent | None:
+        return self.run.error
+
+    @property
+    def tokens(self) -> "Tokens":
+        """The chosen tokens as the output panel needs them (built on demand from the run)."""
+        return Tokens(self.run)
+
+    @property
+    def decode_latencies(self) -> list[float]:
+        """Latencies of the decode steps (index >= 1), all of them."""
+        return self.run.values("latency_ms", 1)
+
+    @property
+    def plot_points(self) -> list[tuple[int, float]]:
+        """(step number from 1, latency ms) of the latest PLOT_POINTS decode steps: the plot's bounded window."""
+        start = max(1, len(self.run) - PLOT_POINTS)
+        return list(zip(range(start + 1, len(self.run) + 1), self.run.values("latency_ms", start)))
+
+    @property
+    def multi_token_chars(self) -> list[MultiTokenChar]:
+        return self.run.completed_chars(last=MULTI_TOKEN_CHARS_SHOWN)
 
     # ---- derived numbers -----------------------------------------------------------------------------------
     @property
     def steps(self) -> int:
         """Model runs so far in this run (prefill counts as one: it scores the first token)."""
-        return len(self.tokens)
+        return len(self.run)
 
     @property
     def model_runs(self) -> int:
@@ -199,9 +242,7 @@ class RunState:
 
     @property
     def answer_text(self) -> str:
-        if self.done is not None:
-            return self.done.text
-        return "".join(t.text for t in self.tokens)
+        return self.run.text
 
     @property
     def pending(self) -> tuple[str, int]:

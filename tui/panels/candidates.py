@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
-from ..format import display_piece, percent
+from tokentui.core.detokenize import display_text
+
+from ..format import percent
 from .base import Panel
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -80,7 +82,7 @@ class CandidatesPanel(Panel):
 
         id_w = max([len("id")] + [len(str(c.id)) for c in cands])
         num_w = 6
-        piece_w = max(5, min(16, max([cell_len(display_piece(c.piece)) for c in cands] + [5])))
+        piece_w = max(5, min(16, max([cell_len(display_text(c.piece)) for c in cands] + [5])))
         fixed = 2 + piece_w + 1 + id_w + 1 + num_w + 1 + num_w + 1
         bar_w = max(0, width - fixed)
         if bar_w < 4:  # too narrow for a bar: shrink the piece column instead
@@ -110,10 +112,9 @@ class CandidatesPanel(Panel):
             out.append("\n")
             is_chosen = c.id == step.id
             kept = c.prob > 0
-            is_special = c.piece.startswith("<|") and c.piece.endswith("|>")
             line = Text()
             line.append("▶ " if is_chosen else "  ")
-            line.append(set_cell_size(display_piece(c.piece), piece_w), special_style if is_special else None)
+            line.append(set_cell_size(display_text(c.piece), piece_w), special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
             line.append(" " + percent(c.raw_prob).rjust(num_w))
             line.append(" " + (percent(c.prob) if kept else "cut").rjust(num_w))
@@ -163,7 +164,7 @@ class CandidatesPanel(Panel):
         rows.append(second)
         if not chosen_in_list:
             third = Text()
-            third.append(f"chose {display_piece(step.piece)} (rank {step.chosen_rank + 1}, "
+            third.append(f"chose {display_text(step.piece)} (rank {step.chosen_rank + 1}, "
                          f"raw {percent(step.chosen_raw_prob)})", value)
             rows.append(third)
         for row in rows:

@@ -12,7 +12,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from ..format import display_piece
+from tokentui.core.detokenize import display_text
+
 from .base import SCROLL_BINDINGS, component_style, forget_styles
 
 
@@ -183,7 +184,7 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         for n, piece in enumerate(event.pieces):
             if n:
                 text.append(" ")
-            text.append(display_piece(piece.piece), chip_special if piece.special else chip)
+            text.append(display_text(piece.piece), chip_special if piece.special else chip)
             if self.show_ids:
                 text.append(f"·{piece.id}", id_style)
         return text

@@ -1,0 +1,164 @@
+"""A recorded run played back through the engine's interface, so the dashboard (and headless mode) can show a
+record as if a model were writing it: `tokentui replay FILE.jsonl`. No torch, no model.
+
+Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
+(2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
+in the engine. The sampler cannot change a recorded run: `update_sampler` refuses with a SettingsError.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+from .errors import SettingsError
+from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
+                     PromptEvent, StepEvent, stopped_done)
+from .run import Run
+from .settings import RunOptions, SamplerSettings
+
+
+def check_speed(speed: float) -> float:
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or math.isnan(speed) or math.isinf(speed) \
+            or speed < 0:
+        raise SettingsError(f"--speed must be a number >= 0 (1 = as recorded, 0 = as fast as possible), got {speed!r}")
+    return float(speed)
+
+
+def _sampler_of(run: Run) -> SamplerSettings:
+    """The settings the first step was taken with (the defaults when the record has no step)."""
+    first = run.first
+    if first is None or not isinstance(first.settings, dict):
+        return SamplerSettings()
+    known = {k: v for k, v in first.settings.items() if k in SamplerSettings.__dataclass_fields__}
+    try:
+        return SamplerSettings(**known).validated()
+    except (SettingsError, TypeError):
+        return SamplerSettings()
+
+
+def _options_of(run: Run) -> RunOptions:
+    """What bounded the recorded run, as far as the record tells: the length it reached, whether it went on past
+    an end token (a special token before the last step: only --ignore-eos does that), the candidates per step."""
+    done = run.done
+    tokens = max(1, done.tokens if done is not None else len(run))
+    specials = run.values("special", 0, max(0, len(run) - 1))
+    first = run.first
+    return RunOptions(max_new_tokens=tokens, ignore_eos=any(specials),
+                      top_candidates=max(1, len(first.candidates)) if first is not None else 10)
+
+
+class ReplayEngine:
+    """Plays a `Run` (usually `Run.from_record(path)`) with the engine's interface (tui/config.py EngineLike)."""
+
+    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
+        if run.facts is None:
+            raise ValueError("a replay needs the run's model facts")
+        self.source = run
+        self.speed = check_speed(speed)
+        label = name or (run.record_path.name if run.record_path is not None else "a run")
+        # the model panel says where the run comes from; the load time was the recorded model's, not this one's
+        self.facts: ModelFacts = replace(run.facts, source=f"replay of {label}", load_seconds=0.0)
+        self.options: RunOptions = _options_of(run)
+        self._sampler = _sampler_of(run)
+        self._cond = threading.Condition()
+        self._paused = False
+        self._allow = 0
+        self._stop = False
+
+    @classmethod
+    def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
+        return cls(Run.from_record(path), speed=speed)
+
+    # ---- settings: fixed by the record ---------------------------------------------------------------------
+    @property
+    def sampler(self) -> SamplerSettings:
+        return self._sampler
+
+    def update_sampler(self, **changes) -> SamplerSettings:
+        raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
+
+    # ---- control (as in the engine: at step boundaries) ----------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def step_once(self) -> None:
+        with self._cond:
+            self._allow += 1
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+    def _gate(self) -> bool:
+        """Wait at a step boundary while paused; False when the replay must stop."""
+        with self._cond:
+            while self._paused and not self._stop and self._allow == 0:
+                self._cond.wait()
+            if self._stop:
+                return False
+            if self._paused and self._allow:
+                self._allow -= 1
+            return True
+
+    def _wait(self, ms: float) -> bool:
+        """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
+        with self._cond:
+            if self.speed > 0 and ms > 0:
+                self._cond.wait_for(lambda: self._stop, timeout=ms / 1000.0 / self.speed)
+            return not self._stop
+
+    # ---- the run -------------------------------------------------------------------------------------------
+    def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
+        """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
+        so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
+        short — with a `done` event (reason "stopped") for the steps played."""
+        with self._cond:  # like the engine, a step granted before the run (pause + step) carries into it
+            self._stop = False
+        source = self.source
+        recorded = source.prompt
+        if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
+                                                                                recorded.system_prompt):
+            yield Notice("a replay plays the recorded prompt; the prompt given is not run")
+        played = 0
+        prefill_ms = 0.0
+        prompt_tokens = 0
+        for event in source.events():
+            if isinstance(event, (ModelFacts, LoadProgress)):
+                continue
+            if isinstance(event, PromptEvent):
+                prompt_tokens = len(event.ids)
+            elif isinstance(event, PrefillProgress):
+                if not self._wait(event.elapsed_ms - prefill_ms):
+                    break
+                prefill_ms = event.elapsed_ms
+            elif isinstance(event, PrefillEvent):
+                if not self._wait(event.ms - prefill_ms):
+                    break
+                prefill_ms = event.ms
+            elif isinstance(event, StepEvent):
+                wait = event.latency_ms - prefill_ms if event.index == 0 else event.latency_ms
+                if not self._wait(wait) or not self._gate():
+                    break
+                played += 1
+            yield event
+            if isinstance(event, (DoneEvent, ErrorEvent)):
+                return
+        if source.record_notice is not None and not self._stop:
+            yield Notice(f"{source.record_notice}: replayed up to there")
+        yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

@@ -1,0 +1,336 @@
+"""The run model: everything one run reported, in order, as one navigable object.
+
+A `Run` is built by folding the engine's events (`run.apply(event)`), read back from a run record
+(`Run.from_record(path)`, core/record_read.py) and written to one (`run.save(path)`). It holds the model facts,
+notices, the prompt, the prefill (and its progress), every step and the end (done or error); `len(run)`,
+`run[i]` / `run.step(i)`, `run[a:b]`, `run.first`, `run.last` and a `Cursor` navigate the steps.
+
+Steps are stored column by column (core arrays of numbers, shared strings), not as one object each: a step with
+ten candidates takes ~0.5 KiB instead of ~3 KiB, so a 10,000-step run stays a few MiB. `run[i]` rebuilds the
+`StepEvent` (equal to the one applied); the latest one applied is kept as it came.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import fields
+from pathlib import Path
+from typing import Iterator
+
+from .events import (
+    Candidate,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    LoadProgress,
+    ModelFacts,
+    MultiTokenChar,
+    Notice,
+    PrefillEvent,
+    PrefillProgress,
+    PromptEvent,
+    StepEvent,
+)
+
+_ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
+
+
+class RunError(ValueError):
+    """An event that cannot be part of this run (a step out of order)."""
+
+
+class _Columns:
+    """Instances of a dataclass stored as one column per field: numbers in arrays, strings shared (a run's
+    pieces and texts come from a vocabulary, so each distinct one is kept once), anything else in a list.
+    Fields named in `skip` are stored elsewhere by the owner."""
+
+    def __init__(self, cls, skip: tuple[str, ...] = ()) -> None:
+        self.cls = cls
+        self.columns: dict[str, array | list] = {}
+        self.bools: set[str] = set()
+        self.strings: set[str] = set()
+        for f in fields(cls):
+            if f.name in skip:
+                continue
+            code = _ARRAY_CODES.get(f.type)
+            self.columns[f.name] = array(code) if code else []
+            if f.type == "bool":
+                self.bools.add(f.name)
+            elif f.type == "str":
+                self.strings.add(f.name)
+        self._shared: dict[str, str] = {}
+
+    def append(self, item) -> None:
+        added = []
+        try:
+            for name, column in self.columns.items():
+                value = getattr(item, name)
+                if name in self.strings and isinstance(value, str):
+                    value = self._shared.setdefault(value, value)
+                column.append(value)
+                added.append(column)
+        except (TypeError, OverflowError) as err:
+            for column in added:  # all columns stay the same length
+                column.pop()
+            raise RunError(f"{self.cls.__name__}.{name} = {value!r} cannot be stored: {err}") from None
+
+    def values(self, i: int) -> dict:
+        out = {name: column[i] for name, column in self.columns.items()}
+        for name in self.bools:
+            out[name] = bool(out[name])
+        return out
+
+    def get(self, i: int):
+        return self.cls(**self.values(i))
+
+
+class _Steps:
+    """The steps' columns; candidates flattened into their own columns with each step's offset."""
+
+    def __init__(self) -> None:
+        self.scalars = _Columns(StepEvent, skip=("index", "candidates", "completed_chars", "settings"))
+        self.candidates = _Columns(Candidate)
+        self.offsets = array("q", [0])  # step i's candidates are rows offsets[i]:offsets[i + 1]
+        self.completed: dict[int, tuple[MultiTokenChar, ...]] = {}  # few steps complete a character
+        self.settings: list = []  # each distinct run of equal settings once...
+        self.settings_at = array("q")  # ...and the one in force at each step
+        self.count = 0
+
+    def append(self, step: StepEvent) -> None:
+        settings = step.settings
+        if not self.settings or self.settings[-1] != settings:
+            self.settings.append(settings)
+        cands = list(step.candidates)
+        done = 0
+        try:
+            for cand in cands:
+                self.candidates.append(cand)
+                done += 1
+            self.scalars.append(step)
+        except RunError:
+            for _ in range(done):
+                for column in self.candidates.columns.values():
+                    column.pop()
+            raise
+        self.offsets.append(self.offsets[-1] + len(cands))
+        self.settings_at.append(len(self.settings) - 1)
+        if step.completed_chars:
+            self.completed[self.count] = tuple(step.completed_chars)
+        self.count += 1
+
+    def get(self, i: int) -> StepEvent:
+        values = self.scalars.values(i)
+        rows = range(self.offsets[i], self.offsets[i + 1])
+        return StepEvent(index=i, candidates=[self.candidates.get(r) for r in rows],
+                         completed_chars=list(self.completed.get(i, ())),
+                         settings=self.settings[self.settings_at[i]], **values)
+
+
+class Run:
+    """One run, as reported: see the module docstring. `apply` is the only way in (events in engine order)."""
+
+    def __init__(self, facts: ModelFacts | None = None) -> None:
+        self.facts: ModelFacts | None = None
+        self.prompt: PromptEvent | None = None
+        self.prefill: PrefillEvent | None = None
+        self.prefill_progress: list[PrefillProgress] = []
+        self.notices: list[Notice] = []
+        self.end: DoneEvent | ErrorEvent | None = None
+        self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
+        self._steps = _Steps()
+        self._last: StepEvent | None = None
+        # set by `from_record`: the file, and the line a record cut short ends in (None: every line whole)
+        self.record_path: Path | None = None
+        self.cut_line: int | None = None
+        if facts is not None:
+            self.apply(facts)
+
+    # ---- folding events ------------------------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        """Add one event. A step must be the next one (index == len(run)), else RunError; a later `done`
+        replaces an earlier one (the end is whatever the run last said)."""
+        if isinstance(event, StepEvent):
+            if event.index != len(self):
+                raise RunError(f"step {event.index} cannot follow {len(self)} step(s)")
+            self._steps.append(event)
+            self._last = event
+            return
+        if isinstance(event, ModelFacts):
+            self.facts = event
+        elif isinstance(event, Notice):
+            self.notices.append(event)
+        elif isinstance(event, PromptEvent):
+            self.prompt = event
+        elif isinstance(event, PrefillProgress):
+            self.prefill_progress.append(event)
+        elif isinstance(event, PrefillEvent):
+            self.prefill = event
+        elif isinstance(event, (DoneEvent, ErrorEvent)):
+            self.end = event
+        elif not isinstance(event, LoadProgress):
+            raise RunError(f"a run has no place for a {type(event).__name__}")
+        self._others.append((len(self), event))
+
+    # ---- the end -------------------------------------------------------------------------------------------
+    @property
+    def done(self) -> DoneEvent | None:
+        return self.end if isinstance(self.end, DoneEvent) else None
+
+    @property
+    def error(self) -> ErrorEvent | None:
+        return self.end if isinstance(self.end, ErrorEvent) else None
+
+    @property
+    def ended(self) -> bool:
+        return self.end is not None
+
+    # ---- the steps -----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._steps.count
+
+    def __getitem__(self, key: int | slice):
+        if isinstance(key, slice):
+            return [self.step(i) for i in range(*key.indices(len(self)))]
+        return self.step(key)
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        for i in range(len(self)):
+            yield self.step(i)
+
+    def step(self, i: int) -> StepEvent:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} is not in this run of {n} step(s)")
+        if i == n - 1 and self._last is not None:
+            return self._last
+        return self._steps.get(i)
+
+    @property
+    def first(self) -> StepEvent | None:
+        return self.step(0) if len(self) else None
+
+    @property
+    def last(self) -> StepEvent | None:
+        return self._last
+
+    def values(self, name: str, start: int = 0, stop: int | None = None) -> list:
+        """One number or string field of steps start..stop (e.g. "latency_ms", "text"), without rebuilding them."""
+        if name == "index":
+            return list(range(len(self)))[start:stop]
+        column = self._steps.scalars.columns[name]
+        out = column[start:stop]
+        if name in self._steps.scalars.bools:
+            return [bool(v) for v in out]
+        return out if isinstance(out, list) else out.tolist()
+
+    def completed_chars(self, last: int | None = None) -> list[MultiTokenChar]:
+        """Characters whose bytes came over several tokens, oldest first (`last`: only the latest so many)."""
+        chars: list[MultiTokenChar] = []
+        for index in reversed(self._steps.completed):
+            if last is not None and len(chars) >= last:
+                break
+            chars[:0] = self._steps.completed[index]
+        return chars if last is None else chars[max(0, len(chars) - last):]
+
+    @property
+    def text(self) -> str:
+        """The answer so far: the texts the steps completed (the end's own `text` once there is one)."""
+        if self.done is not None:
+            return self.done.text
+        return "".join(self._steps.scalars.columns["text"])
+
+    def cursor(self, index: int | None = None) -> "Cursor":
+        return Cursor(self, index)
+
+    # ---- in order ------------------------------------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        """Every event applied, in the order it came (steps rebuilt one at a time)."""
+        step = 0
+        for before, event in self._others:
+            while step < before:
+                yield self.step(step)
+                step += 1
+            yield event
+        while step < len(self):
+            yield self.step(step)
+            step += 1
+
+    def save(self, path: str | Path) -> Path:
+        """Write the run as a record (the `model` event first, then the run's events); never overwrites."""
+        import json
+
+        path = Path(path)
+        with open(path, "x", encoding="utf-8") as fh:
+            for event in self.events():
+                fh.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+        return path
+
+    @classmethod
+    def from_record(cls, path: str | Path) -> "Run":
+        """Read a record (dashboard, `--record-dir` or `--headless --json` output); RecordError when it is not
+        one. A record cut short is read up to its last whole line, and `cut_line` says where it was cut."""
+        from .record_read import read_run
+
+        return read_run(path, cls)
+
+    @property
+    def record_notice(self) -> str | None:
+        """What to tell a reader of a record that ends early (None: the record is whole)."""
+        if self.cut_line is not None:
+            return f"the record ends early (cut at line {self.cut_line})"
+        if self.record_path is not None and self.end is None:
+            return "the record ends early (no done or error event)"
+        return None
+
+
+class Cursor:
+    """A place in a run: one step, or following the latest (`index` None). Panels read `cursor.step`."""
+
+    def __init__(self, run: Run, index: int | None = None) -> None:
+        self.run = run
+        self._index: int | None = None
+        if index is not None:
+            self.go(index)
+
+    @property
+    def following(self) -> bool:
+        return self._index is None
+
+    @property
+    def index(self) -> int | None:
+        """The step shown (None while the run has none)."""
+        if self._index is None:
+            return len(self.run) - 1 if len(self.run) else None
+        return self._index
+
+    @property
+    def step(self) -> StepEvent | None:
+        index = self.index
+        return None if index is None else self.run.step(index)
+
+    def go(self, index: int) -> int | None:
+        """Hold at `index`, clamped to the run's steps (first..last); None while the run has no step."""
+        n = len(self.run)
+        if n == 0:
+            self._index = None
+            return None
+        self._index = min(max(0, index), n - 1)
+        return self._index
+
+    def move(self, delta: int) -> int | None:
+        current = self.index
+        return None if current is None else self.go(current + delta)
+
+    def follow(self) -> None:
+        self._index = None
+
+    @property
+    def at_first(self) -> bool:
+        return self.index in (None, 0)
+
+    @property
+    def at_last(self) -> bool:
+        index = self.index
+        return index is None or index == len(self.run) - 1
