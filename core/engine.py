@@ -20,6 +20,7 @@ import torch
 from .adapter import first_capacity, input_device, new_cache
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
+from .gate import StepGate
 from .errors import GenerationError, PromptError, TokentuiError
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
@@ -62,9 +63,8 @@ class Engine:
         self.options = options or RunOptions()  # settings are valid by construction (core/settings.py)
         self._sampler = sampler or SamplerSettings()
         self._sampler_changed = False
-        self._cond = threading.Condition()
-        self._paused = False
-        self._step_credits = 0
+        self._steps = StepGate()  # pause / single step, shared with the replay (core/gate.py)
+        self._cond = self._steps.lock  # the sampler settings and the run serials live under the gate's lock
         self._run_serial = 0  # the run allowed to continue; a newer run or stop() retires older ones
         self._stop_serial = -1
         self._model_lock = threading.Lock()  # one run on the model at a time
@@ -107,25 +107,17 @@ class Engine:
 
     @property
     def paused(self) -> bool:
-        with self._cond:
-            return self._paused
+        return self._steps.paused
 
     def pause(self) -> None:
-        with self._cond:
-            self._paused = True
-            self._step_credits = 0
+        self._steps.pause()
 
     def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        self._steps.resume()
 
     def step_once(self) -> None:
         """While paused, let exactly one more step through."""
-        with self._cond:
-            if self._paused:
-                self._step_credits += 1
-                self._cond.notify_all()
+        self._steps.step_once()
 
     def stop(self) -> None:
         """End the current run at the next step boundary (DoneEvent reason "stopped")."""
@@ -134,17 +126,8 @@ class Engine:
             self._cond.notify_all()
 
     def _gate(self, serial: int) -> bool:
-        """Block while paused; False when this run must stop."""
-        with self._cond:
-            while True:
-                if self._stop_serial >= serial or self._run_serial != serial:
-                    return False
-                if not self._paused:
-                    return True
-                if self._step_credits > 0:
-                    self._step_credits -= 1
-                    return True
-                self._cond.wait()
+        """Block while paused; False when this run must stop (stopped, or retired by a newer run)."""
+        return self._steps.wait(lambda: self._stop_serial >= serial or self._run_serial != serial)
 
     def _timed_gate(self, serial: int) -> tuple[bool, float]:
         """`_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode time."""

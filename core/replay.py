@@ -9,12 +9,12 @@ in the engine. The sampler cannot change a recorded run: `update_sampler` refuse
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 from .errors import SettingsError
+from .gate import StepGate
 from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
                      PromptEvent, StepEvent, stopped_done)
 from .run import Run
@@ -64,10 +64,8 @@ class ReplayEngine:
         self.facts: ModelFacts = replace(run.facts, source=f"replay of {label}", load_seconds=0.0)
         self.options: RunOptions = _options_of(run)
         self._sampler = _sampler_of(run)
-        self._cond = threading.Condition()
-        self._paused = False
-        self._allow = 0
-        self._stop = False
+        self._steps = StepGate()  # pause / single step exactly as the engine does them (core/gate.py)
+        self._stop = False  # under the gate's lock
 
     @classmethod
     def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
@@ -84,51 +82,40 @@ class ReplayEngine:
     # ---- control (as in the engine: at step boundaries) ----------------------------------------------------
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._steps.paused
 
     def pause(self) -> None:
-        with self._cond:
-            self._paused = True
+        self._steps.pause()
 
     def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        self._steps.resume()
 
     def step_once(self) -> None:
-        with self._cond:
-            self._allow += 1
-            self._cond.notify_all()
+        self._steps.step_once()
 
     def stop(self) -> None:
-        with self._cond:
+        with self._steps.lock:
             self._stop = True
-            self._cond.notify_all()
+        self._steps.wake()
+
+    def _stopping(self) -> bool:
+        return self._stop
 
     def _gate(self) -> bool:
         """Wait at a step boundary while paused; False when the replay must stop."""
-        with self._cond:
-            while self._paused and not self._stop and self._allow == 0:
-                self._cond.wait()
-            if self._stop:
-                return False
-            if self._paused and self._allow:
-                self._allow -= 1
-            return True
+        return self._steps.wait(self._stopping)
 
     def _wait(self, ms: float) -> bool:
         """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
-        with self._cond:
-            if self.speed > 0 and ms > 0:
-                self._cond.wait_for(lambda: self._stop, timeout=ms / 1000.0 / self.speed)
-            return not self._stop
+        seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
+        return self._steps.sleep(seconds, self._stopping)
 
     # ---- the run -------------------------------------------------------------------------------------------
     def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
         """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
         so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
         short — with a `done` event (reason "stopped") for the steps played."""
-        with self._cond:  # like the engine, a step granted before the run (pause + step) carries into it
+        with self._steps.lock:  # like the engine, a step granted before the run (pause + step) carries into it
             self._stop = False
         source = self.source
         recorded = source.prompt

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 from tokentui.core.errors import ModelLoadError, TokentuiError
+from tokentui.core.gate import StepGate
 from tokentui.core.events import (
     Candidate,
     DoneEvent,
@@ -226,9 +227,8 @@ class ScriptedEngine:
         self._sampler = (sampler or SamplerSettings()).validated()
         self._changed = False
         self._lock = threading.Lock()
-        self._cond = threading.Condition()
-        self._paused = False
-        self._allow = 0
+        self._gate_ = StepGate()  # pause / single step exactly as the real engine does them
+        self._cond = self._gate_.lock
         self._stop = False
         self.runs: list[tuple[str, str | None]] = []
         self.events: list[Event] = []  # every event of every run
@@ -257,21 +257,16 @@ class ScriptedEngine:
     # ---- control ---------------------------------------------------------------------------------------------
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self._gate_.paused
 
     def pause(self) -> None:
-        with self._cond:
-            self._paused = True
+        self._gate_.pause()
 
     def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        self._gate_.resume()
 
     def step_once(self) -> None:
-        with self._cond:
-            self._allow += 1
-            self._cond.notify_all()
+        self._gate_.step_once()
 
     def stop(self) -> None:
         with self._cond:
@@ -281,14 +276,7 @@ class ScriptedEngine:
 
     def _gate(self) -> bool:
         """Wait at a step boundary while paused; False when the run must stop."""
-        with self._cond:
-            while self._paused and not self._stop and self._allow == 0:
-                self._cond.wait(0.05)
-            if self._stop:
-                return False
-            if self._paused and self._allow:
-                self._allow -= 1
-            return True
+        return self._gate_.wait(lambda: self._stop)
 
     def _sleep(self) -> None:
         if self.delay:
