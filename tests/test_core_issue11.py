@@ -385,7 +385,7 @@ def test_the_dashboard_refuses_bad_model_or_device_before_opening(args, needle, 
 
 def test_run_dashboard_hands_the_app_model_device_and_a_relaunch(monkeypatch):
     import tokentui.cli as cli
-    import tokentui.tui.app as app
+    import tokentui.tui.run as app
 
     made = []
     monkeypatch.setattr(cli, "make_loader", lambda args, *, in_process=True: made.append((args, in_process))

@@ -95,7 +95,9 @@ def test_run_dashboard_prints_the_load_error_and_returns_non_zero(monkeypatch, c
         asyncio.run(go())
 
     monkeypatch.setattr(app_module.TokentuiApp, "run", fake_run)
-    code = app_module.run_dashboard(config)
+    from tokentui.tui.run import run_dashboard
+
+    code = run_dashboard(config)
     assert code == 2
     assert "tokentui: /x.gguf: no such file or folder" in capsys.readouterr().err
 

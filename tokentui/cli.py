@@ -1,4 +1,5 @@
-"""`tokentui` command line: the dashboard by default, `--headless [--json]` for a plain stream.
+"""`tokentui` command line: the arguments, checked before any slow import; then the dashboard (tui/), the headless
+stream (tokentui/headless.py) or `tokentui replay` (tokentui/replay.py).
 
 Argument errors and every TokentuiError end with one line on stderr and exit status 2 (bad input) or 1 (a run
 that failed); never a traceback. torch/transformers are imported only after the arguments are checked, so a
@@ -8,7 +9,6 @@ typo is reported at once.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -146,137 +146,12 @@ def make_loader(args, *, in_process: bool = True):
     return load
 
 
-def run_headless(args, prompt: str) -> int:
-    from tokentui.core.events import LoadProgress
-
-    out = sys.stdout
-    output_ok = True
-    engine = None
-
-    def emit(text: str, stream=None) -> None:
-        """Write to the terminal; once it is gone (SSH dropped, pipe closed) stop the run but keep recording."""
-        nonlocal output_ok
-        if not output_ok:
-            return
-        try:
-            (stream or out).write(text)
-            (stream or out).flush()
-        except OSError:
-            output_ok = False
-            _silence_stdio()
-            if engine is not None:
-                engine.stop()
-
-    def progress(event: LoadProgress) -> None:
-        if args.json:
-            emit(json.dumps(event.to_dict()) + "\n")
-
-    engine = make_loader(args)(progress)
-    # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
-    # record ends with a `done` event (reason "stopped"). Before the first step (a long prompt's prefill is one
-    # model run that cannot be stopped half-way) and on a second signal it interrupts at once; the record then
-    # still ends with a `done` event, written here.
-    stopped_by: list[int] = []
-    decoding: list[bool] = []
-
-    def on_signal(signum, frame):
-        first = not stopped_by
-        stopped_by.append(signum)
-        engine.stop()
-        if not first or not decoding:
-            raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
-    try:
-        return _headless_run(args, prompt, engine, emit, stopped_by, decoding, lambda: output_ok)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
-    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, StepEvent
-    from tokentui.core.record import RunRecorder
-    from tokentui.core.runner import RecordedRun
-
-    def note(message: str) -> None:
-        emit(f"tokentui: {message}\n", sys.stderr)
-
-    status = 0
-    wrote_text = False
-    with RecordedRun(engine, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
-        run.open()
-        if args.json:
-            emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
-        try:
-            for event in run.events(prompt, args.system):
-                if stopped_by or not output_ok():
-                    engine.stop()  # also when the signal came before the run had started
-                if isinstance(event, StepEvent):
-                    decoding[:] = [True]
-                if args.json:
-                    emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
-                elif isinstance(event, StepEvent):
-                    if event.text:
-                        emit(event.text)
-                        wrote_text = True
-                elif isinstance(event, Notice):
-                    emit(f"tokentui: {event.message}\n", sys.stderr)
-                elif isinstance(event, DoneEvent):
-                    emit(event.flushed + "\n")
-                    if event.dropped_hex:  # not printed as U+FFFD: said here, once
-                        emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
-                             f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
-                if isinstance(event, ErrorEvent):
-                    if not args.json:
-                        if wrote_text:
-                            emit("\n")
-                        emit(f"tokentui: {event.message}\n", sys.stderr)
-                    status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
-        except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
-            engine.stop()
-            if not stopped_by:
-                stopped_by.append(signal.SIGINT)
-    # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
-    if run.cut_off is not None and args.json:
-        emit(json.dumps(run.cut_off.to_dict(), ensure_ascii=False) + "\n")
-    if stopped_by:
-        name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
-                signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
-        if wrote_text and not run.finished:
-            emit("\n")
-        emit(f"tokentui: {name}; the run stopped\n", sys.stderr)
-        status = 128 + stopped_by[0]
-    elif not output_ok():
-        status = EXIT_RUN_FAILED
-    if run.path is not None:
-        emit(f"tokentui: run recorded in {run.path}\n", sys.stderr)
-    return status
-
-
-_WHERE_DROPPED = {"length": "at the length limit", "context": "at the context limit",
-                  "stopped": "when the run stopped", "eos": "before the end token"}
-
-
-def _silence_stdio() -> None:
-    """The terminal or pipe is gone: send further output (and Python's exit-time flush) to /dev/null."""
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError):
-            pass
-    os.close(devnull)
-
-
 def run_dashboard(args, prompt: str) -> int:
     from tokentui.core.record import RunRecorder
 
     load = make_loader(args, in_process=False)  # the model process starts first: it takes the longest
 
-    from tokentui.tui.app import run_dashboard as run_app
+    from tokentui.tui.run import run_dashboard as run_app
     from tokentui.core.precheck import check_model_and_device
     from tokentui.tui.config import DashboardConfig
 
@@ -329,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             # second; CUDA visibility is left to the loader, which imports torch anyway.
             parse_device(args.device)
             resolve_model(args.model, allow_pickle=args.allow_pickle)
+            from tokentui.headless import run_headless
+
             return run_headless(args, prompt)
         # Bad --model / --device found before the dashboard opens: the same line and status as headless.
         check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)
@@ -340,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("\ntokentui: interrupted", file=sys.stderr)
         except OSError:  # the terminal is gone (SIGHUP)
-            _silence_stdio()
+            from tokentui.headless import silence_stdio
+
+            silence_stdio()
         return 128 + (_signal_seen[-1] if _signal_seen else signal.SIGINT)
 
 

@@ -97,7 +97,7 @@ def replay_headless(engine, as_json: bool) -> int:
 
 
 def replay_dashboard(engine, theme: str) -> int:
-    from tokentui.tui.app import run_dashboard
+    from tokentui.tui.run import run_dashboard
 
     return run_dashboard(replay_config(engine, theme))
 
