@@ -21,16 +21,13 @@ class ActionsMixin:
     def _change_sampler(self, **changes) -> None:
         try:
             if self.engine is not None:
-                new = self.engine.update_sampler(**changes)
+                self.engine.update_sampler(**changes)
             else:
-                new = self.sampler_settings.with_changes(**changes)
+                self._sampler_before_load = self._sampler_before_load.with_changes(**changes)
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
             return
-        self.sampler_settings = new
-        panel = self.query_one(SamplerPanel)
-        panel.requested = new
-        panel.show(self.state)
+        self.query_one(SamplerPanel).show(self.state)  # it reads the settings from the app
 
     def action_temperature(self, direction: int) -> None:
         t = self.sampler_settings.temperature

@@ -79,7 +79,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.state = RunState(show_special_tokens=config.options.ignore_eos)
         self.prompt = config.prompt
         self.system = config.system
-        self.sampler_settings: SamplerSettings = config.sampler
+        self._sampler_before_load: SamplerSettings = config.sampler  # see `sampler_settings`
         self.heat = False
         self.show_ids = False
         self.user_theme_names: set[str] = set()
@@ -117,6 +117,13 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         yield StatusLine(id="status")
         yield KeyBar(id="keys")  # whole entries only; `? help` and `q quit` always (tui/keybar.py)
 
+    @property
+    def sampler_settings(self) -> SamplerSettings:
+        """The sampler settings asked for. Once the model is loaded these are the engine's own — its client is their
+        one owner in this process, and every key reads and changes them there; before that, what the command line
+        and the keys pressed while loading asked for (handed to the engine when it is ready)."""
+        return self.engine.sampler if self.engine is not None else self._sampler_before_load
+
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
         driver_class = super().get_driver_class()
@@ -135,7 +142,6 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self._rebuild_all))
         for message, severity in self._startup_notes:
             self.notify(message, severity=severity, timeout=12, markup=False)
-        self.query_one(SamplerPanel).requested = self.sampler_settings
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
         self._repaint_now()
         self._install_signal_handlers()

@@ -13,7 +13,7 @@ from tokentui.core.events import LoadProgress
 
 from .config import EngineLike
 from .messages import LoadProgressed
-from .panels import SamplerPanel, StatusLine
+from .panels import StatusLine
 from .screens import ErrorDialog, ModelPicker
 
 
@@ -62,14 +62,12 @@ class LoadingMixin:
         self.engine = engine
         self.load_error = None
         try:
-            if engine.sampler != self.sampler_settings:
-                engine.update_sampler(**self.sampler_settings.to_dict())
+            if engine.sampler != self._sampler_before_load:  # keys pressed while it loaded
+                engine.update_sampler(**self._sampler_before_load.to_dict())
             if getattr(engine, "options", None) != self.config.options:
                 engine.options = self.config.options
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
-        self.sampler_settings = engine.sampler
-        self.query_one(SamplerPanel).requested = self.sampler_settings
         self.state.facts = engine.facts
         self._start_run()
 

@@ -57,12 +57,9 @@ class SamplerPanel(Panel):
     }
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.requested: SamplerSettings | None = None
-
     def build(self, state) -> Text:
-        settings = self.requested or SamplerSettings()
+        # the settings asked for, read from their owner (the engine's client, via the app), never copied here
+        settings = getattr(self.app, "sampler_settings", None) or SamplerSettings()
         label = self.style_of("sampler--label")
         value = self.style_of("sampler--value")
         changed = self.style_of("sampler--changed")
