@@ -254,7 +254,7 @@ async def test_step_numbers_match_the_token_count():
 
 def test_bytes_held_at_the_end_are_shown_as_dropped_not_as_a_replacement_character():
     state = RunState()
-    state.start_run(1)
+    state.start_run()
     engine = ScriptedEngine(options=RunOptions(max_new_tokens=10))
     for event in engine.run("Is OpenAI open?"):
         if isinstance(event, DoneEvent):

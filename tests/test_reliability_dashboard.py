@@ -462,7 +462,8 @@ async def test_export_from_the_command_palette_while_generating(tmp_path):
         app.last_export = None
         await keys(app, "x")
         await wait_for(pilot, lambda: app.last_export == exported, what="the export key")
-        await keys(app, "q")
+        await keys(app, "q")  # q quits from the export dialog too (the app's binding)
+        await wait_for(pilot, lambda: app.return_code == 0, what="the app to quit")
 
 
 # ---- security ----------------------------------------------------------------------------------------------------

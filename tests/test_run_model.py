@@ -246,7 +246,7 @@ def test_run_state_keeps_one_copy_of_the_steps_and_derives_what_the_panels_read(
     engine = ScriptedEngine(options=RunOptions(max_new_tokens=600, ignore_eos=True))
     state = RunState()
     state.facts = engine.facts
-    state.start_run(1)
+    state.start_run()
     for event in engine.run("Is OpenAI open?"):
         state.apply(event)
     steps = engine.steps
@@ -260,14 +260,14 @@ def test_run_state_keeps_one_copy_of_the_steps_and_derives_what_the_panels_read(
     assert state.decode_latencies == [s.latency_ms for s in steps[1:]]
     assert state.plot_points == [(s.index + 1, s.latency_ms) for s in steps[-PLOT_POINTS:]]
     assert [c.char for c in state.multi_token_chars] == ["开"] * 8  # the latest 8
-    state.start_run(2)
+    state.start_run()
     assert state.steps == 0 and not state.tokens and state.last_step is None and state.plot_points == []
     assert state.run.facts == engine.facts and state.done is None
 
 
 def test_run_state_lists_notices_from_the_run():
     state = RunState()
-    state.start_run(1)
+    state.start_run()
     for event in ScriptedEngine(chat_template=False).run("Is OpenAI open?"):
         state.apply(event)
     assert state.notices == ["This model has no chat template: the raw prompt is used as typed"]

@@ -125,7 +125,7 @@ def test_state_folds_a_run():
     engine = ScriptedEngine()
     state = RunState()
     state.facts = engine.facts
-    state.start_run(1)
+    state.start_run()
     for event in engine.run("Is OpenAI open?"):
         state.apply(event)
     assert state.phase == "done" and state.steps == 14 and state.model_runs == 14

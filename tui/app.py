@@ -84,7 +84,6 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.show_ids = False
         self.user_theme_names: set[str] = set()
         self.record_paths: list[Path] = []  # every run recorded this session
-        self._run_id = 0
         self._engine_lock = threading.Lock()  # one engine.run at a time, across restarts
         self._flush_timer = None
         self._last_flush = 0.0
@@ -206,15 +205,14 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         if engine is None:
             return
         self._halt_engine()
-        self._run_id += 1
-        self.state.start_run(self._run_id)
+        run_id = self.state.start_run()  # the state holds the dashboard's one run counter
         self.query_one(OutputPanel).view.clear()
         if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
             self.pause_armed = False
             engine.pause()
             engine.step_once()
         self._repaint_now()
-        self._run_worker = self._generate(engine, self.prompt, self.system, self._run_id)
+        self._run_worker = self._generate(engine, self.prompt, self.system, run_id)
 
     def _halt_engine(self) -> None:
         engine = self.engine
@@ -253,7 +251,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
                          worker: Worker) -> None:
         """Loop the engine's run (recorded by core/runner.py) and post every event. Never waits for the UI."""
         with self._engine_lock:
-            if worker.is_cancelled or run_id != self._run_id:
+            if worker.is_cancelled or run_id != self.state.run_id:
                 return
             with RecordedRun(engine, self.config.recorder,
                              on_note=lambda message: self.post_message(RunNote(run_id, message))) as run:
@@ -261,7 +259,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
                 stopping = False
                 for event in run.events(prompt, system):
                     self.post_message(EngineEvent(run_id, event))
-                    if not stopping and (worker.is_cancelled or run_id != self._run_id):
+                    if not stopping and (worker.is_cancelled or run_id != self.state.run_id):
                         engine.stop()  # superseded: end at the next step, keep the record complete
                         stopping = True
             if run.cut_off is not None:  # the engine's stream ended without `done`: the run's one is this
@@ -270,16 +268,16 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
     def on_run_started(self, message: RunStarted) -> None:
         if message.record_path is not None:
             self.record_paths.append(message.record_path)
-        if message.run_id == self._run_id:
+        if message.run_id == self.state.run_id:
             self.state.record_path = message.record_path
             self._repaint_now()
 
     def on_run_note(self, message: RunNote) -> None:
-        if message.run_id == self._run_id:
+        if message.run_id == self.state.run_id:
             self.notify(message.message, severity=message.severity, markup=False)
 
     def on_engine_event(self, message: EngineEvent) -> None:
-        if message.run_id != self._run_id:
+        if message.run_id != self.state.run_id:
             return  # a superseded run finishing
         event = message.event
         self.state.apply(event)

@@ -98,9 +98,10 @@ class RunState:
     error_message: str | None = None
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
-    def start_run(self, run_id: int) -> None:
-        """Forget the previous run (the model facts stay)."""
-        self.run_id = run_id
+    def start_run(self) -> int:
+        """Forget the previous run (the model facts stay); returns the new run's id. The dashboard's one run counter
+        lives here: events of an older run (still finishing after a restart) are told apart by it."""
+        self.run_id += 1
         self.runs_started += 1
         self.phase = "starting"
         self.record_path = None
@@ -115,6 +116,7 @@ class RunState:
         self.kv_bytes = 0
         self.kv_growth = 0
         self.error_message = None
+        return self.run_id
 
     def prefill_elapsed(self, now: float | None = None) -> float | None:
         """Seconds since the prefill began (None before the prompt went in): the engine's own count at its latest

@@ -19,7 +19,9 @@ from textual.widgets import Static
 class ExportedDialog(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,enter", "dismiss", "close", show=True),
-        Binding("q", "app.quit", "quit", show=False),  # q quits everywhere in the dashboard
+        # q quits everywhere in the dashboard. Not straight to app.quit: that ended the app while the key was still
+        # on its way up to it, which then found no screen left (a traceback at exit, now and then).
+        Binding("q", "quit_app", "quit", show=False),
         Binding("c", "copy(0)", "copy the answer's path", show=True),
         Binding("C,shift+c", "copy(1)", "copy the record's path", show=True),
         Binding("x", "app.export", "export again", show=False),
@@ -75,3 +77,8 @@ class ExportedDialog(ModalScreen[None]):
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
+
+    def action_quit_app(self) -> None:
+        """Close this dialog, then quit once the key has been handled."""
+        self.dismiss(None)
+        self.app.call_later(self.app.action_quit)
