@@ -20,8 +20,8 @@ import torch
 from .adapter import first_capacity, input_device, new_cache
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
-from .gate import StepGate
 from .errors import GenerationError, PromptError, TokentuiError
+from .gate import StepGate
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens
@@ -70,6 +70,8 @@ class Engine:
         self._model_lock = threading.Lock()  # one run on the model at a time
         self.token_bytes = token_bytes(self.tokenizer)
         self.end_ids = end_token_ids(self.model, self.tokenizer)
+        # what the chat template puts in an empty system message: a property of the tokenizer, read once
+        self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
         self.speed = (speed or SpeedOptions()).validated()
         self.layout = LayoutReport()
@@ -127,7 +129,7 @@ class Engine:
 
     def _gate(self, serial: int) -> bool:
         """Block while paused; False when this run must stop (stopped, or retired by a newer run)."""
-        return self._steps.wait(lambda: self._stop_serial >= serial or self._run_serial != serial)
+        return self._steps.wait(lambda: self._stopping(serial))  # the gate's lock is re-entrant
 
     def _timed_gate(self, serial: int) -> tuple[bool, float]:
         """`_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode time."""
@@ -205,7 +207,7 @@ class Engine:
                               f"{facts.max_context}; shorten it by at least {over} tokens")
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
                           user_prompt=prompt, system_prompt=system,
-                          default_system_prompt=default_system_prompt(tok))
+                          default_system_prompt=self.default_system_prompt)
         go, paused_s = self._timed_gate(serial)
         if not go:
             yield self._ended_before_first_token(len(ids), None, paused_s)

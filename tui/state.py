@@ -265,7 +265,23 @@ class RunState:
                "eos": "at the end token"}.get(done.reason, "at the end of the run")
         return hex_, f"incomplete character {why}"
 
+    @property
+    def decode_steps(self) -> int:
+        """How many decode steps (index >= 1) the run has taken."""
+        return max(0, len(self.run) - 1)
+
     def latency_stats(self) -> dict[str, float | None]:
+        """Last, mean, median, p95 and tok/s over the whole run. Two panels ask at every repaint; the sorts behind
+        median and p95 are done once per new step (or end), not once per panel per frame."""
+        key = (id(self.run), len(self.run), self.done)
+        cached = self.__dict__.get("_latency_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        stats = self._latency_stats()
+        self.__dict__["_latency_cache"] = (key, stats)
+        return stats
+
+    def _latency_stats(self) -> dict[str, float | None]:
         lat = self.decode_latencies
         mean = sum(lat) / len(lat) if lat else None
         tok_s = (1000.0 / mean) if mean else None

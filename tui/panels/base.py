@@ -24,6 +24,16 @@ SCROLL_BINDINGS = [
 ]
 
 
+# Every panel's frame: the rounded border with its title and subtitle, on the surface colour. Widgets that cannot be
+# a `Panel` (a scroll view, a container) put the same lines at the top of their own rule.
+FRAME_CSS = """
+        border: round $panel-border;
+        border-title-color: $primary;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        background: $surface;"""
+
+
 class Panel(Widget):
     """A bordered panel whose content is rebuilt from `RunState` by `show(state)`.
 
@@ -33,11 +43,7 @@ class Panel(Widget):
 
     DEFAULT_CSS = """
     Panel {
-        border: round $panel-border;
-        border-title-color: $primary;
-        border-title-style: bold;
-        border-subtitle-color: $text-muted;
-        background: $surface;
+        """ + FRAME_CSS + """
         padding: 0 1;
         height: auto;
     }

@@ -22,7 +22,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .base import SCROLL_BINDINGS
+from .base import FRAME_CSS, SCROLL_BINDINGS
 
 HEAT_LEVELS = 10
 
@@ -325,11 +325,7 @@ class OutputPanel(Vertical):
 
     DEFAULT_CSS = """
     OutputPanel {
-        border: round $panel-border;
-        border-title-color: $primary;
-        border-title-style: bold;
-        border-subtitle-color: $text-muted;
-        background: $surface;
+        """ + FRAME_CSS + """
         padding: 0 0 0 1;
         height: 1fr;
     }

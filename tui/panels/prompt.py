@@ -14,7 +14,7 @@ from textual.widget import Widget
 
 from tokentui.core.detokenize import display_text
 
-from .base import SCROLL_BINDINGS, component_style, forget_styles
+from .base import FRAME_CSS, SCROLL_BINDINGS, component_style, forget_styles
 
 
 class PromptText(Widget):
@@ -49,11 +49,7 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
 
     DEFAULT_CSS = """
     PromptPanel {
-        border: round $panel-border;
-        border-title-color: $primary;
-        border-title-style: bold;
-        border-subtitle-color: $text-muted;
-        background: $surface;
+        """ + FRAME_CSS + """
         padding: 0 1;
         height: auto;
         scrollbar-size-vertical: 1;

@@ -13,7 +13,7 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from ..format import ms
-from .base import component_style, forget_styles
+from .base import FRAME_CSS, component_style, forget_styles
 
 PLOT_INTERVAL = 0.25  # at most 4 plot redraws a second
 
@@ -114,11 +114,7 @@ class SpeedPanel(Vertical):
 
     DEFAULT_CSS = """
     SpeedPanel {
-        border: round $panel-border;
-        border-title-color: $primary;
-        border-title-style: bold;
-        border-subtitle-color: $text-muted;
-        background: $surface;
+        """ + FRAME_CSS + """
         padding: 0 1;
         & > .speed--label { color: $text-muted; }
         & > .speed--value { color: $accent; text-style: bold; }
@@ -209,7 +205,7 @@ class SpeedPanel(Vertical):
              [("last ", L), (last, V), (" · median ", L), (median, V), (" ms", M)],
              [("last ", L), (last, V), (" · med ", L), (median, V), (" ms", M)],
              [("last ", L), (last, V), (" ms", M)]],
-            [[("decode ", L), (tok_s, V), (" tokens/s", M), (f" · all {len(state.decode_latencies):,} steps", M)],
+            [[("decode ", L), (tok_s, V), (" tokens/s", M), (f" · all {state.decode_steps:,} steps", M)],
              [("decode ", L), (tok_s, V), (" tokens/s", M)],
              [("p95 ", L), (p95_, V), (" ms · ", M), (tok_s, V), (" tok/s", M)],
              [(tok_s, V), (" tok/s", M)]],
@@ -235,7 +231,7 @@ class SpeedPanel(Vertical):
     def _subtitle(self) -> None:
         """The plot's unit, and its window of steps when that is not the whole run or has no x labels."""
         window = self.plot.window
-        total = len(self._state.decode_latencies) if self._state is not None else 0
+        total = self._state.decode_steps if self._state is not None else 0
         if window and (total > len(window) or (self.plot.size.height or 0) < 7):
             self.border_subtitle = f"ms · steps {window[0][0]:,}–{window[-1][0]:,}"
         else:
