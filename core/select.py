@@ -11,6 +11,8 @@ prefix, normalises with one O(V) softmax, and widens the prefix only when the ke
 Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
 warpers: every token past the prefix has probability 0 there.
 
+The topk of a prefix and of the reported candidates goes through core/topn.py, exact and cheaper on CPU.
+
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
 host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened).
 Nothing here imports textual.
@@ -25,16 +27,14 @@ import torch
 
 from .errors import GenerationError
 from .settings import SamplerSettings
+from .topn import top_prefix, top_scores
 
-__all__ = ["Selection", "select", "reference_probs", "sample_index", "top_prefix", "top_scores"]
+__all__ = ["Selection", "select", "reference_probs", "sample_index"]
 
 PREFIX_MIN = 256  # smallest prefix tried: 0.25 ms at V = 151,936 on CPU, and a widening would cost a second pass
 _TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
 _DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
 _BLOCK = 256  # sample_index: draw a block of this many entries, then an entry inside it
-_PREFIX_BLOCK = 32  # top_prefix: block size of the block-max shortcut below _PREFIX_SAMPLED
-_STRIDE = 16  # top_prefix: every _STRIDE-th score goes into the sample that estimates the k-th largest
-_PREFIX_SAMPLED = 512  # top_prefix: from this k on (while 8 * k <= V) the sampled threshold beats torch.topk
 _LN2 = math.log(2.0)
 _NAN_MESSAGE = (
     "the model produced NaN/inf scores (numerical overflow: try another dtype, e.g. --dtype float32, or another model)"
@@ -175,63 +175,6 @@ def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     b = torch.multinomial(blocks.sum(dim=-1), 1, generator=generator)  # [1] which block
     i = torch.multinomial(blocks.index_select(0, b)[0], 1, generator=generator)  # [1] which entry in it
     return b * _BLOCK + i
-
-
-def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(x, n) (values descending, their ids) for the few candidates a step reports, cheaper on CPU.
-
-    Hand-written because torch.topk over 151,936 scores on one CPU core takes ~0.4 ms (a heap pass at ~2.6 ns per
-    score) for 10 winners. Blocks of _BLOCK scores are ranked by their maximum (a vectorised reduction), and the
-    n best blocks plus the ragged tail hold the n largest scores: if a top-n score's block is not among them, each
-    of the n chosen blocks has a maximum at least as large, so the candidates hold n scores that large anyway. The
-    values are exactly topk's; ids of tied scores may come in another order, which topk does not define either.
-    """
-    if x.device.type != "cpu" or n > 64 or x.numel() < 64 * _BLOCK:
-        return torch.topk(x, n)
-    return _block_topk(x, n, _BLOCK)
-
-
-def _block_topk(x: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """topk(x, n) through the n best blocks of `block` scores by their maximum (top_scores says why it is exact)."""
-    v = x.numel()
-    full = v - v % block
-    block_max = x[:full].view(-1, block).amax(dim=1)  # [v // block]
-    blocks = torch.topk(block_max, min(n, block_max.numel())).indices  # [<= n]
-    ids = (blocks[:, None] * block + torch.arange(block)).reshape(-1)  # [<= n * block]
-    if full < v:
-        ids = torch.cat([ids, torch.arange(full, v)])
-    values, at = torch.topk(x.index_select(0, ids), n)  # [n]
-    return values, ids.index_select(0, at)
-
-
-def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(x, k) (values descending, their ids) for the prefixes top-k / top-p need, cheaper on CPU.
-
-    Hand-written because on one CPU core topk(k) over V = 151,936 costs ~0.4 ms for k = 256 (a heap pass) and, past
-    a few hundred, an nth_element plus a sort: ~1.7 ms for k = 2,375, the nucleus of top-p 0.9 at temperature 0.7
-    on Gaussian scores. Two exact shortcuts, measured there:
-    * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores (0.25 against 0.40 ms at 256).
-    * larger k: estimate the k-th largest score from every _STRIDE-th score (with a 30 % margin), keep the scores
-      at or above that threshold (one compare and one nonzero pass), and topk those. If at least k scores pass,
-      every score above the true k-th largest passed too, so the values are exactly topk's; otherwise fall back
-      to topk (0.66 against 1.78 ms at 2,375; 0.64 against 0.97 ms at 1,024).
-    Ids of tied scores may differ from topk's, which leaves them undefined too.
-    """
-    v = x.numel()
-    if x.device.type != "cpu":
-        return torch.topk(x, k)
-    if k < _PREFIX_SAMPLED:
-        return _block_topk(x, k, _PREFIX_BLOCK) if 64 * k <= v else torch.topk(x, k)
-    if 8 * k > v:
-        return torch.topk(x, k)
-    sample = x[::_STRIDE].contiguous()  # [ceil(v / _STRIDE)]
-    rank = min(sample.numel(), int(1.3 * k / _STRIDE) + 16)
-    threshold = torch.topk(sample, rank).values[-1]  # [] about the (1.3 k)-th largest score
-    ids = (x >= threshold).nonzero().squeeze(1)  # [m] ascending ids; m >= k in all but rare cases
-    if ids.numel() < k:
-        return torch.topk(x, k)
-    values, at = torch.topk(x.index_select(0, ids), k)  # [k]
-    return values, ids.index_select(0, at)
 
 
 def _scores(logits: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ special tokens (`<|im_start|>`) are single vocabulary entries and are flagged.
 
 from __future__ import annotations
 
-from .detokenize import TokenBytes, display_piece
+from .display import display_piece
 from .events import PromptPiece
 from .template import Templated
+from .token_bytes import TokenBytes
 
 
 def tokenize(tokenizer, templated: Templated, token_bytes: TokenBytes) -> tuple[list[int], list[PromptPiece]]:

@@ -14,17 +14,9 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tokentui.core.detokenize import (
-    MODE_BYTE_LEVEL,
-    MODE_DECODE,
-    MODE_SENTENCEPIECE,
-    DetokStep,
-    IncrementalDetokenizer,
-    display_piece,
-    is_special,
-    oneshot_text,
-    token_bytes,
-)
+from tokentui.core.detokenize import DetokStep, IncrementalDetokenizer, oneshot_text
+from tokentui.core.display import display_piece
+from tokentui.core.token_bytes import MODE_BYTE_LEVEL, MODE_DECODE, MODE_SENTENCEPIECE, is_special, token_bytes
 from tokentui.core.events import MultiTokenChar
 
 FFFD = "\ufffd"

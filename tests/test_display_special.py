@@ -1,4 +1,4 @@
-"""One display form for a token (core/detokenize.py `display_text`, used by the engine and every panel) and
+"""One display form for a token (core/display.py `display_text`, used by the engine and every panel) and
 `Candidate.special`, set by the engine from the tokenizer's special tokens and drawn by the candidates panel."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import ScriptedEngine, make_loader, wait_for
-from tokentui.core.detokenize import display_text
+from tokentui.core.display import display_text
 from tokentui.core.events import StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp

@@ -20,8 +20,9 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
-from tokentui.core.select import Selection, reference_probs, sample_index, select, top_prefix, top_scores
+from tokentui.core.select import Selection, reference_probs, sample_index, select
 from tokentui.core.settings import SamplerSettings
+from tokentui.core.topn import top_prefix, top_scores
 
 PROB_TOL = 1e-6
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from tokentui.core.detokenize import display_text
+from tokentui.core.display import display_text
 
 from .base import FRAME_CSS, SCROLL_BINDINGS, component_style, forget_styles
 
