@@ -21,7 +21,8 @@ from .record import RunRecorder
 
 
 class RecordedRun:
-    """Use as a context manager around `events()`, so the record is finished however the caller leaves:
+    """Use as a context manager around `events()` (or `feed()` for events received elsewhere), so the record is
+    finished however the caller leaves:
 
         with RecordedRun(engine, recorder, on_note=say) as run:
             path = run.open()
@@ -88,19 +89,28 @@ class RecordedRun:
     def _run(self, prompt: str, system: str | None) -> Iterator[Event]:
         try:
             for event in self.engine.run(prompt, system):
-                self._write(event)
-                if isinstance(event, StepEvent):
-                    self._steps.add(event)
-                elif isinstance(event, PromptEvent):
-                    self._prompt_tokens = len(event.ids)
-                elif isinstance(event, (DoneEvent, ErrorEvent)):
-                    self.finished = True
+                self.feed(event)
                 yield event
         except Exception:
-            self._crashed = True
+            self.crashed()
             raise
         finally:  # also on KeyboardInterrupt and when the caller stops reading (GeneratorExit)
             self._end()
+
+    def feed(self, event: Event) -> None:
+        """Record one event of the run (for a caller that receives the events itself: the dashboard's client)."""
+        self._write(event)
+        if isinstance(event, StepEvent):
+            self._steps.add(event)
+        elif isinstance(event, PromptEvent):
+            self._prompt_tokens = len(event.ids)
+        elif isinstance(event, (DoneEvent, ErrorEvent)):
+            self.finished = True
+
+    def crashed(self) -> None:
+        """The engine failed (an exception, not an `error` event): the record ends with the last event before it,
+        with no `done` made up for it."""
+        self._crashed = True
 
     def _end(self) -> None:
         if not self.finished and not self._crashed and self.cut_off is None:

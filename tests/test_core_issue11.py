@@ -385,22 +385,22 @@ def test_the_dashboard_refuses_bad_model_or_device_before_opening(args, needle, 
 
 def test_run_dashboard_hands_the_app_model_device_and_a_relaunch(monkeypatch):
     import tokentui.cli as cli
+    import tokentui.core.process as process
     import tokentui.tui.run as app
 
-    made = []
-    monkeypatch.setattr(cli, "make_loader", lambda args, *, in_process=True: made.append((args, in_process))
-                        or (lambda progress: None))
+    started = []
+    monkeypatch.setattr(process, "start_model_process", lambda spec: started.append(spec) or object())
     seen = []
     monkeypatch.setattr(app, "run_dashboard", lambda config, **_: seen.append(config) or 3)
     args = cli.build_parser().parse_args(["--model", "/m", "--device", "cpu", "--temperature", "0.3", "--no-record"])
     assert cli.run_dashboard(args, "hi") == 3  # the app's exit status passes through
     config = seen[0]
-    assert (config.model, config.device) == ("/m", "cpu") and made[-1][1] is False
-    config.relaunch("other/model", "cuda:0")
-    again, in_process = made[-1]
-    assert (again.model, again.device, again.temperature, in_process) == ("other/model", "cuda:0", 0.3, False)
+    assert (config.model, config.device) == ("/m", "cpu")
+    assert [(spec.model, spec.device) for spec in started] == [("/m", "cpu")]  # started before the app
+    again = config.relaunch("other/model", "cuda:0")
+    assert isinstance(again, cli.ProcessSource) and isinstance(again.args, argparse.Namespace)
+    assert (again.spec.model, again.spec.device, again.spec.sampler.temperature) == ("other/model", "cuda:0", 0.3)
     assert (args.model, args.device) == ("/m", "cpu")  # a copy: the original flags are untouched
-    assert isinstance(again, argparse.Namespace)
 
 
 # ------------------------------------------------------------------------------------------ 10. KV formula

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from client_replies import Replies
 from fakes import FACTS, ScriptedEngine
 from tokentui.core.errors import GenerationError, SettingsError
 from tokentui.core.events import DoneEvent, StepEvent
-from tokentui.core.process import ProcessEngine, StartedProcess
+from tokentui.core.process import ProcessClient, StartedProcess
 from tokentui.core.protocol import (COMMANDS, Crash, Load, LoadFailed, ProtocolError, Ready, RunEvent, SetSampler,
                                     StartRun, Stop, expect)
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -65,7 +66,7 @@ def test_the_old_positional_tuples_are_refused():
 
 
 class FakeProc:
-    """What ProcessEngine asks of its child's Popen."""
+    """What ProcessClient asks of its child's Popen."""
 
     pid = 0
 
@@ -102,7 +103,7 @@ def stand_in_child(conn: Connection, proc: FakeProc, reply) -> None:
         conn.close()
 
 
-def process_engine(reply) -> ProcessEngine:
+async def process_client(reply) -> ProcessClient:
     from tokentui.core.process import EngineSpec
 
     parent_end, child_end = socket.socketpair()
@@ -110,14 +111,16 @@ def process_engine(reply) -> ProcessEngine:
     proc = FakeProc()
     parent.send(Load(EngineSpec()))
     threading.Thread(target=stand_in_child, args=(child, proc, reply), daemon=True).start()
-    return ProcessEngine(EngineSpec(), started=StartedProcess(proc, parent, Path("/dev/null")))
+    client = ProcessClient(EngineSpec(), started=StartedProcess(proc, parent, Path("/dev/null")))
+    await client.load()
+    return client
 
 
 def scripted_events(prompt: str):
     return list(ScriptedEngine().run(prompt))
 
 
-def test_a_stale_run_s_events_are_dropped_and_a_new_run_gets_only_its_own():
+async def test_a_stale_run_s_events_are_dropped_and_a_new_run_gets_only_its_own():
     events = scripted_events("Is OpenAI open?")
 
     def reply(run: StartRun):
@@ -126,59 +129,62 @@ def test_a_stale_run_s_events_are_dropped_and_a_new_run_gets_only_its_own():
         for event in events:
             yield RunEvent(run.serial, event)
 
-    engine = process_engine(reply)
+    client = await process_client(reply)
     try:
-        got = list(engine.run("Is OpenAI open?"))
-        assert got == events
-        again = list(engine.run("Is OpenAI open?"))
+        replies = Replies(client)
+        assert await replies.run("Is OpenAI open?") == events
+        again = await replies.run("Is OpenAI open?")
         assert again == events and sum(isinstance(e, DoneEvent) for e in again) == 1
+        assert replies.queue.empty()
     finally:
-        engine.close()
+        client.close()
 
 
-def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_misreading():
+async def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_misreading():
     events = scripted_events("Is OpenAI open?")
 
     def reply(run: StartRun):
         yield RunEvent(run.serial, events[0])
         yield ("event", run.serial, events[1])  # the old positional form: refused
 
-    engine = process_engine(reply)
+    client = await process_client(reply)
     try:
-        got = []
+        replies = Replies(client)
+        client.start("Is OpenAI open?")
+        got = [await replies.next_event()]
         with pytest.raises(GenerationError, match="expected RunEvent, Crash, got tuple"):
-            for event in engine.run("Is OpenAI open?"):
-                got.append(event)
+            got.append(await replies.next_event())
         assert got == events[:1] and not any(isinstance(e, StepEvent) for e in got[1:])
     finally:
-        engine.close()
+        client.close()
 
 
-def test_a_crash_message_ends_its_run_with_the_child_s_words():
+async def test_a_crash_message_ends_its_run_with_the_child_s_words():
     def reply(run: StartRun):
         yield Crash(run.serial, "the model process failed: RuntimeError: boom")
 
-    engine = process_engine(reply)
+    client = await process_client(reply)
     try:
         with pytest.raises(GenerationError, match="RuntimeError: boom"):
-            list(engine.run("hi"))
+            await Replies(client).run("hi")
     finally:
-        engine.close()
+        client.close()
 
 
-def test_a_child_that_goes_away_mid_run_ends_the_run_without_polling():
-    """The reader queues `gone` when the connection closes: the waiting run wakes at once and says so."""
+async def test_a_child_that_goes_away_mid_run_ends_the_run_at_once():
+    """The socket's end closing wakes the event loop: the run in progress says so, and so does a later one."""
     events = scripted_events("Is OpenAI open?")
 
     def reply(run: StartRun):
         yield RunEvent(run.serial, events[0])
         raise EOFError  # the stand-in child ends here, mid-run
 
-    engine = process_engine(reply)
+    client = await process_client(reply)
     try:
+        replies = Replies(client)
         with pytest.raises(GenerationError, match="ended unexpectedly"):
-            list(engine.run("hi"))
+            await replies.run("hi")
         with pytest.raises(GenerationError, match="ended unexpectedly"):  # and so does any later run, at once
-            list(engine.run("hi"))
+            await replies.run("hi")
     finally:
-        engine.close()
+        client.close()

@@ -106,9 +106,9 @@ async def test_clamps_do_not_touch_the_engine():
         assert engine.sampler == SamplerSettings(temperature=0.0, top_p=1.0, top_k=100)
         await pilot.press("p")
         assert engine.sampler.top_p == 0.95
-        engine.update_sampler(top_p=0.05)  # the app reads the engine's settings: no copy to bring up to date
+        app.client.update_sampler(top_p=0.05)  # the client is the settings' one owner: the keys read it there
         await pilot.press("p")
-        assert engine.sampler.top_p == 0.05
+        assert app.client.sampler.top_p == engine.sampler.top_p == 0.05
 
 
 async def test_new_seed():

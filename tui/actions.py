@@ -20,14 +20,11 @@ class ActionsMixin:
     # ---- actions: sampler ----------------------------------------------------------------------------------
     def _change_sampler(self, **changes) -> None:
         try:
-            if self.engine is not None:
-                self.engine.update_sampler(**changes)
-            else:
-                self._sampler_before_load = self._sampler_before_load.with_changes(**changes)
+            self.client.update_sampler(**changes)  # its one owner; before loading, handed over when it is ready
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
             return
-        self.query_one(SamplerPanel).show(self.state)  # it reads the settings from the app
+        self.query_one(SamplerPanel).show(self.state)  # it reads the settings from the client
 
     def action_temperature(self, direction: int) -> None:
         t = self.sampler_settings.temperature
@@ -71,17 +68,17 @@ class ActionsMixin:
     @property
     def paused(self) -> bool:
         """The engine's own flag: pausing takes effect at the next step boundary."""
-        return self.engine is not None and self.engine.paused
+        return self.client.loaded and self.client.paused
 
     def _require_running(self, what: str) -> bool:
-        if self.engine is not None and self.state.running:
+        if self.client.loaded and self.state.running:
             return True
-        hint = "r restarts" if self.engine is not None else "the model is not loaded yet"
+        hint = "r restarts" if self.client.loaded else "the model is not loaded yet"
         self.notify(f"Nothing is generating — {hint}", severity="warning", timeout=4, markup=False)
         return False
 
     def action_toggle_pause(self) -> None:
-        if self.engine is None and self.state.phase == "loading":
+        if not self.client.loaded and self.state.phase == "loading":
             self.pause_armed = not self.pause_armed
             self.notify("Pausing at the first token once the model is loaded" if self.pause_armed
                         else "Will not pause at the first token", timeout=4, markup=False)
@@ -89,25 +86,25 @@ class ActionsMixin:
             return
         if not self._require_running("pause"):
             return
-        engine = self.engine
-        if engine.paused:
-            engine.resume()
+        client = self.client
+        if client.paused:
+            client.resume()
         else:
-            engine.pause()
+            client.pause()
         self._repaint_now()
 
     def action_step(self) -> None:
         if not self._require_running("step"):
             return
-        if not self.engine.paused:
-            self.engine.pause()
+        if not self.client.paused:
+            self.client.pause()
             self.notify("Paused — n (or →) lets one token through, space resumes", timeout=4, markup=False)
             self._repaint_now()
             return
-        self.engine.step_once()
+        self.client.step_once()
 
     def action_restart(self) -> None:
-        if self.engine is None:
+        if not self.client.loaded:
             if self.state.phase == "load-failed":
                 self._start_load()
             return
@@ -116,8 +113,8 @@ class ActionsMixin:
     def _pause_for_dialog(self) -> bool:
         """Dialogs cover the panels, so a run must not go on unseen behind them: pause it while one is open (it
         resumes when the dialog closes, unless it was paused already). True when this paused it."""
-        if self.engine is not None and self.state.running and not self.engine.paused:
-            self.engine.pause()
+        if self.client.loaded and self.state.running and not self.client.paused:
+            self.client.pause()
             self._dialog_paused = True
             self._repaint_now()
             return True
@@ -126,8 +123,8 @@ class ActionsMixin:
     def _resume_after_dialog(self) -> None:
         if self._dialog_paused:
             self._dialog_paused = False
-            if self.engine is not None and self.engine.paused:
-                self.engine.resume()
+            if self.client.loaded and self.client.paused:
+                self.client.resume()
             self._repaint_now()
 
     def action_edit_prompt(self) -> None:
@@ -141,7 +138,7 @@ class ActionsMixin:
                 return
             self._dialog_paused = False  # the new run replaces the paused one (_start_run resumes the engine)
             self.prompt, self.system = result
-            if self.engine is not None:
+            if self.client.loaded:
                 self._start_run()
             else:
                 self.notify("The new prompt runs once the model is loaded", timeout=4, markup=False)

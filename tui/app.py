@@ -1,11 +1,11 @@
-"""The dashboard: a thin engine worker, a state folded from its events, and one widget per panel.
+"""The dashboard: one engine client, a state folded from its replies, and one widget per panel.
 
-Threads: the model loads in a thread worker (through a daemon thread, so quitting mid-load does not wait for it);
-generation runs in an exclusive thread worker (again through a daemon thread, so quitting mid-prefill does not
-wait for it) that iterates the engine's run, recorded by core/runner.py, and posts each event — it never waits for
-the UI. The app folds events into `RunState` at once and repaints at most ~30 times a second. Failures come back
-one way:
-`on_worker_state_changed` (load errors → error dialog; a crashed run → status line).
+The app talks to the engine only through its client (core/client.py), on the event loop: commands are method calls,
+replies come back typed through `_on_reply` (a run opened, an engine event of the current run, a note, a failure).
+There is no thread of the app's own: the model runs in its own process, read with `loop.add_reader`, or — a replay,
+the tests' scripted engine — in this one, stepped on the client's executor thread. The app folds events into
+`RunState` at once and repaints at most ~30 times a second. Failures come back one way each: a load raises in
+`_load` (→ error dialog); a run ends with an `error` event or a `RunFailed` reply (→ status line and dialog).
 
 Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py (mixins of this app),
 theme registration in tui/theming.py, writing an export in tui/export.py, and running it as a program (exit
@@ -16,31 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 import time
 from pathlib import Path
 
-from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
-from textual.worker import Worker, WorkerState, get_current_worker
 
-from tokentui.core.errors import TokentuiError
+from tokentui.core.client import Reply, RunFailed, RunNote, RunOpened
 from tokentui.core.events import ErrorEvent, Notice, StepEvent
-from tokentui.core.runner import RecordedRun
+from tokentui.core.protocol import RunEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from .actions import ActionsMixin
 from .commands import TokentuiCommands
-from .config import DashboardConfig, EngineLike
+from .config import DashboardConfig
 from .keybar import KeyBar
 from .keys import app_bindings
 from .loading import LoadingMixin
 from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
-from .messages import EngineEvent, RunNote, RunStarted
 from .panels import (
     CandidatesPanel,
     KVPanel,
@@ -57,6 +53,7 @@ from .state import RunState
 from .theming import register_themes
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
+QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
 class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
@@ -75,23 +72,21 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
     def __init__(self, config: DashboardConfig) -> None:
         super().__init__()
         self.config = config
-        self.engine: EngineLike | None = None
+        self.client = config.new_client(config.sampler)  # the one owner of the run id and the sampler settings
+        self.client.listener = self._on_reply
         self.state = RunState(show_special_tokens=config.options.ignore_eos)
         self.prompt = config.prompt
         self.system = config.system
-        self._sampler_before_load: SamplerSettings = config.sampler  # see `sampler_settings`
         self.heat = False
         self.show_ids = False
         self.user_theme_names: set[str] = set()
         self.record_paths: list[Path] = []  # every run recorded this session
-        self._engine_lock = threading.Lock()  # one engine.run at a time, across restarts
         self._flush_timer = None
         self._last_flush = 0.0
         self._status_message_timer = None
         self._startup_notes: list[tuple[str, str]] = []
         self._prompt_key = None
-        self._run_worker: Worker | None = None  # the current run's worker (older ones may still be finishing)
-        self._load_thread: threading.Thread | None = None
+        self._quitting = False
         self.pause_armed = False  # space while loading: pause the first run after its first token
         self._dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
         self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
@@ -118,10 +113,13 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
 
     @property
     def sampler_settings(self) -> SamplerSettings:
-        """The sampler settings asked for. Once the model is loaded these are the engine's own — its client is their
-        one owner in this process, and every key reads and changes them there; before that, what the command line
-        and the keys pressed while loading asked for (handed to the engine when it is ready)."""
-        return self.engine.sampler if self.engine is not None else self._sampler_before_load
+        """The sampler settings asked for: the engine client's (their one owner in this process; before the model is
+        loaded, what the command line and the keys pressed while loading asked for)."""
+        return self.client.sampler
+
+    @property
+    def loaded(self) -> bool:
+        return self.client.loaded
 
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
@@ -193,93 +191,46 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
             self._layout_plan = None
 
     def on_unmount(self) -> None:
-        """However the app ends, let the generation thread finish its run at the next step."""
+        """However the app ends, the engine client is closed: the run in progress ends (its record with `done`),
+        and so does the model process."""
         if self._flush_timer is not None:
             self._flush_timer.stop()
-        self._halt_engine()
+        self.client.close()
 
     # ---- generation ----------------------------------------------------------------------------------------
     def _start_run(self) -> None:
         """Stop the current run (if any) and start the current prompt afresh."""
-        engine = self.engine
-        if engine is None:
+        client = self.client
+        if not client.loaded:
             return
-        self._halt_engine()
-        run_id = self.state.start_run()  # the state holds the dashboard's one run counter
+        client.halt()
+        self.state.start_run()
         self.query_one(OutputPanel).view.clear()
         if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
             self.pause_armed = False
-            engine.pause()
-            engine.step_once()
+            client.pause()
+            client.step_once()
         self._repaint_now()
-        self._run_worker = self._generate(engine, self.prompt, self.system, run_id)
+        client.start(self.prompt, self.system)
 
-    def _halt_engine(self) -> None:
-        engine = self.engine
-        if engine is None:
-            return
-        engine.stop()
-        if engine.paused:
-            engine.resume()
-
-    @work(thread=True, exclusive=True, group="generate", name="generate", exit_on_error=False)
-    def _generate(self, engine: EngineLike, prompt: str, system: str | None, run_id: int) -> None:
-        """Run the generation loop on a daemon thread and wait for it; errors come back through this worker.
-
-        The daemon thread is what lets the app quit at once: a thread worker is joined when the app's event loop
-        closes, and one model run (a long prompt's prefill) cannot be stopped half-way. Once cancelled, this
-        worker returns and the thread ends its run by itself at the next step boundary (`engine.stop`)."""
-        worker = get_current_worker()
-        failure: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                self._generate_events(engine, prompt, system, run_id, worker)
-            except BaseException as err:  # handed to the worker, which re-raises it
-                failure.append(err)
-
-        thread = threading.Thread(target=target, name="tokentui-generate", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.05)
-            if worker.is_cancelled:
-                return
-        if failure:
-            raise failure[0]
-
-    def _generate_events(self, engine: EngineLike, prompt: str, system: str | None, run_id: int,
-                         worker: Worker) -> None:
-        """Loop the engine's run (recorded by core/runner.py) and post every event. Never waits for the UI."""
-        with self._engine_lock:
-            if worker.is_cancelled or run_id != self.state.run_id:
-                return
-            with RecordedRun(engine, self.config.recorder,
-                             on_note=lambda message: self.post_message(RunNote(run_id, message))) as run:
-                self.post_message(RunStarted(run_id, run.open()))
-                stopping = False
-                for event in run.events(prompt, system):
-                    self.post_message(EngineEvent(run_id, event))
-                    if not stopping and (worker.is_cancelled or run_id != self.state.run_id):
-                        engine.stop()  # superseded: end at the next step, keep the record complete
-                        stopping = True
-            if run.cut_off is not None:  # the engine's stream ended without `done`: the run's one is this
-                self.post_message(EngineEvent(run_id, run.cut_off))
-
-    def on_run_started(self, message: RunStarted) -> None:
-        if message.record_path is not None:
-            self.record_paths.append(message.record_path)
-        if message.run_id == self.state.run_id:
-            self.state.record_path = message.record_path
+    def _on_reply(self, reply: Reply) -> None:
+        """The engine client's replies, on the event loop; only the current run's reach here."""
+        if isinstance(reply, RunEvent):
+            self._on_event(reply.event)
+        elif isinstance(reply, RunOpened):
+            if reply.record_path is not None:
+                self.record_paths.append(reply.record_path)
+            self.state.record_path = reply.record_path
             self._repaint_now()
+        elif isinstance(reply, RunNote):
+            self.notify(reply.message, severity=reply.severity, markup=False)
+        elif isinstance(reply, RunFailed):
+            self.state.phase = "error"
+            self.state.error_message = reply.message
+            self._repaint_now()
+            self._run_failed("The run failed", reply.message)
 
-    def on_run_note(self, message: RunNote) -> None:
-        if message.run_id == self.state.run_id:
-            self.notify(message.message, severity=message.severity, markup=False)
-
-    def on_engine_event(self, message: EngineEvent) -> None:
-        if message.run_id != self.state.run_id:
-            return  # a superseded run finishing
-        event = message.event
+    def _on_event(self, event) -> None:
         self.state.apply(event)
         if isinstance(event, StepEvent):
             self._schedule_flush()
@@ -290,21 +241,6 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         if isinstance(event, ErrorEvent):
             where = f" at step {event.step + 1}" if event.step >= 0 else ""  # numbered from 1, like the tokens
             self._run_failed(f"The run failed{where}", event.message)
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if worker.group == "load":
-            if event.state == WorkerState.SUCCESS and worker.result is not None:
-                self._engine_ready(worker.result)
-            elif event.state == WorkerState.ERROR:
-                self._load_failed(worker.error)
-        elif worker.group == "generate" and event.state == WorkerState.ERROR and worker is self._run_worker:
-            error = worker.error
-            message = str(error) if isinstance(error, TokentuiError) else f"{type(error).__name__}: {error}"
-            self.state.phase = "error"
-            self.state.error_message = message
-            self._repaint_now()
-            self._run_failed("The run failed", message)
 
     # ---- repainting ----------------------------------------------------------------------------------------
     def _schedule_flush(self) -> None:
@@ -354,16 +290,15 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.query_one(OutputPanel).view.refresh()
 
     def action_quit(self) -> None:  # type: ignore[override]
-        self._halt_engine()
-        self.exit(return_code=self.exit_code)
+        """Stop the run, give it QUIT_WAIT seconds to end at its step boundary (its record then ends with the
+        engine's own `done`; tui/run.py ends what is left), then leave."""
+        if self._quitting:
+            return
+        self._quitting = True
+        self.run_worker(self._quit(), group="quit", name="quit", exit_on_error=False)
 
-    def settled(self, timeout: float) -> bool:
-        """After the app has ended: wait up to `timeout` seconds for the run in progress to end at its next step
-        boundary (its record then ends with `done`). False while the model is still busy in a single long model
-        run (a long prompt's prefill) or still loading — neither can be stopped half-way."""
-        if self._load_thread is not None and self._load_thread.is_alive():
-            return False
-        if not self._engine_lock.acquire(timeout=timeout):
-            return False
-        self._engine_lock.release()
-        return True
+    async def _quit(self) -> None:
+        try:
+            await self.client.finish(QUIT_WAIT)
+        finally:
+            self.exit(return_code=self.exit_code)

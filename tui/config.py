@@ -1,4 +1,4 @@
-"""What the CLI hands the dashboard: how to load the engine, the first prompt, settings, theme, recorder."""
+"""What the CLI hands the dashboard: where the engine comes from, the first prompt, settings, theme, recorder."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
+from tokentui.core.client import EngineClient, LocalClient
 from tokentui.core.events import LoadProgress, ModelFacts
 from tokentui.core.paths import config_dir
 from tokentui.core.record import RunRecorder
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 
 
 class EngineLike(Protocol):
-    """The part of `tokentui.core.engine.Engine` the dashboard uses (tests drive it with a scripted fake)."""
+    """An in-process engine the dashboard can run through `LocalClient` (core/client.py): a replay, or the tests'
+    scripted fake. It has the part of `tokentui.core.engine.Engine`'s interface the client uses."""
 
     facts: ModelFacts
     options: RunOptions
@@ -36,6 +38,16 @@ class EngineLike(Protocol):
 Loader = Callable[[Callable[[LoadProgress], None]], EngineLike]
 
 
+class ClientSource(Protocol):
+    """Where an engine client comes from when it is not an in-process loader (the model process of the command
+    line: `tokentui.cli.ProcessSource`)."""
+
+    def client(self, sampler: SamplerSettings, options: RunOptions, recorder: RunRecorder | None) -> EngineClient: ...
+
+
+Source = Loader | ClientSource
+
+
 def _default_theme_dir() -> Path:
     return config_dir() / "themes"
 
@@ -44,11 +56,12 @@ def _default_theme_dir() -> Path:
 class DashboardConfig:
     """Everything `run_dashboard` needs.
 
-    `load(progress)` builds the engine (slow: runs in a thread; may raise TokentuiError); `progress` may be called
-    from any thread. `sampler` / `options` are applied to the engine once it is loaded.
+    `load` is where the engine comes from: a `ClientSource`, or a `Loader` — `load(progress)` builds an in-process
+    engine (slow: runs on a worker thread; may raise TokentuiError; `progress` may be called from any thread).
+    `sampler` / `options` are what the engine client starts with; it hands them to the engine once it is loaded.
     """
 
-    load: Loader
+    load: Source
     prompt: str = "Is OpenAI open?"
     system: str | None = None
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
@@ -57,9 +70,16 @@ class DashboardConfig:
     recorder: RunRecorder | None = None
     user_theme_dir: Path | None = field(default_factory=_default_theme_dir)
     # What the model / device are (shown in the "change model or device" dialog), and how to load another:
-    # `relaunch(model, device)` returns a Loader for them (None: the dashboard cannot switch models).
+    # `relaunch(model, device)` returns a Source for them (None: the dashboard cannot switch models).
     model: str | None = None
     device: str = "auto"
-    relaunch: Callable[[str | None, str], Loader] | None = None
+    relaunch: Callable[[str | None, str], Source] | None = None
     # `check(model, device)` raises a one-line TokentuiError when they cannot work (no model needed to tell)
     check: Callable[[str, str], None] | None = None
+
+    def new_client(self, sampler: SamplerSettings) -> EngineClient:
+        """An engine client for `self.load`, starting from `sampler` (the settings asked for so far)."""
+        source = self.load
+        if hasattr(source, "client"):
+            return source.client(sampler, self.options, self.recorder)
+        return LocalClient(source, sampler, self.options, self.recorder)

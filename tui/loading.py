@@ -3,16 +3,11 @@ exit status a failed load leaves. A mixin of `TokentuiApp` (tui/app.py)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 
-from textual import work
-from textual.worker import get_current_worker
+from tokentui.core.errors import TokentuiError
+from tokentui.core.events import LoadProgress, ModelFacts
 
-from tokentui.core.errors import SettingsError, TokentuiError
-from tokentui.core.events import LoadProgress
-
-from .config import EngineLike
-from .messages import LoadProgressed
 from .panels import StatusLine
 from .screens import ErrorDialog, ModelPicker
 
@@ -24,51 +19,27 @@ class LoadingMixin:
         self.state.load_stage = "starting"
         self.state.load_fraction = None
         self._repaint_now()
-        self._load_engine()
+        self.run_worker(self._load(), exclusive=True, group="load", name="load", exit_on_error=False)
 
-    @work(thread=True, exclusive=True, group="load", name="load", exit_on_error=False)
-    def _load_engine(self) -> EngineLike | None:
-        """Call the loader in a daemon thread, so quitting does not wait for a 30-second conversion."""
-        worker = get_current_worker()
-        result: dict = {}
-        finished = threading.Event()
+    async def _load(self) -> None:
+        """Ask the engine client to load the model (no thread here: its replies come on the event loop)."""
+        try:
+            facts = await self.client.load(self._load_progressed)
+        except asyncio.CancelledError:  # quitting mid-load: the client has ended the model process
+            raise
+        except Exception as err:
+            self._load_failed(err)
+            return
+        self._engine_ready(facts)
 
-        def progress(p: LoadProgress) -> None:
-            self.post_message(LoadProgressed(p))
-
-        def target() -> None:
-            try:
-                result["engine"] = self.config.load(progress)
-            except BaseException as err:  # handed to the worker, which re-raises it
-                result["error"] = err
-            finally:
-                finished.set()
-
-        self._load_thread = threading.Thread(target=target, name="tokentui-load", daemon=True)
-        self._load_thread.start()
-        while not finished.wait(0.05):
-            if worker.is_cancelled:
-                return None
-        if "error" in result:
-            raise result["error"]
-        return result.get("engine")
-
-    def on_load_progressed(self, message: LoadProgressed) -> None:
+    def _load_progressed(self, progress: LoadProgress) -> None:
         if self.state.phase == "loading":
-            self.state.apply(message.progress)
+            self.state.apply(progress)
             self.query_one(StatusLine).show(self.state)
 
-    def _engine_ready(self, engine: EngineLike) -> None:
-        self.engine = engine
+    def _engine_ready(self, facts: ModelFacts) -> None:
         self.load_error = None
-        try:
-            if engine.sampler != self._sampler_before_load:  # keys pressed while it loaded
-                engine.update_sampler(**self._sampler_before_load.to_dict())
-            if getattr(engine, "options", None) != self.config.options:
-                engine.options = self.config.options
-        except SettingsError as err:
-            self.notify(str(err), severity="error", markup=False)
-        self.state.facts = engine.facts
+        self.state.facts = facts
         self._start_run()
 
     def _load_failed(self, error: BaseException | None) -> None:
@@ -95,7 +66,7 @@ class LoadingMixin:
     def exit_code(self) -> int:
         """What quitting now returns: 0, or — while the model has failed to load — 2 for bad input (a model or
         device that cannot work) and 1 for any other failure, as the command line does."""
-        if self.engine is None and self.load_error is not None:
+        if not self.client.loaded and self.load_error is not None:
             return 2 if isinstance(self.load_error, TokentuiError) else 1
         return 0
 
@@ -107,12 +78,16 @@ class LoadingMixin:
 
         def chosen(result) -> None:
             if result is None:
-                if self.engine is None:  # still nothing loaded: the error stays on screen
+                if not self.client.loaded:  # still nothing loaded: the error stays on screen
                     self._repaint_now()
                 return
             model, device = result
             self.config.load = relaunch(model, device)
             self.config.model, self.config.device = model, device
+            old, self.client = self.client, self.config.new_client(self.client.sampler)  # the settings carry over
+            self.client.listener = self._on_reply
+            old.listener = lambda reply: None
+            old.close()
             self._start_load()
 
         self.push_screen(ModelPicker(self.config.model, self.config.device, check=self.config.check), chosen)

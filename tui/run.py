@@ -3,7 +3,6 @@ run was recorded, a load error), the model process ended, and the exit status.""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from tokentui.core.errors import TokentuiError
@@ -12,22 +11,18 @@ from .app import TokentuiApp
 from .config import DashboardConfig
 
 
-def run_dashboard(config: DashboardConfig, abandon_after: float | None = None) -> int:
+def run_dashboard(config: DashboardConfig) -> int:
     """Run the dashboard until the user quits; returns the process exit code (0 = normal).
 
-    abandon_after: (the command line) once the terminal is restored, wait at most this many seconds for the model
-    to finish what it is doing; if it is still busy (loading, or one long prefill), end the process at once
-    instead of waiting for it. The record then holds every step written so far, each a whole line.
+    Quitting gives the run in progress a moment to end at its step boundary (tui/app.py); whatever is still going
+    then — a load, one long prefill — is ended here with the engine client: the model process is closed, and a record
+    cut off before its `done` gets a "stopped" one, so every record ends with `done` and whole lines.
     """
     app = TokentuiApp(config)
     try:
         app.run()
     finally:
-        if app.engine is not None:
-            try:
-                app._halt_engine()
-            except Exception:
-                pass
+        app.client.close()
     if app.record_paths:
         last = app.record_paths[-1]
         runs = len(app.record_paths)
@@ -37,25 +32,11 @@ def run_dashboard(config: DashboardConfig, abandon_after: float | None = None) -
         except OSError:  # the terminal is gone (SIGHUP): the record is what matters
             pass
     code = app.return_code or 0
-    if app.engine is None and app.load_error is not None:  # quit after a failed load: say why, on the terminal too
+    if not app.client.loaded and app.load_error is not None:  # quit after a failed load: say why, on the terminal
         error = app.load_error
         try:
             print(f"tokentui: {error if isinstance(error, TokentuiError) else f'{type(error).__name__}: {error}'}",
                   file=sys.stderr)
         except OSError:
             pass
-    close = getattr(app.engine, "close", None)
-    if close is not None:
-        # The model runs in a child process (core/process.py): a decoding run ends at its next step boundary;
-        # a long prefill is ended by closing the child, and the run's record still ends with `done`.
-        app.settled(1.0)
-        close()
-    if abandon_after is not None and not app.settled(abandon_after):
-        try:
-            print("tokentui: stopped without waiting for the model to finish its current run", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except OSError:  # the terminal is gone
-            pass
-        os._exit(code)
     return code

@@ -82,7 +82,6 @@ class RunState:
     phase: str = "loading"  # loading, load-failed, starting, prefill, decoding, done, error
     load_stage: str = "starting"
     load_fraction: float | None = None
-    run_id: int = 0
     runs_started: int = 0
     record_path: Path | None = None
     run: Run = field(default_factory=Run)  # the current run: prompt, prefill, every step, the end (core/run.py)
@@ -98,10 +97,9 @@ class RunState:
     error_message: str | None = None
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
-    def start_run(self) -> int:
-        """Forget the previous run (the model facts stay); returns the new run's id. The dashboard's one run counter
-        lives here: events of an older run (still finishing after a restart) are told apart by it."""
-        self.run_id += 1
+    def start_run(self) -> None:
+        """Forget the previous run (the model facts stay). Which run is current is the engine client's to say: only
+        its events reach the state."""
         self.runs_started += 1
         self.phase = "starting"
         self.record_path = None
@@ -116,7 +114,6 @@ class RunState:
         self.kv_bytes = 0
         self.kv_growth = 0
         self.error_message = None
-        return self.run_id
 
     def prefill_elapsed(self, now: float | None = None) -> float | None:
         """Seconds since the prefill began (None before the prompt went in): the engine's own count at its latest
