@@ -18,6 +18,9 @@ What is measured (the numbers match the issue's list):
  4. decode tok/s / the physical limit = memory bandwidth (measured here) / weight bytes read per step.
  5. launch to first token in fresh processes: cold (GGUF conversion, empty cache dir) and warm.
  6. prefill time for 32 / 256 / 1,024 / 2,048-token prompts: the engine against a plain forward at torch defaults.
+ 7. the logit lens's cost per decode step (--logit-lens): the same 64 greedy tokens with it off and on.
+ 8. a branch (core/branch.py) at a 256-token prefix, reusing the parent run's KV cache: time from the branch call to
+    its first new token / the engine's prefill time of the same prefix.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -61,6 +63,7 @@ TARGETS = {  # name: (threshold, higher is better)
     "3": (0.03, False),
     "4": (0.5, True),
     "5-warm": (3.0, False),
+    "8": (0.2, False),
 }
 
 
@@ -265,74 +268,50 @@ def bench_decode(loaded, stock, reps: int, with_compile: bool) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- 2
-class _Watched:
-    """Wraps an Engine for the dashboard and keeps each run's DoneEvent (the engine's own decode tok/s)."""
+class _ChildSource:
+    """The dashboard's engine as the command line makes it: a client for the model in a child process."""
 
-    def __init__(self, engine: Engine):
-        self._engine = engine
-        self.done: list[DoneEvent] = []
-        self.finished = threading.Event()
+    def __init__(self, spec) -> None:
+        self.spec = spec
 
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+    def client(self, sampler, options, recorder):
+        from tokentui.core.process import ProcessClient
 
-    @property
-    def sampler(self):
-        return self._engine.sampler
-
-    @property
-    def paused(self):
-        return self._engine.paused
-
-    @property
-    def options(self):
-        return self._engine.options
-
-    @options.setter
-    def options(self, value):
-        self._engine.options = value
-
-    def run(self, prompt, system=None):
-        for event in self._engine.run(prompt, system):
-            if isinstance(event, DoneEvent):
-                self.done.append(event)
-                self.finished.set()
-            yield event
+        return ProcessClient(self.spec, sampler, options, recorder)
 
 
-async def _dashboard_once(engine) -> float:
+async def _dashboard_once(spec) -> float:
     from tokentui.tui.app import TokentuiApp
     from tokentui.tui.config import DashboardConfig
 
-    watched = _Watched(engine)
-    config = DashboardConfig(load=lambda progress: watched, prompt=PROMPT, sampler=engine.sampler,
-                             options=engine.options, recorder=None, user_theme_dir=None)
+    config = DashboardConfig(load=_ChildSource(spec), prompt=PROMPT, sampler=spec.sampler, options=spec.options,
+                             recorder=None, user_theme_dir=None)
     app = TokentuiApp(config)
-    async with app.run_test(size=(160, 48)) as pilot:
-        deadline = time.monotonic() + 600
-        while not watched.finished.is_set():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the dashboard run did not finish")
-            await pilot.pause(0.05)
-        await pilot.pause(0.2)  # let the last repaint happen inside the measured app
-    return watched.done[-1].decode_tok_s
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            deadline = time.monotonic() + 600
+            while app.state.run.done is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the dashboard run did not finish")
+                await pilot.pause(0.05)
+            await pilot.pause(0.2)  # let the last repaint happen inside the measured app
+    finally:
+        app.client.close()
+    return app.state.run.done.decode_tok_s
 
 
 def bench_dashboard(engine: Engine, reps: int) -> dict:
     """The dashboard as the command line runs it: the app in this process, the model in a child process
-    (core/process.py) built from the same settings; headless is the in-process engine."""
-    from tokentui.core.process import EngineSpec, ProcessEngine
+    (core/process.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
+    from tokentui.core.process import EngineSpec
 
-    child = ProcessEngine(EngineSpec(sampler=engine.sampler, options=engine.options))
+    spec = EngineSpec(sampler=engine.sampler, options=engine.options)
     series: dict[str, list[float]] = {"headless": [], "dashboard": []}
-    try:
-        for rep in range(reps):
-            series["headless"].append(run_engine(engine)[1].decode_tok_s)
-            series["dashboard"].append(asyncio.run(_dashboard_once(child)))
-            log(f"  dashboard rep {rep + 1}/{reps}: headless {series['headless'][-1]:.1f}, "
-                f"dashboard {series['dashboard'][-1]:.1f}")
-    finally:
-        child.close()
+    for rep in range(reps):
+        series["headless"].append(run_engine(engine)[1].decode_tok_s)
+        series["dashboard"].append(asyncio.run(_dashboard_once(spec)))
+        log(f"  dashboard rep {rep + 1}/{reps}: headless {series['headless'][-1]:.1f}, "
+            f"dashboard {series['dashboard'][-1]:.1f}")
     return {"tok_s": {k: med(v) for k, v in series.items()},
             "ratio": med([d / h for d, h in zip(series["dashboard"], series["headless"])])}
 
@@ -386,6 +365,92 @@ def engine_overhead(engine: Engine) -> dict:
     outside = [s.latency_ms - s.forward_ms for s in decode]
     total = [s.latency_ms for s in decode]
     return {"outside_ms": med(outside), "step_ms": med(total), "share": med(outside) / med(total)}
+
+
+# ---------------------------------------------------------------------------------------------------- 7
+LENS_TOKENS = 64
+
+
+def bench_lens(loaded, reps: int) -> dict:
+    """The logit lens's cost per decode step: the same greedy LENS_TOKENS-token run with it off and on, interleaved,
+    on the same model; medians over the decode steps of every repetition. The lens is computed after the forward,
+    so it shows in a step's latency_ms; forward_ms shows what asking for the hidden states adds to the forward."""
+    greedy = SamplerSettings(temperature=0.0)
+    engines = {name: Engine(loaded, greedy, RunOptions(max_new_tokens=LENS_TOKENS, ignore_eos=True, logit_lens=on))
+               for name, on in (("off", False), ("on", True))}
+    step_ms: dict[str, list[float]] = {"off": [], "on": []}
+    forward_ms: dict[str, list[float]] = {"off": [], "on": []}
+    ids: dict[str, list[int]] = {}
+    for rep in range(reps):
+        for name, engine in engines.items():
+            got, _, steps, _ = run_engine(engine)
+            assert all((s.lens is not None) == (name == "on") for s in steps), "the lens was not where asked for"
+            assert ids.setdefault(name, got) == got
+            step_ms[name] += [s.latency_ms for s in steps[1:]]
+            forward_ms[name] += [s.forward_ms for s in steps[1:]]
+        log(f"  lens rep {rep + 1}/{reps}: step off {med(step_ms['off']):.1f} ms, on {med(step_ms['on']):.1f} ms")
+    assert ids["on"] == ids["off"], "the logit lens changed the tokens"
+    off, on = med(step_ms["off"]), med(step_ms["on"])
+    return {"off_ms": off, "on_ms": on, "extra_ms": on - off, "ratio": on / off, "layers": loaded.facts.layers,
+            "forward_off_ms": med(forward_ms["off"]), "forward_on_ms": med(forward_ms["on"]), "reps": reps}
+
+
+# ---------------------------------------------------------------------------------------------------- 8
+BRANCH_PREFIX = 256
+
+
+def bench_branch(loaded, reps: int) -> dict:
+    """A branch at a BRANCH_PREFIX-token prefix (prompt + the parent's tokens before the step), three contenders
+    interleaved on one engine: the branch reusing the parent's KV cache (the dashboard's case), the same branch with
+    no cache held (`release_cache`: the prefix prefilled, as `tokentui branch` in a fresh process), and the engine's
+    prefill of the prefix alone. "First new token" = the first token the branch selects after the forced one
+    (forced step: one decode recomputing its scores; then one decode of the forced token); the forced step's own
+    time is reported too. The target ratio is reuse / prefill alone."""
+    from tokentui.core.branch import BranchPoint
+    from tokentui.core.events import BranchEvent
+
+    tok = loaded.tokenizer
+    pool = tok((ROOT / "README.md").read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    engine = Engine(loaded, SamplerSettings(temperature=0.0), RunOptions(max_new_tokens=64, ignore_eos=True))
+    prompt = tok.decode(pool[:210])
+    parent_ids, _, steps, prompt_ids = run_engine(engine, prompt)
+    at = BRANCH_PREFIX - len(prompt_ids)
+    assert 1 <= at < len(parent_ids), f"prompt of {len(prompt_ids)} tokens: no branch point at a {BRANCH_PREFIX} prefix"
+    point = BranchPoint(tuple(prompt_ids), tuple(parent_ids[:at]), at, steps[at].candidates[1].id)
+    engine.options = RunOptions(max_new_tokens=2, ignore_eos=True)  # the forced step and one more
+    speed = engine.speed
+    series: dict[str, list[float]] = {"reuse": [], "reuse_forced": [], "fresh": [], "prefill": []}
+    ids: dict[str, list[int]] = {}
+    for _ in range(reps):
+        for name in ("reuse", "fresh"):
+            if name == "fresh":
+                engine.release_cache()
+            start = time.perf_counter()
+            times, got, reused = [], [], None
+            for event in engine.branch(point):
+                if isinstance(event, StepEvent):
+                    times.append((time.perf_counter() - start) * 1000)
+                    got.append(event.id)
+                elif isinstance(event, BranchEvent):
+                    reused = event.kv_reused_tokens
+            assert (reused == BRANCH_PREFIX - 1) == (name == "reuse"), f"{name}: {reused} positions reused"
+            assert ids.setdefault("branch", got) == got, "the branch gave other tokens without its cache"
+            series[name].append(times[1])
+            if name == "reuse":
+                series["reuse_forced"].append(times[0])
+        cache = new_cache(loaded.model, first_capacity(BRANCH_PREFIX, 2))
+        use_threads(torch.device("cpu"), speed.prefill_thread_count(BRANCH_PREFIX))
+        _, ms = prefill(loaded.model, list(point.prompt_ids + point.tokens), cache)
+        use_threads(torch.device("cpu"), speed.decode_threads())
+        series["prefill"].append(ms)
+        # the fresh branch left its own cache held, which holds the prefix: the next "reuse" reuses it
+    out = {name: med(values) for name, values in series.items()}
+    out.update(ratio=out["reuse"] / out["prefill"], forced_ratio=out["reuse_forced"] / out["prefill"],
+               fresh_ratio=out["reuse"] / out["fresh"], prompt_tokens=len(prompt_ids), at=at, reps=reps)
+    log(f"  branch at a {BRANCH_PREFIX}-token prefix: reuse {out['reuse']:.0f} ms to the first new token "
+        f"(forced step {out['reuse_forced']:.0f} ms), no cache {out['fresh']:.0f} ms, prefill alone "
+        f"{out['prefill']:.0f} ms: ratio {out['ratio']:.3f}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- 6
@@ -499,7 +564,8 @@ def verdict(key: str, value: float) -> str:
 
 
 def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, over: dict, pre: dict,
-                 launch: dict | None, started: float, load_before, load_after, args) -> str:
+                 launch: dict | None, started: float, load_before, load_after, args, lens: dict | None = None,
+                 branch: dict | None = None) -> str:
     r = []
     r.append("# Benchmarks\n")
     r.append(f"Written by `.venv/bin/python benchmarks/bench.py{' --quick' if args.quick else ''}` on "
@@ -567,6 +633,13 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
         r.append("| 5 | launch to first token | ≤ 3 s warm | not run | — |")
     r.append(f"| 6 | prefill 32 / 256 / 1,024 / 2,048 tokens (engine) | — | "
              + " / ".join(f"{pre[n]['engine_ms']:.0f}" for n in (32, 256, 1024, 2048)) + " ms | — |")
+    if lens:
+        r.append(f"| 7 | logit lens (`--logit-lens`): decode step, off → on ({LENS_TOKENS} greedy tokens) | — | "
+                 f"{lens['off_ms']:.1f} → {lens['on_ms']:.1f} ms (+{lens['extra_ms']:.1f} ms, "
+                 f"{lens['ratio']:.2f}x) | — |")
+    if branch:
+        r.append(f"| 8 | branch at a {BRANCH_PREFIX}-token prefix, KV cache reused: time to its first new token ÷ "
+                 f"prefill of the prefix | ≤ 0.2 | {branch['ratio']:.3f} | {verdict('8', branch['ratio'])} |")
     r.append("")
     r.append("## Details\n")
     r.append("### 1, 4 — decode\n")
@@ -618,6 +691,22 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     r.append("")
     r.append(f"In a real greedy run the whole step outside the model (selection, reporting, detokenizing, the "
              f"event) took {over['outside_ms']:.2f} ms of {over['step_ms']:.1f} ms ({100 * over['share']:.1f} %).\n")
+    if lens:
+        r.append("### 7 — logit lens\n")
+        r.append(f"The same {LENS_TOKENS} greedy tokens with `--logit-lens` off and on, interleaved, {lens['reps']} "
+                 f"repetitions, medians over the decode steps: a step takes {lens['off_ms']:.1f} ms off and "
+                 f"{lens['on_ms']:.1f} ms on. Asking the forward for its hidden states moves the forward from "
+                 f"{lens['forward_off_ms']:.1f} to {lens['forward_on_ms']:.1f} ms; the rest is the lens itself, "
+                 f"the final norm and the LM head over all {lens['layers']} layers' states (one "
+                 f"[{lens['layers']}, hidden] x [hidden, vocab] product per step, core/lens.py).\n")
+    if branch:
+        r.append("### 8 — branch\n")
+        r.append(f"A greedy branch at step {branch['at'] + 1} after a {branch['prompt_tokens']}-token prompt (a "
+                 f"{BRANCH_PREFIX}-token prefix), {branch['reps']} repetitions, interleaved: with the parent's KV "
+                 f"cache reused, {branch['reuse_forced']:.0f} ms to the forced step and {branch['reuse']:.0f} ms to "
+                 f"the first new token; with no cache held (the prefix prefilled) {branch['fresh']:.0f} ms; the "
+                 f"engine's prefill of the prefix alone {branch['prefill']:.0f} ms. Both branches gave the same "
+                 "token IDs (asserted).\n")
     r.append("### 6 — prefill\n")
     r.append(f"| Prompt tokens | engine ms (threads) | plain forward at torch defaults ({TORCH_DEFAULT_THREADS} threads) ms |")
     r.append("|---------------|---------------------|------------------------------|")
@@ -679,6 +768,10 @@ def main() -> int:
     sel = bench_select(1000 / d["tok_s"]["engine"], engine.speed.decode_threads(),
                        real_scores(stock, d["prompt_ids"]))
     over = engine_overhead(engine)
+    log("7: logit lens ...")
+    lens = bench_lens(loaded, args.reps)
+    log("8: branch ...")
+    branch = bench_branch(loaded, args.reps)
     log("6: prefill ...")
     pre = bench_prefill(loaded, stock, max(2, args.reps - 2))
     launch = None
@@ -686,7 +779,7 @@ def main() -> int:
         log("5: launch to first token ...")
         launch = bench_launch(3 if not args.quick else 2, cold=not args.quick)
     text = write_report(args.out, info, d, dash, sel, over, pre, launch, started, load_before, os.getloadavg()[0],
-                        args)
+                        args, lens, branch)
     print(text)
     return 0
 

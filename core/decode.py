@@ -9,21 +9,30 @@ import time
 import torch
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .lens import forward_last_states
 
 
-def decode_one_token(model, token_id: int, cache) -> tuple[torch.Tensor, float]:
+def decode_one_token(model, token_id: int, cache, states_out: list | None = None) -> tuple[torch.Tensor, float]:
     """token_id -> (logits [V] for the next token, milliseconds incl. device sync). Extends `cache` by one.
 
     The timed span ends with a device sync on GPUs, so `forward_ms` is real; selection syncs right after anyway
     (it has to read the chosen token), so this costs no extra wait.
+    `states_out`: when a list, the forward also asks for the hidden states and appends them, [L + 1, H] at this
+    position, for the logit lens (core/lens.py; eager only). None: the forward is exactly the plain one.
     """
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache (core/compiled.py)
+    if decoder is not None and states_out is not None:
+        raise ValueError("the compiled decode step returns no hidden states (the logit lens is eager only)")
     start = time.perf_counter()
     if decoder is not None:
         logits = decoder.step(token_id, cache)  # [V]
     else:
         # torch.full, not torch.tensor: filling on the device needs no host-to-device copy (a sync on CUDA).
         ids = torch.full((1, 1), token_id, dtype=torch.long, device=input_device(model))  # [1, 1]
-        logits = forward_last_logits(model, ids, cache)  # [V]
+        if states_out is None:
+            logits = forward_last_logits(model, ids, cache)  # [V]
+        else:
+            logits, states = forward_last_states(model, ids, cache)  # [V], [L + 1, H]
+            states_out.append(states)
     synchronize(logits.device)
     return logits, (time.perf_counter() - start) * 1000.0

@@ -3,7 +3,8 @@
 `Engine.run()` is a plain blocking iterator (headless mode, benchmarks); `Engine.events()` is the same run as an
 async iterator whose model work happens on a dedicated thread, so an asyncio caller never blocks. Sampler settings,
 pause, single-step and stop are thread-safe and take effect at the next step boundary; each step event records the
-settings it actually used.
+settings it actually used. The latest finished run's KV cache stays with the engine: `Engine.branch()` goes back to
+one of its steps with another token and reuses it (core/branch.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ from typing import AsyncIterator, Iterator
 import torch
 
 from .adapter import first_capacity, input_device, new_cache
+from .branch import BranchPoint, HeldCache, branch_events
 from .decode import decode_one_token
-from .detokenize import IncrementalDetokenizer, display_piece, oneshot_text, token_bytes
+from .detokenize import IncrementalDetokenizer, oneshot_text
+from .display import display_piece
+from .token_bytes import token_bytes
 from .errors import GenerationError, PromptError, TokentuiError
 from .gate import StepGate
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens
 from .layout import LayoutReport, plan_wide_weights, transpose_wide_weights
+from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
 from .prefill import prefill_chunks
 from .select import select
@@ -68,6 +73,7 @@ class Engine:
         self._run_serial = 0  # the run allowed to continue; a newer run or stop() retires older ones
         self._stop_serial = -1
         self._model_lock = threading.Lock()  # one run on the model at a time
+        self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/branch.py)
         self.token_bytes = token_bytes(self.tokenizer)
         self.end_ids = end_token_ids(self.model, self.tokenizer)
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
@@ -154,6 +160,31 @@ class Engine:
 
         A bad prompt or a fault mid-run ends the stream with an ErrorEvent (one actionable line) instead.
         """
+        yield from self._guarded(lambda serial: self._run(prompt, system, serial))
+
+    def branch(self, point: BranchPoint) -> Iterator[Event]:
+        """A branch of an earlier run (core/branch.py): the prefix `point` gives, `point.token` forced at step
+        `point.at`, then generation as in `run` (same settings, pause, stop, limits). Events: BranchEvent,
+        [Notice], [PrefillProgress...], PrefillEvent, StepEvent (index point.at, forced=True), StepEvent...,
+        DoneEvent; or an ErrorEvent, as in `run`. Reuses the KV cache of this engine's latest run (or branch) when
+        it holds the prefix."""
+        yield from self._guarded(lambda serial: branch_events(self, point, serial))
+
+    @property
+    def held_ids(self) -> tuple[int, ...]:
+        """The ids whose keys and values the held KV cache of the latest run holds (() when none is held): a branch
+        whose prompt + tokens before the step start with these, but the last, reuses them."""
+        held = self._held
+        return held.ids if held is not None else ()
+
+    def release_cache(self) -> None:
+        """Drop the KV cache kept from the latest run (its memory is freed once no branch uses it; a later branch
+        prefills afresh). Does not wait: a run in progress keeps its own cache, and holds it when it ends."""
+        self._held = None
+
+    def _guarded(self, start) -> Iterator[Event]:
+        """The events of `start(serial)` as one run: a new serial (retiring older runs), the model's locks, and
+        faults turned into an ErrorEvent."""
         with self._cond:
             self._run_serial += 1
             serial = self._run_serial
@@ -162,7 +193,7 @@ class Engine:
         # A compiled run also holds its decoder's lock: engines on one model share its static caches.
         with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
             step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
-            events = self._run(prompt, system, serial)
+            events = start(serial)
             try:
                 for event in events:
                     if isinstance(event, StepEvent):
@@ -195,10 +226,18 @@ class Engine:
 
     def _run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
+        self._held = None  # a new run: the last one's KV cache goes
         # Step 1 — chat template.
         templated = apply_template(tok, prompt, system)
         if not templated.templated:
             yield Notice("this model has no chat template: the raw prompt is used as is")
+        lens_states = None  # with the logit lens on: a list each forward appends its hidden states to
+        if opts.logit_lens:
+            why = lens_unavailable(self.model, compiled=self._compiled is not None)
+            if why:
+                yield Notice(why)
+            else:
+                lens_states = []
         # Step 2 — tokenize.
         ids, pieces = tokenize(tok, templated, self.token_bytes)
         if facts.max_context and len(ids) >= facts.max_context:
@@ -223,25 +262,40 @@ class Engine:
         use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
         chunked = len(ids) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
-        for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk):
+        for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
+                                                            states_out=lens_states):
             if chunked:
                 yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
                 if logits is None and self._stopping(serial):
                     yield self._ended_before_first_token(len(ids), cache, paused_s)
                     return
         use_threads(self.device, self.speed.decode_threads())
-        ttft_ms = forward_ms
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))
+        yield from self._generate(serial, ids, cache, logits, forward_ms, paused_s, lens_states)
+
+    def _generate(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
+                  lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
+                  detok: IncrementalDetokenizer | None = None, choose=None) -> Iterator[Event]:
+        """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
+        forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
+        a branch (core/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
+        and a `choose` that forces its first token. `done` counts the steps taken here; its text is prefix + those
+        tokens, decoded in one shot. The finished run's cache is kept for branches (`_held`)."""
+        facts, opts, tok = self.facts, self.options, self.tokenizer
+        ttft_ms = forward_ms
         generator = torch.Generator(device=logits.device)
         seed_in_use: int | None = None
-        detok = IncrementalDetokenizer(self.token_bytes)
-        generated: list[int] = []
+        if detok is None:
+            detok = IncrementalDetokenizer(self.token_bytes)
+        choose = choose or select  # step 4's selection (looked up now, so a test can patch `select`)
+        first = len(prefix)
+        generated: list[int] = list(prefix)
         reason = "length"
         step_start = time.perf_counter() - forward_ms / 1000.0
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
-        index = 0
+        index = first
         while True:
             # Step 4 — selection, with the settings in force now.
             settings, changed = self._take_settings()
@@ -249,7 +303,7 @@ class Engine:
                 generator.manual_seed(settings.seed)
                 seed_in_use = settings.seed
             try:
-                sel = select(logits, settings, generator, opts.top_candidates)
+                sel = choose(logits, settings, generator, opts.top_candidates)
             except GenerationError as err:
                 located = GenerationError(f"step {index + 1}: {err}")  # numbered from 1; .step is the index
                 located.step = index
@@ -258,6 +312,9 @@ class Engine:
             vocab = self.token_bytes
             det = detok.push(sel.token_id)
             generated.append(sel.token_id)
+            lens = None  # the logit lens of the forward that scored this token (core/lens.py)
+            if lens_states:
+                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i))
             now = time.perf_counter()
             yield StepEvent(
                 index=index, id=sel.token_id, piece=display_piece(vocab, sel.token_id), special=det.special,
@@ -270,13 +327,13 @@ class Engine:
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings.to_dict(),
                 settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=forward_ms,
-                kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+                kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), lens=lens,
             )
             index += 1
             if sel.token_id in self.end_ids and not opts.ignore_eos:
                 reason = "eos"
                 break
-            if index >= opts.max_new_tokens:
+            if index - first >= opts.max_new_tokens:
                 reason = "length"
                 break
             # The next token would sit at position cache_tokens: it must be inside the context.
@@ -294,9 +351,10 @@ class Engine:
             step_start = time.perf_counter()
             if decode_started is None:
                 decode_started = step_start
-            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache)
+            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states)
         end = time.perf_counter()
-        decoded = len(generated) - 1
+        taken = len(generated) - first  # the steps selected here
+        decoded = taken - 1
         decode_s = (end - decode_started - decode_paused_s) if decode_started is not None else 0.0
         # Bytes of a character that can no longer complete are reported as bytes, not released as U+FFFD; the
         # answer text leaves out what a one-shot decode makes of them (the oracle: one-shot == text + that).
@@ -304,8 +362,9 @@ class Engine:
         text = oneshot_text(tok, generated)
         if ending.dropped_text and text.endswith(ending.dropped_text):
             text = text[: -len(ending.dropped_text)]
+        self._held = HeldCache(cache, tuple(ids) + tuple(generated[:-1]))  # the last token was never fed
         yield DoneEvent(
-            reason=reason, tokens=len(generated), runs=len(generated), scores=len(generated) * facts.vocab_rows,
+            reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
             ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decoded > 0 and decode_s > 0 else None,
             text=text, prompt_tokens=len(ids), flushed=ending.text,
             kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), paused_ms=paused_s * 1000.0,

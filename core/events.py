@@ -103,13 +103,36 @@ class PrefillProgress(Event):
 @dataclass(frozen=True, slots=True)
 class PrefillEvent(Event):
     """Step 3: the whole prompt through the model (in chunks when it is long); `ms` is the whole prefill, i.e.
-    the time to the first token's scores."""
+    the time to the first token's scores. For a branch (core/branch.py) that reused a held KV cache, `tokens` is
+    what the model computed (1) and `reused_tokens` the cached positions it reused; `kv_tokens` is their sum."""
 
     event: ClassVar[str] = "prefill"
     tokens: int
     ms: float
     kv_tokens: int
     kv_bytes: int
+    reused_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BranchEvent(Event):
+    """A branch of an earlier run starts (core/branch.py): step `at` (0-based index; the UI shows at + 1) takes
+    token `id` instead of the parent's `parent_id`, and the model goes on from there. Comes first, before the
+    branch's prefill; its steps start at index `at`. `prompt_ids` + `tokens` (the parent's tokens before `at`) are
+    the prefix, so a branch record stands alone; `prefix_text` is the text those tokens showed as they streamed.
+    `kv_reused_tokens`: cached positions reused from the parent's KV cache (0: the prefix was prefilled afresh)."""
+
+    event: ClassVar[str] = "branch"
+    at: int
+    id: int
+    piece: str
+    parent_id: int | None  # the parent's token at step `at` (None: not known)
+    parent_piece: str | None
+    kv_reused_tokens: int
+    prompt_ids: list[int]
+    tokens: list[int]
+    prefix_text: str
+    parent: str | None = None  # the parent run's name, when the caller gave one
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +142,17 @@ class Candidate:
     raw_prob: float  # softmax of the raw logits
     prob: float  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
     special: bool = False  # a special token (the tokenizer's own list, as StepEvent.special / PromptPiece.special)
+
+
+@dataclass(frozen=True, slots=True)
+class LensRow:
+    """The logit lens at one layer (core/lens.py): the top token when the model's final norm and LM head are
+    applied to the residual stream after decoder layer `layer` (1..L; row L is the model's own output)."""
+
+    layer: int
+    id: int
+    piece: str  # display form, as Candidate.piece
+    prob: float  # its probability in that layer's distribution (softmax over the whole vocabulary)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +192,18 @@ class StepEvent(Event):
     forward_ms: float  # the model run alone
     kv_tokens: int
     kv_bytes: int
+    # the logit lens for this step, one row per decoder layer (None: not asked for, or not available; a Notice
+    # said why). Computed after the forward: its time is in latency_ms, not forward_ms.
+    lens: list[LensRow] | None = None
+    forced: bool = False  # a branch's first step (core/branch.py): the token was given, not selected
+
+    def to_dict(self) -> dict:
+        data = Event.to_dict(self)
+        if data["lens"] is None:
+            del data["lens"]  # a run without the lens writes the same step lines as before it existed
+        if not data["forced"]:
+            del data["forced"]  # likewise for the `forced` flag, true only on a branch's first step
+        return data
 
 
 @dataclass(frozen=True, slots=True)

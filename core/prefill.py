@@ -19,10 +19,11 @@ from typing import Iterator
 import torch
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .lens import forward_last_states
 from .settings import PREFILL_CHUNK  # the default of RunOptions.prefill_chunk (tests lower it)
 
 
-def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK
+def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None
                    ) -> Iterator[tuple[int, torch.Tensor | None, float]]:
     """Prefill `prompt_ids` (T ints) into `cache`, one chunk of at most `chunk` tokens per forward.
 
@@ -30,6 +31,8 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     milliseconds of prefill so far incl. device sync: since prefill began, less any time the caller kept this
     generator suspended between chunks). A caller may stop iterating between chunks; the cache
     then holds the chunks done.
+    `states_out`: when a list, the last chunk's forward also asks for the hidden states and appends them at the
+    last prompt position, [L + 1, H], for the logit lens (core/lens.py; eager only, earlier chunks unchanged).
     """
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")
@@ -37,6 +40,8 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
     total = ids.shape[1]
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache
+    if decoder is not None and states_out is not None:
+        raise ValueError("a compiled run's prefill returns no hidden states (the logit lens is eager only)")
     synchronize(device)
     spent = 0.0  # seconds in the model, not counting time the caller held this generator suspended
     done = 0
@@ -45,6 +50,9 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
         part = ids[:, done:done + chunk]  # [1, <= chunk]
         if decoder is not None:
             logits = decoder.prefill(part, cache, first=(done == 0))
+        elif states_out is not None and done + part.shape[1] == total:
+            logits, states = forward_last_states(model, part, cache)  # [V], [L + 1, H]
+            states_out.append(states)
         else:
             logits = forward_last_logits(model, part, cache)  # [V]
         done += part.shape[1]

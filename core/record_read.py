@@ -14,10 +14,12 @@ from pathlib import Path
 
 from .errors import TokentuiError
 from .events import (
+    BranchEvent,
     Candidate,
     DoneEvent,
     ErrorEvent,
     Event,
+    LensRow,
     LoadProgress,
     ModelFacts,
     MultiTokenChar,
@@ -30,8 +32,10 @@ from .events import (
 )
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
-    LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent)}
-NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar}
+    LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
+    BranchEvent)}
+NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
+                           "LensRow": LensRow}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 
@@ -153,7 +157,7 @@ def read_run(path: str | Path, run_class):
             raise RecordError(f"{where}: {err}") from None
     if not started:
         raise RecordError(f"{path}: not a tokentui run record (no model event)")
-    if run.prompt is None and run.end is None:
+    if run.prompt is None and run.branch is None and run.end is None:  # a branch's record may have no prompt
         raise RecordError(f"{path}: not a tokentui run record (no prompt event)" if cut is None else
                           f"{path}: the record was cut before its prompt (line {cut}): nothing to replay")
     return run

@@ -8,6 +8,12 @@ notices, the prompt, the prefill (and its progress), every step and the end (don
 Steps are stored column by column (core arrays of numbers, shared strings), not as one object each: a step with
 ten candidates takes ~0.5 KiB instead of ~3 KiB, so a 10,000-step run stays a few MiB. `run[i]` rebuilds the
 `StepEvent` (equal to the one applied); the latest one applied is kept as it came.
+
+A branch run (core/branch.py: `Engine.branch`, `tokentui branch`) starts with a `branch` event and its steps start
+at the branch point's index: `run.branch` holds that event, `run.offset` the index (0 for a plain run). Navigation
+stays by position: `len(run)` counts the steps this run reported, and `run[i]` (a Cursor's index too) is the i-th
+of them, whose `.index` is `run.offset + i`. The steps before the offset are the parent's: the branch event holds
+their token ids (`tokens`) and text (`prefix_text`), and `run.text` includes that text.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from pathlib import Path
 from typing import Iterator
 
 from .events import (
+    BranchEvent,
     Candidate,
     DoneEvent,
     ErrorEvent,
     Event,
+    LensRow,
     LoadProgress,
     ModelFacts,
     MultiTokenChar,
@@ -85,34 +93,43 @@ class _Columns:
 
 
 class _Steps:
-    """The steps' columns; candidates flattened into their own columns with each step's offset."""
+    """The steps' columns; candidates (and logit lens rows) flattened into their own columns with each step's
+    offset."""
 
     def __init__(self) -> None:
-        self.scalars = _Columns(StepEvent, skip=("index", "candidates", "completed_chars", "settings"))
+        self.scalars = _Columns(StepEvent, skip=("index", "candidates", "completed_chars", "settings", "lens"))
         self.candidates = _Columns(Candidate)
         self.offsets = array("q", [0])  # step i's candidates are rows offsets[i]:offsets[i + 1]
+        self.lens = _Columns(LensRow)
+        self.lens_offsets = array("q", [0])  # step i's lens rows are lens_offsets[i]:lens_offsets[i + 1]...
+        self.has_lens = array("b")  # ...and 0 where its lens is None (not an empty list)
         self.completed: dict[int, tuple[MultiTokenChar, ...]] = {}  # few steps complete a character
         self.settings: list = []  # each distinct run of equal settings once...
         self.settings_at = array("q")  # ...and the one in force at each step
         self.count = 0
+        self.first = 0  # the index of the first step (a branch's steps start at its branch point)
 
     def append(self, step: StepEvent) -> None:
         settings = step.settings
         if not self.settings or self.settings[-1] != settings:
             self.settings.append(settings)
         cands = list(step.candidates)
-        done = 0
+        lens = list(step.lens) if step.lens is not None else []
+        added: list[_Columns] = []  # one entry per row appended, to take back if the step cannot be stored
         try:
-            for cand in cands:
-                self.candidates.append(cand)
-                done += 1
+            for table, rows in ((self.candidates, cands), (self.lens, lens)):
+                for row in rows:
+                    table.append(row)
+                    added.append(table)
             self.scalars.append(step)
         except RunError:
-            for _ in range(done):
-                for column in self.candidates.columns.values():
+            for table in added:
+                for column in table.columns.values():
                     column.pop()
             raise
         self.offsets.append(self.offsets[-1] + len(cands))
+        self.lens_offsets.append(self.lens_offsets[-1] + len(lens))
+        self.has_lens.append(step.lens is not None)
         self.settings_at.append(len(self.settings) - 1)
         if step.completed_chars:
             self.completed[self.count] = tuple(step.completed_chars)
@@ -121,9 +138,12 @@ class _Steps:
     def get(self, i: int) -> StepEvent:
         values = self.scalars.values(i)
         rows = range(self.offsets[i], self.offsets[i + 1])
-        return StepEvent(index=i, candidates=[self.candidates.get(r) for r in rows],
+        lens = None
+        if self.has_lens[i]:
+            lens = [self.lens.get(r) for r in range(self.lens_offsets[i], self.lens_offsets[i + 1])]
+        return StepEvent(index=self.first + i, candidates=[self.candidates.get(r) for r in rows],
                          completed_chars=list(self.completed.get(i, ())),
-                         settings=self.settings[self.settings_at[i]], **values)
+                         settings=self.settings[self.settings_at[i]], lens=lens, **values)
 
 
 class Run:
@@ -136,6 +156,7 @@ class Run:
         self.prefill_progress: list[PrefillProgress] = []
         self.notices: list[Notice] = []
         self.end: DoneEvent | ErrorEvent | None = None
+        self.branch: BranchEvent | None = None  # set for a branch run (see the module docstring)
         self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
         self._steps = _Steps()
         self._last: StepEvent | None = None
@@ -147,11 +168,13 @@ class Run:
 
     # ---- folding events ------------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:
-        """Add one event. A step must be the next one (index == len(run)), else RunError; a later `done`
-        replaces an earlier one (the end is whatever the run last said)."""
+        """Add one event. A step must be the next one (index == offset + len(run)), else RunError; a `branch`
+        event must come before any step, once; a later `done` replaces an earlier one (the end is whatever the run
+        last said)."""
         if isinstance(event, StepEvent):
-            if event.index != len(self):
-                raise RunError(f"step {event.index} cannot follow {len(self)} step(s)")
+            if event.index != self.offset + len(self):
+                raise RunError(f"step {event.index} cannot follow {len(self)} step(s)"
+                               + (f" from index {self.offset}" if self.offset else ""))
             self._steps.append(event)
             self._last = event
             return
@@ -167,6 +190,11 @@ class Run:
             self.prefill = event
         elif isinstance(event, (DoneEvent, ErrorEvent)):
             self.end = event
+        elif isinstance(event, BranchEvent):
+            if self.branch is not None or len(self):
+                raise RunError("a branch event must come once, before the run's steps")
+            self.branch = event
+            self._steps.first = event.at
         elif not isinstance(event, LoadProgress):
             raise RunError(f"a run has no place for a {type(event).__name__}")
         self._others.append((len(self), event))
@@ -218,7 +246,7 @@ class Run:
     def values(self, name: str, start: int = 0, stop: int | None = None) -> list:
         """One number or string field of steps start..stop (e.g. "latency_ms", "text"), without rebuilding them."""
         if name == "index":
-            return list(range(len(self)))[start:stop]
+            return list(range(self.offset, self.offset + len(self)))[start:stop]
         column = self._steps.scalars.columns[name]
         out = column[start:stop]
         if name in self._steps.scalars.bools:
@@ -236,10 +264,17 @@ class Run:
 
     @property
     def text(self) -> str:
-        """The answer so far: the texts the steps completed (the end's own `text` once there is one)."""
+        """The answer so far: the texts the steps completed, after a branch's prefix text (the end's own `text`
+        once there is one)."""
         if self.done is not None:
             return self.done.text
-        return "".join(self._steps.scalars.columns["text"])
+        prefix = self.branch.prefix_text if self.branch is not None else ""
+        return prefix + "".join(self._steps.scalars.columns["text"])
+
+    @property
+    def offset(self) -> int:
+        """The index of this run's first step: a branch's branch point, 0 for a plain run."""
+        return self.branch.at if self.branch is not None else 0
 
     def cursor(self, index: int | None = None) -> "Cursor":
         return Cursor(self, index)

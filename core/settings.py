@@ -60,12 +60,14 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward pass (core/prefill.py s
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What bounds a run: length, end tokens, how many candidates each step reports, the prefill chunk."""
+    """What bounds a run: length, end tokens, how many candidates each step reports, the prefill chunk; and whether
+    each step carries the logit lens."""
 
     max_new_tokens: int = 256
     ignore_eos: bool = False
     top_candidates: int = 10
     prefill_chunk: int = PREFILL_CHUNK  # a prompt longer than this is prefilled in chunks, with progress events
+    logit_lens: bool = False  # each step also reports every layer's top token (core/lens.py); costs time per step
 
     def __post_init__(self) -> None:
         """Checked here, once: an invalid RunOptions cannot exist."""
@@ -80,6 +82,8 @@ class RunOptions:
             raise SettingsError(f"prefill chunk must be an integer >= 1 token, got {k!r}")
         if not isinstance(self.ignore_eos, bool):
             raise SettingsError(f"ignore-eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.logit_lens, bool):
+            raise SettingsError(f"logit-lens must be true or false, got {self.logit_lens!r}")
 
     def validated(self) -> "RunOptions":
         """Already valid since construction; kept so callers written against the old two-step API still work."""

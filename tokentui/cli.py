@@ -1,5 +1,5 @@
 """`tokentui` command line: the arguments, checked before any slow import; then the dashboard (tui/), the headless
-stream (tokentui/headless.py) or `tokentui replay` (tokentui/replay.py).
+stream (tokentui/headless.py), `tokentui replay` (tokentui/replay.py) or `tokentui branch` (tokentui/branch.py).
 
 Argument errors and every TokentuiError end with one line on stderr and exit status 2 (bad input) or 1 (a run
 that failed); never a traceback. torch/transformers are imported only after the arguments are checked, so a
@@ -44,7 +44,9 @@ def _int(name: str):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokentui", description="Watch a language model write, one token at a time.",
                 epilog="tokentui replay FILE.jsonl [--speed N] [--theme T] [--headless [--json]]: play a run "
-                       "record back, no model needed (see tokentui replay --help)")
+                       "record back, no model needed (see tokentui replay --help); tokentui branch FILE.jsonl --at "
+                       "STEP --token ID [--json]: force another token at one step of a record and let the model go "
+                       "on (see tokentui branch --help)")
     p.add_argument("--model", "-m", default=None,
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")
@@ -60,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end token (benchmarks)")
     p.add_argument("--top-candidates", type=_int("top-candidates"), default=10,
                    help="candidates reported per step (10)")
+    p.add_argument("--logit-lens", action="store_true",
+                   help="each step also reports every layer's top token and its probability (the logit lens: the "
+                        "final norm and LM head applied after each layer; Llama/Qwen2/Qwen3, not with --compile; "
+                        "costs time per step; in --json output and the run record)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
@@ -112,7 +118,7 @@ def settings_from_args(args):
     sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               greedy=args.greedy, seed=args.seed)
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                         top_candidates=args.top_candidates)
+                         top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False))
     return sampler, options
 
 
@@ -126,47 +132,57 @@ def engine_spec(args):
                       sampler=sampler, options=options)
 
 
-def make_loader(args, *, in_process: bool = True):
-    """A callable that loads the model and returns a ready engine (the dashboard runs it on a worker thread):
-    in this process for --headless, in a child process for the dashboard (core/process.py says why)."""
+def make_loader(args):
+    """A callable that loads the model in this process and returns a ready engine (--headless)."""
     spec = engine_spec(args)
-    early = []
-    if not in_process:  # start the model process now: it imports torch while the dashboard starts
-        from tokentui.core.process import start_model_process
-
-        early.append(start_model_process(spec))
 
     def load(progress):
-        from tokentui.core.process import ProcessEngine, load_engine
+        from tokentui.core.process import load_engine
 
-        if in_process:
-            return load_engine(spec, progress)
-        return ProcessEngine(spec, progress, started=early.pop() if early else None)  # a retry starts afresh
+        return load_engine(spec, progress)
 
     return load
+
+
+class ProcessSource:
+    """The dashboard's engine: the model in a child process (core/process.py says why), started at once so it
+    imports torch while the dashboard starts; `client()` makes the dashboard's engine client for it."""
+
+    def __init__(self, args) -> None:
+        from tokentui.core.process import start_model_process
+
+        self.args = args
+        self.spec = engine_spec(args)
+        self._early = [start_model_process(self.spec)]
+
+    def client(self, sampler, options, recorder):
+        from tokentui.core.process import ProcessClient
+
+        started = self._early.pop() if self._early else None  # a second client starts its own process
+        return ProcessClient(self.spec, sampler, options, recorder, started=started)
 
 
 def run_dashboard(args, prompt: str) -> int:
     from tokentui.core.record import RunRecorder
 
-    load = make_loader(args, in_process=False)  # the model process starts first: it takes the longest
+    source = ProcessSource(args)  # the model process starts first: it takes the longest
 
     from tokentui.tui.run import run_dashboard as run_app
     from tokentui.core.precheck import check_model_and_device
     from tokentui.tui.config import DashboardConfig
 
-    def relaunch(model: str | None, device: str):
-        """A loader for another model / device chosen in the dashboard, with every other flag as given."""
-        return make_loader(argparse.Namespace(**{**vars(args), "model": model, "device": device}), in_process=False)
+    def relaunch(model: str | None, device: str) -> ProcessSource:
+        """Another model / device chosen in the dashboard, with every other flag as given."""
+        return ProcessSource(argparse.Namespace(**{**vars(args), "model": model, "device": device}))
 
     sampler, options = settings_from_args(args)
-    config = DashboardConfig(load=load, prompt=prompt, system=args.system,
+    config = DashboardConfig(load=source, prompt=prompt, system=args.system,
                              sampler=sampler, options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir),
                              model=args.model, device=args.device, relaunch=relaunch,
                              check=lambda model, device: check_model_and_device(
                                  model, device, allow_pickle=args.allow_pickle))
-    return run_app(config, abandon_after=5.0)  # non-zero when the app says so (e.g. quit after a load error)
+    return run_app(config)  # non-zero when the app says so (e.g. quit after a load error)
 
 
 _signal_seen: list[int] = []
@@ -185,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         from tokentui.replay import replay_main
 
         return replay_main(argv[1:])
+    if argv[:1] == ["branch"]:  # `tokentui branch FILE --at STEP --token ID`: a recorded run branched (tokentui/branch.py)
+        from tokentui.branch import branch_main
+
+        return branch_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         prompt = read_prompt(args)

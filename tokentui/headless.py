@@ -69,6 +69,8 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
 
     status = 0
     wrote_text = False
+    if getattr(args, "logit_lens", False) and not args.json:
+        note("--logit-lens: each step's lens goes to --json output and the run record, not to the text stream")
     with RecordedRun(engine, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
         run.open()
         if args.json:
