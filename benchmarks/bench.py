@@ -21,6 +21,8 @@ What is measured (the numbers match the issue's list):
  7. the logit lens's cost per decode step (--logit-lens): the same 64 greedy tokens with it off and on.
  8. a branch (core/branch.py) at a 256-token prefix, reusing the parent run's KV cache: time from the branch call to
     its first new token / the engine's prefill time of the same prefix.
+ 9. `tokentui replay FILE` (no model): launch to the dashboard's first frame in a real terminal (tmux, 80x24), and
+    `--headless --json` to its first line.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ TARGETS = {  # name: (threshold, higher is better)
     "4": (0.5, True),
     "5-warm": (3.0, False),
     "8": (0.2, False),
+    "9": (1.0, False),
 }
 
 
@@ -485,6 +488,84 @@ def bench_prefill(loaded, stock, reps: int) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- 9
+REPLAY_SIZE = (80, 24)  # the smallest terminal the dashboard is laid out for
+
+
+def _replay_dashboard_seconds(record: Path, env: dict) -> float:
+    """Seconds from pressing Enter on `python -m tokentui replay RECORD` in a fresh tmux pane (80x24) to the first
+    captured screen that shows the dashboard: the prompt panel's title and the key bar. The pane's shell is
+    started first (not timed); the replay is quit with q once seen, and must exit 0."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tmux_pane import EXIT_MARK, Pane
+
+    import shlex
+
+    with Pane("bench-replay", *REPLAY_SIZE, env=env) as pane:
+        command = shlex.join([sys.executable, "-m", "tokentui", "replay", str(record)])
+        pane.tmux("send-keys", "-t", pane.session, "-l", f"{command}; echo {EXIT_MARK}$?")
+        start = time.perf_counter()
+        pane.send("Enter")
+        seconds = None
+        while time.perf_counter() - start < 60:
+            text = pane.capture()  # one tmux call, ~5-10 ms: the resolution of this figure
+            if "chat template" in text and "q quit" in text:
+                seconds = time.perf_counter() - start
+                break
+        if seconds is None:
+            raise RuntimeError(f"no dashboard after 60 s; the screen:\n{pane.capture()}")
+        pane.send("q")
+        if pane.exit_status(30.0) != 0:
+            raise RuntimeError(f"tokentui replay failed: {pane.capture()[-500:]}")
+    return seconds
+
+
+def _replay_headless_seconds(record: Path, env: dict) -> tuple[float, float]:
+    """`tokentui replay RECORD --headless --json --speed 0` in a fresh process: seconds to its first line (the
+    model event: the record read, the replay started) and to its first step line."""
+    cmd = [sys.executable, "-m", "tokentui", "replay", str(record), "--headless", "--json", "--speed", "0"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = step = None
+    for line in proc.stdout:
+        now = time.perf_counter() - start
+        first = now if first is None else first
+        if step is None and line.startswith('{"event": "step"'):
+            step = now
+    err = proc.stderr.read()
+    if proc.wait() != 0 or first is None or step is None:
+        raise RuntimeError(f"tokentui replay --headless failed: {err.strip()[-500:]}")
+    return first, step
+
+
+def bench_replay_first_frame(loaded, reps: int) -> dict:
+    """`tokentui replay FILE` (no torch, no model: tokentui/replay.py) on a record of this benchmark's run
+    (NEW_TOKENS greedy tokens, recorded here in-process): launch to the dashboard's first frame in a real
+    terminal, and `--headless --json` to its first line, fresh processes, interleaved, medians."""
+    from tokentui.core.run import Run
+
+    engine = Engine(loaded, SamplerSettings(temperature=0.0), RunOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+    series: dict[str, list[float]] = {"dashboard": [], "headless_first": [], "headless_step": []}
+    with tempfile.TemporaryDirectory(prefix="tokentui-bench-replay-") as tmp:
+        run = Run(engine.facts)
+        for event in engine.run(PROMPT):
+            run.apply(event)
+        record = run.save(Path(tmp) / "record.jsonl")
+        env = dict(os.environ, TOKENTUI_CONFIG_DIR=tmp, TOKENTUI_STATE_DIR=tmp, TOKENTUI_CACHE_DIR=tmp)
+        _replay_headless_seconds(record, env)  # once untimed: the page cache warm, as for the launch rows
+        for rep in range(reps):
+            series["dashboard"].append(_replay_dashboard_seconds(record, env))
+            first, step = _replay_headless_seconds(record, env)
+            series["headless_first"].append(first)
+            series["headless_step"].append(step)
+            log(f"  replay rep {rep + 1}/{reps}: dashboard first frame {series['dashboard'][-1]:.2f} s, headless "
+                f"first line {first:.2f} s, first step line {step:.2f} s")
+        out = {name: med(values) for name, values in series.items()}
+        out.update(dashboard_all=series["dashboard"], reps=reps, record_lines=len(record.read_text().splitlines()),
+                   record_kib=record.stat().st_size / 1024)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- 5
 def first_token_seconds(env: dict) -> float:
     """Seconds from spawning `tokentui --headless --json --max-new-tokens 1` to its first step event line."""
@@ -565,7 +646,7 @@ def verdict(key: str, value: float) -> str:
 
 def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, over: dict, pre: dict,
                  launch: dict | None, started: float, load_before, load_after, args, lens: dict | None = None,
-                 branch: dict | None = None) -> str:
+                 branch: dict | None = None, replay: dict | None = None) -> str:
     r = []
     r.append("# Benchmarks\n")
     r.append(f"Written by `.venv/bin/python benchmarks/bench.py{' --quick' if args.quick else ''}` on "
@@ -640,6 +721,11 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     if branch:
         r.append(f"| 8 | branch at a {BRANCH_PREFIX}-token prefix, KV cache reused: time to its first new token ÷ "
                  f"prefill of the prefix | ≤ 0.2 | {branch['ratio']:.3f} | {verdict('8', branch['ratio'])} |")
+    if replay:
+        r.append(f"| 9 | `tokentui replay FILE`: launch to the dashboard's first frame ({REPLAY_SIZE[0]}x{REPLAY_SIZE[1]}, "
+                 f"tmux) | ≤ 1 s | {replay['dashboard']:.2f} s | {verdict('9', replay['dashboard'])} |")
+        r.append(f"| 10 | `tokentui replay FILE --headless --json`: launch to its first line / first step line "
+                 f"(not a target) | — | {replay['headless_first']:.2f} / {replay['headless_step']:.2f} s | — |")
     r.append("")
     r.append("## Details\n")
     r.append("### 1, 4 — decode\n")
@@ -707,6 +793,16 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  f"the first new token; with no cache held (the prefix prefilled) {branch['fresh']:.0f} ms; the "
                  f"engine's prefill of the prefix alone {branch['prefill']:.0f} ms. Both branches gave the same "
                  "token IDs (asserted).\n")
+    if replay:
+        r.append("### 9 — replay\n")
+        r.append(f"A record of this benchmark's run ({replay['record_lines']} lines, {replay['record_kib']:.0f} KiB) "
+                 f"played back in fresh processes, {replay['reps']} repetitions, interleaved. Dashboard: `python -m "
+                 f"tokentui replay FILE` typed into a bash in a private tmux server ({REPLAY_SIZE[0]}x{REPLAY_SIZE[1]}), "
+                 "timed from Enter to the first `capture-pane` showing the prompt panel's title and the key bar "
+                 "(captured back to back, ~5-10 ms each): " + ", ".join(f"{s:.2f}" for s in replay["dashboard_all"])
+                 + f" s. Headless: `--headless --json --speed 0` to its first line (the model event: Python "
+                 f"started, the record read) {replay['headless_first']:.2f} s, to its first step line "
+                 f"{replay['headless_step']:.2f} s. No torch in either (tokentui/replay.py).\n")
     r.append("### 6 — prefill\n")
     r.append(f"| Prompt tokens | engine ms (threads) | plain forward at torch defaults ({TORCH_DEFAULT_THREADS} threads) ms |")
     r.append("|---------------|---------------------|------------------------------|")
@@ -745,6 +841,7 @@ def main() -> int:
     p.add_argument("--no-compile", action="store_true", help="skip the --compile measurement")
     p.add_argument("--no-dashboard", action="store_true")
     p.add_argument("--no-launch", action="store_true")
+    p.add_argument("--no-replay", action="store_true", help="skip `tokentui replay`'s first frame (needs tmux)")
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     args = p.parse_args()
     args.reps = args.reps or (2 if args.quick else 5)
@@ -778,8 +875,12 @@ def main() -> int:
     if not args.no_launch:
         log("5: launch to first token ...")
         launch = bench_launch(3 if not args.quick else 2, cold=not args.quick)
+    replay = None
+    if not args.no_replay:
+        log("9: replay to the first frame ...")
+        replay = bench_replay_first_frame(loaded, args.reps)
     text = write_report(args.out, info, d, dash, sel, over, pre, launch, started, load_before, os.getloadavg()[0],
-                        args, lens, branch)
+                        args, lens, branch, replay)
     print(text)
     return 0
 

@@ -2,37 +2,42 @@
 
 The client is the one owner, in the dashboard's process, of the current run's id and of the sampler settings and
 run options asked for (before the model is loaded too: they are handed to the engine when it is ready). Commands are
-method calls that take effect at the engine's next step boundary; replies come back as typed dataclasses through
-one `listener`, called on the event loop:
+method calls that take effect at the engine's next step boundary (`start` a run, `branch` an earlier one at a
+step, stop, pause, step, settings); replies come back as typed dataclasses through one `listener`, called on the
+event loop:
 
-    RunOpened(run_id, record_path)  a run started (its record, if recorded)
+    RunOpened(run_id, record_path)  a run (or a branch) started (its record, if recorded)
     RunEvent(run_id, event)         one engine event of the current run (core/protocol.py)
     RunNote(run_id, message)        something about the run that is not an engine event (the record failed)
     RunFailed(run_id, message)      the engine failed outside its own error events (a crash, its process died)
+    RunEnded(run_id, event)         how a run that a newer one superseded ended (its `done` or `error`)
 
 Events of a run that a newer one superseded are still recorded (its record ends with `done`) but not passed on,
-so the app never filters stale events itself. Recording is core/runner.py's `RecordedRun`, fed event by event.
+except its end, as `RunEnded`, so the app never filters stale events itself and can still say how an earlier run
+(e.g. the parent of a branch) ended. Recording is core/runner.py's `RecordedRun`, fed event by event.
 
 Two transports: `ProcessClient` (core/process.py), the model in a child process read with `loop.add_reader` — no
-thread in this process; and `LocalClient` here, an in-process engine with the blocking `run()` iterator (a replay,
-the tests' scripted engine), stepped on one executor thread: `next()` on it is the only blocking call, and it ends
-at the engine's next step once stopped.
+thread in this process; and `LocalClient` (core/local_client.py, importable from here too), an in-process engine
+with the blocking `run()` / `branch()` iterators (a replay, the tests' scripted engine), stepped on one executor
+thread: `next()` on it is the only blocking call, and it ends at the engine's next step once stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
-from .errors import SettingsError, TokentuiError
-from .events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts
-from .protocol import RunEvent
+from .errors import SettingsError
+from .events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent
+from .protocol import RunEvent, is_branch_point
 from .record import RunRecorder
 from .runner import RecordedRun
 from .settings import RunOptions, SamplerSettings
+
+if TYPE_CHECKING:  # core/branch.py imports torch, which the dashboard's process never loads
+    from .branch import BranchPoint
 
 Progress = Callable[[LoadProgress], None]
 
@@ -56,7 +61,13 @@ class RunFailed:
     message: str
 
 
-Reply = Union[RunOpened, RunEvent, RunNote, RunFailed]
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    run_id: int
+    event: Event  # DoneEvent or ErrorEvent
+
+
+Reply = Union[RunOpened, RunEvent, RunNote, RunFailed, RunEnded]
 Listener = Callable[[Reply], None]
 
 
@@ -115,6 +126,11 @@ class EngineClient:
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def can_branch(self) -> bool:
+        """Whether `branch()` can run on this engine (False until loaded; a replay cannot)."""
+        return self.loaded and self._branch_refusal() is None
+
     # ---- loading ------------------------------------------------------------------------------------------
     async def load(self, progress: Progress = lambda p: None) -> ModelFacts:
         """Load the model (raises TokentuiError with one line when it cannot); then the settings asked for so far
@@ -137,15 +153,46 @@ class EngineClient:
         """Stop the current run (it ends at its next step, recorded) and start `prompt`; returns the new run's id."""
         if not self.loaded:
             raise RuntimeError("start() before the model is loaded")
+        run_id = self._open()
+        self._send_start(run_id, prompt, system)
+        return run_id
+
+    def branch(self, point: "BranchPoint", prompt: PromptEvent | None = None) -> int:
+        """Stop the current run and start a branch of an earlier one at `point` (core/branch.py; its events:
+        BranchEvent, PrefillEvent, the forced StepEvent at `point.at`, steps, done), as a new run with its own id
+        and record, exactly like `start`; returns that id. `prompt`: the parent's PromptEvent, when at hand, goes
+        first into the branch's record and to the listener (as `tokentui branch` records it), so the record says
+        what was asked; the engine is not sent it.
+
+        An engine that cannot branch (a replay: see `can_branch`) raises SettingsError (one line) before anything
+        changes: the current run goes on and the run id stays."""
+        if not self.loaded:
+            raise RuntimeError("branch() before the model is loaded")
+        if not is_branch_point(point):
+            raise TypeError(f"branch() needs a BranchPoint, got {type(point).__name__}")
+        if prompt is not None and not isinstance(prompt, PromptEvent):
+            raise TypeError(f"prompt must be a PromptEvent, got {type(prompt).__name__}")
+        refusal = self._branch_refusal()
+        if refusal is not None:
+            raise SettingsError(refusal)
+        run_id = self._open()
+        if prompt is not None:
+            self._event(run_id, prompt)
+        self._send_branch(run_id, point)
+        return run_id
+
+    def _open(self) -> int:
+        """Stop the current run and open the next one: its id, its record, its RunOpened reply."""
         self.stop()
         self._run_id += 1
         run_id = self._run_id
-        record = RecordedRun(self, self._recorder,
-                             on_note=lambda message: self._reply(run_id, RunNote(run_id, message)))
+        # each run its own recorder (file handle) in the recorder's folder: a superseded run still ending writes
+        # its `done` to its own record, not into this one (a RunRecorder holds one file; opening the next closes it)
+        recorder = RunRecorder(self._recorder.directory) if self._recorder is not None else None
+        record = RecordedRun(self, recorder, on_note=lambda message: self._reply(run_id, RunNote(run_id, message)))
         self._records[run_id] = record
         self._ended[run_id] = asyncio.get_running_loop().create_future()
         self._reply(run_id, RunOpened(run_id, record.open()))
-        self._send_start(run_id, prompt, system)
         return run_id
 
     def stop(self) -> None:
@@ -161,7 +208,7 @@ class EngineClient:
         self._send_resume()
 
     def step_once(self) -> None:
-        if self._paused:
+        if self.paused:
             self._send_step()
 
     def halt(self) -> None:
@@ -194,6 +241,8 @@ class EngineClient:
         self._reply(run_id, RunEvent(run_id, event))
         if isinstance(event, (DoneEvent, ErrorEvent)):
             self._end(run_id)
+            if run_id != self._run_id:
+                self.listener(RunEnded(run_id, event))
 
     def _failed(self, run_id: int, message: str) -> None:
         record = self._records.get(run_id)
@@ -212,6 +261,8 @@ class EngineClient:
         self._end(run_id)
         if record.cut_off is not None:
             self._reply(run_id, RunEvent(run_id, record.cut_off))
+            if run_id != self._run_id:
+                self.listener(RunEnded(run_id, record.cut_off))
 
     def _end(self, run_id: int) -> None:
         record = self._records.pop(run_id, None)
@@ -231,6 +282,13 @@ class EngineClient:
 
     def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
         raise NotImplementedError
+
+    def _send_branch(self, run_id: int, point: "BranchPoint") -> None:
+        raise NotImplementedError
+
+    def _branch_refusal(self) -> str | None:
+        """Why this (loaded) engine cannot branch, as one line; None when it can."""
+        return None
 
     def _send_stop(self, run_id: int) -> None:
         raise NotImplementedError
@@ -255,103 +313,10 @@ class EngineClient:
         self.close_records()
 
 
-_END = object()  # next() on an exhausted run
+def __getattr__(name: str):
+    """`LocalClient` lives in core/local_client.py (which imports this module); it is still imported from here."""
+    if name == "LocalClient":
+        from .local_client import LocalClient
 
-
-class LocalClient(EngineClient):
-    """An engine in this process (`tui.config.EngineLike`: a replay, the tests' scripted engine), loaded by
-    `loader(progress)` and run on one executor thread of its own, one run after another."""
-
-    def __init__(self, loader: Callable[[Progress], object], sampler: SamplerSettings | None = None,
-                 options: RunOptions | None = None, recorder: RunRecorder | None = None) -> None:
-        super().__init__(sampler, options, recorder)
-        self._loader = loader
-        self.engine = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentui-engine")
-        self._pump: asyncio.Task | None = None
-
-    async def _load(self, progress: Progress):
-        loop = asyncio.get_running_loop()
-
-        def threadsafe(p: LoadProgress) -> None:
-            loop.call_soon_threadsafe(progress, p)
-
-        self.engine = None
-        engine = await loop.run_in_executor(self._executor, self._loader, threadsafe)
-        if engine is None:
-            raise RuntimeError("the loader returned no engine")
-        self.engine = engine
-        self._paused = engine.paused
-        return engine.facts, engine.sampler, engine.options
-
-    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
-        previous = self._pump
-        self._pump = asyncio.get_running_loop().create_task(self._run(run_id, prompt, system, previous))
-
-    async def _run(self, run_id: int, prompt: str, system: str | None, previous: asyncio.Task | None) -> None:
-        """Step the engine's blocking iterator on the executor; each event is handled here, on the loop."""
-        if previous is not None:  # one engine.run at a time: the older one was stopped and ends at its next step
-            await asyncio.wait([previous])
-        if run_id != self._run_id:  # superseded before it began
-            self._cut_off(run_id)
-            return
-        loop = asyncio.get_running_loop()
-        events = self.engine.run(prompt, system)
-        stopping = False
-        try:
-            while True:
-                event = await loop.run_in_executor(self._executor, next, events, _END)
-                if event is _END:
-                    break
-                self._event(run_id, event)
-                if run_id not in self._records:
-                    break  # it ended (done / error)
-                if not stopping and run_id != self._run_id:
-                    self.engine.stop()  # superseded while running: it ends at its next step
-                    stopping = True
-        except asyncio.CancelledError:
-            self.engine.stop()
-            raise
-        except Exception as err:
-            self._failed(run_id, _one_line(err))
-            return
-        self._cut_off(run_id)  # no-op when it ended with done
-
-    @property
-    def paused(self) -> bool:
-        """The engine's own flag (in this process it can be read, and a test's engine may pause itself)."""
-        return self.engine.paused if self.engine is not None else self._paused
-
-    def _send_stop(self, run_id: int) -> None:
-        if self.engine is not None:
-            self.engine.stop()
-
-    def _send_pause(self) -> None:
-        if self.engine is not None:
-            self.engine.pause()
-
-    def _send_resume(self) -> None:
-        if self.engine is not None:
-            self.engine.resume()
-
-    def _send_step(self) -> None:
-        if self.engine is not None:
-            self.engine.step_once()
-
-    def _send_sampler(self, sampler: SamplerSettings) -> None:
-        self.engine.update_sampler(**sampler.to_dict())
-
-    def _send_options(self, options: RunOptions) -> None:
-        self.engine.options = options
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.stop()
-            if self.engine.paused:
-                self.engine.resume()
-        self._executor.shutdown(wait=False)  # the run ends at its next step; nothing waits for it here
-        super().close()
-
-
-def _one_line(err: BaseException) -> str:
-    return str(err) if isinstance(err, TokentuiError) else f"{type(err).__name__}: {err}"
+        return LocalClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,8 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
 * Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
   cache, chunk by chunk for a long prompt (core/prefill.py), like the eager path.
 * On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
-  torch records CUDA graphs per Python thread: a run on another thread than the warm-up (`Engine.events()`)
-  re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
+  torch records CUDA graphs per Python thread: a run on another thread than the warm-up (a LocalClient's executor
+  thread, core/local_client.py) re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
   runs on its main thread.
 * Threads on CPU: the generated kernels bake in the thread count they were compiled with; the engine compiles at
   its decode thread count (1 on 2 cores). Compiled with 2 threads the step fell to ~3 tok/s on the busy 2-core

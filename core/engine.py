@@ -1,20 +1,20 @@
 """The generation loop: the six steps run in order and reported as events.
 
-`Engine.run()` is a plain blocking iterator (headless mode, benchmarks); `Engine.events()` is the same run as an
-async iterator whose model work happens on a dedicated thread, so an asyncio caller never blocks. Sampler settings,
-pause, single-step and stop are thread-safe and take effect at the next step boundary; each step event records the
-settings it actually used. The latest finished run's KV cache stays with the engine: `Engine.branch()` goes back to
-one of its steps with another token and reuses it (core/branch.py).
+`Engine.run()` is a plain blocking iterator (headless mode, benchmarks; the dashboard reaches it through an engine
+client, core/client.py, which steps it off the event loop). Sampler settings, pause, single-step and stop are
+thread-safe and take effect at the next step boundary; each step event carries the settings it actually used (the
+engine's SamplerSettings object itself, shared by every step until they change). The latest finished run's KV cache
+stays with the engine: `Engine.branch()` goes back to one of its steps with another token and reuses it
+(core/branch.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
 from contextlib import nullcontext
-from typing import AsyncIterator, Iterator
+from typing import Iterator
 
 import torch
 
@@ -153,6 +153,17 @@ class Engine:
             changed, self._sampler_changed = self._sampler_changed, False
             return self._sampler, changed
 
+    def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
+        """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
+        from the next step): (the list that forward appends its hidden states to, None for no lens; the Notice
+        text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
+        if not self.options.logit_lens:
+            return None, None
+        if states is not None:
+            return states, None
+        why = lens_unavailable(self.model, compiled=self._compiled is not None)
+        return ([], None) if why is None else (None, None if said else why)
+
     # ------------------------------------------------------------------------------------------- the run
     def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
         """One generation, as events: [Notice], PromptEvent, [PrefillProgress... for a long prompt], PrefillEvent,
@@ -231,13 +242,12 @@ class Engine:
         templated = apply_template(tok, prompt, system)
         if not templated.templated:
             yield Notice("this model has no chat template: the raw prompt is used as is")
-        lens_states = None  # with the logit lens on: a list each forward appends its hidden states to
-        if opts.logit_lens:
-            why = lens_unavailable(self.model, compiled=self._compiled is not None)
-            if why:
-                yield Notice(why)
-            else:
-                lens_states = []
+        # With the logit lens on: a list each forward appends its hidden states to (`_lens_for`: decided again before
+        # each forward, so turning it on or off mid-run shows from the next step).
+        lens_states, lens_why = self._lens_for(None, said=False)
+        lens_said = lens_why is not None
+        if lens_why:
+            yield Notice(lens_why)
         # Step 2 — tokenize.
         ids, pieces = tokenize(tok, templated, self.token_bytes)
         if facts.max_context and len(ids) >= facts.max_context:
@@ -259,6 +269,10 @@ class Engine:
                 yield Notice(notice)
         if cache is None:
             cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
+        lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the options may have changed while paused
+        if lens_why:
+            lens_said = True
+            yield Notice(lens_why)
         use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
         chunked = len(ids) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
@@ -272,17 +286,25 @@ class Engine:
         use_threads(self.device, self.speed.decode_threads())
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))
-        yield from self._generate(serial, ids, cache, logits, forward_ms, paused_s, lens_states)
+        yield from self._generate(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
 
     def _generate(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
-                  detok: IncrementalDetokenizer | None = None, choose=None) -> Iterator[Event]:
+                  detok: IncrementalDetokenizer | None = None, choose=None,
+                  lens_said: bool | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
         forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
         a branch (core/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
         and a `choose` that forces its first token. `done` counts the steps taken here; its text is prefix + those
-        tokens, decoded in one shot. The finished run's cache is kept for branches (`_held`)."""
+        tokens, decoded in one shot. The finished run's cache is kept for branches (`_held`).
+
+        The logit lens follows `self.options.logit_lens` before each decode forward (`_lens_for`); `lens_states` is
+        what the caller's forward filled (None: no lens). `lens_said`: the caller already said the lens is not
+        available (None, from core/branch.py: taken as said when the lens is wanted now and the caller ran without
+        it), so that Notice comes once per run."""
         facts, opts, tok = self.facts, self.options, self.tokenizer
+        if lens_said is None:
+            lens_said = lens_states is None and opts.logit_lens
         ttft_ms = forward_ms
         generator = torch.Generator(device=logits.device)
         seed_in_use: int | None = None
@@ -325,7 +347,7 @@ class Engine:
                             for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)],
                 chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
-                sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings.to_dict(),
+                sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
                 settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=forward_ms,
                 kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), lens=lens,
             )
@@ -347,6 +369,10 @@ class Engine:
             if not go:
                 reason = "stopped"
                 break
+            lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the lens as the options say now
+            if lens_why:
+                lens_said = True
+                yield Notice(lens_why)
             # Step 5 — decode: only the new token goes through the model.
             step_start = time.perf_counter()
             if decode_started is None:
@@ -377,44 +403,3 @@ class Engine:
         return DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
                          prompt_tokens=prompt_tokens, kv_tokens=cache_tokens(cache) if cache is not None else 0,
                          kv_bytes=cache_nbytes(cache) if cache is not None else 0, paused_ms=paused_s * 1000.0)
-
-    # ------------------------------------------------------------------------------------------- async
-    async def events(self, prompt: str, system: str | None = None, maxsize: int = 256) -> AsyncIterator[Event]:
-        """The same run as an async iterator. The model work runs on its own thread; a bounded queue gives
-        back-pressure (the producer waits when the consumer falls `maxsize` events behind). Leaving the
-        `async for` early stops the run."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
-        finished = object()
-        abandoned = threading.Event()
-
-        def produce() -> None:
-            try:
-                for event in self.run(prompt, system):
-                    if abandoned.is_set():
-                        self.stop()
-                        continue
-                    asyncio.run_coroutine_threadsafe(queue.put(event), loop).result()
-            except BaseException as err:  # surface bugs to the awaiting side, not a dead thread
-                if not abandoned.is_set():
-                    asyncio.run_coroutine_threadsafe(queue.put(err), loop).result()
-                return
-            if not abandoned.is_set():
-                asyncio.run_coroutine_threadsafe(queue.put(finished), loop).result()
-
-        thread = threading.Thread(target=produce, name="tokentui-engine", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = await queue.get()
-                if item is finished:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            abandoned.set()
-            self.stop()
-            while not queue.empty():  # unblock a producer waiting on a full queue
-                queue.get_nowait()
-            await asyncio.to_thread(thread.join, 30)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from .settings import SamplerSettings
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -186,7 +188,7 @@ class StepEvent(Event):
     entropy_bits: float  # of the raw distribution
     sampled_entropy_bits: float  # of the post-sampler distribution
     greedy: bool
-    settings: dict  # the SamplerSettings in force for this step
+    settings: SamplerSettings  # in force for this step (written as its dict: to_dict() below, asdict's recursion)
     settings_changed: bool  # True on the first step that used changed settings
     latency_ms: float  # the whole step: model run (prefill for index 0) + selection + detokenize
     forward_ms: float  # the model run alone
@@ -196,6 +198,10 @@ class StepEvent(Event):
     # said why). Computed after the forward: its time is in latency_ms, not forward_ms.
     lens: list[LensRow] | None = None
     forced: bool = False  # a branch's first step (core/branch.py): the token was given, not selected
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, SamplerSettings):  # typed in memory; a dict is only the JSON form
+            raise TypeError(f"StepEvent.settings must be SamplerSettings, got {type(self.settings).__name__}")
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)

@@ -1,7 +1,7 @@
-"""The model process's side of core/process.py: it loads the engine on its main thread, runs one generation at a
-time there, and applies commands (stop, pause, step, settings) from a reader thread at once — the engine takes them
-at its next step. It ends when the parent says quit or its end of the socket closes (the parent exited or was
-killed)."""
+"""The model process's side of core/process.py: it loads the engine on its main thread, runs one generation (a run
+or a branch) at a time there, and applies commands (stop, pause, step, settings) from a reader thread at once — the
+engine takes them at its next step. It ends when the parent says quit or its end of the socket closes (the parent
+exited or was killed)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,18 @@ from multiprocessing.connection import Connection
 from .errors import TokentuiError
 from .events import LoadProgress, stopped_done
 from .protocol import (COMMANDS, Crash, Load, LoadFailed, Loading, Pause, ProtocolError, Quit, Ready, Resume,
-                       RunEvent, SetOptions, SetSampler, StartRun, Step, Stop, expect)
+                       RunEvent, SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
 
 
 class _Child:
-    """The model process: loads the engine on the main thread, runs one generation at a time there, and applies
-    commands (stop, pause, step, settings) from a reader thread at once — the engine takes them at its next step."""
+    """The model process: loads the engine on the main thread, runs one generation at a time there (StartRun:
+    `engine.run`, StartBranch: `engine.branch`, in the order asked), and applies commands (stop, pause, step,
+    settings) from a reader thread at once — the engine takes them at its next step."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.send_lock = threading.Lock()
-        self.runs: queue.Queue[StartRun] = queue.Queue()
+        self.runs: queue.Queue[StartRun | StartBranch] = queue.Queue()
         self.engine = None  # set once loaded
         self.stop_serial = 0  # every run up to this one is stopped
         self.running_serial = 0
@@ -49,7 +50,7 @@ class _Child:
     def apply(self, command) -> None:
         if isinstance(command, Quit):
             os._exit(0)
-        if isinstance(command, StartRun):
+        if isinstance(command, (StartRun, StartBranch)):
             self.runs.put(command)
             return
         engine = self.engine
@@ -97,10 +98,15 @@ class _Child:
             run = self.runs.get()
             self.running_serial = run.serial
             if run.serial <= self.stop_serial:  # stopped before it started
-                self.send(RunEvent(run.serial, stopped_done([], 0, engine.facts.vocab_rows)))
+                prompt_tokens = len(run.point.prompt_ids) if isinstance(run, StartBranch) else 0
+                self.send(RunEvent(run.serial, stopped_done([], prompt_tokens, engine.facts.vocab_rows)))
                 continue
             try:
-                for event in engine.run(run.prompt, run.system):
+                if isinstance(run, StartBranch):
+                    events = engine.branch(run.point)
+                else:
+                    events = engine.run(run.prompt, run.system)
+                for event in events:
                     self.send(RunEvent(run.serial, event))
             except Exception as err:
                 traceback.print_exc()

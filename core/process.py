@@ -11,8 +11,8 @@ Importing this module does not import torch; the parent of a dashboard never loa
 core/model_process.py.
 
 Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/protocol.py (the
-parent sends Load, then StartRun / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the child
-answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id).
+parent sends Load, then StartRun / StartBranch / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
+child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .client import EngineClient
 from .errors import ModelLoadError, TokentuiError
 from .events import LoadProgress
 from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, Load, Loading, Pause, ProtocolError, Quit, Ready, Resume,
-                       SetOptions, SetSampler, StartRun, Step, Stop, expect)
+                       SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
 from .paths import state_dir
 from .settings import RunOptions, SamplerSettings
 
@@ -270,6 +270,12 @@ class ProcessClient(EngineClient):
     def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
         self._post(StartRun(run_id, prompt, system))
         if self._conn is None:  # the child is gone already
+            self._loop.call_soon(self._gone)
+
+    def _send_branch(self, run_id: int, point) -> None:
+        """The child's engine branches (core/branch.py) and reuses its own held KV cache of the latest run."""
+        self._post(StartBranch(run_id, point))
+        if self._conn is None:
             self._loop.call_soon(self._gone)
 
     def _send_stop(self, run_id: int) -> None:

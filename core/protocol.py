@@ -2,7 +2,7 @@
 checked where it is built, so a malformed one cannot be sent, and checked again where it is received, so one that
 is not what that side expects is refused with `ProtocolError` instead of being read as something else.
 
-    parent -> child   Load first; then StartRun, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit
+    parent -> child   Load first; then StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
                       serial of the run it belongs to (a newer run's serial retires an older run's messages)
 
@@ -20,6 +20,7 @@ from .events import Event, LoadProgress, ModelFacts
 from .settings import RunOptions, SamplerSettings
 
 if TYPE_CHECKING:
+    from .branch import BranchPoint
     from .process import EngineSpec
 
 
@@ -59,6 +60,27 @@ class StartRun:
         _serial(self.serial)
         _text("the prompt", self.prompt)
         _text("the system prompt", self.system, optional=True)
+
+
+def is_branch_point(value: object) -> bool:
+    """Whether `value` is a BranchPoint (core/branch_point.py: free of torch, so the dashboard's process can build
+    one and send it)."""
+    from .branch_point import BranchPoint
+
+    return isinstance(value, BranchPoint)
+
+
+@dataclass(frozen=True, slots=True)
+class StartBranch:
+    """Run `Engine.branch(point)` as run `serial` (core/branch.py); its events come back as RunEvent like a run's."""
+
+    serial: int
+    point: "BranchPoint"
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        if not is_branch_point(self.point):
+            raise ProtocolError(f"StartBranch needs a BranchPoint, got {type(self.point).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +131,8 @@ class Quit:
     pass
 
 
-Command = Union[StartRun, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit]
-COMMANDS: tuple[type, ...] = (StartRun, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit)
+Command = Union[StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit]
+COMMANDS: tuple[type, ...] = (StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit)
 
 
 # ---- child -> parent -----------------------------------------------------------------------------------------

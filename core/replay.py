@@ -29,15 +29,10 @@ def check_speed(speed: float) -> float:
 
 
 def _sampler_of(run: Run) -> SamplerSettings:
-    """The settings the first step was taken with (the defaults when the record has no step)."""
+    """The settings the first step was taken with (the defaults when the record has no step); valid, since a
+    step's settings are a SamplerSettings (the record's reader refuses a record whose settings are not)."""
     first = run.first
-    if first is None or not isinstance(first.settings, dict):
-        return SamplerSettings()
-    known = {k: v for k, v in first.settings.items() if k in SamplerSettings.__dataclass_fields__}
-    try:
-        return SamplerSettings(**known).validated()
-    except (SettingsError, TypeError):
-        return SamplerSettings()
+    return first.settings if first is not None else SamplerSettings()
 
 
 def _options_of(run: Run) -> RunOptions:

@@ -39,6 +39,7 @@ from .events import (
     PromptEvent,
     StepEvent,
 )
+from .settings import SamplerSettings
 
 _ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
 
@@ -104,15 +105,17 @@ class _Steps:
         self.lens_offsets = array("q", [0])  # step i's lens rows are lens_offsets[i]:lens_offsets[i + 1]...
         self.has_lens = array("b")  # ...and 0 where its lens is None (not an empty list)
         self.completed: dict[int, tuple[MultiTokenChar, ...]] = {}  # few steps complete a character
-        self.settings: list = []  # each distinct run of equal settings once...
+        self.settings: list[SamplerSettings] = []  # each run of steps with equal settings once...
         self.settings_at = array("q")  # ...and the one in force at each step
+        self._interned: dict[SamplerSettings, SamplerSettings] = {}  # one object per distinct settings value
         self.count = 0
         self.first = 0  # the index of the first step (a branch's steps start at its branch point)
 
     def append(self, step: StepEvent) -> None:
         settings = step.settings
         if not self.settings or self.settings[-1] != settings:
-            self.settings.append(settings)
+            # equal settings share one object (a record's reader builds one per line; A, B, A keeps two)
+            self.settings.append(self._interned.setdefault(settings, settings))
         cands = list(step.candidates)
         lens = list(step.lens) if step.lens is not None else []
         added: list[_Columns] = []  # one entry per row appended, to take back if the step cannot be stored

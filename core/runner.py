@@ -13,10 +13,11 @@ run goes on unrecorded.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .events import DoneEvent, ErrorEvent, Event, PromptEvent, StepEvent, StepTally
+from .events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, StepEvent, StepTally
 from .record import RunRecorder
 
 
@@ -42,6 +43,7 @@ class RecordedRun:
         self.cut_off: DoneEvent | None = None  # the `done` written for a run that ended without one
         self._steps = StepTally()  # what a "stopped" done needs, not the steps themselves
         self._prompt_tokens = 0
+        self._prefix_text = ""  # a branch's answer before its branch point (its `done` text starts with it)
         self._stream: Iterator[Event] | None = None
         self._crashed = False  # the engine raised: passed on, no `done` made up for it
 
@@ -104,6 +106,9 @@ class RecordedRun:
             self._steps.add(event)
         elif isinstance(event, PromptEvent):
             self._prompt_tokens = len(event.ids)
+        elif isinstance(event, BranchEvent):
+            self._prompt_tokens = len(event.prompt_ids)
+            self._prefix_text = event.prefix_text
         elif isinstance(event, (DoneEvent, ErrorEvent)):
             self.finished = True
 
@@ -114,7 +119,8 @@ class RecordedRun:
 
     def _end(self) -> None:
         if not self.finished and not self._crashed and self.cut_off is None:
-            self.cut_off = self._steps.stopped_done(self._prompt_tokens, self.engine.facts.vocab_rows)
+            done = self._steps.stopped_done(self._prompt_tokens, self.engine.facts.vocab_rows)
+            self.cut_off = replace(done, text=self._prefix_text + done.text) if self._prefix_text else done
             self._write(self.cut_off)
         self._drop_recorder()
 

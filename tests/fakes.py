@@ -1,32 +1,37 @@
 """A deterministic stand-in for `tokentui.core.engine.Engine`, for the dashboard's tests.
 
-`ScriptedEngine` has the engine's interface (facts, options, sampler, update_sampler, run, pause, resume,
-step_once, stop, paused) and plays the article's answer "Partly. Some weights are open. (开放)": fixed
-candidates, fixed timings, and 开 (e5 bc 80) split over two tokens so the pending-bytes path is exercised.
+`ScriptedEngine` has the engine's interface (facts, options, sampler, update_sampler, run, branch, pause, resume,
+step_once, stop, paused) and plays the article's answer "Partly. Some weights are open. (开放)"
+(tests/fake_script.py): fixed candidates, fixed timings, and 开 (e5 bc 80) split over two tokens so the
+pending-bytes path is exercised.
 The sampler is honoured: temperature / top-k / top-p reshape the post-sampler probabilities, greedy picks the top
 candidate, a cut token is never chosen, and a change made with `update_sampler` shows up in the next step's
 `settings` with `settings_changed=True`.
+
+`branch(point)` follows core/branch.py's event order: BranchEvent (KV reused when the engine's latest run or branch
+held the prefix, as the real engine's held cache), PrefillEvent, the forced step at `point.at` (that step's own
+scripted candidates, `point.token` chosen, forced=True; a Notice when the sampler gives it probability 0), then the
+script from `point.at + 1` on, and `done` whose text is the prefix's text + the branch's.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tokentui.core.errors import ModelLoadError, TokentuiError
 from tokentui.core.gate import StepGate
 from tokentui.core.events import (
+    BranchEvent,
     Candidate,
     DoneEvent,
     ErrorEvent,
     Event,
     LoadProgress,
     ModelFacts,
-    MultiTokenChar,
     Notice,
     PrefillEvent,
     PromptEvent,
@@ -35,173 +40,11 @@ from tokentui.core.events import (
 )
 from tokentui.core.settings import RunOptions, SamplerSettings
 
-EOS_ID = 151645
-SPECIAL_IDS = frozenset({151643, 151644, EOS_ID})  # <|endoftext|>, <|im_start|>, <|im_end|>
-KV_BYTES_PER_TOKEN = 2 * 28 * 8 * 128 * 2  # 114,688 (bf16)
+from fake_script import (ANSWER, ANSWER_TEXT, ARTICLE_PROMPT, EOS_ID, FACTS, KV_BYTES_PER_TOKEN, PIECES, SPECIAL_IDS,
+                         ScriptStep, _entropy_bits, apply_sampler, piece_of, piece_text, tokenize)
 
-FACTS = ModelFacts(
-    name="Qwen3-0.6B",
-    source="in-memory",
-    architecture="Qwen3ForCausalLM",
-    parameters=596_049_920,
-    layers=28,
-    hidden_size=1024,
-    vocab_rows=151_936,
-    attention_heads=16,
-    kv_heads=8,
-    head_dim=128,
-    kv_bytes_per_token=KV_BYTES_PER_TOKEN,
-    max_context=40_960,
-    device="cpu",
-    dtype="bfloat16",
-    chat_template=True,
-    trust_remote_code=False,
-    load_seconds=1.5,
-)
-
-# The article's 13 prompt tokens for "Is OpenAI open?"
-ARTICLE_PROMPT = [
-    (151644, "<|im_start|>", True), (872, "user", False), (198, "↵", False), (3872, "Is", False),
-    (5264, "␣Open", False), (15469, "AI", False), (1787, "␣open", False), (30, "?", False),
-    (151645, "<|im_end|>", True), (198, "↵", False), (151644, "<|im_start|>", True),
-    (77091, "assistant", False), (198, "↵", False),
-]
-
-
-@dataclass(frozen=True)
-class ScriptStep:
-    """One scripted token and the raw candidates around it (id, piece, raw probability), best first."""
-
-    id: int
-    piece: str
-    text: str
-    candidates: tuple[tuple[int, str, float], ...]
-    special: bool = False
-    pending_hex: str = ""
-    pending_needed: int = 0
-    completed: tuple[MultiTokenChar, ...] = ()
-
-
-def _alts(*pairs) -> tuple[tuple[int, str, float], ...]:
-    return tuple(pairs)
-
-
-ANSWER: tuple[ScriptStep, ...] = (
-    ScriptStep(4707, "Part", "Part", _alts((4707, "Part", 0.52), (5264, "␣Open", 0.26), (2753, "No", 0.13),
-                                           (9454, "Yes", 0.03), (1084, "␣It", 0.02), (785, "The", 0.015),
-                                           (2308, "␣No", 0.01), (32, "A", 0.006), (30172, "Open", 0.005),
-                                           (40, "I", 0.004))),
-    ScriptStep(398, "ly", "ly", _alts((398, "ly", 0.91), (13, ".", 0.04), (11, ",", 0.02), (25, ":", 0.01),
-                                      (3918, "ially", 0.008), (12, "-", 0.004), (0, "!", 0.002),
-                                      (198, "↵", 0.002), (26, ";", 0.001), (323, "␣and", 0.001))),
-    ScriptStep(13, ".", ".", _alts((13, ".", 0.62), (11, ",", 0.3), (25, ":", 0.03), (0, "!", 0.02),
-                                   (26, ";", 0.01), (1365, "␣—", 0.007), (198, "↵", 0.005), (320, "␣(", 0.004),
-                                   (323, "␣and", 0.002), (12, "-", 0.001))),
-    ScriptStep(4329, "␣Some", " Some", _alts((4329, "␣Some", 0.48), (5264, "␣Open", 0.21), (1084, "␣It", 0.12),
-                                             (576, "␣The", 0.08), (4138, "␣While", 0.04), (1205, "␣Its", 0.02),
-                                             (13023, "␣Many", 0.01), (4354, "␣However", 0.01),
-                                             (8853, "␣Only", 0.008), (220, "␣", 0.004))),
-    ScriptStep(14324, "␣weights", " weights", _alts((4119, "␣models", 0.44), (14324, "␣weights", 0.37),
-                                                    (315, "␣of", 0.07), (2038, "␣code", 0.05),
-                                                    (3412, "␣research", 0.03), (5479, "␣parts", 0.02),
-                                                    (7375, "␣tools", 0.01), (5896, "␣projects", 0.004),
-                                                    (821, "␣data", 0.002), (1849, "␣work", 0.001))),
-    ScriptStep(525, "␣are", " are", _alts((525, "␣are", 0.88), (315, "␣of", 0.04), (614, "␣have", 0.03),
-                                          (1033, "␣were", 0.02), (1083, "␣also", 0.01), (11, ",", 0.005),
-                                          (320, "␣(", 0.003), (2578, "␣like", 0.002), (323, "␣and", 0.001),
-                                          (13, ".", 0.001))),
-    ScriptStep(1787, "␣open", " open", _alts((1787, "␣open", 0.79), (4652, "␣released", 0.1),
-                                             (17424, "␣public", 0.05), (2500, "␣available", 0.03),
-                                             (537, "␣not", 0.01), (1431, "␣now", 0.006), (1602, "␣free", 0.002),
-                                             (8789, "␣shared", 0.001), (3601, "␣published", 0.0005),
-                                             (13, ".", 0.0005))),
-    ScriptStep(13, ".", ".", _alts((13, ".", 0.71), (11, ",", 0.15), (320, "␣(", 0.06), (26, ";", 0.03),
-                                   (323, "␣and", 0.02), (198, "↵", 0.01), (1365, "␣—", 0.006), (0, "!", 0.002),
-                                   (25, ":", 0.001), (12, "-", 0.001))),
-    ScriptStep(320, "␣(", " (", _alts((320, "␣(", 0.55), (EOS_ID, "<|im_end|>", 0.35), (4329, "␣Some", 0.04),
-                                      (576, "␣The", 0.03), (198, "↵", 0.01), (1084, "␣It", 0.008),
-                                      (4354, "␣However", 0.004), (5264, "␣Open", 0.003), (2308, "␣No", 0.002),
-                                      (220, "␣", 0.001))),
-    ScriptStep(28156, "<0xE5><0xBC>", "", _alts((28156, "<0xE5><0xBC>", 0.9), (100713, "开放", 0.05),
-                                                (5264, "Open", 0.02),
-                                           (36667, "公", 0.01), (99243, "部", 0.008), (70, "e", 0.005),
-                                           (45, "N", 0.003), (47, "P", 0.002), (32, "A", 0.001), (40, "I", 0.001)),
-               pending_hex="e5 bc", pending_needed=1),
-    ScriptStep(222, "<0x80>", "开", _alts((222, "<0x80>", 0.97), (223, "<0x81>", 0.01), (224, "<0x82>", 0.008),
-                                       (225, "<0x83>", 0.005), (226, "<0x84>", 0.003), (227, "<0x85>", 0.002),
-                                       (228, "<0x86>", 0.001), (229, "<0x87>", 0.0005), (230, "<0x88>", 0.0003),
-                                       (231, "<0x89>", 0.0002)),
-               completed=(MultiTokenChar("开", "e5 bc 80", 2),)),
-    ScriptStep(99803, "放", "放", _alts((99803, "放", 0.93), (29826, "源", 0.04), (21470, "发", 0.01),
-                                       (15946, "口", 0.008), (17992, "启", 0.005), (44934, "始", 0.003),
-                                       (34204, "关", 0.002), (99447, "放权", 0.001), (37029, "合", 0.0005),
-                                       (64, "a", 0.0005))),
-    ScriptStep(8, ")", ")", _alts((8, ")", 0.96), (701, "),", 0.02), (568, ").", 0.01), (11, ",", 0.004),
-                                  (198, "↵", 0.003), (220, "␣", 0.001), (7287, "/", 0.0005), (7, "(", 0.0003),
-                                  (25, ":", 0.0001), (26, ";", 0.0001))),
-    ScriptStep(EOS_ID, "<|im_end|>", "", _alts((EOS_ID, "<|im_end|>", 0.94), (576, "␣The", 0.02),
-                                               (4329, "␣Some", 0.01), (198, "↵", 0.01), (1084, "␣It", 0.008),
-                                               (151643, "<|endoftext|>", 0.005), (2308, "␣No", 0.004),
-                                               (320, "␣(", 0.002), (11, ",", 0.0007), (13, ".", 0.0003)),
-               special=True),
-)
-
-ANSWER_TEXT = "Partly. Some weights are open. (开放)"
-
-
-def _entropy_bits(probs) -> float:
-    return -sum(p * math.log2(p) for p in probs if p > 0)
-
-
-def apply_sampler(raw: list[float], s: SamplerSettings) -> list[float]:
-    """Post-sampler probabilities over the candidate list (treated as the whole distribution)."""
-    total = sum(raw)
-    raw = [p / total for p in raw]
-    order = sorted(range(len(raw)), key=lambda i: -raw[i])
-    if s.is_greedy:
-        out = [0.0] * len(raw)
-        out[order[0]] = 1.0
-        return out
-    scaled = [p ** (1.0 / s.temperature) for p in raw]
-    z = sum(scaled)
-    probs = [p / z for p in scaled]
-    keep = set(order[: s.top_k]) if s.top_k else set(order)
-    cumulative = 0.0
-    kept_p = set()
-    for i in order:
-        if i not in keep:
-            continue
-        kept_p.add(i)
-        cumulative += probs[i]
-        if cumulative >= s.top_p - 1e-12:
-            break
-    z = sum(probs[i] for i in kept_p)
-    return [probs[i] / z if i in kept_p else 0.0 for i in range(len(raw))]
-
-
-def tokenize(prompt: str, system: str | None) -> tuple[str, list[PromptPiece], bool]:
-    if prompt == "Is OpenAI open?" and system is None:
-        text = "<|im_start|>user\nIs OpenAI open?<|im_end|>\n<|im_start|>assistant\n"
-        return text, [PromptPiece(i, p, s) for i, p, s in ARTICLE_PROMPT], True
-    pieces: list[PromptPiece] = []
-
-    def words(s: str) -> None:
-        for m in re.finditer(r" ?\w+| ?[^\w\s]|\s", s):
-            w = m.group(0)
-            disp = w.replace(" ", "␣").replace("\n", "↵")
-            pieces.append(PromptPiece(sum(ord(c) * 31 ** n for n, c in enumerate(w)) % 150_000, disp, False))
-
-    def special(name: str, id_: int) -> None:
-        pieces.append(PromptPiece(id_, name, True))
-
-    text = ""
-    if system is not None:
-        text += f"<|im_start|>system\n{system}<|im_end|>\n"
-        special("<|im_start|>", 151644); words("system\n" + system); special("<|im_end|>", 151645); words("\n")
-    text += f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    special("<|im_start|>", 151644); words("user\n" + prompt); special("<|im_end|>", 151645); words("\n")
-    special("<|im_start|>", 151644); words("assistant\n")
-    return text, pieces, True
+if TYPE_CHECKING:
+    from tokentui.core.branch import BranchPoint
 
 
 class ScriptedEngine:
@@ -231,6 +74,7 @@ class ScriptedEngine:
         self._cond = self._gate_.lock
         self._stop = False
         self.runs: list[tuple[str, str | None]] = []
+        self.branches: list[BranchPoint] = []  # every branch asked for, in order
         self.events: list[Event] = []  # every event of every run
         self.steps: list[StepEvent] = []  # every step of every run
         self.active = 0  # runs in progress (must never exceed 1)
@@ -238,6 +82,7 @@ class ScriptedEngine:
         self.stop_calls = 0
         self._taken = 0  # steps (over all runs) that have read their settings
         self.updates: list[tuple[int, dict]] = []  # (steps taken when called, changes): the next step is steps[n]
+        self.held_ids: tuple[int, ...] = ()  # what the real engine's held KV cache would hold (prompt + fed tokens)
 
     # ---- settings --------------------------------------------------------------------------------------------
     @property
@@ -286,15 +131,24 @@ class ScriptedEngine:
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+        self.runs.append((prompt, system))
+        yield from self._tracked(lambda: self._run(prompt, system))
+
+    def branch(self, point: BranchPoint) -> Iterator[Event]:
+        """core/branch.py's events for `point` (see the module docstring); the settings, pause, step and stop act
+        as in `run`."""
+        self.branches.append(point)
+        yield from self._tracked(lambda: self._branch(point))
+
+    def _tracked(self, start: Callable[[], Iterator[Event]]) -> Iterator[Event]:
         with self._cond:  # like the real engines, a step granted before the run (pause + step) carries into it
             self._stop = False
         with self._lock:
             self._changed = False
-        self.runs.append((prompt, system))
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            for event in self._run(prompt, system):
+            for event in start():
                 self.events.append(event)
                 if isinstance(event, StepEvent):
                     self.steps.append(event)
@@ -318,74 +172,144 @@ class ScriptedEngine:
         yield PromptEvent(text=text, ids=ids, pieces=pieces, templated=templated, user_prompt=prompt,
                           system_prompt=system, default_system_prompt=self.default_system)
         n_prompt = len(ids)
+        self.held_ids = ()  # a new run: the last one's KV cache goes
         yield PrefillEvent(tokens=n_prompt, ms=42.0, kv_tokens=n_prompt, kv_bytes=n_prompt * KV_BYTES_PER_TOKEN)
-
         opts = self.options
         script = list(ANSWER)
         if opts.ignore_eos:
-            body = list(ANSWER) if self.keep_end_tokens else [s for s in ANSWER if s.id != EOS_ID]
-            script = []
-            while len(script) < opts.max_new_tokens:
-                script.extend(body)
+            script = self._script(opts.max_new_tokens)
+        played = yield from self._play(script, 0, n_prompt)
+        if played is None:
+            return
+        reason, chosen, texts, decode_ms = played
+        tokens = len(chosen)  # steps taken (a stopped run did not take the next one)
+        kv_tokens = n_prompt + max(0, tokens - 1)
+        if tokens:
+            self.held_ids = tuple(ids) + tuple(chosen[:-1])  # the last token was never fed
+        decode_tok_s = (tokens - 1) / (decode_ms / 1000) if tokens > 1 and decode_ms else 0.0
+        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows,
+                        ttft_ms=45.0, decode_tok_s=decode_tok_s, text="".join(texts), prompt_tokens=n_prompt,
+                        kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)
+
+    def _script(self, length: int) -> list[ScriptStep]:
+        """The scripted steps for `length` positions, the answer over and over (ignore_eos: its end token left out
+        unless keep_end_tokens)."""
+        body = list(ANSWER) if self.keep_end_tokens or not self.options.ignore_eos else \
+            [s for s in ANSWER if s.id != EOS_ID]
+        script: list[ScriptStep] = []
+        while len(script) < length:
+            script.extend(body)
+        return script
+
+    def _play(self, script: list[ScriptStep], first: int, n_prompt: int, force: int | None = None,
+              gate_first: bool = True):
+        """Steps `first`, `first` + 1, ... of `script` as StepEvents, honouring the settings in force, pause, stop,
+        max_new_tokens (counted from `first`) and the end token; `force`: the first step's token (a branch).
+        Returns (reason, the ids chosen, their texts, the decode steps' latency) — None when it ended with an
+        error event."""
+        opts = self.options
         decode_ms = 0.0
-        text_out: list[str] = []
-        reason = "eos"
-        index = 0
-        for index, scripted in enumerate(script):
-            if index >= opts.max_new_tokens:
+        texts: list[str] = []
+        chosen: list[int] = []
+        reason = "length" if opts.ignore_eos else "eos"  # when the script runs out
+        for k, scripted in enumerate(script[first:]):
+            index = first + k
+            if k >= opts.max_new_tokens:
                 reason = "length"
                 break
-            if index:
+            if k:
                 self._sleep()
-            if not self._gate():
+            if (k or gate_first) and not self._gate():
                 reason = "stopped"
                 break
             if self.fail_at == index:
                 yield ErrorEvent(f"NaN in the logits at step {index + 1}: the run stopped", index, "nan")
-                return
+                return None
             if self.raise_at == index:
                 raise RuntimeError(f"scripted crash at step {index + 1}")
             with self._lock:
                 settings = self._sampler
                 changed, self._changed = self._changed, False
                 self._taken += 1
-            step = self._step(index, scripted, settings, changed, n_prompt)
-            if index:
+            step = self._step(index, scripted, settings, changed, n_prompt, force if k == 0 else None)
+            if k:
                 decode_ms += step.latency_ms
-            text_out.append(step.text)
+            texts.append(step.text)
+            chosen.append(step.id)
             yield step
+            if step.forced and step.chosen_prob == 0.0:  # as core/branch.py says it
+                cut = "greedy takes only the top token" if step.greedy else "the sampler settings cut it"
+                yield Notice(f"step {index + 1}: the forced token {step.piece!r} has probability 0 after "
+                             f"sampling ({cut}); its raw probability is {step.chosen_raw_prob:.2%}")
             if step.id == EOS_ID and not opts.ignore_eos:
                 reason = "eos"
-                index += 1
                 break
-        else:
-            index = len(script)
-            reason = "length" if opts.ignore_eos else reason
-        tokens = index  # steps taken (a stopped run did not take step `index`)
-        kv_tokens = n_prompt + max(0, tokens - 1)
-        decode_tok_s = (tokens - 1) / (decode_ms / 1000) if tokens > 1 and decode_ms else 0.0
-        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows,
-                        ttft_ms=45.0, decode_tok_s=decode_tok_s, text="".join(text_out), prompt_tokens=n_prompt,
-                        kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)
+        return reason, chosen, texts, decode_ms
 
-    def _step(self, index: int, scripted: ScriptStep, s: SamplerSettings, changed: bool, n_prompt: int) -> StepEvent:
+    def _branch(self, point: BranchPoint) -> Iterator[Event]:
+        facts, opts = self.facts, self.options
+        bad = next((i for i in (point.token, *point.prompt_ids, *point.tokens) if i >= facts.vocab_rows), None)
+        if bad is not None:  # the real engine's check, before anything else (its ErrorEvent's kind)
+            yield ErrorEvent(f"token id {bad} is not in this model's vocabulary (ids 0..{facts.vocab_rows - 1})",
+                             -1, "SettingsError")
+            return
+        at, n_prompt = point.at, len(point.prompt_ids)
+        script = self._script(at + opts.max_new_tokens + 1)
+        prefix = point.prompt_ids + point.tokens
+        keep = len(prefix) - 1  # the real engine's reuse rule (core/branch.py reusable_positions)
+        held = self.held_ids
+        reuse = keep if keep >= 1 and len(held) >= keep and held[:keep] == prefix[:keep] else 0
+        prefix_text = "".join(s.text if s.id == token else piece_text(piece_of(token), token in SPECIAL_IDS)
+                              for s, token in zip(script, point.tokens))
+        yield BranchEvent(at=at, id=point.token, piece=piece_of(point.token), parent_id=point.parent_token,
+                          parent_piece=None if point.parent_token is None else piece_of(point.parent_token),
+                          kv_reused_tokens=reuse, prompt_ids=list(point.prompt_ids), tokens=list(point.tokens),
+                          prefix_text=prefix_text, parent=point.parent)
+        if not self._gate():  # stopped before anything ran: the held ids stay
+            yield DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
+                            prompt_tokens=n_prompt)
+            return
+        self.held_ids = ()
+        kv, prefill_ms = n_prompt + at, 12.0 if reuse else 42.0
+        yield PrefillEvent(tokens=1 if reuse else kv, ms=prefill_ms, kv_tokens=kv, kv_bytes=kv * KV_BYTES_PER_TOKEN,
+                           reused_tokens=reuse)
+        played = yield from self._play(script, at, n_prompt, force=point.token, gate_first=False)
+        if played is None:
+            return
+        reason, chosen, texts, decode_ms = played
+        taken = len(chosen)
+        kv_tokens = kv + max(0, taken - 1)
+        self.held_ids = tuple(prefix) + tuple(chosen[:-1])
+        yield DoneEvent(reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
+                        ttft_ms=prefill_ms if taken else None,
+                        decode_tok_s=(taken - 1) / (decode_ms / 1000) if taken > 1 and decode_ms else None,
+                        text=prefix_text + "".join(texts), prompt_tokens=n_prompt, kv_tokens=kv_tokens,
+                        kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)
+
+    def _step(self, index: int, scripted: ScriptStep, s: SamplerSettings, changed: bool, n_prompt: int,
+              force: int | None = None) -> StepEvent:
+        """One step's event; `force`: the token taken whatever the sampler says (a branch's first step)."""
         raw = [c[2] for c in scripted.candidates]
         total = sum(raw)
         probs = apply_sampler(raw, s)
         cands = [Candidate(c[0], c[1], c[2] / total, p, special=c[0] in SPECIAL_IDS)
                  for c, p in zip(scripted.candidates, probs)]
-        chosen_rank = next(i for i, c in enumerate(cands) if c.id == scripted.id)
-        if s.is_greedy or cands[chosen_rank].prob == 0:
-            chosen_rank = 0  # greedy, or the scripted token was cut: take the top one
-        chosen = cands[chosen_rank]
+        if force is not None:
+            chosen_rank = next((i for i, c in enumerate(cands) if c.id == force), len(cands))
+            chosen = cands[chosen_rank] if chosen_rank < len(cands) else \
+                Candidate(force, piece_of(force), 0.0, 0.0, special=force in SPECIAL_IDS)  # below the list
+        else:
+            chosen_rank = next(i for i, c in enumerate(cands) if c.id == scripted.id)
+            if s.is_greedy or cands[chosen_rank].prob == 0:
+                chosen_rank = 0  # greedy, or the scripted token was cut: take the top one
+            chosen = cands[chosen_rank]
         if chosen.id == scripted.id:
             text, pending_hex, pending_needed, completed = (scripted.text, scripted.pending_hex,
                                                             scripted.pending_needed, list(scripted.completed))
             special = scripted.special
         else:
-            text = chosen.piece.replace("␣", " ").replace("↵", "\n")
             special = chosen.special
-            text = "" if special else text
+            text = piece_text(chosen.piece, special)
             pending_hex, pending_needed, completed = "", 0, []
         kept = [c for c in cands if c.prob > 0]
         latency = 45.0 if index == 0 else 20.0 + (index % 4) * 1.5
@@ -397,9 +321,9 @@ class ScriptedEngine:
             kept_count=len(kept), kept_mass=sum(c.raw_prob for c in kept),
             entropy_bits=_entropy_bits(c.raw_prob for c in cands),
             sampled_entropy_bits=_entropy_bits(c.prob for c in cands),
-            greedy=s.is_greedy, settings=s.to_dict(), settings_changed=changed,
+            greedy=s.is_greedy, settings=s, settings_changed=changed,
             latency_ms=latency, forward_ms=latency - 0.5,
-            kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN,
+            kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN, forced=force is not None,
         )
 
 
@@ -428,17 +352,25 @@ def make_loader(engine: ScriptedEngine | None = None, *, error: Exception | None
     return load
 
 
-__all__ = [
+__all__ = [  # with the script's names (tests/fake_script.py), re-exported
     "ANSWER",
     "ANSWER_TEXT",
+    "ARTICLE_PROMPT",
+    "EOS_ID",
     "FACTS",
+    "KV_BYTES_PER_TOKEN",
     "ModelLoadError",
+    "PIECES",
+    "SPECIAL_IDS",
+    "ScriptStep",
     "ScriptedEngine",
     "TokentuiError",
     "apply_sampler",
     "make_loader",
+    "piece_of",
     "screen_text",
     "slow_engine",
+    "tokenize",
     "wait_for",
 ]
 

@@ -25,3 +25,13 @@ async def wait_until_done(pilot) -> None:
     await pilot.pause(0.1)
     app._rebuild_all()
     await pilot.pause()
+
+
+async def view_step_10(pilot) -> None:
+    """run_before for the time-travel snapshots: the finished run, the cursor held at step 10 (开's first two bytes
+    pending) by keys: < to the first step, then ] nine times."""
+    await wait_until_done(pilot)
+    await pilot.press("less_than_sign", *["right_square_bracket"] * 9)
+    await pilot.pause(0.1)
+    pilot.app._rebuild_all()
+    await pilot.pause()

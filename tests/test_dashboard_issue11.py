@@ -211,8 +211,8 @@ async def test_the_sampler_panel_names_each_change_and_keeps_the_last_few():
         assert f"step {second.step} top-p 0.90→0.85" in text
         assert second.step > first.step
         # the steps named are the steps that first used the change
-        assert engine.steps[first.step - 1].settings["temperature"] == 0.8
-        assert engine.steps[first.step - 2].settings["temperature"] == 0.7
+        assert engine.steps[first.step - 1].settings.temperature == 0.8
+        assert engine.steps[first.step - 2].settings.temperature == 0.7
         await pilot.press("q")
 
 

@@ -1,4 +1,5 @@
-"""Live controls: settings changed mid-run, pause / single step / stop, and the async face of the engine.
+"""Live controls: settings changed mid-run, pause / single step / stop, and the engine behind the dashboard's
+in-process engine client (core/client.py LocalClient).
 A tiny random model keeps these fast; what is checked is the loop's behaviour, not the model."""
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ import time
 
 import pytest
 
+from client_replies import Replies
 from conftest import tiny_model
+from tokentui.core.client import LocalClient, RunOpened
 from tokentui.core.engine import Engine
 from tokentui.core.errors import SettingsError
-from tokentui.core.events import DoneEvent, ErrorEvent, StepEvent
+from tokentui.core.events import DoneEvent, ErrorEvent, PromptEvent, StepEvent
 from tokentui.core.loader import LoadedModel, model_facts
+from tokentui.core.record import RunRecorder
+from tokentui.core.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 
@@ -33,11 +38,11 @@ def test_settings_changed_mid_run_apply_at_the_next_step(tiny):
             seen.append(event)
             if event.index == 2:
                 engine.update_sampler(temperature=0.0, top_k=5)
-    assert [s.settings["temperature"] for s in seen] == [1.0, 1.0, 1.0] + [0.0] * 5
+    assert [s.settings.temperature for s in seen] == [1.0, 1.0, 1.0] + [0.0] * 5
     assert [s.settings_changed for s in seen] == [False, False, False, True, False, False, False, False]
     assert all(s.greedy for s in seen[3:]) and not any(s.greedy for s in seen[:3])
     assert all(s.id == s.candidates[0].id for s in seen[3:])  # greedy = the top raw candidate
-    assert seen[3].settings["top_k"] == 5
+    assert seen[3].settings.top_k == 5
 
 
 def test_invalid_live_change_is_refused_and_the_run_goes_on(tiny):
@@ -139,7 +144,12 @@ def test_a_new_run_retires_the_previous_one(tiny):
     assert isinstance(second[-1], DoneEvent) and second[-1].reason == "length" and second[-1].tokens == 3
 
 
-async def test_async_events_match_the_blocking_run(tiny):
+def _local_client(engine, recorder=None):
+    """The dashboard's in-process engine client (core/client.py) on `engine`, with the engine's own settings."""
+    return LocalClient(lambda progress: engine, engine.sampler, engine.options, recorder)
+
+
+async def test_a_local_client_runs_the_engine_off_the_event_loop(tiny):
     opts = RunOptions(max_new_tokens=12, ignore_eos=True)
     engine = Engine(tiny, SamplerSettings(temperature=0), opts)
     blocking = [e.id for e in engine.run("Hi") if isinstance(e, StepEvent)]
@@ -151,26 +161,84 @@ async def test_async_events_match_the_blocking_run(tiny):
             ticks += 1
             await asyncio.sleep(0.001)
 
+    client = _local_client(engine)
     task = asyncio.create_task(ticker())
-    got = [e async for e in engine.events("Hi")]
-    task.cancel()
+    try:
+        await client.load()
+        got = await Replies(client).run("Hi")
+    finally:
+        task.cancel()
+        client.close()
     assert [e.id for e in got if isinstance(e, StepEvent)] == blocking
     assert isinstance(got[-1], DoneEvent) and ticks > 3
 
 
-async def test_leaving_the_async_loop_early_stops_the_run(tiny):
+async def test_the_engine_waits_for_the_event_loop(tiny):
+    """Back-pressure: the client asks the engine for one event at a time, so a busy event loop holds the run (at
+    most the step already under way finishes) instead of letting events pile up."""
     engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=100_000, ignore_eos=True))
-    count = 0
-    agen = engine.events("Hi", maxsize=4)
-    async for event in agen:
-        if isinstance(event, StepEvent):
-            count += 1
-            if count == 5:
-                break
-    await agen.aclose()
-    # The engine is free again: a new run completes.
-    engine.options = RunOptions(max_new_tokens=3, ignore_eos=True)
-    assert isinstance(list(engine.run("Hi"))[-1], DoneEvent)
+    forwards = 0
+
+    def count(module, args, output):
+        nonlocal forwards
+        forwards += 1
+
+    handle = tiny.model.register_forward_hook(count)
+    client = _local_client(engine)
+    try:
+        await client.load()
+        replies = Replies(client)
+        client.start("Hi")
+        for _ in range(3):
+            await replies.next_step()
+        before = forwards
+        time.sleep(0.5)  # the loop is blocked: nobody asks for the next event (a tiny model's step takes ~ms)
+        assert forwards - before <= 1
+        client.stop()
+        rest = await replies.rest()
+        assert isinstance(rest[-1], DoneEvent) and rest[-1].reason == "stopped"
+    finally:
+        handle.remove()
+        client.close()
+
+
+async def test_a_superseded_or_stopped_run_ends_and_its_record_ends_with_done(tiny, tmp_path):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=100_000, ignore_eos=True))
+    client = _local_client(engine, RunRecorder(tmp_path))
+    records = []
+    try:
+        await client.load()
+        replies = Replies(client)
+        listener = client.listener
+        client.listener = lambda reply: (records.append(reply.record_path) if isinstance(reply, RunOpened)
+                                         else None, listener(reply))
+        first = client.start("Hi")
+        for _ in range(5):
+            await replies.next_step()
+        client.set_options(RunOptions(max_new_tokens=3, ignore_eos=True))
+        second = client.start("Hi")  # the first run ends at its next step; its events no longer arrive
+        assert second == first + 1 == client.run_id
+        events = await replies.rest()
+        assert isinstance(events[0], PromptEvent) and [e.index for e in events if isinstance(e, StepEvent)] == [0, 1, 2]
+        assert isinstance(events[-1], DoneEvent) and events[-1].reason == "length" and events[-1].tokens == 3
+        # the engine is free again; stopping a run mid-way ends it "stopped" too
+        client.set_options(RunOptions(max_new_tokens=100_000, ignore_eos=True))
+        client.start("Hi")
+        for _ in range(2):
+            await replies.next_step()
+        client.stop()
+        rest = await replies.rest()
+        assert isinstance(rest[-1], DoneEvent) and rest[-1].reason == "stopped"
+        assert await client.finish(10.0)
+    finally:
+        client.close()
+    assert len(records) == 3 and len(set(records)) == 3
+    superseded, short, stopped = (Run.from_record(path) for path in records)
+    for run in (superseded, short, stopped):
+        assert run.record_notice is None and run.prompt is not None  # whole, each with its own events only
+    assert superseded.done.reason == "stopped" and superseded.done.tokens == len(superseded) >= 5
+    assert short.done.reason == "length" and len(short) == 3
+    assert stopped.done == rest[-1] and len(stopped) >= 2
 
 
 def test_empty_and_too_long_prompts_end_with_an_error_event(tiny):

@@ -71,8 +71,8 @@ async def test_live_settings_pause_step_and_stop_reach_the_child(child):
     steps = [await replies.next_step() for _ in range(4)]
     child.update_sampler(temperature=0.9, top_k=7, seed=3)
     steps += [await replies.next_step() for _ in range(4)]
-    assert [s.settings["temperature"] for s in steps[:4]] == [0.0] * 4
-    assert steps[-1].settings["temperature"] == 0.9 and steps[-1].settings["top_k"] == 7
+    assert [s.settings.temperature for s in steps[:4]] == [0.0] * 4
+    assert steps[-1].settings.temperature == 0.9 and steps[-1].settings.top_k == 7
     child.pause()
     assert child.paused
     await asyncio.sleep(0.5)  # the step under way when pause arrived may still come

@@ -13,12 +13,16 @@ import pytest
 
 from client_replies import Replies
 from fakes import FACTS, ScriptedEngine
+from tokentui.core.branch import BranchPoint
 from tokentui.core.errors import GenerationError, SettingsError
-from tokentui.core.events import DoneEvent, StepEvent
+from tokentui.core.events import BranchEvent, DoneEvent, StepEvent
+from tokentui.core.model_process import _Child
 from tokentui.core.process import ProcessClient, StartedProcess
-from tokentui.core.protocol import (COMMANDS, Crash, Load, LoadFailed, ProtocolError, Ready, RunEvent, SetSampler,
-                                    StartRun, Stop, expect)
+from tokentui.core.protocol import (COMMANDS, LOADING_REPLIES, RUN_REPLIES, Crash, Load, LoadFailed, ProtocolError,
+                                    Ready, RunEvent, SetSampler, StartBranch, StartRun, Stop, expect)
 from tokentui.core.settings import RunOptions, SamplerSettings
+
+POINT = BranchPoint((1, 2, 3), (7, 8), 2, 9, parent="a run", parent_token=10)
 
 
 @pytest.mark.parametrize("build", [
@@ -32,6 +36,12 @@ from tokentui.core.settings import RunOptions, SamplerSettings
     lambda: Ready(FACTS, SamplerSettings(), None),
     lambda: LoadFailed("ModelLoadError", 42),
     lambda: Load({"model": "x"}),
+    lambda: StartBranch(1, None),
+    lambda: StartBranch(1, "at 2: token 9"),
+    lambda: StartBranch(1, {"prompt_ids": (1, 2, 3), "tokens": (7, 8), "at": 2, "token": 9}),
+    lambda: StartBranch(1, (POINT.prompt_ids, POINT.tokens, POINT.at, POINT.token)),
+    lambda: StartBranch(-1, POINT),
+    lambda: StartBranch(None, POINT),
 ])
 def test_a_malformed_message_cannot_be_built(build):
     with pytest.raises(ProtocolError):
@@ -65,6 +75,21 @@ def test_the_old_positional_tuples_are_refused():
     assert expect(Stop(3), COMMANDS, "the model process") == Stop(3)
 
 
+def test_a_branch_is_a_command_for_the_child_only():
+    start = StartBranch(4, POINT)
+    assert expect(start, COMMANDS, "the model process") is start and start.point == POINT
+    for kinds, where in ((RUN_REPLIES, "during a run"), (LOADING_REPLIES, "while loading")):
+        with pytest.raises(ProtocolError, match="got StartBranch"):
+            expect(start, kinds, where)
+
+
+def test_the_child_queues_a_branch_like_a_run_in_the_order_asked():
+    child = _Child(conn=None)
+    child.apply(StartRun(1, "hi"))
+    child.apply(StartBranch(2, POINT))
+    assert child.runs.get_nowait() == StartRun(1, "hi") and child.runs.get_nowait() == StartBranch(2, POINT)
+
+
 class FakeProc:
     """What ProcessClient asks of its child's Popen."""
 
@@ -85,13 +110,13 @@ class FakeProc:
 
 
 def stand_in_child(conn: Connection, proc: FakeProc, reply) -> None:
-    """Load -> Ready; each StartRun -> whatever `reply(run)` gives; Quit / EOF -> gone."""
+    """Load -> Ready; each StartRun / StartBranch -> whatever `reply(run)` gives; Quit / EOF -> gone."""
     try:
         assert isinstance(conn.recv(), Load)
         conn.send(Ready(FACTS, SamplerSettings(), RunOptions()))
         while True:
             message = conn.recv()
-            if isinstance(message, StartRun):
+            if isinstance(message, (StartRun, StartBranch)):
                 for out in reply(message):
                     conn.send(out)
             elif type(message).__name__ == "Quit":
@@ -186,5 +211,45 @@ async def test_a_child_that_goes_away_mid_run_ends_the_run_at_once():
             await replies.run("hi")
         with pytest.raises(GenerationError, match="ended unexpectedly"):  # and so does any later run, at once
             await replies.run("hi")
+    finally:
+        client.close()
+
+
+async def test_a_branch_travels_to_the_child_whole_and_its_events_come_back_under_its_id():
+    got: list = []
+    events = scripted_events("Is OpenAI open?")
+
+    def reply(run):
+        got.append(run)
+        if isinstance(run, StartBranch):
+            yield RunEvent(run.serial - 1, events[-1])  # the superseded run's tail: not shown
+            yield RunEvent(run.serial, BranchEvent(run.point.at, run.point.token, "x", 10, "y", 4, [1, 2, 3], [7, 8],
+                                                   "ab"))
+            yield RunEvent(run.serial, events[-1])
+        else:
+            yield from (RunEvent(run.serial, event) for event in events)
+
+    client = await process_client(reply)
+    try:
+        assert client.can_branch
+        replies = Replies(client)
+        await replies.run("Is OpenAI open?")
+        run_id = client.branch(POINT)
+        branch, done = await replies.rest()
+        assert isinstance(branch, BranchEvent) and branch.at == 2 and done == events[-1]
+        assert got[-1] == StartBranch(run_id, POINT) and got[-1].point is not POINT  # pickled across, equal
+        assert replies.queue.empty()
+    finally:
+        client.close()
+
+
+async def test_a_branch_sent_back_to_the_parent_is_refused():
+    def reply(run):
+        yield StartBranch(run.serial, POINT)  # a command, from the child: not a reply
+
+    client = await process_client(reply)
+    try:
+        with pytest.raises(GenerationError, match="expected RunEvent, Crash, got StartBranch"):
+            await Replies(client).run("hi")
     finally:
         client.close()

@@ -16,7 +16,7 @@ from tokentui.core.events import (Candidate, DoneEvent, LoadProgress, MultiToken
 from tokentui.core.record import RunRecorder
 from tokentui.core.record_read import RecordError, event_from_dict
 from tokentui.core.run import Cursor, Run, RunError
-from tokentui.core.settings import RunOptions
+from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui.state import PLOT_POINTS, RunState
 
 
@@ -157,6 +157,9 @@ def test_a_record_cut_short_reads_up_to_its_last_whole_line(tmp_path):
     ("BAD_MIDDLE", "line 2 is not JSON: not a tokentui run record"),
     ("MISSING_FIELD", "line 2: prompt lacks ids (a schema this version cannot read)"),
     ("WRONG_TYPE", "line 4: step.candidates[1].raw_prob should be float, got \"high\""),
+    ("SETTINGS_TYPE", "line 4: step.settings.top_k should be int, got \"5\""),
+    ("SETTINGS_RANGE", "line 4: step.settings: top-p must be in (0, 1] (1 = off), got 1.5"),
+    ("SETTINGS_NOT_AN_OBJECT", "line 4: step.settings should be an object"),
     ("STEP_SKIPPED", "line 5: step 2 cannot follow 1 step(s)"),
     ("AFTER_END", "a 'notice' event after the run's end"),
     ("TWO_RUNS", "a second prompt event (a record holds one run)"),
@@ -173,6 +176,12 @@ def test_a_file_that_is_not_a_record_is_refused_in_one_line(tmp_path, content, m
     elif content == "WRONG_TYPE":
         step = json.loads(json.dumps(base[3]))
         step["candidates"][1]["raw_prob"] = "high"
+        objects = [*base[:3], step]
+    elif content.startswith("SETTINGS_"):
+        step = json.loads(json.dumps(base[3]))
+        step["settings"] = {"SETTINGS_TYPE": {**step["settings"], "top_k": "5"},
+                            "SETTINGS_RANGE": {**step["settings"], "top_p": 1.5},
+                            "SETTINGS_NOT_AN_OBJECT": [0.7, 0]}[content]
         objects = [*base[:3], step]
     elif content == "STEP_SKIPPED":
         objects = [*base[:4], base[5]]
@@ -193,6 +202,35 @@ def test_a_file_that_is_not_a_record_is_refused_in_one_line(tmp_path, content, m
         Run.from_record(path)
     text = str(caught.value)
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_step_settings_are_sampler_settings_in_memory_and_the_same_dict_on_disk(tmp_path):
+    """The engine's SamplerSettings object rides on each step; records and JSON write the dict they always did; the
+    reader builds SamplerSettings again (keys it does not know ignored, like any field a newer schema adds; a bad
+    value refuses the record: the parametrized test above); equal settings are one object in a run."""
+    engine = ScriptedEngine()
+    events = list(engine.run("Is OpenAI open?"))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert all(type(s.settings) is SamplerSettings for s in steps) and steps[0].settings == engine.sampler
+    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "greedy": False,
+                                              "seed": 0}
+    with pytest.raises(TypeError, match="must be SamplerSettings, got dict"):
+        replace(steps[0], settings=steps[0].settings.to_dict())
+    lines = [FACTS.to_dict()]
+    for n, event in enumerate(events):
+        data = event.to_dict()
+        if isinstance(event, StepEvent):
+            data["settings"] = {**data["settings"], "min_p": 0.05}  # a setting from a newer tokentui
+            if n > 8:
+                data["settings"]["temperature"] = 0.0 if n < 12 else 0.7  # two changes: 0.7, 0.0, back to 0.7
+        lines.append(data)
+    write_lines(tmp_path / "run.jsonl", lines)
+    run = Run.from_record(tmp_path / "run.jsonl")
+    settings = [run[i].settings for i in range(len(run))]
+    assert [s.temperature for s in settings] == [0.7] * 7 + [0.0] * 3 + [0.7] * 4  # steps are events 2..15
+    assert len({id(s) for s in settings[:-1]}) == 2  # one object per distinct value, the last step's as it came
+    assert settings[0] is settings[12] and settings[0] == SamplerSettings() and settings[-1] == settings[0]
+    assert '"min_p"' not in json.dumps(run[0].to_dict())  # the unknown key is not carried on
 
 
 def test_a_missing_file_or_a_folder_is_refused_in_one_line(tmp_path):

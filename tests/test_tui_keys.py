@@ -43,7 +43,7 @@ async def next_step_with(pilot, engine: ScriptedEngine, **expected) -> StepEvent
     step = engine.steps[taken]
     assert step.settings_changed, step
     for key, value in expected.items():
-        assert step.settings[key] == value, (key, step.settings)
+        assert getattr(step.settings, key) == value, (key, step.settings)
     return step
 
 

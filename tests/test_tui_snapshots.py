@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from snapshot_apps import make_app, wait_until_done
+from snapshot_apps import make_app, view_step_10, wait_until_done
 
 THEMES = ["tokentui-dark", "tokentui-light", "tokentui-contrast"]
 SIZES = [(80, 24), (160, 48)]
@@ -23,3 +23,10 @@ def test_dashboard_snapshot(snap_compare, size, theme):
 @pytest.mark.parametrize("size", BETWEEN, ids=[f"{w}x{h}" for w, h in BETWEEN])
 def test_dashboard_snapshot_between(snap_compare, size):
     assert snap_compare(make_app("tokentui-dark"), terminal_size=size, run_before=wait_until_done)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_time_travel_snapshot(snap_compare, size):
+    """The cursor held at step 10 of the finished run: every panel shows that step, the token marked in the answer,
+    the status line says "viewing step 10 of 14 — run ended"."""
+    assert snap_compare(make_app("tokentui-dark"), terminal_size=size, run_before=view_step_10)

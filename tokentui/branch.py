@@ -145,12 +145,7 @@ def prepare(args) -> dict:
     parse_device(args.device)
     resolve_model(model, allow_pickle=args.allow_pickle)  # a bad --model: one line, before torch is imported
     # the sampler: the record's settings at the step (its first own step for one before a branch record's offset)
-    recorded = run.step(min(max(at - run.offset, 0), len(run) - 1)).settings if len(run) else {}
-    known = {k: v for k, v in (recorded or {}).items() if k in SamplerSettings.__dataclass_fields__}
-    try:
-        sampler = SamplerSettings(**known)
-    except (TypeError, TokentuiError):
-        sampler = SamplerSettings()
+    sampler = run.step(min(max(at - run.offset, 0), len(run) - 1)).settings if len(run) else SamplerSettings()
     sampler = sampler.with_changes(**{k: getattr(args, k) for k in _SAMPLER_FLAGS if getattr(args, k) is not None})
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                          top_candidates=args.top_candidates, logit_lens=args.logit_lens)

@@ -24,13 +24,14 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 
-from tokentui.core.client import Reply, RunFailed, RunNote, RunOpened
+from tokentui.core.client import Reply, RunEnded, RunFailed, RunNote, RunOpened
 from tokentui.core.events import ErrorEvent, Notice, StepEvent
 from tokentui.core.protocol import RunEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from .actions import ActionsMixin
+from .branching import BranchingMixin
 from .commands import TokentuiCommands
 from .config import DashboardConfig
 from .keybar import KeyBar
@@ -40,6 +41,7 @@ from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, 
 from .panels import (
     CandidatesPanel,
     KVPanel,
+    LensPanel,
     ModelPanel,
     OutputPanel,
     PendingPanel,
@@ -49,14 +51,16 @@ from .panels import (
     SpeedPanel,
     StatusLine,
 )
+from .branches import BranchTree
 from .state import RunState
 from .theming import register_themes
+from .travel import TravelMixin
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
-class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
+class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, TravelMixin, App[int]):
     """Watch a language model write, one token at a time."""
 
     TITLE = "tokentui"
@@ -74,10 +78,12 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         self.config = config
         self.client = config.new_client(config.sampler)  # the one owner of the run id and the sampler settings
         self.client.listener = self._on_reply
-        self.state = RunState(show_special_tokens=config.options.ignore_eos)
+        # every run of the current prompt (the first and its branches), each with its own state (tui/branches.py)
+        self.branch_tree = BranchTree(RunState(show_special_tokens=config.options.ignore_eos))
         self.prompt = config.prompt
         self.system = config.system
         self.heat = False
+        self.lens_on = config.options.logit_lens  # --logit-lens: the lens panel from the start (l toggles it)
         self.show_ids = False
         self.user_theme_names: set[str] = set()
         self.record_paths: list[Path] = []  # every run recorded this session
@@ -102,6 +108,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
             yield OutputPanel(id="output")
             yield CandidatesPanel(id="candidates")
             yield ModelPanel(id="model")
+            yield LensPanel(id="lens")  # off by default (l): it takes the model panel's place, or the candidates'
         with Grid(id="bottom"):
             yield SamplerPanel(id="sampler")
             yield SpeedPanel(id="speed")
@@ -120,6 +127,17 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
     @property
     def loaded(self) -> bool:
         return self.client.loaded
+
+    @property
+    def state(self) -> RunState:
+        """What the panels show: the state of the run shown (the live one unless another branch was picked)."""
+        return self.branch_tree.shown_branch.state
+
+    @property
+    def live_state(self) -> RunState:
+        """The state of the run the engine is writing (the shown one when none is)."""
+        live = self.branch_tree.live_branch
+        return live.state if live is not None else self.state
 
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
@@ -180,6 +198,11 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         try:
             for widget_id in ("model", *READINGS_IDS):
                 self.query_one(f"#{widget_id}").display = layout.shows(widget_id)
+            # the logit lens (l) takes the model panel's place where there is one, else the candidates'
+            self.query_one("#lens").display = self.lens_on
+            self.query_one("#candidates").display = not (self.lens_on and not layout.shows("model"))
+            if self.lens_on and layout.shows("model"):
+                self.query_one("#model").display = False
             strip = self.query_one(ReadingsStrip)
             strip.display = layout.readings_strip
             note = hidden_note(layout)  # said under the strip, or under the answer when there is no strip
@@ -204,14 +227,18 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         if not client.loaded:
             return
         client.halt()
-        self.state.start_run()
+        old = self.state
+        fresh = RunState(facts=old.facts, show_special_tokens=old.show_special_tokens)
+        fresh.runs_started = old.runs_started
+        fresh.start_run()
+        self.branch_tree.restart(fresh)  # a new prompt or a restart: a new tree of runs
         self.query_one(OutputPanel).view.clear()
         if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
             self.pause_armed = False
             client.pause()
             client.step_once()
         self._repaint_now()
-        client.start(self.prompt, self.system)
+        self.branch_tree.live_branch.run_id = client.start(self.prompt, self.system)
 
     def _on_reply(self, reply: Reply) -> None:
         """The engine client's replies, on the event loop; only the current run's reach here."""
@@ -220,24 +247,29 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         elif isinstance(reply, RunOpened):
             if reply.record_path is not None:
                 self.record_paths.append(reply.record_path)
-            self.state.record_path = reply.record_path
+            self.live_state.record_path = reply.record_path
             self._repaint_now()
+        elif isinstance(reply, RunEnded):  # an earlier run (a branch's parent) ended after a newer one began
+            if self.branch_tree.ended(reply.run_id, reply.event):
+                self._repaint_now()
         elif isinstance(reply, RunNote):
             self.notify(reply.message, severity=reply.severity, markup=False)
         elif isinstance(reply, RunFailed):
-            self.state.phase = "error"
-            self.state.error_message = reply.message
+            self.live_state.phase = "error"
+            self.live_state.error_message = reply.message
             self._repaint_now()
             self._run_failed("The run failed", reply.message)
 
     def _on_event(self, event) -> None:
-        self.state.apply(event)
+        shown = self.branch_tree.apply(event)  # into the live run's state; True when that run is the one shown
         if isinstance(event, StepEvent):
-            self._schedule_flush()
+            if shown:
+                self._schedule_flush()
             return
         if isinstance(event, Notice):
             self.notify(event.message, severity="warning", timeout=8, markup=False)
-        self._repaint_now()
+        if shown:
+            self._repaint_now()
         if isinstance(event, ErrorEvent):
             where = f" at step {event.step + 1}" if event.step >= 0 else ""  # numbered from 1, like the tokens
             self._run_failed(f"The run failed{where}", event.message)
@@ -274,6 +306,8 @@ class TokentuiApp(LoadingMixin, ActionsMixin, App[int]):
         if not self._layout_settling:
             self.query_one(OutputPanel).sync(state)
         self.query_one(CandidatesPanel).show(state, force)
+        if self.lens_on:
+            self.query_one(LensPanel).show(state, force)
         self.query_one(SamplerPanel).show(state, force)
         self.query_one(ModelPanel).show(state, force)
         self.query_one(KVPanel).show(state, force)

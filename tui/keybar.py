@@ -28,10 +28,12 @@ PRIORITY = (
     "tokentui.edit",
     "tokentui.greedy",
     "tokentui.seed",
+    "tokentui.cursor-back",  # [] past: the time-travel cursor (the status line names esc while it is held)
+    "tokentui.branch",
     "tokentui.heat",
+    "tokentui.lens",
+    "tokentui.branches",
     "tokentui.export",
-    "tokentui.ids",
-    "tokentui.palette",
 )
 GAP = 2  # spaces between entries
 
@@ -53,7 +55,7 @@ def entries(specs: tuple[KeySpec, ...] = KEYS) -> list[Entry]:
     """The bar's entries in table order; the keys of one group (temperature − / +) share one entry."""
     out: list[Entry] = []
     for spec in specs:
-        if not spec.show:
+        if not spec.show or not spec.bar:
             continue
         key = "^p" if spec.keys == "ctrl+p" else spec.display.split(" ")[0]
         if spec.group is not None and out and out[-1].label == spec.group.description:

@@ -9,6 +9,7 @@ from textual.binding import Binding
 TEMPERATURE = Binding.Group("temp", compact=True)
 TOP_P = Binding.Group("top-p", compact=True)
 TOP_K = Binding.Group("top-k", compact=True)
+TRAVEL = Binding.Group("past", compact=True)  # the time-travel cursor: one step back / forward
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class KeySpec:
     help: str  # one line for the help screen and the palette
     group: Binding.Group | None = None
     show: bool = True
+    bar: bool = True  # in the key bar (tui/keybar.py); False: the help screen and the palette only
 
 
 KEYS: tuple[KeySpec, ...] = (
@@ -47,6 +49,18 @@ KEYS: tuple[KeySpec, ...] = (
             "pause or resume generation at the next step boundary; while loading: pause at the first token"),
     KeySpec("tokentui.step", "n,right", "n / →", "step", "step", "One step",
             "while paused: let exactly one token through; while generating: pause (then n steps)"),
+    KeySpec("tokentui.cursor-back", "left_square_bracket", "[", "cursor(-1)", "back", "Step back (time travel)",
+            "view the step before as it was (the run goes on)", TRAVEL),
+    KeySpec("tokentui.cursor-forward", "right_square_bracket", "]", "cursor(1)", "forward",
+            "Step forward (time travel)", "view the step after (stops at the newest)", TRAVEL),
+    KeySpec("tokentui.cursor-back-10", "left_curly_bracket", "{", "cursor(-10)", "back 10", "Ten steps back",
+            "view the step ten before", bar=False),
+    KeySpec("tokentui.cursor-forward-10", "right_curly_bracket", "}", "cursor(10)", "forward 10", "Ten steps forward",
+            "view the step ten after", bar=False),
+    KeySpec("tokentui.cursor-first", "less_than_sign", "<", "cursor_first", "first", "First step",
+            "view the first step (a click on a token views its step)", bar=False),
+    KeySpec("tokentui.live", "escape", "esc", "cursor_live", "live", "Back to live",
+            "leave time travel: follow the newest step again", bar=False),
     KeySpec("tokentui.restart", "r", "r", "restart", "restart", "Restart",
             "run the same prompt again with the same seed"),
     KeySpec("tokentui.edit", "e", "e", "edit_prompt", "prompt", "Edit prompt",
@@ -54,11 +68,18 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.heat", "h", "h", "toggle_heat", "heat", "Heat map",
             "colour each answer token by the probability it had; show token boundaries"),
     KeySpec("tokentui.ids", "i", "i", "toggle_ids", "ids", "Token ids",
-            "show the token id on every prompt chip"),
+            "show the token id on every prompt chip", bar=False),
     KeySpec("tokentui.export", "x", "x", "export", "export", "Export answer",
             "write the answer to a text file next to the run record and show both paths"),
+    KeySpec("tokentui.branch", "b", "b", "branch", "branch", "Branch here",
+            "branch at the step in view (paused, or a past step): pick another candidate; the model goes on from it "
+            "(KV cache cut back, no new prefill)"),
+    KeySpec("tokentui.branches", "B,shift+b", "B", "branches", "runs", "Runs of this prompt",
+            "list the first run and its branches: switch to one, or compare two side by side (c)"),
+    KeySpec("tokentui.lens", "l", "l", "toggle_lens", "lens", "Logit lens",
+            "each layer's top token for the step in view (off by default: it costs time; from the next step)"),
     KeySpec("tokentui.palette", "ctrl+p", "ctrl+p", "command_palette", "palette", "Command palette",
-            "search every action, and switch themes"),
+            "search every action, and switch themes", bar=False),
     KeySpec("tokentui.quit", "q", "q", "quit", "quit", "Quit",
             "stop generating and leave"),
 )

@@ -21,7 +21,7 @@ from tokentui.core.events import (
     PromptEvent,
     StepEvent,
 )
-from tokentui.core.run import Run
+from tokentui.core.run import Cursor, Run
 
 from .format import p95
 
@@ -95,6 +95,9 @@ class RunState:
     kv_bytes: int = 0
     kv_growth: int = 0  # bytes added by the latest step
     error_message: str | None = None
+    # the time-travel cursor over the run's steps (core/run.py's Cursor: following the newest step, or held at
+    # one); read it through `cursor` / `view_step`, move it with the cursor_* methods below
+    _cursor: Cursor | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
     def start_run(self) -> None:
@@ -114,6 +117,7 @@ class RunState:
         self.kv_bytes = 0
         self.kv_growth = 0
         self.error_message = None
+        self._cursor = None  # a new run is watched live
 
     def prefill_elapsed(self, now: float | None = None) -> float | None:
         """Seconds since the prefill began (None before the prompt went in): the engine's own count at its latest
@@ -169,9 +173,9 @@ class RunState:
         self.phase = "decoding"
         if step.settings_changed:
             self.settings_changed_at = step.index + 1
-            before = previous.settings if previous is not None else {}
-            diff = tuple((name, before.get(name), step.settings.get(name)) for name in SETTING_NAMES
-                         if before.get(name) != step.settings.get(name))
+            before = previous.settings if previous is not None else None  # SamplerSettings (None: no step before)
+            diff = tuple((name, getattr(before, name, None), getattr(step.settings, name)) for name in SETTING_NAMES
+                         if getattr(before, name, None) != getattr(step.settings, name))
             if diff:
                 self.settings_changes.append(SettingsChange(step.index + 1, diff))
         if step.index == 0:
@@ -216,8 +220,16 @@ class RunState:
     @property
     def plot_points(self) -> list[tuple[int, float]]:
         """(step number from 1, latency ms) of the latest PLOT_POINTS decode steps: the plot's bounded window."""
-        start = max(1, len(self.run) - PLOT_POINTS)
-        return list(zip(range(start + 1, len(self.run) + 1), self.run.values("latency_ms", start)))
+        return self.latency_points(max(1, len(self.run) - PLOT_POINTS), len(self.run))
+
+    def latency_points(self, start: int, stop: int) -> list[tuple[int, float]]:
+        """(step number from 1, latency ms) of the decode steps at positions start..stop (position 0, the step
+        prefill scored, is never plotted)."""
+        start, stop = max(1, start), min(len(self.run), stop)
+        if stop <= start:
+            return []
+        first = self.run.offset + start + 1
+        return list(zip(range(first, first + stop - start), self.run.values("latency_ms", start, stop)))
 
     @property
     def multi_token_chars(self) -> list[MultiTokenChar]:
@@ -291,3 +303,122 @@ class RunState:
             "p95": p95(lat),
             "tok_s": tok_s,
         }
+
+    # ---- time travel: the cursor over the steps ------------------------------------------------------------
+    # One cursor per run (core/run.py's Cursor): following the newest step (live, the default) or held at a past
+    # step. Every panel reads the step it shows through `view_step` and the readings "as of" it below, so a held
+    # cursor shows that step as it was while the run goes on underneath. Positions are the run's (0 = its first
+    # step); the panels number steps from 1 by `step.index + 1`.
+    @property
+    def _travel(self) -> Cursor:
+        cursor = self._cursor
+        if cursor is None or cursor.run is not self.run:  # a new run (or one swapped in) starts live
+            cursor = self._cursor = self.run.cursor()
+        return cursor
+
+    @property
+    def cursor(self) -> int | None:
+        """The position the cursor holds, or None while it follows the newest step (live)."""
+        cursor = self._travel
+        return None if cursor.following else cursor.index
+
+    @property
+    def live(self) -> bool:
+        return self.cursor is None
+
+    @property
+    def view_index(self) -> int | None:
+        """The position shown: the cursor's, or the newest step's while live (None: no step yet)."""
+        return self._travel.index
+
+    @property
+    def view_step(self) -> StepEvent | None:
+        """The step every panel shows: the cursor's, or the newest while live. A past step is rebuilt from the
+        run's columns once per cursor position (not once per panel)."""
+        position = self.cursor
+        if position is None:
+            return self.run.last
+        key = (id(self.run), position)
+        cached = self.__dict__.get("_view_cache")
+        if cached is not None and cached[0] == key and cached[2] is self.run:
+            return cached[1]
+        step = self.run.step(position)
+        self.__dict__["_view_cache"] = (key, step, self.run)
+        return step
+
+    @property
+    def step_total(self) -> int:
+        """The number (from 1) of the newest step: "viewing step 37 of 120"."""
+        return self.run.offset + len(self.run)
+
+    def cursor_move(self, delta: int) -> bool:
+        """Move the cursor `delta` steps (clamped to the first and the newest step); moving back from live holds
+        the step before the newest. Forward from live stays live. True when the view changed."""
+        before = self.cursor
+        if before is None and delta >= 0:
+            return False
+        self._travel.move(delta)
+        return self.cursor != before
+
+    def cursor_go(self, position: int) -> bool:
+        """Hold the cursor at `position` (clamped); True when the view changed."""
+        before = self.cursor
+        self._travel.go(position)
+        return self.cursor != before
+
+    def cursor_first(self) -> bool:
+        return self.cursor_go(0)
+
+    def cursor_live(self) -> bool:
+        """Back to live: follow the newest step. True when the cursor was held."""
+        before = self.cursor
+        self._travel.follow()
+        return before is not None
+
+    # the readings as of the viewed step (while live: the run's latest, exactly as before)
+    @property
+    def view_kv(self) -> tuple[int, int, int]:
+        """(tokens, bytes, bytes the step added) in the KV cache after the viewed step."""
+        position = self.cursor
+        if position is None:
+            return self.kv_tokens, self.kv_bytes, self.kv_growth
+        step = self.view_step
+        if position > 0:
+            before = self.run.values("kv_bytes", position - 1, position)[0]
+        else:
+            before = self.prefill.kv_bytes if self.prefill is not None else 0
+        return step.kv_tokens, step.kv_bytes, (step.kv_bytes - before) if before else 0
+
+    @property
+    def view_pending(self) -> tuple[str, int]:
+        """(hex bytes, bytes still needed) of an incomplete character held after the viewed step."""
+        if self.cursor is None:
+            return self.pending
+        step = self.view_step
+        return step.pending_hex, step.pending_needed
+
+    @property
+    def view_dropped(self) -> tuple[str, str]:
+        """The incomplete character the run ended on: only at the end (live), never at a past step."""
+        return self.dropped if self.cursor is None else ("", "")
+
+    @property
+    def view_latency(self) -> float | None:
+        step = self.view_step
+        return step.latency_ms if step is not None else None
+
+    @property
+    def view_multi_token_chars(self) -> list[MultiTokenChar]:
+        """The latest characters that came over several tokens, as of the viewed step."""
+        position = self.cursor
+        if position is None:
+            return self.multi_token_chars
+        completed = getattr(getattr(self.run, "_steps", None), "completed", None)  # {position: chars}
+        if completed is None:
+            return []
+        chars: list[MultiTokenChar] = []
+        for at in sorted((at for at in completed if at <= position), reverse=True):
+            chars[:0] = completed[at]
+            if len(chars) >= MULTI_TOKEN_CHARS_SHOWN:
+                break
+        return chars[-MULTI_TOKEN_CHARS_SHOWN:]

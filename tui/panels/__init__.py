@@ -2,6 +2,7 @@
 
 from .candidates import CandidatesPanel
 from .kv import KVPanel
+from .lens import LensPanel
 from .model import ModelPanel
 from .output import OutputPanel, OutputView
 from .pending import PendingPanel
@@ -14,6 +15,7 @@ from .status import StatusLine
 __all__ = [
     "CandidatesPanel",
     "KVPanel",
+    "LensPanel",
     "ModelPanel",
     "OutputPanel",
     "OutputView",

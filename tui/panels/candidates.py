@@ -63,7 +63,7 @@ class CandidatesPanel(Panel):
     """
 
     def build(self, state) -> Text:
-        step = state.last_step
+        step = state.view_step  # the newest step, or the one the time-travel cursor holds
         muted = self.style_of("candidates--muted")
         if step is None:
             self.border_subtitle = ""
@@ -71,7 +71,8 @@ class CandidatesPanel(Panel):
         width = max(20, self.content_size.width or 40)
         height = self.content_size.height or 14
         # numbered from 1, like the tokens: step 90 is the 90th token (step 1 is scored by prefill)
-        self.border_subtitle = f"step {step.index + 1}" + (" · from prefill" if step.index == 0 else "")
+        self.border_subtitle = (("step " if state.live else "viewing step ") + f"{step.index + 1}"
+                                + (" · from prefill" if step.index == 0 else ""))
         cands = list(step.candidates)
         chosen_in_list = any(c.id == step.id for c in cands)
         summary = self._summary(step, width, chosen_in_list)
@@ -135,15 +136,15 @@ class CandidatesPanel(Panel):
     def _summary(self, step, width: int, chosen_in_list: bool) -> list[Text]:
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
-        s = step.settings or {}
+        s = step.settings  # the SamplerSettings this step used
         rows: list[Text] = []
         first = Text()
         if step.greedy:
             first.append("greedy", value)
             first.append(" · always the top token", muted)
         else:
-            top_p = float(s.get("top_p", 1.0))
-            parts = [f"top-k {s['top_k']}" if s.get("top_k") else "top-k off",
+            top_p = s.top_p
+            parts = [f"top-k {s.top_k}" if s.top_k else "top-k off",
                      "top-p off" if top_p >= 1.0 else f"top-p {top_p:.2f}"]
             first.append(" · ".join(parts), value)
             first.append(f" → kept {step.kept_count:,}", muted)

@@ -42,17 +42,21 @@ class KVPanel(Panel):
         out = Text()
         if facts is None:
             return Text("filled by prefill, grown by every decode step", style=muted)
+        # as of the step shown: the newest, or the one the time-travel cursor holds
+        kv_tokens, kv_bytes, growth = state.view_kv
+        viewed = state.view_step if not state.live else None
+        self.border_subtitle = f"at step {viewed.index + 1}" if viewed is not None else ""
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         out.append("tokens     ", label)
-        out.append(f"{state.kv_tokens:,}", value)
-        if state.kv_tokens and prompt_tokens:
-            rest = max(0, state.kv_tokens - prompt_tokens)
+        out.append(f"{kv_tokens:,}", value)
+        if kv_tokens and prompt_tokens:
+            rest = max(0, kv_tokens - prompt_tokens)
             detail = f"  ({prompt_tokens:,} prompt + {rest:,})"
-            if 11 + len(f"{state.kv_tokens:,}") + len(detail) > width:
+            if 11 + len(f"{kv_tokens:,}") + len(detail) > width:
                 detail = f" ({prompt_tokens:,}+{rest:,})"
             out.append(detail, muted)
         out.append("\nsize       ", label)
-        out.append(human_bytes(state.kv_bytes), value)
+        out.append(human_bytes(kv_bytes), value)
         out.append("\nper token  ", label)
         out.append(human_bytes(facts.kv_bytes_per_token), value)
         per_value = kv_bytes_per_value(facts)
@@ -62,10 +66,9 @@ class KVPanel(Panel):
             formula = f"= 2×{facts.layers}L×{facts.kv_heads}h×{facts.head_dim}{value_part}"
         out.append("\n" + formula, muted)
         out.append("\ngrowth     ", label)
-        growth = state.kv_growth
         out.append(f"+{human_bytes(growth)}" if growth else "—", value)
         out.append(" / step", muted)
-        fill = (state.kv_tokens / facts.max_context) if facts.max_context else 0.0
+        fill = (kv_tokens / facts.max_context) if facts.max_context else 0.0
         out.append("\ncontext    ", label)
         out.append(f"{fill * 100:.2f}%", value)
         out.append(f" of {facts.max_context:,}", muted)

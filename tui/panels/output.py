@@ -6,18 +6,26 @@ arrive) and only the visible lines are drawn (Textual's line API), so a 4,000-to
 as a 40-token one. `h` switches to the heat map: each token coloured by the raw probability it had when it
 was chosen, on alternating backgrounds that show where one token ends and the next begins; that only changes how
 lines are drawn, not the layout.
+
+Time travel: `set_cursor(i)` marks token i (reverse video, over its heat colour) and scrolls it into view; moving the
+cursor redraws only the lines of the old and the new cursor token. A token with nothing to draw (bytes still
+pending, a hidden end token, a bare newline) is marked by one cell right after the token before it. Clicking a
+token posts `OutputView.TokenClicked` with its index (the app moves the cursor there).
 """
 
 from __future__ import annotations
 
 import unicodedata
 
+from rich.cells import cell_len
 from rich.cells import get_character_cell_size as cell_size
 from rich.segment import Segment
 from rich.style import Style
+from textual import events
 from textual.color import Color
 from textual.containers import Vertical
 from textual.geometry import Size
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -66,6 +74,14 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
 
     heat: reactive[bool] = reactive(False)
 
+    class TokenClicked(Message):
+        """A token of the answer was clicked: `index` is its position in the run (the time-travel cursor goes
+        there)."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._texts: list[str] = []
@@ -80,6 +96,8 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self.tail_count = 0  # text appended after the tokens (DoneEvent.flushed)
         self._palette_cache: dict | None = None
         self._follow = True  # keep the newest line in view; off while the reader has scrolled up
+        self.cursor: int | None = None  # the time-travel cursor's token (None: live, nothing marked)
+        self._anchor_cache: tuple | None = None
 
     # ---- data --------------------------------------------------------------------------------------------
     @property
@@ -99,6 +117,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self._line_cells = [0]
         self.pending_marker = ""
         self._follow = True
+        self.cursor = None
         self.virtual_size = Size(self._wrap, 1)
         self.scroll_to(0, 0, animate=False, immediate=True)
         self.refresh()
@@ -118,7 +137,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 self._layout(index)
         self._update_size()
         self.refresh_lines(first_dirty, len(self._lines) - first_dirty)
-        if self._follow:
+        if self._follow and self.cursor is None:  # a held cursor keeps its token in view instead
             self._scroll_to_newest()
 
     def _scroll_to_newest(self) -> None:
@@ -259,8 +278,122 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             self._wrap = width
             self._relayout()
             self.refresh()
-            if at_end:
+            if self.cursor is not None:  # re-wrapped: the time-travel cursor's token stays in view
+                self.call_after_refresh(self._show_cursor)
+            elif at_end:
                 self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    # ---- the time-travel cursor --------------------------------------------------------------------------
+    def _max_index(self, line_no: int) -> int:
+        """The last token index on lines 0..line_no (-1: none)."""
+        lines = self._lines
+        while line_no >= 0:
+            if lines[line_no]:
+                return lines[line_no][-1][0]
+            line_no -= 1
+        return -1
+
+    def _first_line_reaching(self, index: int) -> int:
+        """The first line holding token `index` or a later one (len(lines) when there is none): a binary search,
+        since token indices only grow down the lines."""
+        lo, hi = 0, len(self._lines)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._max_index(mid) >= index:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _blank(self, index: int) -> bool:
+        """Whether token `index` draws nothing (empty text, or newlines only)."""
+        return 0 <= index < len(self._texts) and not self._texts[index].replace("\n", "")
+
+    def _anchor(self, index: int) -> tuple[int, int]:
+        """(line, slot) where a token that draws nothing is marked: before the slice `slot` of that line, i.e.
+        right after the token before it."""
+        key = (index, len(self._texts), len(self._lines), self._wrap)
+        if self._anchor_cache is not None and self._anchor_cache[0] == key:
+            return self._anchor_cache[1]
+        lines = self._lines
+        line_no = self._first_line_reaching(index)
+        anchor = None
+        if line_no < len(lines):
+            slot = next(n for n, piece in enumerate(lines[line_no]) if piece[0] > index)
+            if slot > 0:
+                anchor = (line_no, slot)
+            elif line_no > 0:
+                anchor = (line_no - 1, len(lines[line_no - 1]))
+            else:
+                anchor = (0, 0)
+        else:
+            anchor = (len(lines) - 1, len(lines[-1]))
+        self._anchor_cache = (key, anchor)
+        return anchor
+
+    def _token_lines(self, index: int) -> tuple[int, int]:
+        """(first, last) line on which token `index` is drawn or marked."""
+        if self._blank(index):
+            line_no = self._anchor(index)[0]
+            return line_no, line_no
+        lines = self._lines
+        first = min(self._first_line_reaching(index), len(lines) - 1)
+        last = first
+        while last + 1 < len(lines) and (not lines[last + 1] or lines[last + 1][0][0] <= index):
+            last += 1
+        return first, last
+
+    def set_cursor(self, index: int | None) -> None:
+        """Mark token `index` (None: back to live, following the newest line). Only the lines of the old and the
+        new cursor token are redrawn; the new one is scrolled into view."""
+        if index is not None and not 0 <= index < len(self._texts):
+            index = None
+        old = self.cursor
+        if index == old:
+            return
+        self.cursor = index
+        for token in (old, index):
+            if token is not None and token < len(self._texts):
+                first, last = self._token_lines(token)
+                self.refresh_lines(first, last - first + 1)
+        if index is None:
+            self._follow = True
+            self._scroll_to_newest()
+            return
+        self._show_cursor()
+
+    def _show_cursor(self) -> None:
+        """Scroll the cursor token into view (to the middle) when it is not in view."""
+        if self.cursor is None:
+            return
+        first, last = self._token_lines(self.cursor)
+        height = self.scrollable_content_region.height
+        top = round(self.scroll_y)
+        if height > 0 and (first < top or last >= top + height):
+            self.scroll_to(y=max(0, first - height // 2), animate=False, immediate=True)
+
+    def token_at(self, x: int, y: int) -> int | None:
+        """The token drawn at content cell (x, y) (past the end of a line: its last token; None below the
+        text)."""
+        line_no = round(self.scroll_y) + y
+        if not 0 <= line_no < len(self._lines) or not self._texts:
+            return None
+        column = round(self.scroll_x) + x
+        cells, last = 0, None
+        for index, start, end in self._lines[line_no]:
+            cells += cell_len(self._texts[index][start:end])
+            last = index
+            if column < cells:
+                return index
+        return last
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        index = self.token_at(offset.x, offset.y)
+        if index is not None and index < self.token_count - self.tail_count:
+            self.post_message(self.TokenClicked(index))
 
     # ---- drawing -----------------------------------------------------------------------------------------
     def notify_style_update(self) -> None:
@@ -284,11 +417,22 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 "pending": base + self.get_component_rich_style("output--pending"),
                 "placeholder": base + self.get_component_rich_style("output--placeholder"),
                 "special": base + self.get_component_rich_style("output--special"),
+                "cursor": Style(reverse=True, bold=True),
             }
         return self._palette_cache
 
     def watch_heat(self) -> None:
         self.refresh()
+
+    def _blank_mark(self, index: int) -> Segment:
+        """The one cell that marks a cursor token with nothing to draw: ↵ for a newline, ▒ otherwise (bytes
+        still pending, a hidden end token), in the token's heat colour when the heat map is on."""
+        palette = self._palette()
+        style = palette["base"]
+        if self.heat and index not in self._special:
+            level = min(HEAT_LEVELS - 1, max(0, int(self._probs[index] * (HEAT_LEVELS - 1) + 0.5)))
+            style = palette["heat"][level][index % 2]
+        return Segment("↵" if "\n" in self._texts[index] else "▒", style + palette["cursor"])
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -304,8 +448,16 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             return Strip.blank(width, base)
         segments = []
         texts, probs = self._texts, self._probs
-        heat, special = self.heat, self._special
-        for index, start, end in self._lines[line_no]:
+        heat, special, cursor = self.heat, self._special, self.cursor
+        mark_slot = None  # a cursor token that draws nothing is marked by one cell, before this slice
+        if cursor is not None and self._blank(cursor):
+            anchor_line, slot = self._anchor(cursor)
+            if anchor_line == line_no:
+                mark_slot = slot
+        line = self._lines[line_no]
+        for slot, (index, start, end) in enumerate(line):
+            if slot == mark_slot:
+                segments.append(self._blank_mark(cursor))
             piece = texts[index][start:end]
             if index in special:
                 style = palette["special"]
@@ -314,7 +466,11 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 style = palette["heat"][level][index % 2]
             else:
                 style = base
+            if index == cursor:
+                style = style + palette["cursor"]
             segments.append(Segment(piece, style))
+        if mark_slot is not None and mark_slot >= len(line):
+            segments.append(self._blank_mark(cursor))
         if line_no == len(self._lines) - 1 and self.pending_marker:
             segments.append(Segment(self.pending_marker, palette["pending"]))
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
@@ -370,6 +526,7 @@ class OutputPanel(Vertical):
             view.tail_count = 1
         hex_, _need = state.pending
         view.set_pending("▒" if hex_ else "")
+        view.set_cursor(state.cursor)  # the time-travel cursor's token, marked and kept in view
         if state.phase == "error" and not state.tokens:
             view.placeholder = "no answer: the run failed"
         elif state.phase == "loading":

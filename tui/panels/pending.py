@@ -27,8 +27,11 @@ class PendingPanel(Panel):
         muted = self.style_of("pending--muted")
         char_style = self.style_of("pending--char")
         out = Text()
-        hex_, needed = state.pending
-        dropped, why = state.dropped
+        # as of the step shown: the newest, or the one the time-travel cursor holds
+        hex_, needed = state.view_pending
+        dropped, why = state.view_dropped
+        viewed = state.view_step if not state.live else None
+        self.border_subtitle = f"at step {viewed.index + 1}" if viewed is not None else ""
         out.append("held      ", label)
         if dropped:
             out.append(dropped, byte_style)
@@ -39,7 +42,7 @@ class PendingPanel(Panel):
         else:
             out.append("none", muted)
         out.append("\n")
-        chars = list(state.multi_token_chars)
+        chars = list(state.view_multi_token_chars)
         if not chars:
             out.append("characters split over several tokens show here, e.g. 开 = e5 bc 80 ← 2 tokens", muted)
             return out

@@ -12,14 +12,19 @@ from .base import component_style, forget_styles
 
 
 def readings(state) -> dict[str, str | None]:
-    """The strip's numbers as text (None: not known yet), from the same state the full panels read."""
+    """The strip's numbers as text (None: not known yet), from the same state the full panels read: as of the step
+    shown (the newest, or the one the time-travel cursor holds; tokens/s stays the run's)."""
     stats = state.latency_stats()
-    hex_, needed = state.pending
-    dropped, _why = state.dropped
+    hex_, needed = state.view_pending
+    dropped, _why = state.view_dropped
+    kv_tokens, kv_bytes, _growth = state.view_kv
+    last = stats["last"] if state.live else state.view_latency
+    viewed = state.view_step if not state.live else None
     return {
-        "kv_size": human_bytes(state.kv_bytes) if state.kv_tokens else None,
-        "kv_tokens": f"{state.kv_tokens:,}" if state.kv_tokens else None,
-        "ms_step": f"{stats['last']:.1f}" if stats["last"] is not None else None,
+        "step": str(viewed.index + 1) if viewed is not None else None,  # the cursor's step, when not live
+        "kv_size": human_bytes(kv_bytes) if kv_tokens else None,
+        "kv_tokens": f"{kv_tokens:,}" if kv_tokens else None,
+        "ms_step": f"{last:.1f}" if last is not None else None,
         "tok_s": f"{stats['tok_s']:.1f}" if stats["tok_s"] is not None else None,
         "pending": hex_ or None,
         "needed": str(needed) if hex_ else None,
@@ -30,7 +35,8 @@ def readings(state) -> dict[str, str | None]:
 class ReadingsStrip(Widget):
     """`KV 5.4 MiB · 124 tok │ 74.0 ms/step · 13.5 tok/s │ pending e5 bc +1 byte` — shorter forms when narrow."""
 
-    COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes"}
+    COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes",
+                         "readings--step"}
 
     DEFAULT_CSS = """
     ReadingsStrip {
@@ -42,6 +48,7 @@ class ReadingsStrip(Widget):
         & > .readings--value { color: $accent; text-style: bold; }
         & > .readings--muted { color: $text-muted; }
         & > .readings--bytes { color: $pending-bytes; text-style: bold; }
+        & > .readings--step { color: $warning; text-style: bold; }
     }
     """
 
@@ -88,6 +95,9 @@ class ReadingsStrip(Widget):
         sep = (" │ ", " │ ", "│")[level]
         dot = (" · ", " · ", "·")[level]
         out = Text(no_wrap=True, overflow="ellipsis")
+        if r["step"]:  # the time-travel cursor holds a past step: these readings are that step's
+            out.append(("at step " if level == 0 else "@") + r["step"], s("step"))
+            out.append(sep, s("muted"))
         out.append("KV ", s("label"))
         out.append(r["kv_size"] or dash, s("value"))
         out.append(dot, s("muted"))

@@ -23,7 +23,7 @@ def describe(s: SamplerSettings) -> dict[str, str]:
 
 
 def setting_value(name: str, value) -> str:
-    """One setting's value as the panel writes it (a step's `settings` dict holds the raw values)."""
+    """One setting's value as the panel writes it (from a field of a step's SamplerSettings: the raw value)."""
     if value is None:
         return "—"
     if name == "temperature":
@@ -41,6 +41,18 @@ def describe_change(change) -> list[str]:
     """`step 12 temp 0.70→0.80`, one string per setting that changed at that step."""
     return [f"step {change.step} {SHORT_NAMES.get(name, name)} {setting_value(name, old)}→{setting_value(name, new)}"
             for name, old, new in change.changes]
+
+
+def short_values(s: SamplerSettings) -> dict[str, str]:
+    """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
+    ones the keys change)."""
+    return {
+        "temp": f"{s.temperature:.2f}",
+        "top-k": f"{s.top_k}" if s.top_k else "off",
+        "top-p": "off" if s.top_p >= 1.0 else f"{s.top_p:.2f}",
+        "mode": "greedy" if s.is_greedy else "sample",
+        "seed": f"{s.seed}",
+    }
 
 
 class SamplerPanel(Panel):
@@ -66,7 +78,7 @@ class SamplerPanel(Panel):
         muted = self.style_of("sampler--muted")
         values = describe(settings)
         in_force = state.last_step.settings if state.last_step is not None else None
-        differs = bool(in_force) and SamplerSettings(**in_force) != settings
+        differs = in_force is not None and in_force != settings  # both SamplerSettings
         pending = Text()
         if differs and state.running:
             pending.append("changed: applies at the next step", changed)
@@ -75,6 +87,9 @@ class SamplerPanel(Panel):
         history = [line for change in state.settings_changes for line in describe_change(change)]
         width = self.content_size.width or 26
         height = self.content_size.height or 1
+        viewed = state.view_step if not state.live else None
+        if viewed is not None:  # the time-travel cursor holds a past step: its settings beside the live ones
+            return self._travel(viewed, settings, width, height, pending, history)
         out = Text()
         if height < 4:  # one line: every value, then the latest change
             for n, (key, val) in enumerate(values.items()):
@@ -116,4 +131,64 @@ class SamplerPanel(Panel):
         elif not history and not pending and in_force is not None and rows_left > 0:
             out.append("\n")
             out.append("unchanged since step 1", muted)
+        return out
+
+    def _travel(self, step, live: SamplerSettings, width: int, height: int, pending: Text, history: list[str]) -> Text:
+        """The settings in force at the viewed step (what that step used) beside the live settings (what the keys
+        change, applied to the run going on underneath); live values that differ are marked."""
+        label = self.style_of("sampler--label")
+        value = self.style_of("sampler--value")
+        changed = self.style_of("sampler--changed")
+        muted = self.style_of("sampler--muted")
+        then, now = short_values(step.settings), short_values(live)
+        number = f"step {step.index + 1}"
+        out = Text()
+        if height < 4:  # one line: the step's values, then what live has differently
+            differing = [f"{key} {now[key]}" for key in now if now[key] != then[key]]
+            for spaced in (True, False):
+                out = Text(no_wrap=True, overflow="ellipsis")
+                sep = " · " if spaced else " "
+                out.append(number + ": ", label)
+                for n, (key, val) in enumerate(then.items()):
+                    if n:
+                        out.append(sep, muted)
+                    if key != "mode":  # "sample" / "greedy" says what it is
+                        out.append(key + " ", label)
+                    out.append(val, value)
+                out.append(" │ live ", label)
+                out.append((" · " if spaced else ", ").join(differing), changed)
+                if not differing:
+                    out.append("same", muted)
+                if out.cell_len <= width:
+                    break
+            out.truncate(width, overflow="ellipsis")
+            return out
+        key_w = max(len(k) for k in then) + 1
+        then_w = max(len(number), *(len(v) for v in then.values())) + 2
+        now_w = max(len("live"), *(len(v) for v in now.values()))
+        if key_w + then_w + now_w <= width:  # two columns: the step's, then live
+            out.append(" " * key_w + number.ljust(then_w), label)
+            out.append("live", label)
+            for key, val in then.items():
+                out.append("\n")
+                out.append(key.ljust(key_w), label)
+                out.append(val.ljust(then_w), value)
+                out.append(now[key], changed if now[key] != val else muted)
+        else:  # too narrow for two columns: the step's values, then what live has differently
+            out.append(f"in force at {number}", label)
+            for key, val in then.items():
+                out.append("\n")
+                out.append(key.ljust(key_w), label)
+                out.append(val, value)
+            differing = [f"{key} {now[key]}" for key in now if now[key] != then[key]]
+            out.append("\n")
+            out.append("live ", label)
+            out.append(" · ".join(differing) if differing else "same", changed if differing else muted)
+        rows_left = height - 1 - len(then) - (0 if key_w + then_w + now_w <= width else 1)
+        if rows_left > 0 and pending:
+            out.append("\n")
+            out.append_text(pending)
+        elif rows_left > 0 and history:
+            out.append("\n")
+            out.append(history[-1], changed)
         return out

@@ -83,7 +83,12 @@ class LatencyPlot(PlotextPlot):
         """How many steps fit: one per cell right of the labels and the axis."""
         return max(2, (self.size.width or 40) - LABEL_WIDTH - AXIS_WIDTH - 1)
 
-    def draw(self, points, colour: tuple[int, int, int]) -> None:
+    mark: int | None = None  # the step marked (the time-travel cursor's), if it is in the window
+
+    def draw(self, points, colour: tuple[int, int, int], mark: int | None = None,
+             mark_colour: tuple[int, int, int] | None = None) -> None:
+        """Plot the last `capacity` of `points`; `mark`: a step number to mark with a vertical line (the step the
+        time-travel cursor holds)."""
         self.colour = colour
         window = list(points)[-self.capacity:]
         self.window = window
@@ -98,6 +103,9 @@ class LatencyPlot(PlotextPlot):
             ys = [p[1] for p in window]
             plt.plot(xs, ys, marker="braille", color=colour)
             plt.xlim(xs[0], max(xs[-1], xs[0] + 1))
+        self.mark = mark if window and mark is not None and window[0][0] <= mark <= window[-1][0] else None
+        if self.mark is not None:
+            plt.vline(self.mark, color=mark_colour or colour)
         roomy = (self.size.height or 0) >= 7  # else every row goes to the data; the subtitle names the steps
         if window and roomy:
             plt.xticks([xs[0], xs[-1]], [str(xs[0]), str(xs[-1])])
@@ -110,7 +118,7 @@ class LatencyPlot(PlotextPlot):
 
 
 class SpeedPanel(Vertical):
-    COMPONENT_CLASSES = {"speed--label", "speed--value", "speed--muted", "speed--line"}
+    COMPONENT_CLASSES = {"speed--label", "speed--value", "speed--muted", "speed--line", "speed--cursor"}
 
     DEFAULT_CSS = """
     SpeedPanel {
@@ -120,6 +128,7 @@ class SpeedPanel(Vertical):
         & > .speed--value { color: $accent; text-style: bold; }
         & > .speed--muted { color: $text-muted; }
         & > .speed--line { color: $primary; }
+        & > .speed--cursor { color: $warning; text-style: bold; }
     }
     """
 
@@ -132,6 +141,7 @@ class SpeedPanel(Vertical):
         self._plotted_at = 0.0
         self._plot_timer = None
         self.last_text = None
+        self._cursor_drawn: tuple | None = None  # the time-travel cursor the plot was last drawn for
 
     def compose(self) -> ComposeResult:
         yield self.stats
@@ -150,7 +160,8 @@ class SpeedPanel(Vertical):
             self.last_text = text
             self.stats.text = text
             self.stats.refresh()
-        self._maybe_plot(force)
+        cursor = (id(state.run), state.cursor)
+        self._maybe_plot(force or cursor != self._cursor_drawn)  # a cursor move is drawn at once
 
     def rebuild(self) -> None:
         if self._state is not None:
@@ -175,7 +186,21 @@ class SpeedPanel(Vertical):
         line = component_style(self, "speed--line")
         colour = line.color.get_truecolor() if line.color is not None else None
         rgb = (colour.red, colour.green, colour.blue) if colour else Color.parse("#5fb3f0").rgb
-        self.plot.draw(list(self._state.plot_points), rgb)
+        state = self._state
+        self._cursor_drawn = (id(state.run), state.cursor)
+        position = state.cursor
+        if position is None:
+            self.plot.draw(list(state.plot_points), rgb)
+        else:  # the window that holds the cursor's step (the latest steps when it is among them), marked
+            mark = component_style(self, "speed--cursor").color
+            mark_rgb = mark.get_truecolor() if mark is not None else None
+            capacity, n = self.plot.capacity, len(state.run)
+            start = max(1, n - capacity)
+            if position < start:
+                start = max(1, position - capacity // 2)
+            step = state.view_step
+            self.plot.draw(state.latency_points(start, start + capacity), rgb, mark=step.index + 1,
+                           mark_colour=(mark_rgb.red, mark_rgb.green, mark_rgb.blue) if mark_rgb else None)
         self._subtitle()
 
     def _stats(self, state) -> Text:
@@ -195,16 +220,20 @@ class SpeedPanel(Vertical):
         last, median, p95_, tok_s = (num(stats["last"]), num(stats.get("median")), num(stats["p95"]),
                                      num(stats["tok_s"]))
         L, V, M = "label", "value", "muted"
+        viewed = state.view_step if not state.live else None
+        last_label, C = "last ", V
+        if viewed is not None:  # the time-travel cursor's step: its latency, marked; the totals stay the run's
+            last_label, last, C = f"step {viewed.index + 1} ", num(viewed.latency_ms), "cursor"
         lines = [
             [[("prefill ", L), (ms(prefill) if prefill is not None else dash, V), (n_prompt, M), (" · TTFT ", L),
               (ttft, V)],
              [("prefill ", L), (num(prefill, "{:,.0f}"), V), (" · TTFT ", L), (num(state.ttft_ms, "{:,.0f}"), V),
               (" ms", M)],
              [("TTFT ", L), (ttft, V)]],
-            [[("last ", L), (last, V), (" · median ", L), (median, V), (" · p95 ", L), (p95_, V), (" ms", M)],
-             [("last ", L), (last, V), (" · median ", L), (median, V), (" ms", M)],
-             [("last ", L), (last, V), (" · med ", L), (median, V), (" ms", M)],
-             [("last ", L), (last, V), (" ms", M)]],
+            [[(last_label, L), (last, C), (" · median ", L), (median, V), (" · p95 ", L), (p95_, V), (" ms", M)],
+             [(last_label, L), (last, C), (" · median ", L), (median, V), (" ms", M)],
+             [(last_label, L), (last, C), (" · med ", L), (median, V), (" ms", M)],
+             [(last_label, L), (last, C), (" ms", M)]],
             [[("decode ", L), (tok_s, V), (" tokens/s", M), (f" · all {state.decode_steps:,} steps", M)],
              [("decode ", L), (tok_s, V), (" tokens/s", M)],
              [("p95 ", L), (p95_, V), (" ms · ", M), (tok_s, V), (" tok/s", M)],
@@ -214,7 +243,7 @@ class SpeedPanel(Vertical):
         if paused_ms and paused_ms >= 100:  # say that the speed leaves the pause out, where it fits
             lines[2].insert(0, [("decode ", L), (tok_s, V), (" tokens/s", M),
                                 (f" · {paused_ms / 1000:,.1f} s paused, not counted", M)])
-        if width < len(f"last {last} · median {median} · p95 {p95_} ms"):
+        if width < len(f"{last_label}{last} · median {median} · p95 {p95_} ms"):
             lines[2] = lines[2][2:]  # p95 did not fit on the second line: it goes on the third
         out = Text(no_wrap=True, overflow="ellipsis")
         for n, forms in enumerate(lines):

@@ -20,7 +20,7 @@ REASONS = {
 
 class StatusLine(Widget):
     COMPONENT_CLASSES = {"status--state", "status--busy", "status--ok", "status--error", "status--warning",
-                         "status--muted", "status--paused"}
+                         "status--muted", "status--paused", "status--travel"}
 
     DEFAULT_CSS = """
     StatusLine {
@@ -34,6 +34,7 @@ class StatusLine(Widget):
         & > .status--error { color: $error; text-style: bold; }
         & > .status--warning { color: $warning; text-style: bold; }
         & > .status--paused { color: $warning; text-style: bold; }
+        & > .status--travel { color: $accent; text-style: bold reverse; }
         & > .status--muted { color: $text-muted; }
     }
     """
@@ -81,7 +82,18 @@ class StatusLine(Widget):
         s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
         left = Text()
         phase = state.phase
-        if phase == "loading":
+        viewed = state.view_step if not state.live else None
+        if viewed is not None:  # the time-travel cursor holds a past step
+            if phase == "decoding":
+                going = "paused" if self.paused else "live continues"
+            elif phase in ("done", "error"):
+                going = "run ended"
+            else:
+                going = phase
+            left.append(f" viewing step {viewed.index + 1} of {state.step_total:,} ", s("travel"))
+            left.append(f"— {going}", s("paused" if going == "paused" else "muted"))
+            left.append(" · esc back to live", s("muted"))
+        elif phase == "loading":
             left.append("◌ loading ", s("busy"))
             stage = (state.load_stage or "").strip()
             if stage.lower().startswith("loading"):  # the stage names itself: never "loading loading"

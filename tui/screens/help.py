@@ -59,18 +59,22 @@ class HelpScreen(ModalScreen[None]):
             body.border_subtitle = ("generation paused while this is open · " if self.run_paused else "") \
                 + "esc / ? to close"
             yield Static(self._keys_table(), id="help-keys")
-            yield Static("Tab moves between the answer and the prompt panel; ↑ ↓ PgUp PgDn Home End (or the mouse "
-                         "wheel) scroll the one in focus.", id="help-scroll", markup=False)
+            yield Static("Tab: the answer ⇄ the prompt panel; ↑ ↓ PgUp PgDn Home End or the mouse wheel scroll it.",
+                         id="help-scroll", markup=False)
             yield Static(self._steps_table(), id="help-steps")
             yield Static(self._sizes_table(), id="help-sizes")
 
     def _keys_table(self) -> Table:
+        """One row a key: the key, then its title (bold) and what it does, in one column so that most rows take
+        one line and the six steps below still show on a 100×48 terminal."""
         table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
         table.add_column("key", style="bold", no_wrap=True, min_width=7)
-        table.add_column("action", style="bold", no_wrap=True, min_width=16)
         table.add_column("does", ratio=1)
         for spec in KEYS:
-            table.add_row(Text(spec.display, style=self._accent()), spec.title, spec.help)
+            does = Text()
+            does.append(spec.title, style="bold")
+            does.append("  " + spec.help)
+            table.add_row(Text(spec.display, style=self._accent()), does)
         return table
 
     def _steps_table(self) -> Table:

@@ -1,0 +1,89 @@
+"""The logit lens (`l`, off by default: it costs time): for the step in view, each layer's top token when the
+model's final norm and LM head are applied to that layer's residual stream (core/lens.py), so one can see at which
+depth the chosen token appears. The last layer is the model's own output."""
+
+from __future__ import annotations
+
+from rich.cells import set_cell_size
+from rich.text import Text
+
+from tokentui.core.display import display_text
+
+from .base import Panel
+
+LENS_NOTE = "logit lens"  # the engine's notice when it cannot run the lens names it so
+
+
+def pick_layers(count: int, rows: int, keep: set[int]) -> list[int]:
+    """Which of layers 1..count to show in `rows` lines: all when they fit; else the layers in `keep` (the first
+    where the chosen token is on top, the last) and others spread evenly, in order."""
+    if count <= rows:
+        return list(range(1, count + 1))
+    chosen = {layer for layer in keep if 1 <= layer <= count}
+    spread = count / rows
+    for i in range(rows):  # evenly spaced, then any layer left, until the rows are full
+        if len(chosen) >= rows:
+            break
+        chosen.add(max(1, min(count, round((i + 1) * spread))))
+    for layer in range(1, count + 1):
+        if len(chosen) >= rows:
+            break
+        chosen.add(layer)
+    return sorted(chosen)
+
+
+class LensPanel(Panel):
+    TITLE = "logit lens"
+
+    COMPONENT_CLASSES = {"lens--header", "lens--muted", "lens--chosen", "lens--bar", "lens--value"}
+
+    DEFAULT_CSS = """
+    LensPanel {
+        height: 1fr;
+        & > .lens--header { color: $text-muted; text-style: bold; }
+        & > .lens--muted { color: $text-muted; }
+        & > .lens--chosen { color: $accent; text-style: bold; }
+        & > .lens--bar { color: $bar; }
+        & > .lens--value { color: $foreground; }
+    }
+    """
+
+    def build(self, state) -> Text:
+        muted = self.style_of("lens--muted")
+        step = getattr(state, "view_step", None) or state.last_step
+        refused = next((n for n in state.notices if LENS_NOTE in n), None)
+        if step is None:
+            return Text(refused or "each layer's top token, for the step in view", style=muted)
+        rows = step.lens
+        if not rows:
+            if refused:
+                return Text(refused, style=muted)
+            return Text(f"no lens for step {step.index + 1}: it ran before the lens was on "
+                        "(it shows from the next step)", style=muted)
+        width = max(20, self.content_size.width or 40)
+        height = max(3, (self.content_size.height or 12) - 1)  # below the header line
+        if len(step.lens) > height:
+            height -= 1  # room for the line that says how many are not shown
+        first_chosen = next((row.layer for row in rows if row.id == step.id), None)
+        by_layer = {row.layer: row for row in rows}
+        layers = pick_layers(len(rows), height, {rows[-1].layer} | ({first_chosen} if first_chosen else set()))
+        out = Text()
+        where = (f"on top from layer {first_chosen}/{len(rows)}" if first_chosen is not None
+                 else f"on top at none of {len(rows)} layers")
+        self.border_subtitle = f"step {step.index + 1}"
+        out.append(f"{display_text(step.piece)} {where}", self.style_of("lens--header"))
+        piece_w = max(6, min(16, width - 22))
+        bar_w = max(0, width - piece_w - 16)
+        for layer in layers:
+            row = by_layer[layer]
+            is_chosen = row.id == step.id
+            style = self.style_of("lens--chosen") if is_chosen else self.style_of("lens--value")
+            out.append("\n")
+            out.append(f"{layer:>3}{'◆' if layer == first_chosen else ' '} ", muted)
+            out.append(set_cell_size(display_text(row.piece), piece_w), style)
+            out.append(f" {row.prob * 100:5.1f}% ", style)
+            if bar_w:
+                out.append("█" * max(0, round(row.prob * bar_w)), self.style_of("lens--bar"))
+        if len(layers) < len(rows):
+            out.append(f"\n{len(rows) - len(layers)} more layers in a taller terminal", muted)
+        return out

@@ -1,0 +1,67 @@
+"""`B`: every run of this prompt — the first and each branch, with where it left its parent — to switch to one,
+or to compare two side by side (`c`)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from ..branches import BranchTree
+from .modal import ListDialog, list_dialog_css
+
+
+class BranchList(ListDialog):
+    """Dismisses with ("show", number), ("compare", shown number, other number) or None."""
+
+    BINDINGS = [Binding("c", "compare", "compare with the shown run", show=True)]
+
+    DEFAULT_CSS = list_dialog_css("BranchList", width=90, list_height=16)
+
+    def __init__(self, tree: BranchTree) -> None:
+        super().__init__()
+        self.branch_tree = tree
+
+    def compose(self) -> ComposeResult:
+        tree = self.branch_tree
+        with Vertical() as body:
+            body.border_title = f"runs of this prompt ({len(tree)})"
+            body.border_subtitle = "enter show · c compare with the shown one · esc close"
+            yield Static(f"showing #{tree.shown_branch.number}", markup=False)
+            options = []
+            for branch in tree.branches:
+                state = branch.state
+                line = Text()
+                line.append("▶ " if branch is tree.shown_branch else "  ")
+                line.append(branch.label)
+                status = "live" if branch is tree.live_branch and state.running else state.phase
+                own = len(state.run) - branch.inherited
+                line.append(f"  · {own} token{'s' if own != 1 else ''} of its own · {status}", style="dim")
+                if branch.event is not None:
+                    reused = branch.event.kv_reused_tokens
+                    line.append(f" · KV {'reused ' + format(reused, ',') if reused else 'prefilled afresh'}",
+                                style="dim")
+                options.append(Option(line, id=str(branch.number)))
+            yield OptionList(*options, id="branch-list")
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        options.highlighted = self.branch_tree.shown
+        options.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(("show", int(event.option.id)))
+
+    def action_compare(self) -> None:
+        options = self.query_one(OptionList)
+        if options.highlighted is None:
+            return
+        other = self.branch_tree.branches[options.highlighted].number
+        shown = self.branch_tree.shown_branch.number
+        if other == shown:
+            self.notify("Highlight another run to compare with the shown one", timeout=4, markup=False)
+            return
+        self.dismiss(("compare", shown, other))

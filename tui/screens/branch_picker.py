@@ -1,0 +1,60 @@
+"""`b`: branch at a step — pick another of that step's candidates; the model goes on from there.
+
+Lists the step's candidates as the candidates panel does (raw and post-sampler probability, the token the run took
+marked). Enter branches with the highlighted one; the engine cuts its KV cache back to that step (no new prefill of
+the prompt) and generates on with the sampler settings in force now.
+"""
+
+from __future__ import annotations
+
+from rich.cells import set_cell_size
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from tokentui.core.events import StepEvent
+
+from .modal import ListDialog, list_dialog_css
+
+
+class BranchPicker(ListDialog):
+
+    DEFAULT_CSS = list_dialog_css("BranchPicker", width=64, list_height=14)
+
+    def __init__(self, step: StepEvent, run_label: str = "") -> None:
+        super().__init__()
+        self.step = step
+        self.run_label = run_label
+
+    def compose(self) -> ComposeResult:
+        step = self.step
+        with Vertical() as body:
+            body.border_title = f"branch at step {step.index + 1}" + (f" of {self.run_label}" if self.run_label else "")
+            body.border_subtitle = "↑↓ pick · enter branch · esc cancel"
+            yield Static("Take another token here and the model goes on from it (the KV cache is cut back to "
+                         "this step: no new prefill). Cut: the sampler had cut it; it can still be taken.",
+                         markup=False)
+            options = []
+            for rank, c in enumerate(step.candidates, 1):
+                line = Text()
+                line.append(f"{rank:>2} ")
+                line.append(set_cell_size(c.piece, 16), style="bold" if c.id != step.id else "dim")
+                line.append(f" raw {c.raw_prob * 100:5.1f}% post {c.prob * 100:5.1f}%")
+                if c.id == step.id:
+                    line.append("  taken", style="dim italic")
+                elif c.prob == 0:
+                    line.append("  cut", style="dim")  # by top-k / top-p or greedy: still a valid branch
+                options.append(Option(line, id=str(c.id), disabled=c.id == step.id))
+            yield OptionList(*options, id="branch-candidates")
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        first = next((i for i, c in enumerate(self.step.candidates) if c.id != self.step.id), None)
+        if first is not None:
+            options.highlighted = first
+        options.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id))
