@@ -111,15 +111,16 @@ def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple
 
 # --------------------------------------------------------------------------------------------- selection
 def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator | None, top_n: int,
-                     token: int) -> Selection:
+                     token: int, to_host=None) -> Selection:
     """`select` on these scores with the same settings, its choice replaced by `token`: the candidates and the
     distribution's figures are the step's own; chosen_rank / chosen_raw_prob / chosen_prob are `token`'s
-    (chosen_prob 0 when the sampler cut it). Draws from a copy of `generator`, not from it."""
+    (chosen_prob 0 when the sampler cut it). Draws from a copy of `generator`, not from it. `to_host`: as
+    `select`'s (the engine's timed copy)."""
     scratch = None
     if generator is not None:
         scratch = torch.Generator(device=generator.device)
         scratch.set_state(generator.get_state())
-    sel = select(logits, settings, scratch, top_n)  # also the NaN/inf check
+    sel = select(logits, settings, scratch, top_n, to_host)  # also the NaN/inf check
     scores = logits.reshape(-1).to(torch.float32)
     rank = int((scores > scores[token]).sum())
     if token in sel.top_ids:
@@ -139,11 +140,11 @@ class _ForceFirst:
         self.token = token
         self.done = False
 
-    def __call__(self, logits, settings, generator, top_n) -> Selection:
+    def __call__(self, logits, settings, generator, top_n, to_host=None) -> Selection:
         if self.done:
-            return select(logits, settings, generator, top_n)
+            return select(logits, settings, generator, top_n, to_host)
         self.done = True
-        return forced_selection(logits, settings, generator, top_n, self.token)
+        return forced_selection(logits, settings, generator, top_n, self.token, to_host)
 
 
 # --------------------------------------------------------------------------------------------- the branch
@@ -223,7 +224,8 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
         yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))
     steps = engine._generate(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
-                             prefix=point.tokens, detok=detok, choose=_ForceFirst(point.token))
+                             prefix=point.tokens, detok=detok, choose=_ForceFirst(point.token),
+                             fed=1 if reuse else len(prefix))
     for event in steps:
         if isinstance(event, StepEvent) and event.index == point.at:
             event = replace(event, forced=True)

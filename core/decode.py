@@ -12,11 +12,13 @@ from .adapter import forward_last_logits, input_device, synchronize
 from .lens import forward_last_states
 
 
-def decode_one_token(model, token_id: int, cache, states_out: list | None = None) -> tuple[torch.Tensor, float]:
+def decode_one_token(model, token_id: int, cache, states_out: list | None = None, sync: bool = True
+                     ) -> tuple[torch.Tensor, float]:
     """token_id -> (logits [V] for the next token, milliseconds incl. device sync). Extends `cache` by one.
 
     The timed span ends with a device sync on GPUs, so `forward_ms` is real; selection syncs right after anyway
-    (it has to read the chosen token), so this costs no extra wait.
+    (it has to read the chosen token). `sync=False` leaves the forward queued on the device (the milliseconds are
+    then only the host's time to queue it): the engine does so when CUDA events time the step (core/timing.py).
     `states_out`: when a list, the forward also asks for the hidden states and appends them, [L + 1, H] at this
     position, for the logit lens (core/lens.py; eager only). None: the forward is exactly the plain one.
     """
@@ -34,5 +36,6 @@ def decode_one_token(model, token_id: int, cache, states_out: list | None = None
         else:
             logits, states = forward_last_states(model, ids, cache)  # [V], [L + 1, H]
             states_out.append(states)
-    synchronize(logits.device)
+    if sync:
+        synchronize(logits.device)
     return logits, (time.perf_counter() - start) * 1000.0

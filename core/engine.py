@@ -37,6 +37,7 @@ from .select import select
 from .settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, cpu_cores, use_threads
 from .template import apply_template, default_system_prompt
+from .timing import StepClock
 from .tokenization import tokenize
 
 
@@ -291,7 +292,7 @@ class Engine:
     def _generate(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
-                  lens_said: bool | None = None) -> Iterator[Event]:
+                  lens_said: bool | None = None, fed: int | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
         forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
         a branch (core/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
@@ -301,7 +302,8 @@ class Engine:
         The logit lens follows `self.options.logit_lens` before each decode forward (`_lens_for`); `lens_states` is
         what the caller's forward filled (None: no lens). `lens_said`: the caller already said the lens is not
         available (None, from core/branch.py: taken as said when the lens is wanted now and the caller ran without
-        it), so that Notice comes once per run."""
+        it), so that Notice comes once per run. `fed`: the ids the forward that scored the first step read (default
+        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/timing.py)."""
         facts, opts, tok = self.facts, self.options, self.tokenizer
         if lens_said is None:
             lens_said = lens_states is None and opts.logit_lens
@@ -314,7 +316,8 @@ class Engine:
         first = len(prefix)
         generated: list[int] = list(prefix)
         reason = "length"
-        step_start = time.perf_counter() - forward_ms / 1000.0
+        clock = StepClock(self.device, logits.device)
+        step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
         index = first
@@ -325,31 +328,37 @@ class Engine:
                 generator.manual_seed(settings.seed)
                 seed_in_use = settings.seed
             try:
-                sel = choose(logits, settings, generator, opts.top_candidates)
+                sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
             except GenerationError as err:
                 located = GenerationError(f"step {index + 1}: {err}")  # numbered from 1; .step is the index
                 located.step = index
                 raise located from err
-            # Step 6 — detokenize as the token arrives.
+            clock.selected()
             vocab = self.token_bytes
-            det = detok.push(sel.token_id)
-            generated.append(sel.token_id)
             lens = None  # the logit lens of the forward that scored this token (core/lens.py)
             if lens_states:
                 lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i))
+                clock.lensed()
+            # Step 6 — detokenize as the token arrives.
+            det = detok.push(sel.token_id)
+            generated.append(sel.token_id)
+            piece = display_piece(vocab, sel.token_id)
+            candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
+                                    special=vocab.is_special(i))
+                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)]
+            kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)  # building the event counts as detok
             now = time.perf_counter()
+            timing = clock.finish(now)
             yield StepEvent(
-                index=index, id=sel.token_id, piece=display_piece(vocab, sel.token_id), special=det.special,
+                index=index, id=sel.token_id, piece=piece, special=det.special,
                 text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
-                completed_chars=list(det.completed),
-                candidates=[Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
-                                      special=vocab.is_special(i))
-                            for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)],
+                completed_chars=list(det.completed), candidates=candidates,
                 chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
-                settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=forward_ms,
-                kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), lens=lens,
+                settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=clock.forward_ms,
+                kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
+                top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
             )
             index += 1
             if sel.token_id in self.end_ids and not opts.ignore_eos:
@@ -374,10 +383,12 @@ class Engine:
                 lens_said = True
                 yield Notice(lens_why)
             # Step 5 — decode: only the new token goes through the model.
-            step_start = time.perf_counter()
+            step_start = clock.forward_begins(self.options.time_stages, waited)
             if decode_started is None:
                 decode_started = step_start
-            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states)
+            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states,
+                                                  sync=clock.sync_forward)
+            clock.forward_ends(forward_ms)
         end = time.perf_counter()
         taken = len(generated) - first  # the steps selected here
         decoded = taken - 1

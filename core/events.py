@@ -53,6 +53,9 @@ class ModelFacts(Event):
     trust_remote_code: bool = False
     load_seconds: float = 0.0
     kv_bytes_per_value: int = 0  # element size of the KV cache's dtype (4 for float32); 0 = not known
+    # whether the LM head multiplies by the embedding table itself (the same weight tensor, not a copy); None: not
+    # known (a model without output embeddings, or a record from before this field)
+    tied_lm_head: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,30 @@ class MultiTokenChar:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTiming:
+    """Where one step's time went (core/timing.py measures it; its docstring says how on each device).
+
+    forward: the model run (prefill for a run's first step) plus, with the logit lens on, the lens's readout.
+    select: the sampler (temperature, top-k / top-p, softmax, the draw, the reported candidates) up to the
+    device-to-host copy, and unpacking what came back. copy: that copy (on CPU, where nothing crosses a bus: the
+    `.tolist()` that turns the packed numbers into Python ones). detok: the incremental detokenizer and building the
+    event (its pieces, candidates, KV figures). The four add up to StepEvent.latency_ms. wait: not part of the
+    step's latency: how long the consumer held the engine after the previous step (in the dashboard: the pipe to the
+    UI), paused time left out.
+    h2d_bytes: ids sent to the model, 8 per int64 id (a prompt's ids for the first step; one id for a decode step,
+    which travels as a fill kernel's argument, its time inside forward). d2h_bytes: the selection's packed numbers.
+    """
+
+    forward_ms: float
+    select_ms: float
+    copy_ms: float
+    detok_ms: float
+    wait_ms: float
+    h2d_bytes: int
+    d2h_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepEvent(Event):
     """Steps 4-6 for one token: the candidates, the choice, the model run's cost and the text it completed."""
 
@@ -190,14 +217,25 @@ class StepEvent(Event):
     greedy: bool
     settings: SamplerSettings  # in force for this step (written as its dict: to_dict() below, asdict's recursion)
     settings_changed: bool  # True on the first step that used changed settings
-    latency_ms: float  # the whole step: model run (prefill for index 0) + selection + detokenize
+    # the engine's work on the step: model run (prefill for index 0) + selection + copy + detokenize (+ the logit
+    # lens); = timing's forward + select + copy + detok. Not the time the consumer held the engine before the step
+    # (timing.wait_ms) nor time paused.
+    latency_ms: float
     forward_ms: float  # the model run alone
     kv_tokens: int
     kv_bytes: int
     # the logit lens for this step, one row per decoder layer (None: not asked for, or not available; a Notice
-    # said why). Computed after the forward: its time is in latency_ms, not forward_ms.
+    # said why). Computed after the forward: its time is in latency_ms (and timing.forward_ms), not forward_ms.
     lens: list[LensRow] | None = None
     forced: bool = False  # a branch's first step (core/branch.py): the token was given, not selected
+    # The sampler's shape at this step (None for greedy, which applies no temperature and cuts nothing; also None
+    # in records from before these fields). temp_entropy_bits: entropy of softmax(logits / T) before top-k / top-p
+    # (= entropy_bits at T = 1). top_k_kept: entries top-k alone keeps, ties included (None: top-k off).
+    # top_p_kept: entries left after top-p, applied after top-k as transformers does (None: top-p off).
+    temp_entropy_bits: float | None = None
+    top_k_kept: int | None = None
+    top_p_kept: int | None = None
+    timing: StepTiming | None = None  # where the step's time went (None: not measured, e.g. an older record)
 
     def __post_init__(self) -> None:
         if not isinstance(self.settings, SamplerSettings):  # typed in memory; a dict is only the JSON form
@@ -209,6 +247,8 @@ class StepEvent(Event):
             del data["lens"]  # a run without the lens writes the same step lines as before it existed
         if not data["forced"]:
             del data["forced"]  # likewise for the `forced` flag, true only on a branch's first step
+        if data["timing"] is None:
+            del data["timing"]  # steps not timed (scripted, or read from an older record) write no `timing`
         return data
 
 

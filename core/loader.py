@@ -322,4 +322,20 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
         trust_remote_code=trust_remote_code,
         load_seconds=round(load_seconds, 3),
+        tied_lm_head=tied_lm_head(model),
     )
+
+
+def tied_lm_head(model) -> bool | None:
+    """Whether the LM head multiplies by the embedding table itself: the weights actually shared (one tensor, or
+    two views of the same memory), whatever `config.tie_word_embeddings` claims. None when the model has no
+    separate input or output embeddings to compare, or their weights are not materialised (meta tensors)."""
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    a, b = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if a is None or b is None:
+        return None
+    if a is b:
+        return True
+    if a.is_meta or b.is_meta:
+        return None
+    return a.device == b.device and a.shape == b.shape and a.data_ptr() == b.data_ptr() != 0

@@ -134,7 +134,9 @@ class ReplayEngine:
                     break
                 prefill_ms = event.ms
             elif isinstance(event, StepEvent):
-                wait = event.latency_ms - prefill_ms if event.index == 0 else event.latency_ms
+                # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
+                # of which the prefill has been waited for already
+                wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
                 if not self._wait(wait) or not self._gate():
                     break
                 played += 1

@@ -38,10 +38,13 @@ from .events import (
     PrefillProgress,
     PromptEvent,
     StepEvent,
+    StepTiming,
 )
 from .settings import SamplerSettings
 
 _ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
+# optional numbers: arrays too, None kept as a value such a field never takes (NaN, the smallest int64)
+_OPTIONAL_CODES = {"int | None": ("q", -(2**63)), "float | None": ("d", float("nan"))}
 
 
 class RunError(ValueError):
@@ -58,10 +61,13 @@ class _Columns:
         self.columns: dict[str, array | list] = {}
         self.bools: set[str] = set()
         self.strings: set[str] = set()
+        self.optional: dict[str, int | float] = {}  # field -> the value that stands for None in its array
         for f in fields(cls):
             if f.name in skip:
                 continue
             code = _ARRAY_CODES.get(f.type)
+            if f.type in _OPTIONAL_CODES:
+                code, self.optional[f.name] = _OPTIONAL_CODES[f.type]
             self.columns[f.name] = array(code) if code else []
             if f.type == "bool":
                 self.bools.add(f.name)
@@ -76,6 +82,8 @@ class _Columns:
                 value = getattr(item, name)
                 if name in self.strings and isinstance(value, str):
                     value = self._shared.setdefault(value, value)
+                elif value is None and name in self.optional:
+                    value = self.optional[name]
                 column.append(value)
                 added.append(column)
         except (TypeError, OverflowError) as err:
@@ -87,18 +95,37 @@ class _Columns:
         out = {name: column[i] for name, column in self.columns.items()}
         for name in self.bools:
             out[name] = bool(out[name])
+        for name, none in self.optional.items():
+            if out[name] == none or out[name] != out[name]:  # the int sentinel, or NaN
+                out[name] = None
         return out
 
     def get(self, i: int):
         return self.cls(**self.values(i))
 
+    def slice(self, name: str, start: int = 0, stop: int | None = None) -> list:
+        """Column `name` of rows start..stop as plain values (bools as bools, None for an optional number's None)."""
+        out = self.columns[name][start:stop]
+        if name in self.bools:
+            return [bool(v) for v in out]
+        if name in self.optional:
+            none = self.optional[name]
+            return [None if v == none or v != v else v for v in out]
+        return out if isinstance(out, list) else out.tolist()
+
+
+_NO_TIMING = StepTiming(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)  # the row of a step without a timing split
+
 
 class _Steps:
     """The steps' columns; candidates (and logit lens rows) flattened into their own columns with each step's
-    offset."""
+    offset; the timing split in columns of its own, one row per step."""
 
     def __init__(self) -> None:
-        self.scalars = _Columns(StepEvent, skip=("index", "candidates", "completed_chars", "settings", "lens"))
+        self.scalars = _Columns(StepEvent,
+                                skip=("index", "candidates", "completed_chars", "settings", "lens", "timing"))
+        self.timing = _Columns(StepTiming)  # a row per step (zeros where `has_timing` says None)
+        self.has_timing = array("b")
         self.candidates = _Columns(Candidate)
         self.offsets = array("q", [0])  # step i's candidates are rows offsets[i]:offsets[i + 1]
         self.lens = _Columns(LensRow)
@@ -124,6 +151,8 @@ class _Steps:
                 for row in rows:
                     table.append(row)
                     added.append(table)
+            self.timing.append(step.timing if step.timing is not None else _NO_TIMING)
+            added.append(self.timing)
             self.scalars.append(step)
         except RunError:
             for table in added:
@@ -133,6 +162,7 @@ class _Steps:
         self.offsets.append(self.offsets[-1] + len(cands))
         self.lens_offsets.append(self.lens_offsets[-1] + len(lens))
         self.has_lens.append(step.lens is not None)
+        self.has_timing.append(step.timing is not None)
         self.settings_at.append(len(self.settings) - 1)
         if step.completed_chars:
             self.completed[self.count] = tuple(step.completed_chars)
@@ -144,9 +174,10 @@ class _Steps:
         lens = None
         if self.has_lens[i]:
             lens = [self.lens.get(r) for r in range(self.lens_offsets[i], self.lens_offsets[i + 1])]
+        timing = self.timing.get(i) if self.has_timing[i] else None
         return StepEvent(index=self.first + i, candidates=[self.candidates.get(r) for r in rows],
                          completed_chars=list(self.completed.get(i, ())),
-                         settings=self.settings[self.settings_at[i]], lens=lens, **values)
+                         settings=self.settings[self.settings_at[i]], lens=lens, timing=timing, **values)
 
 
 class Run:
@@ -247,14 +278,14 @@ class Run:
         return self._last
 
     def values(self, name: str, start: int = 0, stop: int | None = None) -> list:
-        """One number or string field of steps start..stop (e.g. "latency_ms", "text"), without rebuilding them."""
+        """One number or string field of steps start..stop (e.g. "latency_ms", "text", "timing.forward_ms": None
+        for a step without a timing split), without rebuilding them."""
         if name == "index":
             return list(range(self.offset, self.offset + len(self)))[start:stop]
-        column = self._steps.scalars.columns[name]
-        out = column[start:stop]
-        if name in self._steps.scalars.bools:
-            return [bool(v) for v in out]
-        return out if isinstance(out, list) else out.tolist()
+        if name.startswith("timing."):
+            out = self._steps.timing.slice(name.removeprefix("timing."), start, stop)
+            return [v if has else None for v, has in zip(out, self._steps.has_timing[start:stop])]
+        return self._steps.scalars.slice(name, start, stop)
 
     def completed_chars(self, last: int | None = None) -> list[MultiTokenChar]:
         """Characters whose bytes came over several tokens, oldest first (`last`: only the latest so many)."""

@@ -14,26 +14,26 @@ warpers: every token past the prefix has probability 0 there.
 The topk of a prefix and of the reported candidates goes through core/topn.py, exact and cheaper on CPU.
 
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
-host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened).
-Nothing here imports textual.
+host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
+through the caller's `to_host` when given (the engine's core/timing.py times that copy and counts its bytes).
+The sampler's shape rides in the same vector: the entropy after temperature and before any cut, and how many
+entries top-k and then top-p kept. Nothing here imports textual.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .errors import GenerationError
 from .settings import SamplerSettings
-from .topn import top_prefix, top_scores
+from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
 __all__ = ["Selection", "select", "reference_probs", "sample_index"]
 
-PREFIX_MIN = 256  # smallest prefix tried: 0.25 ms at V = 151,936 on CPU, and a widening would cost a second pass
-_TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
-_DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
 _BLOCK = 256  # sample_index: draw a block of this many entries, then an entry inside it
 _LN2 = math.log(2.0)
 _NAN_MESSAGE = (
@@ -57,6 +57,10 @@ class Selection:
     entropy_bits: float  # entropy of softmax(raw logits), bits
     sampled_entropy_bits: float  # entropy of the post-sampler distribution, bits (0 for greedy)
     greedy: bool
+    # The sampler's shape (all None for greedy, which applies no temperature and no cut; StepEvent says the same):
+    temp_entropy_bits: float | None = None  # entropy of softmax(logits / T), before top-k / top-p, bits
+    top_k_kept: int | None = None  # entries TopKLogitsWarper leaves (ties at the k-th included); None: top-k off
+    top_p_kept: int | None = None  # entries left after TopPLogitsWarper (applied after top-k); None: top-p off
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -96,69 +100,59 @@ def select(
     settings: SamplerSettings,
     generator: torch.Generator | None,
     top_n: int = 10,
+    to_host: Callable[[torch.Tensor], list] | None = None,
 ) -> Selection:
     """Pick the next token from the last position's scores ([V] or [1, V], any float dtype).
 
     Greedy: torch.argmax of the raw scores. Sampling: torch.multinomial over the kept tokens with `generator`
     (on the scores' device; None uses torch's global RNG), so a seeded generator replays a run.
+    `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
-        return _select(logits, settings, generator, top_n)
+        return _select(logits, settings, generator, top_n, to_host or _tolist)
 
 
-def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Generator | None, top_n: int):
+def _tolist(packed: torch.Tensor) -> list:
+    return packed.tolist()
+
+
+def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Generator | None, top_n: int,
+            to_host: Callable[[torch.Tensor], list]):
     x = _scores(logits)  # [V] float32
     vocab = x.numel()
     n = max(0, min(int(top_n), vocab))
     if settings.is_greedy:
-        return _unpack(_greedy(x, n), n, greedy=True)
+        return _unpack(to_host(_greedy(x, n)), n, greedy=True)
 
     temperature = float(settings.temperature)
     assert temperature > 0, "temperature must be > 0 when sampling (0 means greedy)"
     top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
+    all_k = vocab if settings.top_k >= vocab else None  # ...and that is what top-k kept
     top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.max() - x  # [V] >= 0, shared by both entropies
     p = _softmax(x)  # [V] raw probabilities
     h = _entropy(p, gap)  # [] nats; NaN unless every score is finite: the NaN/inf check, read back with the rest
     if top_k:  # the top-k set is renormalised on its own: no full-vocabulary softmax after temperature needed
-        ps = hs = None
-        k = max(PREFIX_MIN, top_k + _TIE_MARGIN)
+        ps = None
+        hs = h if xs is x else _scaled_entropy(gap, temperature)  # the shape reported, not needed to sample
+        k = max(PREFIX_MIN, top_k + TIE_MARGIN)
     else:
         ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
         hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
         if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
-            return _unpack(_sample_all(x, p, ps, h, hs, generator, n), n, greedy=False)
-        k = _first_prefix(x, hs, top_p)
+            return _unpack(to_host(_sample_all(x, p, ps, h, hs, generator, n)), n, greedy=False, all_k=all_k)
+        k = first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
     while True:
-        packed = _sample_prefix(x, xs, p, ps, h, generator, n, k, temperature, top_k, top_p)
-        values = packed.tolist()  # the step's single host transfer
+        packed = _sample_prefix(x, xs, p, ps, h, hs, generator, n, k, temperature, top_k, top_p)
+        values = to_host(packed)  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
         if values[_ENOUGH] or k == vocab:
-            return _unpack(values, n, greedy=False)
-        k = _wider(k, vocab, values, xs, top_k, top_p)
-
-
-def _first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
-    """How many of the highest scores to try first for top-p alone; a guess, checked by `enough` and widened.
-
-    The nucleus of top_p runs at roughly 0.4 / (1 - top_p) times the perplexity exp(H) (measured on normal, Zipf
-    and Gumbel scores), so guess 1.5 times that from the entropy (reading it back is free on CPU). On CPU the cost
-    of `top_prefix` grows with k, so a close guess pays (1.40 against 1.58 ms per step at V = 151,936, T 0.7,
-    top-p 0.9, compared with rounding every guess above 192 up to V / 64). On accelerators topk barely depends on
-    k and a sync costs more.
-    """
-    if x.numel() <= PREFIX_MIN:
-        return PREFIX_MIN
-    if x.device.type != "cpu":
-        return _DEVICE_PREFIX
-    guess = math.exp(min(float(hs), 30.0)) * 0.4 / (1.0 - top_p)  # NaN scores: nan, then PREFIX_MIN
-    if not guess > PREFIX_MIN / 1.5:
-        return PREFIX_MIN
-    return int(1.5 * guess)
+            return _unpack(values, n, greedy=False, all_k=all_k)
+        k = wider_prefix(k, vocab, values[_PREFIX_MASS], values[_LAST_PROB], xs, top_k, top_p)
 
 
 def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -209,26 +203,47 @@ def _entropy(p: torch.Tensor, gap: torch.Tensor, temperature: float = 1.0) -> to
     return (spread if temperature == 1.0 else spread / temperature) - torch.log(p.max())
 
 
-# Layout of the vector moved to the host: 2 flags, 3 integers, 7 floats, then top_n ids, raw probs, post probs.
+def _scaled_entropy(gap: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy in nats of softmax(x / temperature) from gap = max(x) - x, without keeping the probabilities:
+    with e = exp(-gap / T) and Z = sum e, H = log Z + sum e * gap / (T Z) (both terms >= 0). NaN unless x is
+    finite, like `_entropy`."""
+    e = torch.exp(gap * (-1.0 / temperature))  # [V] in (0, 1], the top score's 1
+    z = e.sum()
+    return torch.log(z) + torch.dot(e, gap) / (temperature * z)
+
+
+# Layout of the vector moved to the host: 2 flags, 3 integers, 7 floats, the shape (3), then top_n ids, raw probs,
+# post probs.
 _FINITE, _ENOUGH, _TOKEN, _RANK, _KEPT, _RAW, _PROB, _MASS, _H, _HS, _PREFIX_MASS, _LAST_PROB = range(12)
-_HEADER = 12
+_TEMP_H, _K_KEPT, _P_KEPT = 12, 13, 14  # entropy after temperature (nats); kept by top-k, by top-p (-1: off)
+_HEADER = 15
 
 
 def _pack(
     flags: torch.Tensor,  # [2] bool: scores finite, kept set ends inside the prefix
     ints: torch.Tensor,  # [3] int64: token, chosen rank, kept count
     floats: torch.Tensor,  # [7] float32: chosen raw prob, chosen prob, kept raw mass, H, H after sampler, M, q_last
+    shape: torch.Tensor,  # [3] float32: H after temperature, top-k kept, top-p kept (-1: that cut is off)
     ids: torch.Tensor,  # [n] int64
     raw: torch.Tensor,  # [n] float32
     post: torch.Tensor,  # [n] float32
 ) -> torch.Tensor:
     """One float32 vector (exact for ids and counts below 2**24) out of the step's small device tensors."""
-    return torch.cat([flags, ints, floats, ids, raw, post]).to(torch.float32)
+    return torch.cat([flags, ints, floats, shape, ids, raw, post]).to(torch.float32)
 
 
-def _unpack(values: list[float] | torch.Tensor, n: int, greedy: bool) -> Selection:
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()  # the step's single host transfer (greedy and whole-vocabulary paths)
+def _shape(hs: torch.Tensor, k_kept: torch.Tensor | None, p_kept: torch.Tensor | None) -> torch.Tensor:
+    """The `shape` part of the packed vector; a count of None (that cut is off) travels as -1."""
+    off = torch.full_like(hs, -1.0)
+    return torch.stack([hs, off if k_kept is None else k_kept.to(hs.dtype), off if p_kept is None else
+                        p_kept.to(hs.dtype)])
+
+
+def _count(value: float) -> int | None:
+    return None if value < 0 else int(value)
+
+
+def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None) -> Selection:
     if not values[_FINITE]:
         raise GenerationError(_NAN_MESSAGE)
     top = values[_HEADER:]
@@ -245,6 +260,9 @@ def _unpack(values: list[float] | torch.Tensor, n: int, greedy: bool) -> Selecti
         entropy_bits=max(values[_H], 0.0) / _LN2,
         sampled_entropy_bits=max(values[_HS], 0.0) / _LN2,
         greedy=greedy,
+        temp_entropy_bits=None if greedy else max(values[_TEMP_H], 0.0) / _LN2,
+        top_k_kept=None if greedy else all_k or _count(values[_K_KEPT]),
+        top_p_kept=None if greedy else _count(values[_P_KEPT]),
     )
 
 
@@ -260,7 +278,8 @@ def _greedy(x: torch.Tensor, n: int) -> torch.Tensor:
     flags = torch.stack([torch.isfinite(h), one.bool()])
     ints = torch.cat([token, torch.zeros_like(token), torch.ones_like(token)])  # rank 0, kept count 1
     floats = torch.cat([raw[:1], one[None], raw[:1], torch.stack([h, zero, zero, zero])])
-    return _pack(flags, ints, floats, top_ids, raw[1:], (top_ids == token).to(torch.float32))
+    post = (top_ids == token).to(torch.float32)
+    return _pack(flags, ints, floats, _shape(zero, None, None), top_ids, raw[1:], post)
 
 
 def _first_argmax(x: torch.Tensor, top_vals: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
@@ -307,7 +326,7 @@ def _sample_all(
         kept, mass = nonzero.sum(), torch.where(nonzero, p, 0.0).sum()  # (sum reduces pairwise; a dot drifts)
     ints = torch.cat([token, torch.stack([rank, kept])])
     floats = torch.cat([raw[:1], post[:1], torch.stack([mass, h, hs, torch.ones_like(h), torch.zeros_like(h)])])
-    return _pack(flags, ints, floats, top_ids, raw[1:], post[1:])
+    return _pack(flags, ints, floats, _shape(hs, None, None), top_ids, raw[1:], post[1:])
 
 
 def _sample_prefix(
@@ -316,6 +335,7 @@ def _sample_prefix(
     p: torch.Tensor,
     ps: torch.Tensor | None,
     h: torch.Tensor,
+    hs: torch.Tensor,
     generator: torch.Generator | None,
     n: int,
     k: int,
@@ -332,12 +352,14 @@ def _sample_prefix(
     vals = raw_vals if xs is x else raw_vals / temperature  # [k] scaled exactly as xs = x / temperature
     shifted = vals - vals[0]  # [k] <= 0: exponents relative to the top score, as softmax computes them
     unnorm = shifted.exp()  # [k]
-    keep = enough = None  # [k] bool, [] bool: whether the kept set ends inside the prefix (k == V: the loop knows)
+    keep = enough = k_kept = p_kept = None  # [k] bool, [] bool (whether the kept set ends inside the prefix; k == V:
+    # the loop knows), the entries top-k keeps and top-p then keeps: [] int64, or None for a cut that is off
     if top_k:
         # TopKLogitsWarper: keep every score >= the k-th largest, ties included. All of them are in the prefix
         # iff the prefix's last score is already below it.
         kth = vals[top_k - 1]
         keep = vals >= kth
+        k_kept = keep.sum()
         enough = vals[-1] < kth
         q = torch.where(keep, unnorm, 0.0)
         q = q / q.sum()  # [k] probabilities after temperature and top-k
@@ -350,6 +372,7 @@ def _sample_prefix(
         # prefix's whole mass before it.
         nucleus = torch.cumsum(q, dim=-1) - q < top_p  # exclusive cumulative mass < top_p
         keep = nucleus if keep is None else keep & nucleus
+        p_kept = keep.sum()
         if enough is None:
             enough = prefix_mass >= top_p
     kept = torch.where(keep, unnorm, 0.0)  # [k]
@@ -368,21 +391,4 @@ def _sample_prefix(
     h_post = z.log() - torch.dot(probs, shifted)  # entropy of the kept set: -sum probs * (shifted - log z)
     mass = torch.where(nonzero, raw, 0.0).sum()
     floats = torch.cat([chosen[1:], torch.stack([mass, h, h_post, prefix_mass, q[-1]])])
-    return _pack(flags, ints, floats, idx[:n], raw[:n], probs[:n])
-
-
-def _wider(k: int, vocab: int, values: list[float], xs: torch.Tensor, top_k: int, top_p: float) -> int:
-    """Next prefix size after one that did not hold the whole kept set (flat distributions, many ties).
-
-    At least four times the last try and V / 64, so that one widening is almost always the last; from half the
-    vocabulary on, a topk costs a full sort, so take it all.
-    """
-    if top_k:
-        kth = torch.topk(xs, top_k).values[-1]  # the warper's own threshold, after temperature
-        return min(vocab, int((xs >= kth).sum()) + _TIE_MARGIN)  # extra syncs, only on this rare path
-    # Every token past the prefix weighs at most the prefix's last one, so at least `need` more are needed; real
-    # tails decay, so ask for several times that.
-    missing, last = top_p - values[_PREFIX_MASS], values[_LAST_PROB]
-    need = math.ceil(missing / last) if last > 0 else vocab
-    k = max(4 * k, k + 8 * need, vocab // 64 + 1)
-    return vocab if k >= vocab // 2 else k
+    return _pack(flags, ints, floats, _shape(hs, k_kept, p_kept), idx[:n], raw[:n], probs[:n])

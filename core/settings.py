@@ -60,14 +60,17 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward pass (core/prefill.py s
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What bounds a run: length, end tokens, how many candidates each step reports, the prefill chunk; and whether
-    each step carries the logit lens."""
+    """What bounds a run: length, end tokens, how many candidates each step reports, the prefill chunk; whether
+    each step carries the logit lens, and how exactly its stages are timed on a GPU."""
 
     max_new_tokens: int = 256
     ignore_eos: bool = False
     top_candidates: int = 10
     prefill_chunk: int = PREFILL_CHUNK  # a prompt longer than this is prefilled in chunks, with progress events
     logit_lens: bool = False  # each step also reports every layer's top token (core/lens.py); costs time per step
+    # On CUDA, time each step's stages exactly, at the cost of a device sync after the forward and before the copy
+    # (core/timing.py); off, CUDA events time them with no sync added. No effect on CPU, which is always exact.
+    time_stages: bool = False
 
     def __post_init__(self) -> None:
         """Checked here, once: an invalid RunOptions cannot exist."""
@@ -84,6 +87,8 @@ class RunOptions:
             raise SettingsError(f"ignore-eos must be true or false, got {self.ignore_eos!r}")
         if not isinstance(self.logit_lens, bool):
             raise SettingsError(f"logit-lens must be true or false, got {self.logit_lens!r}")
+        if not isinstance(self.time_stages, bool):
+            raise SettingsError(f"time-stages must be true or false, got {self.time_stages!r}")
 
     def validated(self) -> "RunOptions":
         """Already valid since construction; kept so callers written against the old two-step API still work."""

@@ -77,3 +77,15 @@ def tiny_model(kind: str, tokenizer, **overrides):
     model = model_cls(config_cls(**common)).eval()
     model.config.architectures = [model_cls.__name__]
     return model
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on a shared two-core box a second thread that gets descheduled stalls every O(V) op.
+    (Modules that time or compare O(V) work use it: `pytestmark = pytest.mark.usefixtures("one_torch_thread")`.)"""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -4,7 +4,6 @@ Each broken model is made here, in the test (folders, truncated files, unknown a
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch

@@ -205,3 +205,28 @@ async def test_the_model_process_branches_on_its_held_cache_like_the_engine(embe
     assert [s.id for s in of(StepEvent, here)] == [s.id for s in steps]
     assert here[-1].text == events[-1].text and events[-1].tokens == 12
     assert not of(PromptEvent, events)  # no prompt given: the branch's events alone
+
+
+async def test_a_branch_record_replays_with_its_prefix(tmp_path, capsys):
+    """A branch's record stands alone: replayed as text, its answer starts with the parent's prefix and equals the
+    branch's own `done.text` (prefix + branch tokens)."""
+    from tokentui.replay import replay_headless
+
+    engine = ScriptedEngine(sampler=SamplerSettings(temperature=0.0))
+    client = await local_client(engine, RunRecorder(tmp_path))
+    try:
+        replies = Replies(client)
+        parent = run_of(client.facts, await replies.run("Is OpenAI open?"))
+        step = parent[AT]
+        client.branch(BranchPoint.of_run(parent, AT, step.candidates[1].id))
+        events = await replies.rest()
+    finally:
+        client.close()
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.reason != "stopped"
+    (path,) = [p for p in tmp_path.glob("*.jsonl") if Run.from_record(p).branch is not None]
+    capsys.readouterr()
+    assert replay_headless(ReplayEngine.from_record(path, speed=0), as_json=False) == 0
+    out = capsys.readouterr().out
+    prefix = Run.from_record(path).branch.prefix_text
+    assert prefix and out.startswith(prefix) and out == done.text + done.flushed + "\n"

@@ -57,6 +57,10 @@ async def test_b_branches_at_the_newest_step_while_paused_and_the_run_goes_on_fr
         assert branch_ids[at] == other.id and app.state.run.step(at).forced
         assert engine.branches[-1].at == at and engine.branches[-1].token == other.id
         assert parent.state.run.done is not None and parent.state.run.done.reason == "stopped"  # kept as it was
+        # the branch's speed figures are its own: its time to first token (the KV cache cut back, one token fed),
+        # its decode steps those after the forced one
+        assert app.state.ttft_ms == app.state.run.done.ttft_ms != parent.state.ttft_ms
+        assert app.state.decode_latencies == app.state.run.values("latency_ms", at + 1)
         # B lists both; enter on #1 shows it again, exactly as it was
         await pilot.press("B")
         await wait_for(pilot, lambda: isinstance(app.screen, BranchList), what="the list")

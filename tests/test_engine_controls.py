@@ -250,8 +250,6 @@ def test_empty_and_too_long_prompts_end_with_an_error_event(tiny):
 
 
 def test_nan_logits_stop_the_run_naming_the_step(tiny):
-    import torch
-
     engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=10, ignore_eos=True))
     calls = {"n": 0}
 

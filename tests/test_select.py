@@ -27,13 +27,7 @@ from tokentui.core.topn import top_prefix, top_scores
 PROB_TOL = 1e-6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared two-core box a second thread that gets descheduled stalls every O(V) op."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def sampler(temperature: float = 0.7, top_k: int = 0, top_p: float = 0.9, greedy: bool = False) -> SamplerSettings:

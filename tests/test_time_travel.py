@@ -10,9 +10,7 @@ import re
 import statistics
 import time
 
-import pytest
-
-from fakes import ANSWER, ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
+from fakes import ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
 from tokentui.core.events import StepEvent
 from tokentui.core.record import RunRecorder
 from tokentui.core.replay import ReplayEngine

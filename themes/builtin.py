@@ -24,6 +24,8 @@ THEME_VARIABLE_DEFAULTS: dict[str, str] = {
     "bar": "#5fb3f0",  # probability bars
     "bar-raw": "#88888866",  # raw-probability part of a bar
     "panel-border": "#8888888c",  # panel borders
+    "stage-host": "#5f9fe8",  # one-pass panel: work on the host (Python on the CPU)
+    "stage-device": "#4fb870",  # one-pass panel: work on the device (the GPU; the CPU when there is none)
 }
 
 TOKENTUI_DARK = Theme(
@@ -51,6 +53,8 @@ TOKENTUI_DARK = Theme(
         "bar": "#5fb3f0",
         "bar-raw": "#3a4659",
         "panel-border": "#2f4d66",
+        "stage-host": "#6cb6ff",
+        "stage-device": "#7fd88f",
         "footer-key-foreground": "#f0a35f",
     },
 )
@@ -80,6 +84,8 @@ TOKENTUI_LIGHT = Theme(
         "bar": "#0b63c4",
         "bar-raw": "#c9ced6",
         "panel-border": "#9fb8d3",
+        "stage-host": "#0b63c4",
+        "stage-device": "#1a7f37",
         "footer-key-foreground": "#b35900",
     },
 )
@@ -114,6 +120,8 @@ TOKENTUI_CONTRAST = Theme(
         "bar": "#55ffff",
         "bar-raw": "#aaaaaa",
         "panel-border": "#aaaaaa",
+        "stage-host": "#5555ff",
+        "stage-device": "#55ff55",
         "border": "#ffffff",
         "border-blurred": "#aaaaaa",
         "text-muted": "#aaaaaa",

@@ -66,7 +66,7 @@ def replay_main(argv: list[str]) -> int:
 
 def replay_headless(engine, as_json: bool) -> int:
     """The run's answer as it was written (or its events as JSON lines, the `model` event first, as recorded)."""
-    from tokentui.core.events import DoneEvent, ErrorEvent, Notice, StepEvent
+    from tokentui.core.events import BranchEvent, DoneEvent, ErrorEvent, Notice, StepEvent
 
     out, err = sys.stdout, sys.stderr
     status = 0
@@ -78,6 +78,8 @@ def replay_headless(engine, as_json: bool) -> int:
                 out.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
             elif isinstance(event, StepEvent) and event.text:
                 out.write(event.text)
+            elif isinstance(event, BranchEvent):  # a branch's record: its answer starts with its parent's prefix
+                out.write(event.prefix_text)
             elif isinstance(event, DoneEvent):
                 out.write(event.flushed + "\n")
                 if event.dropped_hex:

@@ -7,7 +7,8 @@ the tests' scripted engine — in this one, stepped on the client's executor thr
 `RunState` at once and repaints at most ~30 times a second. Failures come back one way each: a load raises in
 `_load` (→ error dialog); a run ends with an `error` event or a `RunFailed` reply (→ status line and dialog).
 
-Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py (mixins of this app),
+Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py, branching and the lens
+in tui/branching.py, the one-pass panel's key and place in tui/anatomy_actions.py (mixins of this app),
 theme registration in tui/theming.py, writing an export in tui/export.py, and running it as a program (exit
 status, the record's path on the terminal) in tui/run.py.
 """
@@ -31,6 +32,7 @@ from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from .actions import ActionsMixin
+from .anatomy_actions import AnatomyMixin
 from .branching import BranchingMixin
 from .commands import TokentuiCommands
 from .config import DashboardConfig
@@ -39,6 +41,7 @@ from .keys import app_bindings
 from .loading import LoadingMixin
 from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
 from .panels import (
+    AnatomyPanel,
     CandidatesPanel,
     KVPanel,
     LensPanel,
@@ -60,7 +63,7 @@ FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model 
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
-class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, TravelMixin, App[int]):
+class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, TravelMixin, App[int]):
     """Watch a language model write, one token at a time."""
 
     TITLE = "tokentui"
@@ -109,6 +112,8 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, TravelMixin, App[i
             yield CandidatesPanel(id="candidates")
             yield ModelPanel(id="model")
             yield LensPanel(id="lens")  # off by default (l): it takes the model panel's place, or the candidates'
+            yield AnatomyPanel(id="anatomy-side")  # `a` on a smaller terminal: the same place (tui/anatomy_actions.py)
+        yield AnatomyPanel(id="anatomy")  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
         with Grid(id="bottom"):
             yield SamplerPanel(id="sampler")
             yield SpeedPanel(id="speed")
@@ -209,6 +214,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, TravelMixin, App[i
             strip.border_subtitle = note if layout.readings_strip else ""
             self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
             self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
+            self._place_anatomy(layout)  # after the lens: they may want the same place
             self.query_one(PromptPanel).template_rows = layout.template_rows
         except NoMatches:  # not composed yet, or shutting down
             self._layout_plan = None
@@ -308,6 +314,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, TravelMixin, App[i
         self.query_one(CandidatesPanel).show(state, force)
         if self.lens_on:
             self.query_one(LensPanel).show(state, force)
+        self._paint_anatomy(state, force)
         self.query_one(SamplerPanel).show(state, force)
         self.query_one(ModelPanel).show(state, force)
         self.query_one(KVPanel).show(state, force)

@@ -78,6 +78,7 @@ class BranchTree:
         before `at`; it becomes the live and the shown branch."""
         source = parent.state
         run = source.run
+        state.own_from = at  # the steps before `at` are the parent's: not in the branch's own speed figures
         if run.facts is not None:
             state.apply(run.facts)
         if run.prompt is not None:

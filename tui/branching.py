@@ -46,7 +46,7 @@ class BranchingMixin:
         if step is None:
             return
         parent = self.branch_tree.shown_branch
-        paused = self._pause_for_dialog()
+        self._pause_for_dialog()  # the picker covers the panels: the run waits (resumed if nothing is picked)
 
         def chosen(token: int | None) -> None:
             if token is None:
@@ -57,7 +57,6 @@ class BranchingMixin:
 
         label = f"#{parent.number}" if len(self.branch_tree) > 1 else ""
         self.push_screen(BranchPicker(step, label), chosen)
-        return paused
 
     def _branch_at(self, parent, step, token: int) -> None:
         """Start a branch of `parent` at `step` with `token`: the engine cuts its KV cache back and goes on."""

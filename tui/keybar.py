@@ -32,6 +32,7 @@ PRIORITY = (
     "tokentui.branch",
     "tokentui.heat",
     "tokentui.lens",
+    "tokentui.anatomy",  # not in the bar (bar=False: the 160-column bar is full); listed for when it is
     "tokentui.branches",
     "tokentui.export",
 )

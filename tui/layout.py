@@ -4,7 +4,8 @@ disagree. Plain Python, no Textual.
 
 The five live readings are always on screen: the answer and the candidates in their panels, and the KV cache
 size, the per-step latency and the pending bytes either in their own panels (large terminals) or in the one-line
-readings strip that replaces them.
+readings strip that replaces them. A panel with a key of its own (the one-pass panel, `a`) is listed with the sizes
+where it is on by default; the key shows or hides it at any size, so a smaller terminal does not count it as hidden.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ XWIDE = 150  # columns from which every column gets roomier
 MEDIUM = 30  # rows from which the chat-template text is shown above the prompt's tokens
 TALL = 36  # rows from which the speed, KV cache and pending-bytes panels fit (with WIDE columns)
 XTALL = 44  # rows from which they fit in two rows of two on a narrow terminal
+ROOMY = (160, 48)  # columns × rows from which the one-pass panel (`a`) is on by default, in a row of its own
 
 # Textual's breakpoints (Screen classes the stylesheet sizes the panels by), from the same numbers.
 HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide"), (XWIDE, "-xwide")]
@@ -33,6 +35,7 @@ class Part:
     name: str  # what the help screen calls it
     short: str  # what the readings strip calls it when it is hidden
     sizes: tuple[tuple[int, int], ...]  # shown when the terminal is at least (columns, rows) for any of these
+    key: str = ""  # a panel a key turns on and off at any size: `sizes` is only where it is on by default
 
     def shown(self, width: int, height: int) -> bool:
         return any(width >= w and height >= h for w, h in self.sizes)
@@ -58,6 +61,10 @@ PARTS: tuple[Part, ...] = (
     Part("speed", "speed panel with the latency plot", "plot", BOTTOM_SIZES),
     Part("kv", "KV cache panel (formula, context gauge)", "KV detail", BOTTOM_SIZES),
     Part("pending", "pending-bytes panel (split characters)", "byte detail", BOTTOM_SIZES),
+    # a row of its own under the answer where it is on by default (the bottom row gives it 3 rows); `a` shows it
+    # at any other size in the model panel's place, or the candidates' (as the lens, `l`)
+    Part("anatomy", "one-pass panel: each stage's shape, device and time (a: on / off at any size)", "one pass",
+         (ROOMY,), key="a"),
 )
 
 ALWAYS = ("prompt tokens", "answer", "candidates", "sampler", "status line", "keys")
@@ -85,7 +92,8 @@ class Plan:
 
     @property
     def hidden(self) -> list[Part]:
-        return [p for p in PARTS if p.short not in self.shown]
+        """What a bigger terminal would add (a panel with a key of its own is not: the key shows it anywhere)."""
+        return [p for p in PARTS if p.short not in self.shown and not p.key]
 
 
 def plan(width: int, height: int) -> Plan:

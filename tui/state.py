@@ -83,6 +83,9 @@ class RunState:
     load_stage: str = "starting"
     load_fraction: float | None = None
     runs_started: int = 0
+    # A branch's run starts with its parent's steps before the branch point (tui/branches.py): positions before
+    # `own_from` are the parent's, and the run's time to first token and speed figures are its own steps' only.
+    own_from: int = 0
     record_path: Path | None = None
     run: Run = field(default_factory=Run)  # the current run: prompt, prefill, every step, the end (core/run.py)
     prefill_started: float | None = None  # time.monotonic() when the prompt went in (the status line's clock)
@@ -178,7 +181,7 @@ class RunState:
                          if getattr(before, name, None) != getattr(step.settings, name))
             if diff:
                 self.settings_changes.append(SettingsChange(step.index + 1, diff))
-        if step.index == 0:
+        if step.index == self.own_from:  # the run's first own token (a branch's: the forced one)
             self.ttft_ms = step.latency_ms
         self._kv(step.kv_tokens, step.kv_bytes)
 
@@ -214,8 +217,8 @@ class RunState:
 
     @property
     def decode_latencies(self) -> list[float]:
-        """Latencies of the decode steps (index >= 1), all of them."""
-        return self.run.values("latency_ms", 1)
+        """Latencies of the run's own decode steps (after its first own token), all of them."""
+        return self.run.values("latency_ms", self.own_from + 1)
 
     @property
     def plot_points(self) -> list[tuple[int, float]]:

@@ -1,5 +1,6 @@
 """One widget per dashboard panel."""
 
+from .anatomy import AnatomyPanel
 from .candidates import CandidatesPanel
 from .kv import KVPanel
 from .lens import LensPanel
@@ -13,6 +14,7 @@ from .speed import SpeedPanel
 from .status import StatusLine
 
 __all__ = [
+    "AnatomyPanel",
     "CandidatesPanel",
     "KVPanel",
     "LensPanel",

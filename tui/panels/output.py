@@ -1,7 +1,7 @@
-"""The answer, streaming in (step 6, detokenize).
+"""The answer, streaming in (step 6, detokenize): `OutputView` draws it, `OutputPanel` frames it.
 
-`OutputView` is append-only: each token's text is laid out once into word-wrapped lines (a list of slices of the
-token texts; a word split over several tokens wraps as one word, and only the last line can change when tokens
+`OutputView` is append-only: each token's text is laid out once into word-wrapped lines by its `AnswerLayout`
+(answer_layout.py: which slices of which tokens sit on which line; only the last line can change when tokens
 arrive) and only the visible lines are drawn (Textual's line API), so a 4,000-token answer costs the same per step
 as a 40-token one. `h` switches to the heat map: each token coloured by the raw probability it had when it
 was chosen, on alternating backgrounds that show where one token ends and the next begins; that only changes how
@@ -15,10 +15,6 @@ token posts `OutputView.TokenClicked` with its index (the app moves the cursor t
 
 from __future__ import annotations
 
-import unicodedata
-
-from rich.cells import cell_len
-from rich.cells import get_character_cell_size as cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -30,6 +26,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from .answer_layout import AnswerLayout
 from .base import FRAME_CSS, SCROLL_BINDINGS
 
 HEAT_LEVELS = 10
@@ -84,22 +81,32 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self._texts: list[str] = []
+        self.answer = AnswerLayout()  # the token texts and their word-wrapped lines
         self._probs: list[float] = []
         self._special: set[int] = set()  # token indices drawn as special-token markers (e.g. <|im_end|>)
-        # each line: list of (token index, start, end) slices; widths in cells
-        self._lines: list[list[tuple[int, int, int]]] = [[]]
-        self._line_cells: list[int] = [0]
-        self._wrap = 0
         self.pending_marker = ""
         self.placeholder = ""
         self.tail_count = 0  # text appended after the tokens (DoneEvent.flushed)
         self._palette_cache: dict | None = None
         self._follow = True  # keep the newest line in view; off while the reader has scrolled up
         self.cursor: int | None = None  # the time-travel cursor's token (None: live, nothing marked)
-        self._anchor_cache: tuple | None = None
 
     # ---- data --------------------------------------------------------------------------------------------
+    @property
+    def _texts(self) -> list[str]:
+        """The token texts (the layout's)."""
+        return self.answer.texts
+
+    @property
+    def _lines(self) -> list[list[tuple[int, int, int]]]:
+        """The word-wrapped lines (the layout's): each a list of (token index, start, end) slices."""
+        return self.answer.lines
+
+    @property
+    def _wrap(self) -> int:
+        """The wrap width in cells (0 until the first resize)."""
+        return self.answer.width
+
     @property
     def token_count(self) -> int:
         return len(self._texts)
@@ -109,12 +116,10 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         return "".join(self._texts)
 
     def clear(self) -> None:
-        self._texts.clear()
+        self.answer.clear()
         self._probs.clear()
         self._special.clear()
         self.tail_count = 0
-        self._lines = [[]]
-        self._line_cells = [0]
         self.pending_marker = ""
         self._follow = True
         self.cursor = None
@@ -128,8 +133,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             return
         first_dirty = len(self._lines) - 1
         for text, prob, *marker in tokens:
-            index = len(self._texts)
-            self._texts.append(text)
+            index = self.answer.add(text)
             self._probs.append(prob)
             if marker and marker[0]:
                 self._special.add(index)
@@ -175,99 +179,15 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             self.vertical_scrollbar.window_virtual_size = size.height
 
     # ---- layout ------------------------------------------------------------------------------------------
-    def _newline(self) -> None:
-        """End the last line (without its trailing spaces: at a wrap they belong to neither line) and start one."""
-        line = self._lines[-1]
-        while line:
-            index, start, end = line[-1]
-            text = self._texts[index]
-            cut = end
-            while cut > start and text[cut - 1] == " ":
-                cut -= 1
-            if cut == end:
-                break
-            self._line_cells[-1] -= end - cut
-            if cut > start:
-                line[-1] = (index, start, cut)
-                break
-            line.pop()
-        self._lines.append([])
-        self._line_cells.append(0)
-
     def _layout(self, index: int) -> None:
-        text = self._texts[index]
-        width = self._wrap
-        start = 0
-        for part_no, part in enumerate(text.split("\n")):
-            if part_no:
-                start += 1  # the newline character
-                self._newline()
-            self._place(index, start, part, width)
-            start += len(part)
+        """Lay token `index` out (the layout's `lay_out`); every token's layout, first or after a resize, goes
+        through here."""
+        self.answer.lay_out(index)
 
-    def _place(self, index: int, offset: int, part: str, width: int) -> None:
-        """Lay out `part` (no newline in it) on the last line, wrapping at word boundaries like any text view: a
-        space, or either side of a wide (CJK) character, is a break opportunity, whichever token it came in. When
-        a character does not fit, the word it belongs to — which may have begun in earlier tokens — moves to a
-        new line whole; a space that does not fit ends the line; only a word longer than the line is broken."""
-        lines, cells = self._lines, self._line_cells
-        for i, ch in enumerate(part):
-            w = cell_size(ch)
-            if cells[-1] + w > width and cells[-1] > 0:
-                if ch.isspace():
-                    self._newline()
-                    continue  # the space at a wrap is not carried to the new line
-                moved = self._trailing_word(width - w) if w < 2 else None
-                self._newline()
-                if moved:
-                    lines[-1].extend(moved[0])
-                    cells[-1] = moved[1]
-            line = lines[-1]
-            if line and line[-1][0] == index and line[-1][2] == offset + i:
-                line[-1] = (index, line[-1][1], offset + i + 1)
-            else:
-                line.append((index, offset + i, offset + i + 1))
-            cells[-1] += w
-
-    def _trailing_word(self, room: int) -> tuple[list[tuple[int, int, int]], int] | None:
-        """Cut the word at the end of the last line (its slices, possibly from several tokens, and its width) off
-        that line, if something before it on the line leaves a break opportunity and the word fits in `room`
-        cells; None otherwise (a word longer than a line breaks where it is). A word starts after a space or a
-        wide (CJK) character — or at one, when only punctuation follows it, so `开放)` never leaves `)` alone."""
-        line = self._lines[-1]
-        texts = self._texts
-        word_cells = 0
-        punctuation_only = True
-        for k in range(len(line) - 1, -1, -1):
-            index, start, end = line[k]
-            text = texts[index]
-            for j in range(end - 1, start - 1, -1):
-                ch = text[j]
-                wide = cell_size(ch) == 2
-                if ch.isspace() or wide:  # the break opportunity
-                    cut = j if wide and punctuation_only else j + 1
-                    if cut == j:
-                        word_cells += 2
-                    if not word_cells or (k == 0 and cut == start) or word_cells > room:
-                        return None  # the line ends at a break already, the word is the line, or too long
-                    moved = ([(index, cut, end)] if cut < end else []) + line[k + 1:]
-                    del line[k + 1:]
-                    if cut > start:
-                        line[k] = (index, start, cut)
-                    else:
-                        del line[k]
-                    self._line_cells[-1] -= word_cells
-                    return moved, word_cells
-                word_cells += cell_size(ch)
-                punctuation_only = punctuation_only and unicodedata.category(ch).startswith("P")
-                if word_cells > room:
-                    return None  # longer than a line: it breaks where it is
-        return None  # the whole line is one word
-
-    def _relayout(self) -> None:
-        self._lines = [[]]
-        self._line_cells = [0]
-        for index in range(len(self._texts)):
+    def _relayout(self, width: int) -> None:
+        """Wrap the whole answer again, `width` cells wide, and tell Textual the new scroll range."""
+        self.answer.restart(width)
+        for index in range(self.token_count):
             self._layout(index)
         self._update_size()
 
@@ -275,8 +195,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         width = max(1, self.scrollable_content_region.width - 1)  # keep a column for the pending marker
         if width != self._wrap:
             at_end = self.is_vertical_scroll_end or self.max_scroll_y == 0
-            self._wrap = width
-            self._relayout()
+            self._relayout(width)
             self.refresh()
             if self.cursor is not None:  # re-wrapped: the time-travel cursor's token stays in view
                 self.call_after_refresh(self._show_cursor)
@@ -284,64 +203,9 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 self.scroll_end(animate=False, immediate=True, x_axis=False)
 
     # ---- the time-travel cursor --------------------------------------------------------------------------
-    def _max_index(self, line_no: int) -> int:
-        """The last token index on lines 0..line_no (-1: none)."""
-        lines = self._lines
-        while line_no >= 0:
-            if lines[line_no]:
-                return lines[line_no][-1][0]
-            line_no -= 1
-        return -1
-
-    def _first_line_reaching(self, index: int) -> int:
-        """The first line holding token `index` or a later one (len(lines) when there is none): a binary search,
-        since token indices only grow down the lines."""
-        lo, hi = 0, len(self._lines)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._max_index(mid) >= index:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _blank(self, index: int) -> bool:
-        """Whether token `index` draws nothing (empty text, or newlines only)."""
-        return 0 <= index < len(self._texts) and not self._texts[index].replace("\n", "")
-
-    def _anchor(self, index: int) -> tuple[int, int]:
-        """(line, slot) where a token that draws nothing is marked: before the slice `slot` of that line, i.e.
-        right after the token before it."""
-        key = (index, len(self._texts), len(self._lines), self._wrap)
-        if self._anchor_cache is not None and self._anchor_cache[0] == key:
-            return self._anchor_cache[1]
-        lines = self._lines
-        line_no = self._first_line_reaching(index)
-        anchor = None
-        if line_no < len(lines):
-            slot = next(n for n, piece in enumerate(lines[line_no]) if piece[0] > index)
-            if slot > 0:
-                anchor = (line_no, slot)
-            elif line_no > 0:
-                anchor = (line_no - 1, len(lines[line_no - 1]))
-            else:
-                anchor = (0, 0)
-        else:
-            anchor = (len(lines) - 1, len(lines[-1]))
-        self._anchor_cache = (key, anchor)
-        return anchor
-
     def _token_lines(self, index: int) -> tuple[int, int]:
         """(first, last) line on which token `index` is drawn or marked."""
-        if self._blank(index):
-            line_no = self._anchor(index)[0]
-            return line_no, line_no
-        lines = self._lines
-        first = min(self._first_line_reaching(index), len(lines) - 1)
-        last = first
-        while last + 1 < len(lines) and (not lines[last + 1] or lines[last + 1][0][0] <= index):
-            last += 1
-        return first, last
+        return self.answer.token_lines(index)
 
     def set_cursor(self, index: int | None) -> None:
         """Mark token `index` (None: back to live, following the newest line). Only the lines of the old and the
@@ -375,17 +239,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
     def token_at(self, x: int, y: int) -> int | None:
         """The token drawn at content cell (x, y) (past the end of a line: its last token; None below the
         text)."""
-        line_no = round(self.scroll_y) + y
-        if not 0 <= line_no < len(self._lines) or not self._texts:
-            return None
-        column = round(self.scroll_x) + x
-        cells, last = 0, None
-        for index, start, end in self._lines[line_no]:
-            cells += cell_len(self._texts[index][start:end])
-            last = index
-            if column < cells:
-                return index
-        return last
+        return self.answer.token_at(round(self.scroll_x) + x, round(self.scroll_y) + y)
 
     def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
@@ -450,8 +304,8 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         texts, probs = self._texts, self._probs
         heat, special, cursor = self.heat, self._special, self.cursor
         mark_slot = None  # a cursor token that draws nothing is marked by one cell, before this slice
-        if cursor is not None and self._blank(cursor):
-            anchor_line, slot = self._anchor(cursor)
+        if cursor is not None and self.answer.blank(cursor):
+            anchor_line, slot = self.answer.anchor(cursor)
             if anchor_line == line_no:
                 mark_slot = slot
         line = self._lines[line_no]
