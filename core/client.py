@@ -17,7 +17,7 @@ except its end, as `RunEnded`, so the app never filters stale events itself and 
 (e.g. the parent of a branch) ended. Recording is core/runner.py's `RecordedRun`, fed event by event.
 
 Two transports: `ProcessClient` (core/process.py), the model in a child process read with `loop.add_reader` — no
-thread in this process; and `LocalClient` (core/local_client.py, importable from here too), an in-process engine
+thread in this process; and `LocalClient` (core/local_client.py), an in-process engine
 with the blocking `run()` / `branch()` iterators (a replay, the tests' scripted engine), stepped on one executor
 thread: `next()` on it is the only blocking call, and it ends at the engine's next step once stopped.
 """
@@ -311,12 +311,3 @@ class EngineClient:
     def close(self) -> None:
         """End the engine (and its process, if any); records still open end with a "stopped" done."""
         self.close_records()
-
-
-def __getattr__(name: str):
-    """`LocalClient` lives in core/local_client.py (which imports this module); it is still imported from here."""
-    if name == "LocalClient":
-        from .local_client import LocalClient
-
-        return LocalClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

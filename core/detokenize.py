@@ -12,7 +12,7 @@ The contract, tested against the tokenizer itself: the concatenation of everythi
 emits (plus `finish()`) equals `oneshot_text(tokenizer, ids)`.
 
 The token -> bytes vocabulary this builds on is core/token_bytes.py; the display form of a token (`display_piece`,
-`display_text`) is core/display.py. Both are re-exported here for the modules that import them from this one.
+`display_text`) is core/display.py.
 
 Never imports textual: the engine, `--headless --json` and the benchmarks use it too.
 """
@@ -23,25 +23,10 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .display import display_bytes, display_piece, display_text
 from .events import MultiTokenChar
-from .token_bytes import MODE_BYTE_LEVEL, MODE_DECODE, MODE_SENTENCEPIECE, TokenBytes, is_special, token_bytes
+from .token_bytes import MODE_BYTE_LEVEL, MODE_DECODE, TokenBytes, token_bytes
 
-__all__ = [
-    "MODE_BYTE_LEVEL",
-    "MODE_SENTENCEPIECE",
-    "MODE_DECODE",
-    "TokenBytes",
-    "token_bytes",
-    "display_piece",
-    "display_text",
-    "display_bytes",
-    "is_special",
-    "DetokStep",
-    "DetokEnd",
-    "IncrementalDetokenizer",
-    "oneshot_text",
-]
+__all__ = ["DetokStep", "DetokEnd", "IncrementalDetokenizer", "oneshot_text"]
 
 _REPLACEMENT = "\ufffd"
 

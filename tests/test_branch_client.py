@@ -13,7 +13,8 @@ import pytest_asyncio
 from client_replies import Replies
 from fakes import ScriptedEngine, make_loader, slow_engine
 from tokentui.core.branch import BranchPoint
-from tokentui.core.client import LocalClient, RunEnded, RunOpened
+from tokentui.core.client import RunEnded, RunOpened
+from tokentui.core.local_client import LocalClient
 from tokentui.core.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.events import BranchEvent, DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent

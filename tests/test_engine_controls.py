@@ -12,7 +12,8 @@ import pytest
 
 from client_replies import Replies
 from conftest import tiny_model
-from tokentui.core.client import LocalClient, RunOpened
+from tokentui.core.client import RunOpened
+from tokentui.core.local_client import LocalClient
 from tokentui.core.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.events import DoneEvent, ErrorEvent, PromptEvent, StepEvent

@@ -233,11 +233,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         if not client.loaded:
             return
         client.halt()
-        old = self.state
-        fresh = RunState(facts=old.facts, show_special_tokens=old.show_special_tokens)
-        fresh.runs_started = old.runs_started
-        fresh.start_run()
-        self.branch_tree.restart(fresh)  # a new prompt or a restart: a new tree of runs
+        self.branch_tree.restart(self.state.next_run())  # a new prompt or a restart: a new tree of runs
         self.query_one(OutputPanel).view.clear()
         if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
             self.pause_armed = False

@@ -13,7 +13,6 @@ from .panels import OutputPanel
 from .screens.branch_list import BranchList
 from .screens.branch_picker import BranchPicker
 from .screens.compare import CompareScreen
-from .state import RunState
 
 
 class BranchingMixin:
@@ -27,16 +26,15 @@ class BranchingMixin:
         if not self.client.loaded:
             self.notify("The model is not loaded yet", severity="warning", timeout=4, markup=False)
             return None
-        if not getattr(self.client, "can_branch", False):
+        if not self.client.can_branch:
             self.notify("This engine cannot branch (a replay plays what was recorded)", severity="warning",
                         timeout=5, markup=False)
             return None
-        cursor = getattr(state, "cursor", None)
-        if cursor is None and state.running and not self.client.paused:
+        if state.cursor is None and state.running and not self.client.paused:
             self.notify("Pause (space) to branch at the newest step, or go back to a step first ([ / ])",
                         severity="warning", timeout=5, markup=False)
             return None
-        step = getattr(state, "view_step", None) or state.last_step
+        step = state.view_step
         if step is None:
             self.notify("No step yet to branch from", severity="warning", timeout=4, markup=False)
         return step
@@ -67,11 +65,7 @@ class BranchingMixin:
             return
         piece = next((c.piece for c in step.candidates if c.id == token), str(token))
         self.client.halt()
-        old = self.state
-        fresh = RunState(facts=old.facts, show_special_tokens=old.show_special_tokens)
-        fresh.runs_started = old.runs_started
-        fresh.start_run()
-        branch = self.branch_tree.add_branch(parent, step.index, piece, fresh)
+        branch = self.branch_tree.add_branch(parent, step.index, piece, self.state.next_run())
         self.query_one(OutputPanel).view.clear()
         self._repaint_now()
         try:

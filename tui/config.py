@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
-from tokentui.core.client import EngineClient, LocalClient
+from tokentui.core.client import EngineClient
+from tokentui.core.local_client import LocalClient
 from tokentui.core.events import LoadProgress, ModelFacts
 from tokentui.core.paths import config_dir
 from tokentui.core.record import RunRecorder

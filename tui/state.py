@@ -103,6 +103,14 @@ class RunState:
     _cursor: Cursor | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
+    def next_run(self) -> "RunState":
+        """A state for the next run (the prompt again, a new prompt or a branch), started: the model facts and the
+        session's totals carry over; everything about this run stays here."""
+        fresh = RunState(facts=self.facts, show_special_tokens=self.show_special_tokens,
+                         runs_started=self.runs_started)
+        fresh.start_run()
+        return fresh
+
     def start_run(self) -> None:
         """Forget the previous run (the model facts stay). Which run is current is the engine client's to say: only
         its events reach the state."""

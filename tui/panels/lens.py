@@ -50,7 +50,7 @@ class LensPanel(Panel):
 
     def build(self, state) -> Text:
         muted = self.style_of("lens--muted")
-        step = getattr(state, "view_step", None) or state.last_step
+        step = state.view_step
         refused = next((n for n in state.notices if LENS_NOTE in n), None)
         if step is None:
             return Text(refused or "each layer's top token, for the step in view", style=muted)
