@@ -7,5 +7,9 @@ bash "$root/scripts/setup.sh" "[dev]"
 if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "test.sh: could not install tmux" >&2
 fi
+# Issue 15's --server tests run against a real llama.cpp llama-server, built from source once per machine and
+# cached (minutes the first time; a no-op after). A failed build stops here; without it those tests would fail.
+"$root/.venv/bin/python" "$root/scripts/llama_server.py" build
+export TOKENTUI_REQUIRE_LLAMA_SERVER=1
 cd "$root"
 exec "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

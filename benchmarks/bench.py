@@ -830,8 +830,21 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  f"~{launch['warm_s'] - (launch['imports_compiler_s'] - launch['imports_torch_s']):.1f} s by "
                  "subtraction: over 3 s either way on this machine, so tokentui does not.\n")
     text = "\n".join(r)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(text + _kept_sections(path), encoding="utf-8")
     return text
+
+
+# Sections other scripts write into BENCHMARKS.md (benchmarks/server_vs_local.py's): kept when this one rewrites it.
+KEPT_HEADINGS = ("## Same model, two engines (issue 15)",)
+
+
+def _kept_sections(path: Path) -> str:
+    try:
+        old = path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    starts = sorted(i for i in (old.find(h) for h in KEPT_HEADINGS) if i >= 0)
+    return ("\n" + old[starts[0]:]) if starts else ""
 
 
 def main() -> int:

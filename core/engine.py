@@ -20,12 +20,12 @@ import torch
 
 from .adapter import first_capacity, input_device, new_cache
 from .branch import BranchPoint, HeldCache, branch_events
+from .controls import RunControls
 from .decode import decode_one_token
 from .detokenize import IncrementalDetokenizer, oneshot_text
 from .display import display_piece
 from .token_bytes import token_bytes
 from .errors import GenerationError, PromptError, TokentuiError
-from .gate import StepGate
 from .events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens
@@ -56,7 +56,7 @@ def end_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-class Engine:
+class Engine(RunControls):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
         """`speed`: threads per phase, the weight layout and the --compile fast path (core/speed.py,
@@ -67,12 +67,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
         self.options = options or RunOptions()  # settings are valid by construction (core/settings.py)
-        self._sampler = sampler or SamplerSettings()
-        self._sampler_changed = False
-        self._steps = StepGate()  # pause / single step, shared with the replay (core/gate.py)
-        self._cond = self._steps.lock  # the sampler settings and the run serials live under the gate's lock
-        self._run_serial = 0  # the run allowed to continue; a newer run or stop() retires older ones
-        self._stop_serial = -1
+        super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
         self._model_lock = threading.Lock()  # one run on the model at a time
         self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/branch.py)
         self.token_bytes = token_bytes(self.tokenizer)
@@ -98,61 +93,6 @@ class Engine:
             if bucket is not None:
                 use_threads(self.device, self.speed.decode_threads())
                 self._compiled.warm_up(bucket, progress)
-
-    # ------------------------------------------------------------------------------------------- controls
-    @property
-    def sampler(self) -> SamplerSettings:
-        with self._cond:
-            return self._sampler
-
-    def update_sampler(self, **changes) -> SamplerSettings:
-        """Change settings mid-run (validated; raises SettingsError). The next step uses them."""
-        with self._cond:
-            new = self._sampler.with_changes(**changes)
-            if new != self._sampler:
-                self._sampler = new
-                self._sampler_changed = True
-            return new
-
-    @property
-    def paused(self) -> bool:
-        return self._steps.paused
-
-    def pause(self) -> None:
-        self._steps.pause()
-
-    def resume(self) -> None:
-        self._steps.resume()
-
-    def step_once(self) -> None:
-        """While paused, let exactly one more step through."""
-        self._steps.step_once()
-
-    def stop(self) -> None:
-        """End the current run at the next step boundary (DoneEvent reason "stopped")."""
-        with self._cond:
-            self._stop_serial = self._run_serial
-            self._cond.notify_all()
-
-    def _gate(self, serial: int) -> bool:
-        """Block while paused; False when this run must stop (stopped, or retired by a newer run)."""
-        return self._steps.wait(lambda: self._stopping(serial))  # the gate's lock is re-entrant
-
-    def _timed_gate(self, serial: int) -> tuple[bool, float]:
-        """`_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode time."""
-        started = time.perf_counter()
-        go = self._gate(serial)
-        return go, time.perf_counter() - started
-
-    def _stopping(self, serial: int) -> bool:
-        """True when this run must stop (checked between prefill chunks, which do not wait for pause)."""
-        with self._cond:
-            return self._stop_serial >= serial or self._run_serial != serial
-
-    def _take_settings(self) -> tuple[SamplerSettings, bool]:
-        with self._cond:
-            changed, self._sampler_changed = self._sampler_changed, False
-            return self._sampler, changed
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
@@ -197,11 +137,7 @@ class Engine:
     def _guarded(self, start) -> Iterator[Event]:
         """The events of `start(serial)` as one run: a new serial (retiring older runs), the model's locks, and
         faults turned into an ErrorEvent."""
-        with self._cond:
-            self._run_serial += 1
-            serial = self._run_serial
-            self._sampler_changed = False
-            self._cond.notify_all()
+        serial = self._new_run()
         # A compiled run also holds its decoder's lock: engines on one model share its static caches.
         with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
             step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported

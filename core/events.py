@@ -31,22 +31,49 @@ class LoadProgress(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """Where a served model's numbers come from (core/server/): the server watched with `--server URL`.
+
+    `probs` says what the server's per-token probabilities are: "raw" (softmax of the raw logits, before
+    temperature / top-k / top-p: llama-server by default, vLLM's default --logprobs-mode raw_logprobs),
+    "post-sampler" (after them: llama-server's post_sampling_probs, vLLM's processed_logprobs) or "unknown" (the
+    server does not say); tokentui never labels one as the other. None in any other field: not reported by the
+    server."""
+
+    url: str  # the base URL, without credentials
+    engine: str  # "llama.cpp", "vLLM", "SGLang", or "OpenAI-compatible" when the server does not say
+    model: str  # the served model's name, as the server lists it
+    probs: str  # "raw" | "post-sampler" | "unknown"
+    top_logprobs: int  # alternatives asked for per token
+    version: str | None = None
+    prefix_caching: bool | None = None  # whether the server reuses a cached prefix (a re-issue's TTFT depends on it)
+    kv_source: str | None = None  # the endpoint the KV cache use is read from ("/metrics", "/slots")
+    template_source: str | None = None  # the endpoint the chat template was rendered by
+    token_ids: bool = True  # the stream names each token's id (else ids are looked up by the server's /tokenize)
+
+    def __post_init__(self) -> None:
+        if self.probs not in ("raw", "post-sampler", "unknown"):
+            raise ValueError(f"ServerFacts.probs must be raw, post-sampler or unknown, got {self.probs!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFacts(Event):
-    """What the dashboard's model panel shows; all numbers read off the loaded model."""
+    """What the dashboard's model panel shows; all numbers read off the loaded model. A served model (`server`
+    set) has None for what its server does not report: shown as "not reported by the server", never estimated."""
 
     event: ClassVar[str] = "model"
     name: str
-    source: str  # "embedded", "gguf", "folder", "hub", "in-memory"
+    source: str  # "embedded", "gguf", "folder", "hub", "in-memory", "server"
     architecture: str  # e.g. "LlamaForCausalLM"
-    parameters: int
-    layers: int
-    hidden_size: int
-    vocab_rows: int  # rows of the embedding table = scores computed per run
-    attention_heads: int
-    kv_heads: int
-    head_dim: int
-    kv_bytes_per_token: int  # 2 * layers * kv_heads * head_dim * kv_bytes_per_value
-    max_context: int
+    parameters: int | None
+    layers: int | None
+    hidden_size: int | None
+    vocab_rows: int | None  # rows of the embedding table = scores computed per run
+    attention_heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    kv_bytes_per_token: int | None  # 2 * layers * kv_heads * head_dim * kv_bytes_per_value
+    max_context: int | None
     device: str
     dtype: str
     chat_template: bool
@@ -56,6 +83,13 @@ class ModelFacts(Event):
     # whether the LM head multiplies by the embedding table itself (the same weight tensor, not a copy); None: not
     # known (a model without output embeddings, or a record from before this field)
     tied_lm_head: bool | None = None
+    server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
+
+    def to_dict(self) -> dict:
+        data = Event.to_dict(self)
+        if data["server"] is None:
+            del data["server"]  # a local model's record is written as before servers existed
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +147,9 @@ class PrefillEvent(Event):
 
     event: ClassVar[str] = "prefill"
     tokens: int
-    ms: float
+    ms: float  # a served model: the request's time to its first token, measured by tokentui
     kv_tokens: int
-    kv_bytes: int
+    kv_bytes: int | None  # None: not reported (a served model)
     reused_tokens: int = 0
 
 
@@ -144,8 +178,9 @@ class BranchEvent(Event):
 class Candidate:
     id: int
     piece: str
-    raw_prob: float  # softmax of the raw logits
-    prob: float  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
+    # None: not reported (a served model gives one of the two: ServerFacts.probs says which)
+    raw_prob: float | None  # softmax of the raw logits
+    prob: float | None  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
     special: bool = False  # a special token (the tokenizer's own list, as StepEvent.special / PromptPiece.special)
 
 
@@ -207,23 +242,26 @@ class StepEvent(Event):
     pending_needed: int  # how many more bytes the pending character needs
     completed_chars: list[MultiTokenChar]
     candidates: list[Candidate]
-    chosen_rank: int  # 0-based rank of the chosen token among all tokens by raw logit
-    chosen_raw_prob: float
-    chosen_prob: float
-    kept_count: int  # tokens left with non-zero probability after top-k / top-p
-    kept_mass: float  # raw probability mass of the kept tokens
-    entropy_bits: float  # of the raw distribution
-    sampled_entropy_bits: float  # of the post-sampler distribution
+    # None in the fields below: not reported by the source (a served model: core/server/; the dashboard says so)
+    chosen_rank: int | None  # 0-based rank of the chosen token among all tokens by raw logit
+    chosen_raw_prob: float | None
+    chosen_prob: float | None
+    kept_count: int | None  # tokens left with non-zero probability after top-k / top-p
+    kept_mass: float | None  # raw probability mass of the kept tokens
+    entropy_bits: float | None  # of the raw distribution
+    sampled_entropy_bits: float | None  # of the post-sampler distribution
     greedy: bool
     settings: SamplerSettings  # in force for this step (written as its dict: to_dict() below, asdict's recursion)
     settings_changed: bool  # True on the first step that used changed settings
     # the engine's work on the step: model run (prefill for index 0) + selection + copy + detokenize (+ the logit
     # lens); = timing's forward + select + copy + detok. Not the time the consumer held the engine before the step
     # (timing.wait_ms) nor time paused.
+    # A served model's step: the time from the previous token's arrival (the request's send for its first) to
+    # this one's, measured by tokentui, with the server's own work and the network inside it.
     latency_ms: float
-    forward_ms: float  # the model run alone
+    forward_ms: float | None  # the model run alone
     kv_tokens: int
-    kv_bytes: int
+    kv_bytes: int | None
     # the logit lens for this step, one row per decoder layer (None: not asked for, or not available; a Notice
     # said why). Computed after the forward: its time is in latency_ms (and timing.forward_ms), not forward_ms.
     lens: list[LensRow] | None = None
@@ -236,6 +274,16 @@ class StepEvent(Event):
     top_k_kept: int | None = None
     top_p_kept: int | None = None
     timing: StepTiming | None = None  # where the step's time went (None: not measured, e.g. an older record)
+    # A served model (core/server/): this step was the first of a request re-issued from the current prefix (after
+    # a settings change, a pause or a single step); its time to first token, measured by tokentui. None otherwise.
+    reissue_ttft_ms: float | None = None
+    # the fraction of the server's KV cache in use, as its /metrics reported it at this step (None: not reported)
+    server_kv_usage: float | None = None
+    # A served model's token the server did not stream on its own: llama-server holds the tokens of an unfinished
+    # character and streams them as one entry. Its id and bytes come from the server's own tokenization of the
+    # text they made (checked: as many tokens as the server counted, ending with the one it streamed); the server
+    # reported no probabilities for it (None), and it arrived with the entry (latency 0).
+    merged: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.settings, SamplerSettings):  # typed in memory; a dict is only the JSON form
@@ -249,6 +297,11 @@ class StepEvent(Event):
             del data["forced"]  # likewise for the `forced` flag, true only on a branch's first step
         if data["timing"] is None:
             del data["timing"]  # steps not timed (scripted, or read from an older record) write no `timing`
+        for name in ("reissue_ttft_ms", "server_kv_usage"):
+            if data[name] is None:
+                del data[name]  # only a served model's steps carry these
+        if not data["merged"]:
+            del data["merged"]
         return data
 
 
@@ -258,14 +311,14 @@ class DoneEvent(Event):
     reason: str  # "eos", "length", "stopped", "error", "context"
     tokens: int  # tokens selected, the end token included
     runs: int  # model runs; prefill counts as one
-    scores: int  # vocab_rows * runs
+    scores: int | None  # vocab_rows * runs (None: the vocabulary's size is not known)
     ttft_ms: float | None  # prefill time to the first token; None when the run ended before its first token
     decode_tok_s: float | None  # tokens after the first / decode time (paused time excluded); None: no decode step
     text: str  # the answer: a one-shot decode of the ids, less what the dropped bytes decode to (U+FFFD)
     prompt_tokens: int = 0
     flushed: str = ""  # stream text released at the end (never U+FFFD for held bytes: those are `dropped_hex`)
     kv_tokens: int = 0
-    kv_bytes: int = 0
+    kv_bytes: int | None = 0  # None: not reported (a served model)
     paused_ms: float = 0.0  # time the run sat paused between steps (not decode time)
     dropped_hex: str = ""  # bytes of an incomplete character still held when the run ended, e.g. "e7 88"
     dropped_needed: int = 0  # bytes that character still needed
@@ -305,13 +358,14 @@ class StepTally:
             self.text.append(step.text)
         self.last = step
 
-    def stopped_done(self, prompt_tokens: int, vocab_rows: int) -> DoneEvent:
+    def stopped_done(self, prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
         """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended
         on purpose), so a record always ends with one. Time to first token and decode speed come from the steps' own
         latencies (None without a first token / a decode step); bytes the last step still held are reported as
         dropped."""
         n, last = self.count, self.last
-        return DoneEvent(reason="stopped", tokens=n, runs=n, scores=n * vocab_rows, ttft_ms=self.first_ms,
+        return DoneEvent(reason="stopped", tokens=n, runs=n, scores=n * vocab_rows if vocab_rows else None,
+                         ttft_ms=self.first_ms,
                          decode_tok_s=(n - 1) / (self.decode_ms / 1000.0) if self.decode_ms > 0 else None,
                          text="".join(self.text), prompt_tokens=prompt_tokens,
                          kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
@@ -319,7 +373,7 @@ class StepTally:
                          dropped_needed=last.pending_needed if last else 0)
 
 
-def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int) -> DoneEvent:
+def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
     """`StepTally.stopped_done` for steps at hand as a list."""
     tally = StepTally()
     for step in steps:

@@ -56,6 +56,9 @@ class LocalClient(EngineClient):
     def _branch_refusal(self) -> str | None:
         if hasattr(self.engine, "branch"):
             return None
+        refusal = getattr(self.engine, "cannot_branch", None)  # an engine that says why (core/server/engine.py)
+        if isinstance(refusal, str):
+            return refusal
         from .replay import ReplayEngine
 
         if isinstance(self.engine, ReplayEngine):

@@ -31,6 +31,7 @@ from .events import (
     PromptEvent,
     PromptPiece,
     StepEvent,
+    ServerFacts,
     StepTiming,
 )
 from .settings import SamplerSettings
@@ -39,7 +40,8 @@ EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
-                           "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming}
+                           "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
+          "ServerFacts": ServerFacts}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from llama_server_fixture import llama_server, llama_server_factory  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -67,6 +67,14 @@ def build_branch_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto", help="as for tokentui")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="a served model's record: the server to branch it on (default: the one it was recorded from)")
+    p.add_argument("--api-key-env", default="TOKENTUI_API_KEY", metavar="VAR",
+                   help="with a served model's record: the variable holding the server's API key")
+    p.add_argument("--server-probs", choices=("auto", "raw", "post-sampler"), default=None,
+                   help="with a served model's record: as tokentui --server-probs (default: the record's)")
+    p.add_argument("--server-timeout", type=_float("server-timeout"), default=60.0, metavar="SECONDS",
+                   help="with a served model's record: as tokentui --server-timeout (60)")
     p.add_argument("--json", action="store_true", help="one JSON event per line (the --headless --json schema)")
     p.add_argument("--record-dir", type=Path, default=None, help="where the branch's record goes")
     p.add_argument("--no-record", action="store_true", help="do not write a record of the branch")
@@ -129,10 +137,18 @@ def prepare(args) -> dict:
     if not 1 <= args.at <= len(ids):
         raise TokentuiError(f"--at {args.at}: the record's steps are numbered 1..{len(ids)}")
     at = args.at - 1
-    if not 0 <= args.token < facts.vocab_rows:
+    if args.token < 0 or (facts.vocab_rows is not None and args.token >= facts.vocab_rows):
         raise TokentuiError(f"--token {args.token}: not a token id of the record's model (ids 0..{facts.vocab_rows - 1})")
     model = args.model
-    if model is None:
+    server = {"server": None}
+    if facts.server is not None and model is None:  # a served model's record: branched on its server
+        server = {"server": args.server or facts.server.url, "server_model": facts.server.model,
+                  "server_probs": args.server_probs or ("auto" if facts.server.probs == "unknown"
+                                                        else facts.server.probs),
+                  "api_key_env": args.api_key_env, "server_timeout": args.server_timeout}
+    elif args.server is not None:
+        raise TokentuiError(f"--server: {args.file} is the record of a model tokentui ran itself, not of a server's")
+    if model is None and server["server"] is None:
         if facts.source == "embedded":
             model = None
         elif facts.source == "hub":
@@ -143,14 +159,15 @@ def prepare(args) -> dict:
     if args.threads is not None and args.threads < 1:
         raise TokentuiError(f"--threads must be >= 1, got {args.threads}")
     parse_device(args.device)
-    resolve_model(model, allow_pickle=args.allow_pickle)  # a bad --model: one line, before torch is imported
+    if server["server"] is None:
+        resolve_model(model, allow_pickle=args.allow_pickle)  # a bad --model: one line, before torch is imported
     # the sampler: the record's settings at the step (its first own step for one before a branch record's offset)
     sampler = run.step(min(max(at - run.offset, 0), len(run) - 1)).settings if len(run) else SamplerSettings()
     sampler = sampler.with_changes(**{k: getattr(args, k) for k in _SAMPLER_FLAGS if getattr(args, k) is not None})
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                          top_candidates=args.top_candidates, logit_lens=args.logit_lens)
     dtype = args.dtype or (facts.dtype if facts.dtype in _DTYPES else "auto")
-    spec_args = argparse.Namespace(**{**vars(args), "model": model, "dtype": dtype,
+    spec_args = argparse.Namespace(**{**vars(args), **server, "model": model, "dtype": dtype,
                                       **{k: getattr(sampler, k) for k in _SAMPLER_FLAGS},
                                       "max_new_tokens": options.max_new_tokens})
     return {"run": run, "prompt_ids": prompt_ids, "ids": ids, "at": at, "spec_args": spec_args,

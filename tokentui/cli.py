@@ -80,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "values, scores differ by float rounding); stock: leave them as loaded")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off: safetensors/GGUF)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="watch a model served by llama.cpp's llama-server, vLLM, SGLang or another OpenAI-compatible "
+                        "server at URL (e.g. http://127.0.0.1:8080) instead of loading one; its API key, if it "
+                        "needs one, from $TOKENTUI_API_KEY (see --api-key-env)")
+    p.add_argument("--server-model", default=None, metavar="NAME",
+                   help="with --server: the served model to watch, where the server hosts several")
+    p.add_argument("--api-key-env", default="TOKENTUI_API_KEY", metavar="VAR",
+                   help="with --server: the environment variable holding the API key (TOKENTUI_API_KEY)")
+    p.add_argument("--server-probs", choices=("auto", "raw", "post-sampler"), default="auto",
+                   help="with --server: what the server's token probabilities are. auto: llama-server is asked for "
+                        "raw ones; for vLLM / SGLang say which their --logprobs-mode gives, else they are shown as "
+                        "not known to be either")
+    p.add_argument("--server-timeout", type=_float("server-timeout"), default=60.0, metavar="SECONDS",
+                   help="with --server: how long the server may stay silent before the run ends (60)")
     p.add_argument("--headless", action="store_true", help="no dashboard: stream the answer to stdout")
     p.add_argument("--json", action="store_true", help="with --headless: one JSON event per line")
     p.add_argument("--theme", default="tokentui-dark", help="dashboard theme (tokentui-dark, -light, -contrast, or yours)")
@@ -132,8 +146,37 @@ def engine_spec(args):
                       sampler=sampler, options=options)
 
 
+def server_options(args):
+    """The --server flags, checked (a bad URL or value: one line, before anything connects); None without
+    --server. Flags that only a model loaded here uses are refused with it."""
+    if getattr(args, "server", None) is None:  # `tokentui branch` builds its own arguments, without --server
+        return None
+    from tokentui.core.errors import TokentuiError
+    from tokentui.core.server.engine import ServerOptions
+
+    for flag, given in (("--model", args.model is not None), ("--logit-lens", args.logit_lens),
+                        ("--compile", args.compile), ("--device-map", args.device_map is not None),
+                        ("--trust-remote-code", args.trust_remote_code)):
+        if given:
+            raise TokentuiError(f"{flag} is for a model tokentui loads itself; with --server the server runs the "
+                                "model (drop one of them)")
+    return ServerOptions(url=args.server, model=args.server_model, key_env=args.api_key_env,
+                         probs=args.server_probs, timeout=args.server_timeout)
+
+
 def make_loader(args):
-    """A callable that loads the model in this process and returns a ready engine (--headless)."""
+    """A callable that loads the model in this process and returns a ready engine (--headless; the dashboard with
+    --server, whose engine is a client of the server and needs no process of its own)."""
+    server = server_options(args)
+    if server is not None:
+        sampler, options = settings_from_args(args)
+
+        def connect(progress):
+            from tokentui.core.server.engine import ServerEngine
+
+            return ServerEngine.connect(server, sampler, options, progress)
+
+        return connect
     spec = engine_spec(args)
 
     def load(progress):
@@ -164,6 +207,15 @@ class ProcessSource:
 
 def run_dashboard(args, prompt: str) -> int:
     from tokentui.core.record import RunRecorder
+
+    if args.server is not None:  # a served model: its engine is an HTTP client, run in this process
+        from tokentui.tui.config import DashboardConfig
+        from tokentui.tui.run import run_dashboard as run_app
+
+        sampler, options = settings_from_args(args)
+        return run_app(DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
+                                       options=options, theme=args.theme,
+                                       recorder=None if args.no_record else RunRecorder(args.record_dir)))
 
     source = ProcessSource(args)  # the model process starts first: it takes the longest
 
@@ -217,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
         for sig in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(sig, _raise_keyboard_interrupt)
+        if server_options(args) is not None:  # --server: checked above; the server is asked when the run starts
+            if args.headless:
+                from tokentui.headless import run_headless
+
+                return run_headless(args, prompt)
+            return run_dashboard(args, prompt)
         from tokentui.core.precheck import check_model_and_device, parse_device, resolve_model
 
         if args.headless:

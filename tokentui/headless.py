@@ -94,6 +94,8 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                     if event.dropped_hex:  # not printed as U+FFFD: said here, once
                         emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
                              f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
+                if isinstance(event, DoneEvent) and event.reason == "error":
+                    status = EXIT_RUN_FAILED  # a served model's fault: the Notice before it said what (core/server/)
                 if isinstance(event, ErrorEvent):
                     if not args.json:
                         if wrote_text:

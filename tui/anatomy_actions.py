@@ -24,6 +24,7 @@ from textual.css.query import NoMatches
 from tokentui.core.errors import SettingsError
 
 from .layout import plan
+from .served import server_of
 from .panels.anatomy import AnatomyPanel
 
 ROW_ID = "anatomy"  # its own row (the id in tui/layout.py's table)
@@ -41,7 +42,10 @@ class AnatomyMixin:
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
         layout = layout or plan(*self.size)
-        return self.anatomy_choice if self.anatomy_choice is not None else layout.shows(ROW_ID)
+        if self.anatomy_choice is not None:
+            return self.anatomy_choice
+        # a served model: off unless asked for (`a`), where it would only say it is not available for one
+        return layout.shows(ROW_ID) and server_of(self.state.facts) is None
 
     @property
     def anatomy_panel(self) -> AnatomyPanel | None:
@@ -87,7 +91,8 @@ class AnatomyMixin:
         self.query_one(f"#{ROW_ID}").display = row
         self.query_one(f"#{SIDE_ID}").display = side
         self.query_one("#bottom").set_class(row, "-anatomy")  # the bottom row gives the row 3 of its lines
-        self._time_stages(row or side)
+        # a served model's passes are the server's: nothing to time (the panel says so)
+        self._time_stages((row or side) and server_of(self.state.facts) is None)
 
     def _time_stages(self, on: bool) -> None:
         options = self.client.options

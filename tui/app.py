@@ -211,7 +211,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
             strip = self.query_one(ReadingsStrip)
             strip.display = layout.readings_strip
             note = hidden_note(layout)  # said under the strip, or under the answer when there is no strip
-            strip.border_subtitle = note if layout.readings_strip else ""
+            strip.set_note(note if layout.readings_strip else "")
             self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
             self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
             self._place_anatomy(layout)  # after the lens: they may want the same place

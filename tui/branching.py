@@ -10,6 +10,7 @@ from tokentui.core.branch_point import BranchPoint
 from tokentui.core.errors import SettingsError
 
 from .panels import OutputPanel
+from .served import server_of
 from .screens.branch_list import BranchList
 from .screens.branch_picker import BranchPicker
 from .screens.compare import CompareScreen
@@ -99,13 +100,15 @@ class BranchingMixin:
     def action_toggle_lens(self) -> None:
         """Ask the engine for the lens from its next step (or stop asking), and show or hide its panel."""
         self.lens_on = not self.lens_on
+        served = server_of(self.state.facts) is not None  # no hidden states come out of a server: nothing to ask
         try:
-            self.client.set_options(replace(self.client.options, logit_lens=self.lens_on))
+            if not served:
+                self.client.set_options(replace(self.client.options, logit_lens=self.lens_on))
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
         self._layout_plan = None  # the lens panel takes a panel's place: lay out again
         self._apply_layout()
         self._rebuild_all()
-        if self.lens_on:
+        if self.lens_on and not served:
             self.notify("Logit lens on from the next step (it costs a full LM head per layer per step)",
                         timeout=5, markup=False)

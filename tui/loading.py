@@ -40,6 +40,9 @@ class LoadingMixin:
     def _engine_ready(self, facts: ModelFacts) -> None:
         self.load_error = None
         self.state.facts = facts
+        if facts.server is not None:  # a served model: panels that depend on it (the one-pass row) lay out again
+            self._layout_plan = None
+            self._apply_layout()
         self._start_run()
 
     def _load_failed(self, error: BaseException | None) -> None:

@@ -1,13 +1,17 @@
-"""Everything the panels show, folded from the engine's events (plain Python, no Textual, testable alone)."""
+"""Everything the panels show, folded from the engine's events (plain Python, no Textual, testable alone).
+
+`RunState` holds the dashboard's model and changes it: it folds the engine's events in and moves the time-travel
+cursor. The readings the panels take from it (the run's parts, speed and latency, the KV figures, a served model's
+readings, everything as of the step in view) are computed by `RunReadings` (tui/state_readings.py), which RunState
+inherits.
+"""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from tokentui.core.events import (
     DoneEvent,
@@ -15,7 +19,6 @@ from tokentui.core.events import (
     Event,
     LoadProgress,
     ModelFacts,
-    MultiTokenChar,
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
@@ -23,43 +26,11 @@ from tokentui.core.events import (
 )
 from tokentui.core.run import Cursor, Run
 
-from .format import p95
+# The readings' names stay importable from here, as before the split.
+from .state_readings import MULTI_TOKEN_CHARS_SHOWN, PLOT_POINTS, RunReadings, Token, Tokens
 
-PLOT_POINTS = 512  # the latency plot's window (steps)
-MULTI_TOKEN_CHARS_SHOWN = 8  # the latest characters that came over several tokens
-
-
-@dataclass(slots=True)
-class Token:
-    """One chosen token as the output panel needs it."""
-
-    text: str
-    raw_prob: float
-    prob: float
-    special: bool
-    piece: str
-
-
-class Tokens(Sequence):
-    """The run's chosen tokens as `Token`s, made when asked for (the run holds the one copy)."""
-
-    def __init__(self, run: Run) -> None:
-        self._run = run
-
-    def __len__(self) -> int:
-        return len(self._run)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            start, stop, stride = key.indices(len(self._run))
-            if stride != 1:
-                return [self[i] for i in range(start, stop, stride)]
-            columns = [self._run.values(name, start, stop)
-                       for name in ("text", "chosen_raw_prob", "chosen_prob", "special", "piece")]
-            return [Token(*values) for values in zip(*columns)]
-        step = self._run.step(key)
-        return Token(step.text, step.chosen_raw_prob, step.chosen_prob, step.special, step.piece)
-
+__all__ = ["CHANGES_KEPT", "MULTI_TOKEN_CHARS_SHOWN", "PLOT_POINTS", "SETTING_NAMES", "RunState", "SettingsChange",
+           "Token", "Tokens"]
 
 SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
 CHANGES_KEPT = 6  # sampler changes remembered per run (the sampler panel lists the latest)
@@ -74,7 +45,7 @@ class SettingsChange:
 
 
 @dataclass
-class RunState:
+class RunState(RunReadings):
     """The dashboard's model: the loaded model, the current run, and totals over the session."""
 
     facts: ModelFacts | None = None
@@ -95,11 +66,14 @@ class RunState:
     settings_changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES_KEPT))  # SettingsChange, oldest first
     ttft_ms: float | None = None
     kv_tokens: int = 0
-    kv_bytes: int = 0
-    kv_growth: int = 0  # bytes added by the latest step
+    kv_bytes: int | None = 0  # None: not reported (a served model)
+    kv_growth: int = 0  # bytes added by the latest step (0: none, or not known)
+    # a served model (core/server/): the latest KV cache use its server reported, (fraction, step position)
+    server_kv: tuple[float, int] | None = None
+    reissues: int = 0  # a served model: requests re-issued from the prefix in this run
     error_message: str | None = None
     # the time-travel cursor over the run's steps (core/run.py's Cursor: following the newest step, or held at
-    # one); read it through `cursor` / `view_step`, move it with the cursor_* methods below
+    # one); read it through `cursor` / `view_step` (the readings' mixin), move it with the cursor_* methods below
     _cursor: Cursor | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- run lifecycle -------------------------------------------------------------------------------------
@@ -127,6 +101,8 @@ class RunState:
         self.kv_tokens = 0
         self.kv_bytes = 0
         self.kv_growth = 0
+        self.server_kv = None
+        self.reissues = 0
         self.error_message = None
         self._cursor = None  # a new run is watched live
 
@@ -175,8 +151,10 @@ class RunState:
         elif isinstance(event, ModelFacts):
             self.facts = event
 
-    def _kv(self, tokens: int, nbytes: int, growth: bool = True) -> None:
-        if growth and self.kv_bytes:
+    def _kv(self, tokens: int, nbytes: int | None, growth: bool = True) -> None:
+        if nbytes is None:  # not reported (a served model): no growth to tell either
+            self.kv_growth = 0
+        elif growth and self.kv_bytes:
             self.kv_growth = nbytes - self.kv_bytes
         self.kv_tokens, self.kv_bytes = tokens, nbytes
 
@@ -192,134 +170,16 @@ class RunState:
         if step.index == self.own_from:  # the run's first own token (a branch's: the forced one)
             self.ttft_ms = step.latency_ms
         self._kv(step.kv_tokens, step.kv_bytes)
-
-    # ---- the run's parts, read from the run (one copy of each) ----------------------------------------------
-    @property
-    def prompt(self) -> PromptEvent | None:
-        return self.run.prompt
-
-    @property
-    def prefill(self) -> PrefillEvent | None:
-        return self.run.prefill
-
-    @property
-    def notices(self) -> list[str]:
-        return [notice.message for notice in self.run.notices]
-
-    @property
-    def last_step(self) -> StepEvent | None:
-        return self.run.last
-
-    @property
-    def done(self) -> DoneEvent | None:
-        return self.run.done
-
-    @property
-    def error(self) -> ErrorEvent | None:
-        return self.run.error
-
-    @property
-    def tokens(self) -> "Tokens":
-        """The chosen tokens as the output panel needs them (built on demand from the run)."""
-        return Tokens(self.run)
-
-    @property
-    def decode_latencies(self) -> list[float]:
-        """Latencies of the run's own decode steps (after its first own token), all of them."""
-        return self.run.values("latency_ms", self.own_from + 1)
-
-    @property
-    def plot_points(self) -> list[tuple[int, float]]:
-        """(step number from 1, latency ms) of the latest PLOT_POINTS decode steps: the plot's bounded window."""
-        return self.latency_points(max(1, len(self.run) - PLOT_POINTS), len(self.run))
-
-    def latency_points(self, start: int, stop: int) -> list[tuple[int, float]]:
-        """(step number from 1, latency ms) of the decode steps at positions start..stop (position 0, the step
-        prefill scored, is never plotted)."""
-        start, stop = max(1, start), min(len(self.run), stop)
-        if stop <= start:
-            return []
-        first = self.run.offset + start + 1
-        return list(zip(range(first, first + stop - start), self.run.values("latency_ms", start, stop)))
-
-    @property
-    def multi_token_chars(self) -> list[MultiTokenChar]:
-        return self.run.completed_chars(last=MULTI_TOKEN_CHARS_SHOWN)
-
-    # ---- derived numbers -----------------------------------------------------------------------------------
-    @property
-    def steps(self) -> int:
-        """Model runs so far in this run (prefill counts as one: it scores the first token)."""
-        return len(self.run)
-
-    @property
-    def model_runs(self) -> int:
-        return self.done.runs if self.done else self.steps
-
-    @property
-    def scores(self) -> int:
-        if self.done:
-            return self.done.scores
-        return self.model_runs * (self.facts.vocab_rows if self.facts else 0)
-
-    @property
-    def answer_text(self) -> str:
-        return self.run.text
-
-    @property
-    def pending(self) -> tuple[str, int]:
-        """(hex bytes, bytes still needed) of an incomplete character after the latest step."""
-        if self.last_step is None or self.phase in ("done",):
-            return "", 0
-        return self.last_step.pending_hex, self.last_step.pending_needed
-
-    @property
-    def dropped(self) -> tuple[str, str]:
-        """(hex bytes, why) of an incomplete character the run ended on: held, never completed, and dropped from
-        the answer (not shown as U+FFFD). ("", "") when there was none."""
-        done = self.done
-        hex_ = getattr(done, "dropped_hex", "") if done is not None else ""
-        if not hex_:
-            return "", ""
-        why = {"length": "at the length limit", "context": "at the full context", "stopped": "when the run stopped",
-               "eos": "at the end token"}.get(done.reason, "at the end of the run")
-        return hex_, f"incomplete character {why}"
-
-    @property
-    def decode_steps(self) -> int:
-        """How many decode steps (index >= 1) the run has taken."""
-        return max(0, len(self.run) - 1)
-
-    def latency_stats(self) -> dict[str, float | None]:
-        """Last, mean, median, p95 and tok/s over the whole run. Two panels ask at every repaint; the sorts behind
-        median and p95 are done once per new step (or end), not once per panel per frame."""
-        key = (id(self.run), len(self.run), self.done)
-        cached = self.__dict__.get("_latency_cache")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        stats = self._latency_stats()
-        self.__dict__["_latency_cache"] = (key, stats)
-        return stats
-
-    def _latency_stats(self) -> dict[str, float | None]:
-        lat = self.decode_latencies
-        mean = sum(lat) / len(lat) if lat else None
-        tok_s = (1000.0 / mean) if mean else None
-        if self.done is not None and self.done.decode_tok_s:
-            tok_s = self.done.decode_tok_s
-        return {
-            "last": lat[-1] if lat else None,
-            "mean": mean,
-            "median": statistics.median(lat) if lat else None,  # whole run, like p95 (the plot shows a window)
-            "p95": p95(lat),
-            "tok_s": tok_s,
-        }
+        if step.server_kv_usage is not None:
+            self.server_kv = (step.server_kv_usage, len(self.run) - 1)
+        if step.reissue_ttft_ms is not None:
+            self.reissues += 1
 
     # ---- time travel: the cursor over the steps ------------------------------------------------------------
     # One cursor per run (core/run.py's Cursor): following the newest step (live, the default) or held at a past
-    # step. Every panel reads the step it shows through `view_step` and the readings "as of" it below, so a held
-    # cursor shows that step as it was while the run goes on underneath. Positions are the run's (0 = its first
-    # step); the panels number steps from 1 by `step.index + 1`.
+    # step. Every panel reads the step it shows through `view_step` and the readings "as of" it
+    # (tui/state_readings.py), so a held cursor shows that step as it was while the run goes on underneath.
+    # Positions are the run's (0 = its first step); the panels number steps from 1 by `step.index + 1`.
     @property
     def _travel(self) -> Cursor:
         cursor = self._cursor
@@ -341,26 +201,6 @@ class RunState:
     def view_index(self) -> int | None:
         """The position shown: the cursor's, or the newest step's while live (None: no step yet)."""
         return self._travel.index
-
-    @property
-    def view_step(self) -> StepEvent | None:
-        """The step every panel shows: the cursor's, or the newest while live. A past step is rebuilt from the
-        run's columns once per cursor position (not once per panel)."""
-        position = self.cursor
-        if position is None:
-            return self.run.last
-        key = (id(self.run), position)
-        cached = self.__dict__.get("_view_cache")
-        if cached is not None and cached[0] == key and cached[2] is self.run:
-            return cached[1]
-        step = self.run.step(position)
-        self.__dict__["_view_cache"] = (key, step, self.run)
-        return step
-
-    @property
-    def step_total(self) -> int:
-        """The number (from 1) of the newest step: "viewing step 37 of 120"."""
-        return self.run.offset + len(self.run)
 
     def cursor_move(self, delta: int) -> bool:
         """Move the cursor `delta` steps (clamped to the first and the newest step); moving back from live holds
@@ -385,51 +225,3 @@ class RunState:
         before = self.cursor
         self._travel.follow()
         return before is not None
-
-    # the readings as of the viewed step (while live: the run's latest, exactly as before)
-    @property
-    def view_kv(self) -> tuple[int, int, int]:
-        """(tokens, bytes, bytes the step added) in the KV cache after the viewed step."""
-        position = self.cursor
-        if position is None:
-            return self.kv_tokens, self.kv_bytes, self.kv_growth
-        step = self.view_step
-        if position > 0:
-            before = self.run.values("kv_bytes", position - 1, position)[0]
-        else:
-            before = self.prefill.kv_bytes if self.prefill is not None else 0
-        return step.kv_tokens, step.kv_bytes, (step.kv_bytes - before) if before else 0
-
-    @property
-    def view_pending(self) -> tuple[str, int]:
-        """(hex bytes, bytes still needed) of an incomplete character held after the viewed step."""
-        if self.cursor is None:
-            return self.pending
-        step = self.view_step
-        return step.pending_hex, step.pending_needed
-
-    @property
-    def view_dropped(self) -> tuple[str, str]:
-        """The incomplete character the run ended on: only at the end (live), never at a past step."""
-        return self.dropped if self.cursor is None else ("", "")
-
-    @property
-    def view_latency(self) -> float | None:
-        step = self.view_step
-        return step.latency_ms if step is not None else None
-
-    @property
-    def view_multi_token_chars(self) -> list[MultiTokenChar]:
-        """The latest characters that came over several tokens, as of the viewed step."""
-        position = self.cursor
-        if position is None:
-            return self.multi_token_chars
-        completed = getattr(getattr(self.run, "_steps", None), "completed", None)  # {position: chars}
-        if completed is None:
-            return []
-        chars: list[MultiTokenChar] = []
-        for at in sorted((at for at in completed if at <= position), reverse=True):
-            chars[:0] = completed[at]
-            if len(chars) >= MULTI_TOKEN_CHARS_SHOWN:
-                break
-        return chars[-MULTI_TOKEN_CHARS_SHOWN:]

@@ -1,8 +1,8 @@
 """Time travel: the keys and the mouse that move the cursor over the run's steps (issue 13). A mixin of
 `TokentuiApp` (tui/app.py).
 
-The cursor lives in `RunState` (tui/state.py: `cursor`, `view_step`, the readings as of the viewed step); these
-actions only move it and repaint at once. Every panel reads the viewed step, so a held cursor shows that step as it
+The cursor lives in `RunState` (tui/state.py: `cursor`; tui/state_readings.py: `view_step`, the readings as of the
+viewed step); these actions only move it and repaint at once. Every panel reads the viewed step, so a held cursor shows that step as it
 was (candidates, settings in force, latency, KV size, pending bytes, the token marked in the answer) while the run
 goes on underneath; the status line says so and names `esc`, which goes back to live.
 """

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
+from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
                            head_words, shape_text, timing_sum, waited, wrap)
 from .base import Panel
@@ -26,6 +27,7 @@ TWO_COLUMNS = 132  # content width from which the stages flow into two columns (
 GUTTER = " │ "
 NO_TIMING = "no timing for this step (recorded before tokentui measured it)"
 WAITING = "each stage of one pass for the step in view: its tensor's shape, where it runs, its time"
+SERVED = f"one pass: {NOT_AVAILABLE} (the server does not expose its passes, their shapes or their times)"
 
 # how much a line is worth keeping when the panel is short: the lowest go first (the bottom-most of them first)
 KEEP, NOTE, EXTRA = 3, 2, 1
@@ -66,6 +68,13 @@ class AnatomyPanel(Panel):
         if facts is None:
             self.border_subtitle = ""
             return Text("loading…", style=muted)
+        if server_of(facts) is not None:  # a served model: its passes happen inside the server, out of sight
+            self.border_subtitle = ""
+            if self.border_title != self.TITLE:
+                self.__dict__.pop("_title_markup", None)
+                self.border_title = self.TITLE
+            width = max(20, self.content_size.width or 60)
+            return Text("\n".join(wrap(SERVED, width)), style=muted)
         self._title(facts)
         if step is None:
             self.border_subtitle = head_words(facts.tied_lm_head)

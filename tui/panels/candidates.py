@@ -8,9 +8,13 @@ from rich.text import Text
 from tokentui.core.display import display_text
 
 from ..format import percent
+from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
 from .base import Panel
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
+# a served token the server did not stream on its own (StepEvent.merged)
+MERGED = ("no candidates: the server streamed this token merged with the next, as one character's bytes, and "
+          "reported no probabilities for it")
 
 
 def bar(p: float, raw: float, width: int) -> list[tuple[str, str]]:
@@ -75,6 +79,9 @@ class CandidatesPanel(Panel):
                                 + (" · from prefill" if step.index == 0 else ""))
         cands = list(step.candidates)
         chosen_in_list = any(c.id == step.id for c in cands)
+        server = server_of(state.facts)
+        if server is not None:  # a served model: one probability per candidate, labelled by what the server gives
+            return self._served(step, server, cands, chosen_in_list, width, height)
         summary = self._summary(step, width, chosen_in_list)
         cut = 0 < step.kept_count < len(cands)
         # rows that fit: height minus header, summary and the cut rule
@@ -133,20 +140,27 @@ class CandidatesPanel(Panel):
             out.append_text(row)
         return out
 
-    def _summary(self, step, width: int, chosen_in_list: bool) -> list[Text]:
+    def _settings_line(self, step) -> Text:
+        """The sampler this step used, in a few words: greedy, or its top-k and top-p."""
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
         s = step.settings  # the SamplerSettings this step used
-        rows: list[Text] = []
-        first = Text()
+        line = Text()
         if step.greedy:
-            first.append("greedy", value)
-            first.append(" · always the top token", muted)
+            line.append("greedy", value)
+            line.append(" · always the top token", muted)
         else:
-            top_p = s.top_p
             parts = [f"top-k {s.top_k}" if s.top_k else "top-k off",
-                     "top-p off" if top_p >= 1.0 else f"top-p {top_p:.2f}"]
-            first.append(" · ".join(parts), value)
+                     "top-p off" if s.top_p >= 1.0 else f"top-p {s.top_p:.2f}"]
+            line.append(" · ".join(parts), value)
+        return line
+
+    def _summary(self, step, width: int, chosen_in_list: bool) -> list[Text]:
+        muted = self.style_of("candidates--muted")
+        value = self.style_of("candidates--value")
+        rows: list[Text] = []
+        first = self._settings_line(step)
+        if not step.greedy:
             first.append(f" → kept {step.kept_count:,}", muted)
             rows.append(first)
             # kept_mass is measured on the raw scores (softmax at temperature 1), before temperature reshapes them
@@ -168,6 +182,92 @@ class CandidatesPanel(Panel):
             third.append(f"chose {display_text(step.piece)} (rank {step.chosen_rank + 1}, "
                          f"raw {percent(step.chosen_raw_prob)})", value)
             rows.append(third)
+        for row in rows:
+            row.truncate(width, overflow="ellipsis")
+        return rows
+
+    # ---- a served model ------------------------------------------------------------------------------------
+    def _served(self, step, server, cands, chosen_in_list: bool, width: int, height: int) -> Text:
+        """The server's top candidates with the one probability it gives (`ServerFacts.probs`: raw, post-sampler,
+        or not said), labelled so, and "—" for what it does not report (kept tokens, entropy, the other
+        probability; the chosen token's rank when it is not among the candidates)."""
+        muted = self.style_of("candidates--muted")
+        summary = self._served_summary(step, server, width, chosen_in_list, len(cands))
+        fit = max(1, height - 1 - len(summary)) if self.content_size.height else len(cands)
+        cands = cands[: min(len(cands), fit)]
+        label = prob_label(server)
+        id_w = max([len("id")] + [len(str(c.id)) for c in cands])
+        num_w = max(6, len(label))
+        piece_w = max(5, min(16, max([cell_len(display_text(c.piece)) for c in cands] + [5])))
+        bar_w = max(0, width - (2 + piece_w + 1 + id_w + 1 + num_w + 1))
+        if bar_w < 4:
+            piece_w = max(5, piece_w - (4 - bar_w))
+            bar_w = max(0, width - (2 + piece_w + 1 + id_w + 1 + num_w + 1))
+        out = Text()
+        out.append("  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + label.rjust(num_w),
+                   self.style_of("candidates--header"))
+        bar_style = self.style_of("candidates--bar")
+        chosen_style = self.style_of("candidates--chosen")
+        cut_style = self.style_of("candidates--cut")
+        special_style = self.style_of("candidates--special")
+        post = server.probs == "post-sampler"
+        for c in cands:
+            out.append("\n")
+            is_chosen = c.id == step.id
+            p = value_of(c)
+            cut = post and p == 0  # a post-sampler probability of 0: the server's sampler cut it
+            line = Text()
+            line.append("▶ " if is_chosen else "  ")
+            line.append(set_cell_size(display_text(c.piece), piece_w), special_style if c.special else None)
+            line.append(" " + str(c.id).rjust(id_w))
+            line.append(" " + (DASH if p is None else "cut" if cut else percent(p)).rjust(num_w))
+            if p is not None and bar_w:
+                line.append(" ")
+                for chars, kind in bar(p, 0.0, bar_w):
+                    line.append(chars, bar_style)
+            if is_chosen:
+                line.append(" " * max(0, width - line.cell_len))
+                line.stylize_before(chosen_style)
+            elif cut:
+                line.stylize_before(cut_style)
+            out.append_text(line)
+        for row in summary:
+            out.append("\n")
+            out.append_text(row)
+        if not cands:
+            out = Text(MERGED if step.merged else "the server reported no candidates for this step", style=muted)
+        return out
+
+    def _served_summary(self, step, server, width: int, chosen_in_list: bool, count: int) -> list[Text]:
+        muted = self.style_of("candidates--muted")
+        value = self.style_of("candidates--value")
+        rows: list[Text] = []
+        first = self._settings_line(step)
+        if not step.greedy:
+            first.append(" → kept ", muted)
+            first.append(f"{step.kept_count:,}" if step.kept_count is not None else DASH, value)
+        rows.append(first)
+        second = Text()
+        second.append("entropy ", muted)
+        second.append(f"{max(0.0, step.entropy_bits):.2f} bits" if step.entropy_bits is not None else DASH, value)
+        missing = prob_missing(server)
+        if missing is not None:
+            second.append(f" · {missing} ", muted)
+            second.append(DASH, value)
+        rows.append(second)
+        if server.probs == "unknown":
+            rows += [Text(line, style=muted) for line in wrap(unknown_kind(), width)]
+        if not chosen_in_list:  # the token taken is not among the candidates shown
+            p = chosen_value(step)
+            where = (f"rank {step.chosen_rank + 1}" if step.chosen_rank is not None
+                     else f"not in the server's top {server.top_logprobs or count}")
+            head = f"chose {display_text(step.piece)}: {where}"
+            tail = f"{prob_label(server)} {percent(p) if p is not None else DASH}"
+            if cell_len(head) + 2 + len(tail) <= width:
+                rows.append(Text(f"{head}, {tail}", style=value))
+            else:
+                rows += [Text(head, style=value), Text("  its " + tail, style=value)]
+        rows.append(Text(LEGEND, style=muted))
         for row in rows:
             row.truncate(width, overflow="ellipsis")
         return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..format import human_bytes
+from ..served import DASH, LEGEND, kv_usage_text, server_of
 from .base import Panel
 
 
@@ -47,14 +48,12 @@ class KVPanel(Panel):
         viewed = state.view_step if not state.live else None
         self.border_subtitle = f"at step {viewed.index + 1}" if viewed is not None else ""
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
-        out.append("tokens     ", label)
-        out.append(f"{kv_tokens:,}", value)
-        if kv_tokens and prompt_tokens:
-            rest = max(0, kv_tokens - prompt_tokens)
-            detail = f"  ({prompt_tokens:,} prompt + {rest:,})"
-            if 11 + len(f"{kv_tokens:,}") + len(detail) > width:
-                detail = f" ({prompt_tokens:,}+{rest:,})"
-            out.append(detail, muted)
+        server = server_of(facts)
+        if server is not None:  # a served model: what tokentui counts, and what the server reports of its cache
+            if viewed is None:
+                self.border_subtitle = "tokens counted by tokentui"
+            return self._served(state, facts, server, kv_tokens, prompt_tokens, width)
+        self._tokens_row(out, kv_tokens, prompt_tokens, width)
         out.append("\nsize       ", label)
         out.append(human_bytes(kv_bytes), value)
         out.append("\nper token  ", label)
@@ -74,6 +73,57 @@ class KVPanel(Panel):
         out.append(f" of {facts.max_context:,}", muted)
         out.append("\n")
         out.append_text(self.gauge(fill, width))
+        return out
+
+    def _tokens_row(self, out: Text, kv_tokens: int, prompt_tokens: int, width: int) -> None:
+        """The first row: the tokens in the cache, and how many of them are the prompt's."""
+        out.append("tokens     ", self.style_of("kv--label"))
+        out.append(f"{kv_tokens:,}", self.style_of("kv--value"))
+        if kv_tokens and prompt_tokens:
+            rest = max(0, kv_tokens - prompt_tokens)
+            detail = f"  ({prompt_tokens:,} prompt + {rest:,})"
+            if 11 + len(f"{kv_tokens:,}") + len(detail) > width:
+                detail = f" ({prompt_tokens:,}+{rest:,})"
+            out.append(detail, self.style_of("kv--muted"))
+
+    def _served(self, state, facts, server, kv_tokens: int, prompt_tokens: int, width: int) -> Text:
+        """The tokens in context (the prompt and the tokens so far, counted by tokentui), the bytes "—" (no server
+        reports them), the share of the server's KV cache in use where its metrics say it, and the context's fill
+        when the server reports its length."""
+        label = self.style_of("kv--label")
+        value = self.style_of("kv--value")
+        muted = self.style_of("kv--muted")
+        out = Text()
+        self._tokens_row(out, kv_tokens, prompt_tokens, width)
+        out.append("\nsize       ", label)
+        out.append(DASH, value)
+        out.append(" · per token ", label)
+        out.append(DASH, value)
+        out.append("\nserver KV  ", label)
+        usage = state.view_server_kv
+        if usage is not None:
+            fraction, _at = usage
+            source = f" ({server.kv_source})" if server.kv_source else ""
+            words = kv_usage_text(fraction)
+            if 11 + len(words) + len(source) > width:
+                source = ""
+            out.append(words, value)
+            out.append(source, muted)
+        elif server.kv_source and 11 + len(f"{DASH} (none yet from {server.kv_source})") <= width:
+            out.append(f"{DASH} (none yet from {server.kv_source})", muted)  # it has one, not reported yet
+        else:
+            out.append(DASH, value)
+        out.append("\ncontext    ", label)
+        if facts.max_context:
+            fill = kv_tokens / facts.max_context
+            out.append(f"{fill * 100:.2f}%", value)
+            out.append(f" of {facts.max_context:,}", muted)
+            out.append("\n")
+            out.append_text(self.gauge(fill, width))
+        else:
+            out.append(DASH, value)
+        out.append("\n")
+        out.append(LEGEND, muted)
         return out
 
     def gauge(self, fill: float, width: int) -> Text:

@@ -9,9 +9,11 @@ from rich.text import Text
 
 from tokentui.core.display import display_text
 
+from ..served import NOT_AVAILABLE, server_of
 from .base import Panel
 
 LENS_NOTE = "logit lens"  # the engine's notice when it cannot run the lens names it so
+SERVED = f"logit lens: {NOT_AVAILABLE} (the server does not expose its hidden states)"
 
 
 def pick_layers(count: int, rows: int, keep: set[int]) -> list[int]:
@@ -50,6 +52,9 @@ class LensPanel(Panel):
 
     def build(self, state) -> Text:
         muted = self.style_of("lens--muted")
+        if server_of(state.facts) is not None:  # a served model: no hidden states come out of the server
+            self.border_subtitle = ""
+            return Text(SERVED, style=muted)
         step = state.view_step
         refused = next((n for n in state.notices if LENS_NOTE in n), None)
         if step is None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..format import human_count
+from ..served import (CLIENT_MEASURED, DASH, LEGEND, NOT_REPORTED, prefix_caching, prob_detail, prob_name,
+                      server_of, wrap)
 from .base import Panel
+
+# the model's numbers a server may not report: (field, how the panel names it)
+SERVED_NUMBERS = (("parameters", "parameters"), ("layers", "layers"), ("hidden_size", "hidden size"),
+                  ("attention_heads", "attention heads"), ("kv_heads", "kv heads"), ("head_dim", "head dim"),
+                  ("vocab_rows", "vocab rows"))
 
 
 class ModelPanel(Panel):
@@ -44,6 +51,10 @@ class ModelPanel(Panel):
                 out.append(f" {extra}", muted)
 
         out.append(facts.name, self.style_of("model--name"))
+        server = server_of(facts)
+        if server is not None:  # a served model: what its server says, and where the numbers come from
+            self._served(state, facts, server, row, out)
+            return out
         row("architecture", facts.architecture)
         row("parameters", human_count(facts.parameters), f"({facts.parameters:,})")
         row("layers", f"{facts.layers}", f"· hidden {facts.hidden_size:,}")
@@ -72,3 +83,56 @@ class ModelPanel(Panel):
         if state.runs_started > 1:
             row("answers", f"{state.runs_started:,}", "this session")
         return out
+
+    def _served(self, state, facts, server, row, out: Text) -> None:
+        """A model watched on a server (`--server`): the engine, its URL, the served model, the context if the
+        server says it, what its probabilities are, whether it caches prefixes; the model's numbers the server does
+        not report are named as such (never estimated); the answer's totals, with the requests tokentui made."""
+        muted = self.style_of("model--muted")
+        width = max(20, self.content_size.width or 36)
+        row("engine", server.engine, server.version or "")
+        row("server", server.url)
+        if server.model != facts.name:  # the name the server lists the model by (the title when they agree)
+            row("served as", server.model)
+        row("context", f"{facts.max_context:,}" if facts.max_context else DASH,
+            "tokens" if facts.max_context else "")
+        row("probs", prob_name(server))
+        out.append("\n")
+        out.append("  " + prob_detail(server), muted)
+        caching = prefix_caching(server)
+        row("prefix cache", caching or DASH)
+        missing = [name for name, value in (("architecture", facts.architecture), ("dtype", facts.dtype))
+                   if not value or value == NOT_REPORTED]
+        if "architecture" not in missing:
+            row("architecture", facts.architecture)
+        for field, name in SERVED_NUMBERS:  # what the server does report (llama.cpp: parameters, vocabulary...)
+            value = getattr(facts, field)
+            if value is None:
+                missing.append(name)
+            elif field == "parameters":
+                row(name, human_count(value), f"({value:,})")
+            else:
+                row(name, f"{value:,}")
+        if "dtype" not in missing:
+            row("dtype", facts.dtype)
+        if missing:
+            for line in wrap(f"{NOT_REPORTED}: " + ", ".join(missing), width):
+                out.append("\n")
+                out.append(line, muted)
+        if DASH in out.plain:  # a "—" above: say what it means
+            out.append("\n")
+            out.append(LEGEND, muted)
+        out.append("\n")
+        prompt_tokens = len(state.prompt.ids) if state.prompt else 0
+        answer_tokens = state.done.tokens if state.done else state.steps
+        row("prompt", f"{prompt_tokens:,}", "tokens")
+        row("answer", f"{answer_tokens:,}", "tokens")
+        if state.prompt is not None:
+            requests = 1 + state.reissues
+            extra = f"({state.reissues:,} re-issued from the prefix)" if state.reissues else ""
+            if 13 + len(f"{requests:,}") + 1 + len(extra) > width:
+                extra = f"({state.reissues:,} re-issued)"
+            row("requests", f"{requests:,}", extra)
+        row("times", CLIENT_MEASURED, "by tokentui" if 13 + len(CLIENT_MEASURED) + 12 <= width else "")
+        if state.runs_started > 1:
+            row("answers", f"{state.runs_started:,}", "this session")

@@ -26,6 +26,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ..served import prob_label, server_of
 from .answer_layout import AnswerLayout
 from .base import FRAME_CSS, SCROLL_BINDINGS
 
@@ -283,7 +284,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         still pending, a hidden end token), in the token's heat colour when the heat map is on."""
         palette = self._palette()
         style = palette["base"]
-        if self.heat and index not in self._special:
+        if self.heat and index not in self._special and self._probs[index] is not None:
             level = min(HEAT_LEVELS - 1, max(0, int(self._probs[index] * (HEAT_LEVELS - 1) + 0.5)))
             style = palette["heat"][level][index % 2]
         return Segment("↵" if "\n" in self._texts[index] else "▒", style + palette["cursor"])
@@ -315,7 +316,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             piece = texts[index][start:end]
             if index in special:
                 style = palette["special"]
-            elif heat:
+            elif heat and probs[index] is not None:  # None: a served token with no probability reported
                 level = min(HEAT_LEVELS - 1, max(0, int(probs[index] * (HEAT_LEVELS - 1) + 0.5)))
                 style = palette["heat"][level][index % 2]
             else:
@@ -347,6 +348,7 @@ class OutputPanel(Vertical):
         self.view = OutputView(id="output-view")
         self.view.placeholder = "waiting for the first token…"
         self.heat = False
+        self.heat_label = "raw p"  # what the heat map colours by (a served model: the probability its server gives)
         self.note = ""  # what a bigger terminal would add, when the readings strip is not there to say it
 
     def set_note(self, note: str) -> None:
@@ -359,11 +361,17 @@ class OutputPanel(Vertical):
     def set_heat(self, on: bool) -> None:
         self.heat = on
         self.view.heat = on
-        self.border_subtitle = "heat: raw p [$heat-low]■ low[/] → [$heat-high]■ high[/]" if on else self.note
+        self.border_subtitle = (f"heat: {self.heat_label} [$heat-low]■ low[/] → [$heat-high]■ high[/]" if on
+                                else self.note)
 
     def sync(self, state) -> None:
         """Append the tokens this view has not seen yet; update the pending-bytes marker."""
         view = self.view
+        server = server_of(state.facts)
+        label = prob_label(server) if server is not None else "raw p"
+        if label != self.heat_label:
+            self.heat_label = label
+            self.set_heat(self.heat)
         if len(state.tokens) < view.token_count - view.tail_count:
             view.clear()
         new = state.tokens[view.token_count - view.tail_count:]
@@ -371,8 +379,8 @@ class OutputPanel(Vertical):
             # With --ignore-eos the end token does not end the run: it is part of the answer the model goes on
             # from, so it is shown, marked, instead of vanishing (its text is empty: special tokens decode to "").
             marked = state.show_special_tokens
-            view.append([(t.piece, t.raw_prob, True) if marked and t.special and not t.text else (t.text, t.raw_prob)
-                         for t in new])
+            view.append([(t.piece, t.heat_prob, True) if marked and t.special and not t.text
+                         else (t.text, t.heat_prob) for t in new])
         flushed = getattr(state.done, "flushed", "") if state.done is not None else ""
         if flushed and not view.tail_count:
             # bytes still pending at the end, released as U+FFFD (as a one-shot decode would)

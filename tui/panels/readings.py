@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ..format import human_bytes
+from ..served import CLIENT_MEASURED, LEGEND, kv_usage_text, server_of
 from .base import component_style, forget_styles
 
 
@@ -20,9 +21,12 @@ def readings(state) -> dict[str, str | None]:
     kv_tokens, kv_bytes, _growth = state.view_kv
     last = stats["last"] if state.live else state.view_latency
     viewed = state.view_step if not state.live else None
+    server_kv = state.view_server_kv if server_of(state.facts) is not None else None
     return {
         "step": str(viewed.index + 1) if viewed is not None else None,  # the cursor's step, when not live
-        "kv_size": human_bytes(kv_bytes) if kv_tokens else None,
+        "kv_size": human_bytes(kv_bytes) if kv_tokens and kv_bytes is not None else None,
+        # a served model: the share of its server's KV cache in use, as the server reported it (None: not reported)
+        "server_kv": kv_usage_text(server_kv[0]) if server_kv is not None else None,
         "kv_tokens": f"{kv_tokens:,}" if kv_tokens else None,
         "ms_step": f"{last:.1f}" if last is not None else None,
         "tok_s": f"{stats['tok_s']:.1f}" if stats["tok_s"] is not None else None,
@@ -56,6 +60,25 @@ class ReadingsStrip(Widget):
         super().__init__(*args, **kwargs)
         self._state = None
         self.last_text: Text | None = None
+        self.note = ""  # what a bigger terminal would add (the app sets it): the bottom border says it
+
+    def set_note(self, note: str) -> None:
+        self.note = note
+        self._subtitle()
+
+    def _subtitle(self) -> None:
+        """The bottom border: what a bigger terminal would add; for a served model first what "—" means and that
+        the times are tokentui's (the note after them where it fits)."""
+        served = self._state is not None and server_of(self._state.facts) is not None
+        if not served or not self.note:
+            subtitle = f"{LEGEND} · times {CLIENT_MEASURED}" if served else self.note
+        else:
+            width = self.size.width or 80
+            subtitle = f"{LEGEND} · times {CLIENT_MEASURED}"
+            if len(subtitle) + 3 + len(self.note) <= width - 4:
+                subtitle += " · " + self.note
+        if subtitle != self.border_subtitle:
+            self.border_subtitle = subtitle
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -65,6 +88,7 @@ class ReadingsStrip(Widget):
         self._state = state
         if not self.display:
             return
+        self._subtitle()
         text = self.build(state)
         if force or text != self.last_text:
             self.last_text = text
@@ -99,10 +123,21 @@ class ReadingsStrip(Widget):
             out.append(("at step " if level == 0 else "@") + r["step"], s("step"))
             out.append(sep, s("muted"))
         out.append("KV ", s("label"))
-        out.append(r["kv_size"] or dash, s("value"))
-        out.append(dot, s("muted"))
-        out.append(r["kv_tokens"] or dash, s("value"))
-        out.append(" tok", s("muted"))
+        if server_of(state.facts) is not None:  # a served model: tokens counted by tokentui, the server's share
+            out.append(r["kv_tokens"] or dash, s("value"))
+            out.append(" tok", s("muted"))
+            out.append(dot, s("muted"))
+            if r["server_kv"]:
+                out.append(("server " if level < 2 else ""), s("label"))
+                out.append(r["server_kv"] if level < 2 else r["server_kv"].replace(" in use", ""), s("value"))
+            else:
+                out.append("size ", s("label"))
+                out.append(dash, s("value"))
+        else:
+            out.append(r["kv_size"] or dash, s("value"))
+            out.append(dot, s("muted"))
+            out.append(r["kv_tokens"] or dash, s("value"))
+            out.append(" tok", s("muted"))
         out.append(sep, s("muted"))
         out.append(r["ms_step"] or dash, s("value"))
         out.append(" ms/step", s("muted"))

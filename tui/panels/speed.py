@@ -13,9 +13,11 @@ from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from ..format import ms
+from ..served import CLIENT_MEASURED, reissue_forms, server_of
 from .base import FRAME_CSS, component_style, forget_styles
 
 PLOT_INTERVAL = 0.25  # at most 4 plot redraws a second
+REISSUE_FLAG = "▼"  # over a step that began a request re-issued from the prefix (a served model)
 
 
 class SpeedStats(Widget):
@@ -84,11 +86,14 @@ class LatencyPlot(PlotextPlot):
         return max(2, (self.size.width or 40) - LABEL_WIDTH - AXIS_WIDTH - 1)
 
     mark: int | None = None  # the step marked (the time-travel cursor's), if it is in the window
+    flags: list = []  # the steps flagged at the top of the last drawing (a served model's re-issued requests)
 
     def draw(self, points, colour: tuple[int, int, int], mark: int | None = None,
-             mark_colour: tuple[int, int, int] | None = None) -> None:
+             mark_colour: tuple[int, int, int] | None = None, flags=(),
+             flag_colour: tuple[int, int, int] | None = None) -> None:
         """Plot the last `capacity` of `points`; `mark`: a step number to mark with a vertical line (the step the
-        time-travel cursor holds)."""
+        time-travel cursor holds); `flags`: step numbers to flag with a REISSUE_FLAG at the top (a served model's
+        requests re-issued from the prefix)."""
         self.colour = colour
         window = list(points)[-self.capacity:]
         self.window = window
@@ -106,6 +111,9 @@ class LatencyPlot(PlotextPlot):
         self.mark = mark if window and mark is not None and window[0][0] <= mark <= window[-1][0] else None
         if self.mark is not None:
             plt.vline(self.mark, color=mark_colour or colour)
+        self.flags = [f for f in flags if window and window[0][0] <= f <= window[-1][0]]
+        if self.flags:
+            plt.scatter(self.flags, [top] * len(self.flags), marker=REISSUE_FLAG, color=flag_colour or colour)
         roomy = (self.size.height or 0) >= 7  # else every row goes to the data; the subtitle names the steps
         if window and roomy:
             plt.xticks([xs[0], xs[-1]], [str(xs[0]), str(xs[-1])])
@@ -189,18 +197,22 @@ class SpeedPanel(Vertical):
         state = self._state
         self._cursor_drawn = (id(state.run), state.cursor)
         position = state.cursor
+        mark = component_style(self, "speed--cursor").color
+        mark_rgb = mark.get_truecolor() if mark is not None else None
+        mark_colour = (mark_rgb.red, mark_rgb.green, mark_rgb.blue) if mark_rgb else None
+        capacity, n = self.plot.capacity, len(state.run)
         if position is None:
-            self.plot.draw(list(state.plot_points), rgb)
+            points = list(state.plot_points)
+            flags = state.reissue_steps(max(1, n - capacity), n) if state.reissues else []
+            self.plot.draw(points, rgb, flags=flags, flag_colour=mark_colour)
         else:  # the window that holds the cursor's step (the latest steps when it is among them), marked
-            mark = component_style(self, "speed--cursor").color
-            mark_rgb = mark.get_truecolor() if mark is not None else None
-            capacity, n = self.plot.capacity, len(state.run)
             start = max(1, n - capacity)
             if position < start:
                 start = max(1, position - capacity // 2)
             step = state.view_step
+            flags = state.reissue_steps(start, start + capacity) if state.reissues else []
             self.plot.draw(state.latency_points(start, start + capacity), rgb, mark=step.index + 1,
-                           mark_colour=(mark_rgb.red, mark_rgb.green, mark_rgb.blue) if mark_rgb else None)
+                           mark_colour=mark_colour, flags=flags, flag_colour=mark_colour)
         self._subtitle()
 
     def _stats(self, state) -> Text:
@@ -239,6 +251,12 @@ class SpeedPanel(Vertical):
              [("p95 ", L), (p95_, V), (" ms · ", M), (tok_s, V), (" tok/s", M)],
              [(tok_s, V), (" tok/s", M)]],
         ]
+        server = server_of(state.facts)
+        if server is not None:  # a served model: times measured by tokentui, re-issued requests marked
+            lines[0] = self._served_first(state, server, ttft)
+            if width >= len(f"{last_label}{last} · median {median} · p95 {p95_} ms"):
+                lines[2][:0] = [[("decode ", L), (tok_s, V), (f" tokens/s · {CLIENT_MEASURED}", M)],
+                                [("decode ", L), (tok_s, V), (f" tok/s · {CLIENT_MEASURED}", M)]]
         paused_ms = getattr(state.done, "paused_ms", 0.0) if state.done is not None else 0.0
         if paused_ms and paused_ms >= 100:  # say that the speed leaves the pause out, where it fits
             lines[2].insert(0, [("decode ", L), (tok_s, V), (" tokens/s", M),
@@ -257,11 +275,38 @@ class SpeedPanel(Vertical):
             out.append_text(line)
         return out
 
+    def _served_first(self, state, server, ttft: str) -> list:
+        """The first line's forms for a served model: the time to the first token as tokentui measured it; at a
+        step that began a request re-issued from the prefix, that request's TTFT (and the prefix cache's state)."""
+        L, V, M = "label", "value", "muted"
+        forms = reissue_forms(state.view_step, server)
+        if forms:
+            return [[(words.split(":")[0], "cursor"), (":" + words.split(":", 1)[1], V)] for words in forms]
+        prompt = f" · {state.prefill.tokens:,} prompt tok" if state.prefill is not None else ""
+        return [[("TTFT ", L), (ttft, V), (f" {CLIENT_MEASURED}", M), (prompt, M)],
+                [("TTFT ", L), (ttft, V), (f" {CLIENT_MEASURED}", M)],
+                [("TTFT ", L), (ttft, V)]]
+
     def _subtitle(self) -> None:
         """The plot's unit, and its window of steps when that is not the whole run or has no x labels."""
         window = self.plot.window
         total = self._state.decode_steps if self._state is not None else 0
-        if window and (total > len(window) or (self.plot.size.height or 0) < 7):
+        served = self._state is not None and server_of(self._state.facts) is not None
+        if served:
+            self.border_subtitle = self._served_subtitle(window, total)
+        elif window and (total > len(window) or (self.plot.size.height or 0) < 7):
             self.border_subtitle = f"ms · steps {window[0][0]:,}–{window[-1][0]:,}"
         else:
             self.border_subtitle = "ms per decode step"
+
+    def _served_subtitle(self, window, total: int) -> str:
+        """A served model's plot: the times are tokentui's, the re-issued requests flagged; the longest form that
+        fits the border."""
+        flag = f" · {REISSUE_FLAG} re-issued" if self.plot.flags else ""
+        if window and (total > len(window) or (self.plot.size.height or 0) < 7):
+            first = f"ms · steps {window[0][0]:,}–{window[-1][0]:,} · {CLIENT_MEASURED}"
+        else:
+            first = f"ms between tokens · {CLIENT_MEASURED}"
+        room = max(10, (self.size.width or 40) - 6)
+        forms = [first + flag, f"ms · {CLIENT_MEASURED}" + flag, f"ms · {CLIENT_MEASURED}"]
+        return next((form for form in forms if len(form) <= room), forms[-1])

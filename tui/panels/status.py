@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ..format import short_path
+from ..served import reissue_forms, server_of
 from .base import component_style, forget_styles
 
 REASONS = {
@@ -79,6 +80,32 @@ class StatusLine(Widget):
             self.show(self._last)
 
     def build(self, state) -> Text:
+        width = max(1, self.content_size.width or 80)
+        left = self._left(state, hints=True)
+        reissue = reissue_forms(self._step_shown(state), server_of(state.facts))
+        if reissue:  # a served model's step that began a request re-issued from the prefix: said, hints first to go
+            s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
+            forms = [(True, True, reissue[0]), (False, True, reissue[0]), (False, True, reissue[1]),
+                     (False, False, reissue[1]), (False, False, reissue[2])]
+            for hints, run_word, words in forms:
+                base = self._left(state, hints=hints, run_word=run_word)
+                if base.cell_len + 3 + len(words) <= width or words == reissue[-1]:
+                    left = base
+                    left.append("· " if left.plain.endswith(" ") else " · ", s("muted"))
+                    left.append(words, s("warning"))
+                    break
+        return self._with_right(state, left, width)
+
+    @staticmethod
+    def _step_shown(state):
+        """The step the panels show, once decoding has begun (the cursor's, or the newest)."""
+        if not state.live:
+            return state.view_step
+        return state.last_step if state.phase in ("decoding", "done", "error") else None
+
+    def _left(self, state, hints: bool, run_word: bool = True) -> Text:
+        """What the app is doing (hints: the keys that go with it, when there is room; run_word: under a held
+        cursor, whether the run goes on)."""
         s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
         left = Text()
         phase = state.phase
@@ -91,8 +118,10 @@ class StatusLine(Widget):
             else:
                 going = phase
             left.append(f" viewing step {viewed.index + 1} of {state.step_total:,} ", s("travel"))
-            left.append(f"— {going}", s("paused" if going == "paused" else "muted"))
-            left.append(" · esc back to live", s("muted"))
+            if run_word:
+                left.append(f"— {going}", s("paused" if going == "paused" else "muted"))
+            if hints:
+                left.append(" · esc back to live", s("muted"))
         elif phase == "loading":
             left.append("◌ loading ", s("busy"))
             stage = (state.load_stage or "").strip()
@@ -113,6 +142,8 @@ class StatusLine(Widget):
                 left.append(f"· {progress.tokens_done:,} of {progress.tokens:,} prompt tokens ", s("muted"))
                 left.append_text(self._bar(progress.tokens_done / progress.tokens if progress.tokens else 0.0,
                                            s("busy")))
+            elif state.prompt is not None and server_of(state.facts) is not None:
+                left.append(f"· the server reads {len(state.prompt.ids):,} prompt tokens", s("muted"))
             elif state.prompt is not None:
                 left.append(f"· reading {len(state.prompt.ids):,} prompt tokens in one run", s("muted"))
             if elapsed is not None:
@@ -121,7 +152,8 @@ class StatusLine(Widget):
             step = state.last_step.index + 1 if state.last_step else 0  # numbered from 1: step N = N tokens
             if self.paused:
                 left.append(f"‖ paused at step {step} ", s("paused"))
-                left.append("· n one step · space resume", s("muted"))
+                if hints:
+                    left.append("· n one step · space resume", s("muted"))
             else:
                 left.append("● decoding ", s("state"))
                 left.append(f"· step {step}", s("muted"))
@@ -142,8 +174,11 @@ class StatusLine(Widget):
             left.append(phase, s("state"))
         if state.facts is not None and state.facts.trust_remote_code:
             left.append("  ⚠ trust-remote-code", s("warning"))
+        return left
 
-        width = max(1, self.content_size.width or 80)
+    def _with_right(self, state, left: Text, width: int) -> Text:
+        """The transient message or the record's path on the right, where there is room."""
+        s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
         room = width - left.cell_len - 2
         right = Text()
         if self.message:

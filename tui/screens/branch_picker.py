@@ -19,6 +19,11 @@ from tokentui.core.events import StepEvent
 from .modal import ListDialog, list_dialog_css
 
 
+def _pct(p: float | None) -> str:
+    """A probability as the list writes it; "—" where it was not reported (a served model's other one)."""
+    return f"{p * 100:5.1f}%" if p is not None else "    —"
+
+
 class BranchPicker(ListDialog):
 
     DEFAULT_CSS = list_dialog_css("BranchPicker", width=64, list_height=14)
@@ -41,7 +46,7 @@ class BranchPicker(ListDialog):
                 line = Text()
                 line.append(f"{rank:>2} ")
                 line.append(set_cell_size(c.piece, 16), style="bold" if c.id != step.id else "dim")
-                line.append(f" raw {c.raw_prob * 100:5.1f}% post {c.prob * 100:5.1f}%")
+                line.append(f" raw {_pct(c.raw_prob)} post {_pct(c.prob)}")
                 if c.id == step.id:
                     line.append("  taken", style="dim italic")
                 elif c.prob == 0:

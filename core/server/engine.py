@@ -1,0 +1,174 @@
+"""`ServerEngine`: a model served by another engine, watched with the local engine's interface and events.
+
+One run is one or more streamed completions of the same prefix: the prompt's ids (rendered and tokenized by the
+server, core/server/prompt.py) plus the tokens so far. The first request's time to its first token is the
+PrefillEvent's; a temperature / top-p / top-k change, a pause, or a single step closes the stream (the server stops
+when its client goes) and re-issues the request from the current prefix with the settings then in force; that
+request's first step carries its time to first token (`reissue_ttft_ms`). Every time is measured here, between the
+request's send and each token's arrival, with the network inside it. What the server does not report is None.
+
+A fault (the server gone, a refused request, a stream cut short, a read timeout) ends the run with a Notice that
+says it in one line and a `done` with reason "error", so the record keeps what came before and ends with `done`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..branch_point import BranchPoint
+from ..events import Event, LoadProgress, ModelFacts, Notice
+from ..controls import RunControls
+from ..settings import RunOptions, SamplerSettings
+from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, ServerError, api_key
+from .probe import QUIET, Dialect, probe
+from .run import ServerRun
+from .vocab import ServerVocab
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How to reach the server (the `--server*` flags), checked as built."""
+
+    url: str
+    model: str | None = None
+    key_env: str = DEFAULT_KEY_ENV
+    probs: str = "auto"  # "auto" | "raw" | "post-sampler": what the server's per-token probabilities are
+    timeout: float = 60.0  # seconds the server may stay silent (first token, between tokens)
+
+    def __post_init__(self) -> None:
+        if self.probs not in ("auto", "raw", "post-sampler"):
+            raise ServerError(f"--server-probs must be auto, raw or post-sampler, got {self.probs!r}")
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise ServerError(f"--server-timeout must be a number of seconds > 0, got {self.timeout!r}")
+        ServerAddress.parse(self.url)  # a bad URL is refused here, before anything connects
+
+
+class ServerEngine(RunControls):
+    """The engine interface (tui/config.py EngineLike; `run` as core/engine.py's) over a served model."""
+
+    def __init__(self, conn: Connection, facts: ModelFacts, dialect: Dialect, sampler: SamplerSettings | None = None,
+                 options: RunOptions | None = None) -> None:
+        super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
+        self.conn = conn
+        self.facts = facts
+        self.dialect = dialect
+        self.options = options or RunOptions()
+        self.vocab = ServerVocab(self._lookup)
+        self._model_lock = threading.Lock()
+        self._warning = conn.address.plain_http_warning  # said at the first run's start
+        self.model_id = facts.server.model if facts.server is not None else facts.name  # as the server names it
+
+    @classmethod
+    def connect(cls, server: ServerOptions, sampler: SamplerSettings | None = None,
+                options: RunOptions | None = None,
+                progress: Callable[[LoadProgress], None] = lambda p: None) -> "ServerEngine":
+        address = ServerAddress.parse(server.url)
+        started = time.perf_counter()
+        progress(LoadProgress(f"asking {address.url} what it serves", None))
+        options = options or RunOptions()
+        conn = Connection(address, api_key(server.key_env), read_timeout=server.timeout)
+        try:
+            facts, dialect = probe(conn, server.model, server.probs, options.top_candidates, started)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, facts, dialect, sampler, options)
+
+    # ------------------------------------------------------------------------------------------- controls
+    # core/controls.py's, and each closes the stream in progress: the server stops when its client goes, and the
+    # run re-issues its request from the prefix (new settings, a resume, a single step) or ends (stop)
+    def update_sampler(self, **changes) -> SamplerSettings:
+        """New settings (validated); the stream in progress is closed and re-issued from the prefix with them."""
+        before = self.sampler
+        new = super().update_sampler(**changes)
+        if new != before:
+            self.conn.cancel()
+        return new
+
+    def pause(self) -> None:
+        """Stop reading: the stream is closed (the server stops), and the next step is asked for on resume or a
+        single step."""
+        super().pause()
+        self.conn.cancel()
+
+    def stop(self) -> None:
+        super().stop()
+        self.conn.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        self.conn.close()
+
+    # ------------------------------------------------------------------------------------------- the run
+    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+        """Events as the local engine's: [Notice], PromptEvent, PrefillEvent, StepEvent..., DoneEvent; a server
+        fault: Notice (one line) + DoneEvent(reason "error")."""
+        serial = self._new_run()
+        with self._model_lock:
+            if self._warning:
+                yield Notice(self._warning)
+                self._warning = None
+            yield from ServerRun(self, serial).events(prompt, system)
+
+    def branch(self, point: BranchPoint) -> Iterator[Event]:
+        """A branch of an earlier run of this server (core/branch.py's events: BranchEvent, PrefillEvent, the forced
+        StepEvent at `point.at`, steps, done): the prefix is sent as ids with the forced token after it, so the
+        server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
+        serial = self._new_run()
+        with self._model_lock:
+            yield from ServerRun(self, serial).branch(point)
+
+    def _lookup(self, token_id: int) -> tuple[bytes | None, str, bool]:
+        """A token the stream did not spell out, asked of the server: (its bytes when whole UTF-8, the text the
+        server renders, special: its text tokenized as plain text is not that one token)."""
+        body = {"tokens": [token_id]} if self.dialect.llama_cpp else {"model": self.model_id, "tokens": [token_id]}
+        try:
+            answer = self.conn.post_json("/detokenize", body, quiet_statuses=QUIET)
+        except ServerError:
+            answer = None
+        text = ""
+        if isinstance(answer, dict):
+            text = answer.get("content", answer.get("prompt", "")) or ""
+        if not text or "\ufffd" in text:
+            return None, text, False
+        if self.dialect.llama_cpp:
+            again = {"content": text, "add_special": False, "parse_special": False}
+        else:
+            again = {"model": self.model_id, "prompt": text, "add_special_tokens": False}
+        try:
+            tokens = self.conn.post_json("/tokenize", again, quiet_statuses=QUIET)
+        except ServerError:
+            tokens = None
+        ids = tokens.get("tokens") if isinstance(tokens, dict) else None
+        ids = [t if isinstance(t, int) else t.get("id") for t in ids] if isinstance(ids, list) else None
+        special = ids is not None and ids != [token_id]
+        return (None if special else text.encode("utf-8")), text, special
+
+    def request_body(self, prefix: list[int], settings: SamplerSettings, max_tokens: int) -> tuple[str, dict]:
+        """The streamed request for `max_tokens` more tokens after `prefix`, with `settings` (the sampler applied
+        in transformers' order: temperature, then top-k, then top-p; nothing else)."""
+        temperature = 0.0 if settings.is_greedy else settings.temperature
+        top = self.facts.server.top_logprobs if self.facts.server else self.options.top_candidates
+        if self.dialect.llama_cpp:
+            return "/completion", {
+                "prompt": prefix, "n_predict": max_tokens, "stream": True, "n_probs": top,
+                "post_sampling_probs": self.facts.server.probs == "post-sampler", "cache_prompt": True,
+                "return_tokens": True, "temperature": temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+                "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
+                "samplers": ["temperature", "top_k", "top_p"], "seed": settings.seed,
+                "ignore_eos": self.options.ignore_eos,
+            }
+        body = {"model": self.model_id, "prompt": prefix, "max_tokens": max_tokens, "stream": True,
+                "logprobs": top, "temperature": temperature, "top_p": settings.top_p,
+                "top_k": settings.top_k if settings.top_k > 0 else -1, "seed": settings.seed,
+                "stream_options": {"include_usage": True}}
+        if self.dialect.engine in ("vLLM", "SGLang"):
+            body["ignore_eos"] = self.options.ignore_eos
+            body["skip_special_tokens"] = False
+        if self.dialect.engine == "vLLM":
+            body["return_tokens_as_token_ids"] = True
+        return "/v1/completions", body

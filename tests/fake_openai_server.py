@@ -1,0 +1,148 @@
+"""A small OpenAI-compatible server for the --server error tests (a real llama-server covers the rest): it speaks
+vLLM's shapes (`owned_by: vllm`, classic completions logprobs with "token_id:N" tokens, /tokenize with messages,
+/detokenize, /metrics) and misbehaves on request: `mode` is "ok", "no-logprobs", "cut" (the stream stops after
+three tokens, no finish), "slow" (sleeps before the first token), "refuse" (500 with a message), "auth" (401
+unless the Bearer key matches; its error echoes the key it got, as careless servers do).
+
+The vocabulary: token id 100 + b for each byte b of the text (so a Chinese character is three tokens)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ANSWER = "Hi 开!"
+
+
+def ids_of(text: str) -> list[int]:
+    return [100 + b for b in text.encode("utf-8")]
+
+
+class FakeServer:
+    def __init__(self, mode: str = "ok", key: str | None = None, slow_s: float = 3.0,
+                 token_delay: float = 0.01) -> None:
+        self.mode = mode
+        self.token_delay = token_delay
+        self.key = key
+        self.slow_s = slow_s
+        self.requests: list[dict] = []  # the /v1/completions bodies
+        self.headers: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, obj) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorized(self) -> bool:
+                got = self.headers.get("Authorization", "")
+                server.headers.append(dict(self.headers))
+                if server.mode == "auth" and got != f"Bearer {server.key}":
+                    self._send(401, {"error": {"message": f"invalid API key {got!r}"}})
+                    return False
+                return True
+
+            def do_GET(self):
+                if not self._authorized():
+                    return
+                if self.path == "/v1/models":
+                    self._send(200, {"data": [{"id": "fake-model", "owned_by": "vllm", "max_model_len": 512}]})
+                elif self.path == "/version":
+                    self._send(200, {"version": "0.0-fake"})
+                elif self.path == "/metrics":
+                    data = b"# HELP x\nvllm:kv_cache_usage_perc{model_name=\"fake-model\"} 0.25\n"
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                else:
+                    self._send(404, {"error": {"message": "no such endpoint"}})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if not self._authorized():
+                    return
+                if self.path == "/tokenize":
+                    if "messages" in body:
+                        text = "<user>" + body["messages"][-1]["content"] + "<assistant>"
+                        server.prompt_ids = ids_of(text)
+                    else:
+                        text = body["prompt"]
+                    self._send(200, {"tokens": ids_of(text), "count": len(text)})
+                elif self.path == "/detokenize":
+                    data = bytes(i - 100 for i in body["tokens"] if 100 <= i < 356)
+                    self._send(200, {"prompt": data.decode("utf-8", errors="replace")})
+                elif self.path == "/v1/completions":
+                    server.requests.append(body)
+                    self._complete(body)
+                else:
+                    self._send(404, {"error": {"message": "no such endpoint"}})
+
+            def _complete(self, body) -> None:
+                if server.mode == "refuse":
+                    self._send(500, {"error": {"message": "CUDA out of memory (fake)"}})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if server.mode == "slow":
+                    time.sleep(server.slow_s)
+                answer = ANSWER.encode("utf-8")
+                done = len(body["prompt"]) - len(server.prompt_ids)  # tokens already generated: the prefix
+                ids = [100 + b for b in answer][max(0, done):][: body["max_tokens"]]
+                text_bytes = b""
+                for n, token_id in enumerate(ids):
+                    if server.mode == "cut" and n == 3:
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+                    text_bytes += bytes([token_id - 100])
+                    try:
+                        text = text_bytes.decode("utf-8")
+                        text_bytes = b""
+                    except UnicodeDecodeError:
+                        text = ""
+                    choice = {"index": 0, "text": text, "finish_reason": None}
+                    if server.mode != "no-logprobs":
+                        top = {f"token_id:{token_id}": -0.1, f"token_id:{token_id + 1}": -2.5}
+                        choice["logprobs"] = {"tokens": [f"token_id:{token_id}"], "token_logprobs": [-0.1],
+                                              "top_logprobs": [top], "text_offset": [0]}
+                    try:
+                        self._event({"choices": [choice]})
+                    except OSError:  # the client closed the stream (a stop, a pause, a settings change)
+                        return
+                    time.sleep(server.token_delay)
+                finish = "length" if len(ids) == body["max_tokens"] else "stop"
+                self._event({"choices": [{"index": 0, "text": "", "finish_reason": finish}]})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            def _event(self, obj) -> None:
+                self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                self.wfile.flush()
+
+        self.prompt_ids: list[int] = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
