@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import SettingsError
-from .gate import StepGate
+from .controls import RunControls
 from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
                      PromptEvent, StepEvent, stopped_done)
 from .run import Run
@@ -46,7 +46,7 @@ def _options_of(run: Run) -> RunOptions:
                       top_candidates=max(1, len(first.candidates)) if first is not None else 10)
 
 
-class ReplayEngine:
+class ReplayEngine(RunControls):
     """Plays a `Run` (usually `Run.from_record(path)`) with the engine's interface (tui/config.py EngineLike)."""
 
     def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
@@ -58,60 +58,27 @@ class ReplayEngine:
         # the model panel says where the run comes from; the load time was the recorded model's, not this one's
         self.facts: ModelFacts = replace(run.facts, source=f"replay of {label}", load_seconds=0.0)
         self.options: RunOptions = _options_of(run)
-        self._sampler = _sampler_of(run)
-        self._steps = StepGate()  # pause / single step exactly as the engine does them (core/gate.py)
-        self._stop = False  # under the gate's lock
+        super().__init__(_sampler_of(run))  # pause / single step / stop exactly as the engine's (core/controls.py)
 
     @classmethod
     def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
         return cls(Run.from_record(path), speed=speed)
 
-    # ---- settings: fixed by the record ---------------------------------------------------------------------
-    @property
-    def sampler(self) -> SamplerSettings:
-        return self._sampler
-
+    # ---- settings: fixed by the record (pause, step and stop: core/controls.py's, at step boundaries) --------
     def update_sampler(self, **changes) -> SamplerSettings:
         raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
 
-    # ---- control (as in the engine: at step boundaries) ----------------------------------------------------
-    @property
-    def paused(self) -> bool:
-        return self._steps.paused
-
-    def pause(self) -> None:
-        self._steps.pause()
-
-    def resume(self) -> None:
-        self._steps.resume()
-
-    def step_once(self) -> None:
-        self._steps.step_once()
-
-    def stop(self) -> None:
-        with self._steps.lock:
-            self._stop = True
-        self._steps.wake()
-
-    def _stopping(self) -> bool:
-        return self._stop
-
-    def _gate(self) -> bool:
-        """Wait at a step boundary while paused; False when the replay must stop."""
-        return self._steps.wait(self._stopping)
-
-    def _wait(self, ms: float) -> bool:
+    def _wait(self, ms: float, serial: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
         seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
-        return self._steps.sleep(seconds, self._stopping)
+        return self._steps.sleep(seconds, lambda: self._stopping(serial))
 
     # ---- the run -------------------------------------------------------------------------------------------
     def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
         """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
         so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
         short — with a `done` event (reason "stopped") for the steps played."""
-        with self._steps.lock:  # like the engine, a step granted before the run (pause + step) carries into it
-            self._stop = False
+        serial = self._new_run()  # like the engine's, a step granted before the run (pause + step) carries into it
         source = self.source
         recorded = source.prompt
         if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
@@ -126,23 +93,23 @@ class ReplayEngine:
             if isinstance(event, PromptEvent):
                 prompt_tokens = len(event.ids)
             elif isinstance(event, PrefillProgress):
-                if not self._wait(event.elapsed_ms - prefill_ms):
+                if not self._wait(event.elapsed_ms - prefill_ms, serial):
                     break
                 prefill_ms = event.elapsed_ms
             elif isinstance(event, PrefillEvent):
-                if not self._wait(event.ms - prefill_ms):
+                if not self._wait(event.ms - prefill_ms, serial):
                     break
                 prefill_ms = event.ms
             elif isinstance(event, StepEvent):
                 # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
                 # of which the prefill has been waited for already
                 wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
-                if not self._wait(wait) or not self._gate():
+                if not self._wait(wait, serial) or not self._gate(serial):
                     break
                 played += 1
             yield event
             if isinstance(event, (DoneEvent, ErrorEvent)):
                 return
-        if source.record_notice is not None and not self._stop:
+        if source.record_notice is not None and not self._stopping(serial):
             yield Notice(f"{source.record_notice}: replayed up to there")
         yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

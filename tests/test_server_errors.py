@@ -154,3 +154,16 @@ def test_settings_change_from_another_thread_reissues_from_the_prefix(tmp_path):
     assert second["prompt"] == prompt.ids + [s.id for s in steps[:changed.index]]
     assert second["temperature"] == 0.5 and server.requests[0]["temperature"] == 0.0
     assert events[-1].reason == "eos"
+
+
+def test_the_dashboard_checks_the_server_before_it_opens(tmp_path):
+    with FakeServer() as server:
+        wrong = subprocess.run([sys.executable, "-m", "tokentui", "--server", server.url, "--server-model", "nope"],
+                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        url = server.url
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
+        "tokentui: --server-model 'nope': the server lists fake-model"]
+    gone = subprocess.run([sys.executable, "-m", "tokentui", "--server", url], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1
+    assert "cannot connect" in gone.stderr and "Traceback" not in gone.stderr

@@ -217,3 +217,26 @@ def test_tokentui_branch_of_a_served_record_goes_to_its_server(llama_server, tmp
     assert "branch" in names and names[-1] == "done"
     forced = next(e for e in events if e["event"] == "step")
     assert forced["index"] == 2 and forced["id"] == other and forced.get("forced") is True
+
+
+def test_post_sampler_probabilities_are_the_raw_ones_through_temperature_and_top_k(llama_server):
+    """--server-probs post-sampler: llama-server's post_sampling_probs, labelled as such, equal to its raw
+    probabilities put through temperature and top-k as transformers' warpers do (softmax(log p / T) over the k
+    best)."""
+    raw_engine = connect(llama_server, max_new_tokens=1)
+    raw_step = steps_of(raw_engine.run("Is OpenAI open?"))[0]
+    sampler = SamplerSettings(temperature=0.7, top_k=5, top_p=1.0, seed=3)
+    post_engine = ServerEngine.connect(ServerOptions(llama_server.url, probs="post-sampler"), sampler,
+                                       RunOptions(max_new_tokens=1))
+    assert post_engine.facts.server.probs == "post-sampler"
+    post_step = steps_of(post_engine.run("Is OpenAI open?"))[0]
+    assert all(c.raw_prob is None and c.prob is not None for c in post_step.candidates)
+    assert post_step.chosen_raw_prob is None and post_step.chosen_prob is not None
+    top = raw_step.candidates[:5]
+    weights = [c.raw_prob ** (1 / 0.7) for c in top]
+    expected = {c.id: w / sum(weights) for c, w in zip(top, weights)}
+    got = {c.id: c.prob for c in post_step.candidates}
+    assert set(got) == set(expected)  # top-k 5: exactly the five best, nothing else kept
+    for token_id, p in expected.items():
+        assert got[token_id] == pytest.approx(p, abs=2e-3)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-3)

@@ -269,11 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
         for sig in (signal.SIGHUP, signal.SIGTERM):
             signal.signal(sig, _raise_keyboard_interrupt)
-        if server_options(args) is not None:  # --server: checked above; the server is asked when the run starts
+        server = server_options(args)
+        if server is not None:  # --server: the flags checked above
             if args.headless:
                 from tokentui.headless import run_headless
 
                 return run_headless(args, prompt)
+            from tokentui.core.server.engine import ServerEngine
+
+            ServerEngine.check(server)  # an unreachable server: the same line and status as headless, no dashboard
             return run_dashboard(args, prompt)
         from tokentui.core.precheck import check_model_and_device, parse_device, resolve_model
 

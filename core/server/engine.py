@@ -61,6 +61,20 @@ class ServerEngine(RunControls):
         self._warning = conn.address.plain_http_warning  # said at the first run's start
         self.model_id = facts.server.model if facts.server is not None else facts.name  # as the server names it
 
+    @staticmethod
+    def check(server: ServerOptions) -> None:
+        """Raise the one-line ServerError `connect` would for an unreachable server, a refused key or an unknown
+        --server-model, quickly and without the rest of the probe (the dashboard asks before it opens)."""
+        conn = Connection(ServerAddress.parse(server.url), api_key(server.key_env), read_timeout=server.timeout)
+        try:
+            listing = conn.get_json("/v1/models")
+        finally:
+            conn.close()
+        names = [e.get("id") for e in listing.get("data") or [] if isinstance(e, dict)] \
+            if isinstance(listing, dict) else []
+        if server.model is not None and server.model not in names:
+            raise ServerError(f"--server-model {server.model!r}: the server lists {', '.join(names[:6]) or 'no model'}")
+
     @classmethod
     def connect(cls, server: ServerOptions, sampler: SamplerSettings | None = None,
                 options: RunOptions | None = None,
