@@ -44,4 +44,9 @@ async def test_a_served_run_in_the_dashboard_goes_back_and_branches(llama_server
         assert branch_ids[:at] == parent_ids[:at] and branch_ids[at] == other.id
         assert app.state.run.step(at).forced
         assert "None" not in screen_text(app)
+        await pilot.press("B")  # the runs of the prompt: a served branch claims no KV figure of its own
+        await wait_for(pilot, lambda: "runs of this prompt" in screen_text(app), what="the list")
+        listed = screen_text(app)
+        assert "KV the server's prefix cache" in listed and "prefilled afresh" not in listed
+        await pilot.press("escape")
         await pilot.press("q")

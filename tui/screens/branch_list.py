@@ -11,6 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from ..branches import BranchTree
+from ..served import server_of
 from .modal import ListDialog, list_dialog_css
 
 
@@ -40,7 +41,10 @@ class BranchList(ListDialog):
                 status = "live" if branch is tree.live_branch and state.running else state.phase
                 own = len(state.run) - branch.inherited
                 line.append(f"  · {own} token{'s' if own != 1 else ''} of its own · {status}", style="dim")
-                if branch.event is not None:
+                if branch.event is not None and server_of(state.facts) is not None:
+                    # a served model's branch: what the server's prefix cache reused, it does not say
+                    line.append(" · KV the server's prefix cache", style="dim")
+                elif branch.event is not None:
                     reused = branch.event.kv_reused_tokens
                     line.append(f" · KV {'reused ' + format(reused, ',') if reused else 'prefilled afresh'}",
                                 style="dim")
