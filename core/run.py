@@ -287,13 +287,15 @@ class Run:
             return [v if has else None for v, has in zip(out, self._steps.has_timing[start:stop])]
         return self._steps.scalars.slice(name, start, stop)
 
-    def completed_chars(self, last: int | None = None) -> list[MultiTokenChar]:
-        """Characters whose bytes came over several tokens, oldest first (`last`: only the latest so many)."""
+    def completed_chars(self, last: int | None = None, upto: int | None = None) -> list[MultiTokenChar]:
+        """Characters whose bytes came over several tokens, oldest first (`last`: only the latest so many; `upto`:
+        only those completed by the step at that position or before it)."""
         chars: list[MultiTokenChar] = []
         for index in reversed(self._steps.completed):
             if last is not None and len(chars) >= last:
                 break
-            chars[:0] = self._steps.completed[index]
+            if upto is None or index <= upto:
+                chars[:0] = self._steps.completed[index]
         return chars if last is None else chars[max(0, len(chars) - last):]
 
     @property

@@ -90,3 +90,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def tiny_gpt2(tokenizer):
+    """A random-weight GPT-2: an architecture the logit lens does not support (core/lens.py: Llama, Qwen2,
+    Qwen3), with the embedded model's tokenizer."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=256,
+                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.config.architectures = ["GPT2LMHeadModel"]
+    return model

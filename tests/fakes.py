@@ -402,3 +402,20 @@ def screen_text(app) -> str:
                       color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
+
+
+def record_scripted(directory, engine: "ScriptedEngine | None" = None):
+    """A record as the dashboard and --record-dir write it (RunRecorder, the model's facts first) of one scripted
+    run: (its path, the run's events)."""
+    from tokentui.core.record import RunRecorder
+
+    engine = engine or ScriptedEngine()
+    recorder = RunRecorder(directory)
+    path = recorder.open_run()
+    recorder.write(engine.facts)
+    events = []
+    for event in engine.run("Is OpenAI open?"):
+        recorder.write(event)
+        events.append(event)
+    recorder.close()
+    return path, events

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tokentui.core.engine as engine_module
-from conftest import tiny_model
+from conftest import tiny_gpt2, tiny_model
 from tokentui.core.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.events import LensRow, Notice, PromptEvent, StepEvent
@@ -146,17 +146,6 @@ def test_logit_lens_takes_transformers_hidden_states_tuple(smol_tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------- refused
-def tiny_gpt2(tokenizer):
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=256,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    model.config.architectures = ["GPT2LMHeadModel"]
-    return model
-
-
 def test_unsupported_architecture_is_refused_in_one_line_and_the_run_goes_on(smol_tokenizer):
     model = tiny_gpt2(smol_tokenizer)
     reason = lens_support(model)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import tiny_model
+from conftest import tiny_gpt2, tiny_model
 from tokentui.core.branch import BranchPoint
 from tokentui.core.engine import Engine
 from tokentui.core.events import Notice, PromptEvent, StepEvent
@@ -32,19 +32,6 @@ def toggled(engine: Engine, events, flips: dict[int, bool]) -> list:
         if isinstance(event, StepEvent) and event.index in flips:
             engine.options = replace(engine.options, logit_lens=flips[event.index])
     return out
-
-
-def tiny_gpt2(tokenizer):
-    """A model the lens does not support (core/lens.py supports Llama, Qwen2 and Qwen3)."""
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tokenizer), n_positions=256,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    model.config.architectures = ["GPT2LMHeadModel"]
-    return model
 
 
 def steps_of(events) -> list[StepEvent]:

@@ -12,30 +12,15 @@ import time
 
 import pytest
 
-from fakes import ANSWER_TEXT, FACTS, ScriptedEngine, screen_text, wait_for
+from fakes import ANSWER_TEXT, FACTS, ScriptedEngine, record_scripted, screen_text, wait_for
 from tokentui.cli import main
 from tokentui.core.errors import SettingsError
 from tokentui.core.events import DoneEvent, LoadProgress, Notice, StepEvent
-from tokentui.core.record import RunRecorder
 from tokentui.core.replay import ReplayEngine
 from tokentui.core.run import Run
 from tokentui.core.settings import SamplerSettings
 from tokentui.replay import replay_config
 from tokentui.tui import TokentuiApp
-
-
-def record_scripted(directory, engine: ScriptedEngine | None = None):
-    """A record as the dashboard and --record-dir write it: RunRecorder, the model's facts first."""
-    engine = engine or ScriptedEngine()
-    recorder = RunRecorder(directory)
-    path = recorder.open_run()
-    recorder.write(engine.facts)
-    events = []
-    for event in engine.run("Is OpenAI open?"):
-        recorder.write(event)
-        events.append(event)
-    recorder.close()
-    return path, events
 
 
 def record_as_headless_json(path, engine: ScriptedEngine | None = None):

@@ -10,9 +10,8 @@ import re
 import statistics
 import time
 
-from fakes import ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
+from fakes import ScriptedEngine, make_loader, record_scripted, screen_text, slow_engine, wait_for
 from tokentui.core.events import StepEvent
-from tokentui.core.record import RunRecorder
 from tokentui.core.replay import ReplayEngine
 from tokentui.core.settings import RunOptions
 from tokentui.replay import replay_config
@@ -318,21 +317,13 @@ async def test_clicking_a_token_moves_the_cursor_there():
 
 # ---- replay ------------------------------------------------------------------------------------------------------
 
-def record_scripted(directory) -> tuple:
-    engine = ScriptedEngine()
-    recorder = RunRecorder(directory)
-    path = recorder.open_run()
-    recorder.write(engine.facts)
-    events = []
-    for event in engine.run("Is OpenAI open?"):
-        recorder.write(event)
-        events.append(event)
-    recorder.close()
+def record_scripted_steps(directory) -> tuple:
+    path, events = record_scripted(directory)
     return path, [e for e in events if isinstance(e, StepEvent)]
 
 
 async def test_time_travel_in_a_replay_while_it_plays_and_after_it_ended(tmp_path):
-    path, steps = record_scripted(tmp_path)
+    path, steps = record_scripted_steps(tmp_path)
     engine = ReplayEngine.from_record(path, speed=0.25)  # 4× slower than recorded: ~90 ms a step
     app = TravelApp(replay_config(engine, user_theme_dir=None))
     async with app.run_test(size=(160, 48)) as pilot:

@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tokentui.cli import EXIT_BAD_INPUT, EXIT_RUN_FAILED, _float, _int
+from tokentui.cli import EXIT_BAD_INPUT, EXIT_RUN_FAILED, _float, _int, bad_input, interrupted
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLER_FLAGS = ("temperature", "top_k", "top_p", "greedy", "seed")
@@ -104,14 +104,9 @@ def branch_main(argv: list[str]) -> int:
         plan = prepare(args)
         return run_branch(args, plan, state, stopped_by)
     except TokentuiError as err:
-        print(f"tokentui: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return bad_input(err)
     except KeyboardInterrupt:
-        try:
-            print("\ntokentui: interrupted", file=sys.stderr)
-        except OSError:
-            pass
-        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+        return interrupted(stopped_by[0] if stopped_by else signal.SIGINT)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -237,6 +237,23 @@ def run_dashboard(args, prompt: str) -> int:
     return run_app(config)  # non-zero when the app says so (e.g. quit after a load error)
 
 
+def bad_input(err) -> int:
+    """The one line for bad input (every command's), and its exit status."""
+    print(f"tokentui: {err}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def interrupted(signum: int) -> int:
+    """The line for a run interrupted by signal `signum` (every command's), and its exit status 128 + signum."""
+    try:
+        print("\ntokentui: interrupted", file=sys.stderr)
+    except OSError:  # the terminal is gone (SIGHUP)
+        from tokentui.headless import silence_stdio
+
+        silence_stdio()
+    return 128 + signum
+
+
 _signal_seen: list[int] = []
 
 
@@ -293,16 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)
         return run_dashboard(args, prompt)
     except TokentuiError as err:
-        print(f"tokentui: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return bad_input(err)
     except KeyboardInterrupt:
-        try:
-            print("\ntokentui: interrupted", file=sys.stderr)
-        except OSError:  # the terminal is gone (SIGHUP)
-            from tokentui.headless import silence_stdio
-
-            silence_stdio()
-        return 128 + (_signal_seen[-1] if _signal_seen else signal.SIGINT)
+        return interrupted(_signal_seen[-1] if _signal_seen else signal.SIGINT)
 
 
 if __name__ == "__main__":

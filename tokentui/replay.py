@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def build_replay_parser() -> argparse.ArgumentParser:
 
 
 def replay_main(argv: list[str]) -> int:
+    from tokentui.cli import bad_input, interrupted
     from tokentui.core.errors import TokentuiError
     from tokentui.core.replay import ReplayEngine
 
@@ -54,14 +56,9 @@ def replay_main(argv: list[str]) -> int:
             return replay_headless(engine, args.json)
         return replay_dashboard(engine, args.theme)
     except TokentuiError as err:
-        print(f"tokentui: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return bad_input(err)
     except KeyboardInterrupt:
-        try:
-            print("\ntokentui: interrupted", file=sys.stderr)
-        except OSError:
-            pass
-        return 130
+        return interrupted(signal.SIGINT)
 
 
 def replay_headless(engine, as_json: bool) -> int:

@@ -295,12 +295,4 @@ class RunReadings:
         position = self.cursor
         if position is None:
             return self.multi_token_chars
-        completed = getattr(getattr(self.run, "_steps", None), "completed", None)  # {position: chars}
-        if completed is None:
-            return []
-        chars: list[MultiTokenChar] = []
-        for at in sorted((at for at in completed if at <= position), reverse=True):
-            chars[:0] = completed[at]
-            if len(chars) >= MULTI_TOKEN_CHARS_SHOWN:
-                break
-        return chars[-MULTI_TOKEN_CHARS_SHOWN:]
+        return self.run.completed_chars(last=MULTI_TOKEN_CHARS_SHOWN, upto=position)

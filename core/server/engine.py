@@ -23,7 +23,7 @@ from ..events import Event, LoadProgress, ModelFacts, Notice
 from ..controls import RunControls
 from ..settings import RunOptions, SamplerSettings
 from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, ServerError, api_key
-from .probe import QUIET, Dialect, probe
+from .probe import QUIET, Dialect, probe, served_model
 from .run import ServerRun
 from .vocab import ServerVocab
 
@@ -67,13 +67,9 @@ class ServerEngine(RunControls):
         --server-model, quickly and without the rest of the probe (the dashboard asks before it opens)."""
         conn = Connection(ServerAddress.parse(server.url), api_key(server.key_env), read_timeout=server.timeout)
         try:
-            listing = conn.get_json("/v1/models")
+            served_model(conn, server.model)
         finally:
             conn.close()
-        names = [e.get("id") for e in listing.get("data") or [] if isinstance(e, dict)] \
-            if isinstance(listing, dict) else []
-        if server.model is not None and server.model not in names:
-            raise ServerError(f"--server-model {server.model!r}: the server lists {', '.join(names[:6]) or 'no model'}")
 
     @classmethod
     def connect(cls, server: ServerOptions, sampler: SamplerSettings | None = None,

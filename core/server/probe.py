@@ -32,24 +32,33 @@ class Dialect:
     kv_source: str | None  # where the KV cache use is read: "/metrics", "/slots" (llama-server), None: nowhere
 
 
+def served_model(conn: Connection, model: str | None) -> dict:
+    """The server's /v1/models entry of `model` (--server-model; None: the only one it lists), or one line saying
+    why there is none (an unreachable server, a refused key, several models, an unknown name)."""
+    listing = conn.get_json("/v1/models")
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)] \
+        if isinstance(entries, list) else []
+    if not entries:
+        raise ServerError(f"{conn.address.url}/v1/models lists no model: is this an OpenAI-compatible server?")
+    names = [e["id"] for e in entries]
+    if model is None:
+        if len(names) > 1:
+            raise ServerError(f"the server hosts {len(names)} models ({', '.join(names[:6])}): pick one with "
+                              "--server-model NAME")
+        return entries[0]
+    if model not in names:
+        raise ServerError(f"--server-model {model!r}: the server lists {', '.join(names[:6])}")
+    return entries[names.index(model)]
+
+
 def probe(conn: Connection, model: str | None, probs: str, top_logprobs: int, started: float | None = None
           ) -> tuple[ModelFacts, Dialect]:
     """Ask the server what it serves. `model`: --server-model (None: the only one it lists). `probs`: "auto", or
     what the user says the server gives ("raw" / "post-sampler", e.g. for vLLM's --logprobs-mode)."""
     started = time.perf_counter() if started is None else started
-    listing = conn.get_json("/v1/models")
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise ServerError(f"{conn.address.url}/v1/models lists no model: is this an OpenAI-compatible server?")
-    names = [e.get("id") for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
-    if model is None:
-        if len(names) > 1:
-            raise ServerError(f"the server hosts {len(names)} models ({', '.join(names[:6])}): pick one with "
-                              "--server-model NAME")
-        model = names[0]
-    elif model not in names:
-        raise ServerError(f"--server-model {model!r}: the server lists {', '.join(names[:6]) or 'no model'}")
-    entry = next(e for e in entries if isinstance(e, dict) and e.get("id") == model)
+    entry = served_model(conn, model)
+    model = entry["id"]
 
     props = conn.get_json("/props", quiet_statuses=QUIET)
     owner = str(entry.get("owned_by") or "").lower()
