@@ -19,7 +19,7 @@ What is measured (the numbers match the issue's list):
  5. launch to first token in fresh processes: cold (GGUF conversion, empty cache dir) and warm.
  6. prefill time for 32 / 256 / 1,024 / 2,048-token prompts: the engine against a plain forward at torch defaults.
  7. the logit lens's cost per decode step (--logit-lens): the same 64 greedy tokens with it off and on.
- 8. a branch (core/branch.py) at a 256-token prefix, reusing the parent run's KV cache: time from the branch call to
+ 8. a branch (core/model/branch.py) at a 256-token prefix, reusing the parent run's KV cache: time from the branch call to
     its first new token / the engine's prefill time of the same prefix.
  9. `tokentui replay FILE` (no model): launch to the dashboard's first frame in a real terminal (tmux, 80x24), and
     `--headless --json` to its first line.
@@ -47,14 +47,14 @@ import torch  # noqa: E402
 
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before anything changes it
 
-from tokentui.core.adapter import first_capacity, new_cache  # noqa: E402
-from tokentui.core.engine import Engine  # noqa: E402
-from tokentui.core.events import DoneEvent, PromptEvent, StepEvent  # noqa: E402
-from tokentui.core.loader import load_model  # noqa: E402
-from tokentui.core.prefill import prefill  # noqa: E402
-from tokentui.core.select import select  # noqa: E402
+from tokentui.core.model.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.engine import Engine  # noqa: E402
+from tokentui.core.runs.events import DoneEvent, PromptEvent, StepEvent  # noqa: E402
+from tokentui.core.model.loader import load_model  # noqa: E402
+from tokentui.core.steps.prefill import prefill  # noqa: E402
+from tokentui.core.steps.select import select  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
-from tokentui.core.speed import SpeedOptions, use_threads  # noqa: E402
+from tokentui.core.model.speed import SpeedOptions, use_threads  # noqa: E402
 
 PROMPT = "What does a KV cache store?"  # 38 tokens with the chat template and its default system prompt
 NEW_TOKENS = 128
@@ -199,7 +199,7 @@ def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
 
 # ---------------------------------------------------------------------------------------------------- 1 + 4
 def bench_decode(loaded, stock, reps: int, with_compile: bool) -> dict:
-    """`loaded` goes to the engines (which re-lay its wide weights, core/layout.py); `stock`, a second copy exactly
+    """`loaded` goes to the engines (which re-lay its wide weights, core/model/weight_layout.py); `stock`, a second copy exactly
     as transformers loads it, runs generate (what a user would run instead) and the stock-layout engine."""
     model = stock.model
     opts = RunOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -278,7 +278,7 @@ class _ChildSource:
         self.spec = spec
 
     def client(self, sampler, options, recorder):
-        from tokentui.core.process import ProcessClient
+        from tokentui.core.link.process_client import ProcessClient
 
         return ProcessClient(self.spec, sampler, options, recorder)
 
@@ -305,8 +305,8 @@ async def _dashboard_once(spec) -> float:
 
 def bench_dashboard(engine: Engine, reps: int) -> dict:
     """The dashboard as the command line runs it: the app in this process, the model in a child process
-    (core/process.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
-    from tokentui.core.process import EngineSpec
+    (core/link/process_client.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
+    from tokentui.core.link.process_client import EngineSpec
 
     spec = EngineSpec(sampler=engine.sampler, options=engine.options)
     series: dict[str, list[float]] = {"headless": [], "dashboard": []}
@@ -409,8 +409,8 @@ def bench_branch(loaded, reps: int) -> dict:
     prefill of the prefix alone. "First new token" = the first token the branch selects after the forced one
     (forced step: one decode recomputing its scores; then one decode of the forced token); the forced step's own
     time is reported too. The target ratio is reuse / prefill alone."""
-    from tokentui.core.branch import BranchPoint
-    from tokentui.core.events import BranchEvent
+    from tokentui.core.model.branch import BranchPoint
+    from tokentui.core.runs.events import BranchEvent
 
     tok = loaded.tokenizer
     pool = tok((ROOT / "README.md").read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
@@ -539,10 +539,10 @@ def _replay_headless_seconds(record: Path, env: dict) -> tuple[float, float]:
 
 
 def bench_replay_first_frame(loaded, reps: int) -> dict:
-    """`tokentui replay FILE` (no torch, no model: tokentui/replay.py) on a record of this benchmark's run
+    """`tokentui replay FILE` (no torch, no model: tokentui/commands/replay.py) on a record of this benchmark's run
     (NEW_TOKENS greedy tokens, recorded here in-process): launch to the dashboard's first frame in a real
     terminal, and `--headless --json` to its first line, fresh processes, interleaved, medians."""
-    from tokentui.core.run import Run
+    from tokentui.core.runs.run import Run
 
     engine = Engine(loaded, SamplerSettings(temperature=0.0), RunOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True))
     series: dict[str, list[float]] = {"dashboard": [], "headless_first": [], "headless_step": []}
@@ -749,13 +749,13 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
              f"on {TORCH_DEFAULT_THREADS}; the limit uses the larger. All contenders produced the same "
              f"{NEW_TOKENS} token IDs (asserted); generate ran on a second copy of the model, exactly as "
              f"transformers loads it, the engines on a copy whose {d['layout'].matrices} wide matrices "
-             f"({d['layout'].bytes / 2**20:.0f} MiB) they stored transposed (core/layout.py)." + (" Compiling took " + " and ".join(
+             f"({d['layout'].bytes / 2**20:.0f} MiB) they stored transposed (core/model/weight_layout.py)." + (" Compiling took " + " and ".join(
                  f"{v:.0f} s ({names[k]})" for k, v in d["compile_s"].items()) + ", once per process."
                  if "compile_s" in d else "") + "\n")
     if "compiled@all-threads" in d["tok_s"]:
         r.append(f"`--compile --threads {TORCH_DEFAULT_THREADS}` is an option, not the default: its kernels wait on "
                  "each other at every step, so as soon as anything else wants a core (the dashboard, another job) "
-                 "it collapses (~3 tok/s measured on this box under load); core/speed.py says more.\n")
+                 "it collapses (~3 tok/s measured on this box under load); core/model/speed.py says more.\n")
     if dash:
         r.append("### 2 — dashboard\n")
         r.append(f"Decode tok/s as the engine measures it: headless {dash['tok_s']['headless']:.1f}, with the "
@@ -784,7 +784,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  f"{lens['on_ms']:.1f} ms on. Asking the forward for its hidden states moves the forward from "
                  f"{lens['forward_off_ms']:.1f} to {lens['forward_on_ms']:.1f} ms; the rest is the lens itself, "
                  f"the final norm and the LM head over all {lens['layers']} layers' states (one "
-                 f"[{lens['layers']}, hidden] x [hidden, vocab] product per step, core/lens.py).\n")
+                 f"[{lens['layers']}, hidden] x [hidden, vocab] product per step, core/model/lens.py).\n")
     if branch:
         r.append("### 8 — branch\n")
         r.append(f"A greedy branch at step {branch['at'] + 1} after a {branch['prompt_tokens']}-token prompt (a "
@@ -802,7 +802,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  "(captured back to back, ~5-10 ms each): " + ", ".join(f"{s:.2f}" for s in replay["dashboard_all"])
                  + f" s. Headless: `--headless --json --speed 0` to its first line (the model event: Python "
                  f"started, the record read) {replay['headless_first']:.2f} s, to its first step line "
-                 f"{replay['headless_step']:.2f} s. No torch in either (tokentui/replay.py).\n")
+                 f"{replay['headless_step']:.2f} s. No torch in either (tokentui/commands/replay.py).\n")
     r.append("### 6 — prefill\n")
     r.append(f"| Prompt tokens | engine ms (threads) | plain forward at torch defaults ({TORCH_DEFAULT_THREADS} threads) ms |")
     r.append("|---------------|---------------------|------------------------------|")

@@ -8,7 +8,7 @@ The llama-server binary: --llama-server PATH, else $TOKENTUI_LLAMA_SERVER, else 
 build (`python scripts/llama_server.py build`). The server is started here on the embedded GGUF with
 `-c 4096 -np 1 -t 2 --metrics --cache-ram 0` (no host-memory prompt cache, so each timed run prefills its prompt).
 The local engine runs with `--local-threads` (default 2, the server's `-t`: both engines get the same number of CPU
-threads, for prefill and decode alike; tokentui's own default would be cores - 1, core/speed.py).
+threads, for prefill and decode alike; tokentui's own default would be cores - 1, core/model/speed.py).
 
 What is measured:
  * top-1 agreement, TEACHER-FORCED on the local engine's greedy tokens: for each position i, the server is given the
@@ -165,7 +165,7 @@ class Native:
 
 # ---------------------------------------------------------------------------------------------------- runs
 def collect(events) -> dict:
-    from tokentui.core.events import DoneEvent, Notice, PromptEvent, StepEvent
+    from tokentui.core.runs.events import DoneEvent, Notice, PromptEvent, StepEvent
 
     out = {"prompt": None, "steps": [], "done": None, "notices": []}
     for ev in events:
@@ -270,10 +270,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tokentui.core.process import EngineSpec, load_engine
+    from tokentui.core.link.process_client import EngineSpec, load_engine
     from tokentui.core.server.engine import ServerEngine, ServerOptions
     from tokentui.core.settings import RunOptions, SamplerSettings
-    from tokentui.core.speed import SpeedOptions
+    from tokentui.core.model.speed import SpeedOptions
 
     greedy = SamplerSettings(temperature=0.0)
     options = RunOptions(max_new_tokens=args.steps, ignore_eos=True, top_candidates=TOP)

@@ -1,6 +1,6 @@
 """What a running engine obeys from any thread, between its steps: the sampler settings (the next step uses them),
 pause / single step (core/gate.py's StepGate), stop, and the serial that retires an older run when a newer one
-starts. The local engine (core/engine.py) and the served-model engine (core/server/engine.py) share it."""
+starts. The local engine (core/model/engine.py) and the served-model engine (core/server/engine.py) share it."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tokentui.core.client import EngineClient, RunFailed
+from tokentui.core.link.client import EngineClient, RunFailed
 from tokentui.core.errors import GenerationError
-from tokentui.core.events import DoneEvent, ErrorEvent, Event, StepEvent
-from tokentui.core.protocol import RunEvent
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, Event, StepEvent
+from tokentui.core.link.protocol import RunEvent
 
 
 class Replies:

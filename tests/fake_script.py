@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from tokentui.core.events import ModelFacts, MultiTokenChar, PromptPiece
+from tokentui.core.runs.events import ModelFacts, MultiTokenChar, PromptPiece
 from tokentui.core.settings import SamplerSettings
 
 EOS_ID = 151645

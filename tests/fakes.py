@@ -1,4 +1,4 @@
-"""A deterministic stand-in for `tokentui.core.engine.Engine`, for the dashboard's tests.
+"""A deterministic stand-in for `tokentui.core.model.engine.Engine`, for the dashboard's tests.
 
 `ScriptedEngine` has the engine's interface (facts, options, sampler, update_sampler, run, branch, pause, resume,
 step_once, stop, paused) and plays the article's answer "Partly. Some weights are open. (开放)"
@@ -8,7 +8,7 @@ The sampler is honoured: temperature / top-k / top-p reshape the post-sampler pr
 candidate, a cut token is never chosen, and a change made with `update_sampler` shows up in the next step's
 `settings` with `settings_changed=True`.
 
-`branch(point)` follows core/branch.py's event order: BranchEvent (KV reused when the engine's latest run or branch
+`branch(point)` follows core/model/branch.py's event order: BranchEvent (KV reused when the engine's latest run or branch
 held the prefix, as the real engine's held cache), PrefillEvent, the forced step at `point.at` (that step's own
 scripted candidates, `point.token` chosen, forced=True; a Notice when the sampler gives it probability 0), then the
 script from `point.at + 1` on, and `done` whose text is the prefix's text + the branch's.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tokentui.core.errors import ModelLoadError, TokentuiError
 from tokentui.core.gate import StepGate
-from tokentui.core.events import (
+from tokentui.core.runs.events import (
     BranchEvent,
     Candidate,
     DoneEvent,
@@ -44,7 +44,7 @@ from fake_script import (ANSWER, ANSWER_TEXT, ARTICLE_PROMPT, EOS_ID, FACTS, KV_
                          ScriptStep, _entropy_bits, apply_sampler, piece_of, piece_text, tokenize)
 
 if TYPE_CHECKING:
-    from tokentui.core.branch import BranchPoint
+    from tokentui.core.model.branch import BranchPoint
 
 
 class ScriptedEngine:
@@ -135,7 +135,7 @@ class ScriptedEngine:
         yield from self._tracked(lambda: self._run(prompt, system))
 
     def branch(self, point: BranchPoint) -> Iterator[Event]:
-        """core/branch.py's events for `point` (see the module docstring); the settings, pause, step and stop act
+        """core/model/branch.py's events for `point` (see the module docstring); the settings, pause, step and stop act
         as in `run`."""
         self.branches.append(point)
         yield from self._tracked(lambda: self._branch(point))
@@ -237,7 +237,7 @@ class ScriptedEngine:
             texts.append(step.text)
             chosen.append(step.id)
             yield step
-            if step.forced and step.chosen_prob == 0.0:  # as core/branch.py says it
+            if step.forced and step.chosen_prob == 0.0:  # as core/model/branch.py says it
                 cut = "greedy takes only the top token" if step.greedy else "the sampler settings cut it"
                 yield Notice(f"step {index + 1}: the forced token {step.piece!r} has probability 0 after "
                              f"sampling ({cut}); its raw probability is {step.chosen_raw_prob:.2%}")
@@ -256,7 +256,7 @@ class ScriptedEngine:
         at, n_prompt = point.at, len(point.prompt_ids)
         script = self._script(at + opts.max_new_tokens + 1)
         prefix = point.prompt_ids + point.tokens
-        keep = len(prefix) - 1  # the real engine's reuse rule (core/branch.py reusable_positions)
+        keep = len(prefix) - 1  # the real engine's reuse rule (core/model/branch.py reusable_positions)
         held = self.held_ids
         reuse = keep if keep >= 1 and len(held) >= keep and held[:keep] == prefix[:keep] else 0
         prefix_text = "".join(s.text if s.id == token else piece_text(piece_of(token), token in SPECIAL_IDS)
@@ -407,7 +407,7 @@ def screen_text(app) -> str:
 def record_scripted(directory, engine: "ScriptedEngine | None" = None):
     """A record as the dashboard and --record-dir write it (RunRecorder, the model's facts first) of one scripted
     run: (its path, the run's events)."""
-    from tokentui.core.record import RunRecorder
+    from tokentui.core.runs.record_writer import RunRecorder
 
     engine = engine or ScriptedEngine()
     recorder = RunRecorder(directory)

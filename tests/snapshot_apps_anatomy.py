@@ -9,7 +9,7 @@ from dataclasses import replace
 from fakes import FACTS, ScriptedEngine, make_loader, wait_for
 from snapshot_apps import SnapshotApp
 
-from tokentui.core.events import StepEvent, StepTiming
+from tokentui.core.runs.events import StepEvent, StepTiming
 from tokentui.core.settings import SamplerSettings
 from tokentui.tui import DashboardConfig
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from fakes import ScriptedEngine, make_loader, wait_for
 from snapshot_apps import SnapshotApp
 
-from tokentui.core.events import LensRow, StepEvent
+from tokentui.core.runs.events import LensRow, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig
 

@@ -199,3 +199,18 @@ def socket_inodes(pid: int) -> int:
         except OSError:
             pass
     return count
+
+def assert_terminal_restored(pane: "Pane") -> None:
+    """The program left the terminal as it found it: no alternate screen, cursor on, wrapping on, no mouse reporting,
+    cooked mode with echo, and a shell that answers."""
+    flags = pane.flags()
+    assert flags["alternate_on"] == "0", flags  # the alternate screen is gone
+    assert flags["cursor_flag"] == "1", flags  # the cursor is visible
+    assert flags["wrap_flag"] == "1", flags  # line wrapping is back on
+    for mouse in ("mouse_any_flag", "mouse_button_flag", "mouse_standard_flag", "mouse_sgr_flag"):
+        assert flags[mouse] == "0", flags  # no mouse reporting left on
+    modes = pane.stty()
+    for mode in ("icanon", "echo", "isig", "icrnl", "opost"):
+        assert mode in modes and f"-{mode}" not in modes, (mode, sorted(modes))
+    pane.type_line("echo usable-$((6*7))")
+    pane.wait_for(lambda t: "usable-42" in t.replace("usable-$((6*7))", ""), timeout=20, what="the shell to answer")

@@ -1,7 +1,7 @@
 """The one-pass panel (issue 16) as the dashboard's key and layout: `a` shows or hides it at any size. A mixin of
 `TokentuiApp` (tui/app.py), which calls `_place_anatomy` from its layout pass and `_paint_anatomy` when it paints.
 
-Where it stands (tui/layout.py decides the default):
+Where it stands (tui/sizes.py decides the default):
 - at ≥160×48 it is on by default, in a row of its own under the answer, candidates and model panels (`#anatomy`);
   the bottom row of four gives up 3 rows for it;
 - on a smaller terminal `a` shows it (`#anatomy-side`) in the model panel's place, or the candidates' where there
@@ -23,17 +23,17 @@ from textual.css.query import NoMatches
 
 from tokentui.core.errors import SettingsError
 
-from .layout import plan
+from .sizes import plan
 from .served import server_of
 from .panels.anatomy import AnatomyPanel
 
-ROW_ID = "anatomy"  # its own row (the id in tui/layout.py's table)
+ROW_ID = "anatomy"  # its own row (the id in tui/sizes.py's table)
 SIDE_ID = "anatomy-side"  # standing in the model panel's (or the candidates') place
 LIVE_INTERVAL = 0.2  # seconds between repaints while it follows a live run
 
 
 class AnatomyMixin:
-    anatomy_choice: bool | None = None  # None: as tui/layout.py says for this size; True / False: what `a` chose
+    anatomy_choice: bool | None = None  # None: as tui/sizes.py says for this size; True / False: what `a` chose
     _side_latest = "anatomy"  # which of the one-pass panel and the lens the shared place shows when both are on
     _lens_seen = False
     _anatomy_painted = 0.0  # when it last painted (time.monotonic)

@@ -1,6 +1,6 @@
 """The dashboard: one engine client, a state folded from its replies, and one widget per panel.
 
-The app talks to the engine only through its client (core/client.py), on the event loop: commands are method calls,
+The app talks to the engine only through its client (core/link/client.py), on the event loop: commands are method calls,
 replies come back typed through `_on_reply` (a run opened, an engine event of the current run, a note, a failure).
 There is no thread of the app's own: the model runs in its own process, read with `loop.add_reader`, or — a replay,
 the tests' scripted engine — in this one, stepped on the client's executor thread. The app folds events into
@@ -10,7 +10,7 @@ the tests' scripted engine — in this one, stepped on the client's executor thr
 Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py, branching and the lens
 in tui/branching.py, the one-pass panel's key and place in tui/anatomy_actions.py (mixins of this app),
 theme registration in tui/theming.py, writing an export in tui/export.py, and running it as a program (exit
-status, the record's path on the terminal) in tui/run.py.
+status, the record's path on the terminal) in tui/program.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 
-from tokentui.core.client import Reply, RunEnded, RunFailed, RunNote, RunOpened
-from tokentui.core.events import ErrorEvent, Notice, StepEvent
-from tokentui.core.protocol import RunEvent
+from tokentui.core.link.client import Reply, RunEnded, RunFailed, RunNote, RunOpened
+from tokentui.core.runs.events import ErrorEvent, Notice, StepEvent
+from tokentui.core.link.protocol import RunEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
@@ -39,7 +39,7 @@ from .config import DashboardConfig
 from .keybar import KeyBar
 from .keys import app_bindings
 from .loading import LoadingMixin
-from .layout import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
+from .sizes import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
 from .panels import (
     AnatomyPanel,
     CandidatesPanel,
@@ -71,7 +71,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
     BINDINGS = [*app_bindings(), Binding("ctrl+c", "quit", "quit", show=False, priority=True,
                                          id="tokentui.interrupt")]
     COMMANDS = App.COMMANDS | {TokentuiCommands}
-    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS  # tui/layout.py: which panels show at which size
+    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS  # tui/sizes.py: which panels show at which size
     VERTICAL_BREAKPOINTS = VERTICAL_BREAKPOINTS
     AUTO_FOCUS = "#output-view"  # arrows scroll the answer; Tab moves to the (scrollable) prompt panel
     CURSOR_BLINK = True  # snapshot tests turn caret blinking off
@@ -187,7 +187,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
     _layout_settling = True  # until the first layout plan is in place
 
     def _apply_layout(self) -> None:
-        """Show and hide the panels as tui/layout.py's table says for this size (the stylesheet sizes them)."""
+        """Show and hide the panels as tui/sizes.py's table says for this size (the stylesheet sizes them)."""
         width, height = self.size
         layout = plan(width, height)
         if layout == self._layout_plan:
@@ -328,7 +328,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
     def action_quit(self) -> None:  # type: ignore[override]
         """Stop the run, give it QUIT_WAIT seconds to end at its step boundary (its record then ends with the
-        engine's own `done`; tui/run.py ends what is left), then leave."""
+        engine's own `done`; tui/program.py ends what is left), then leave."""
         if self._quitting:
             return
         self._quitting = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokentui.core.events import BranchEvent, Event, ModelFacts
+from tokentui.core.runs.events import BranchEvent, Event, ModelFacts
 
 from .state import RunState
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tokentui.core.branch_point import BranchPoint
+from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.errors import SettingsError
 
 from .panels import OutputPanel

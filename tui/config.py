@@ -6,20 +6,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
-from tokentui.core.client import EngineClient
-from tokentui.core.local_client import LocalClient
-from tokentui.core.events import LoadProgress, ModelFacts
+from tokentui.core.link.client import EngineClient
+from tokentui.core.link.local_client import LocalClient
+from tokentui.core.runs.events import LoadProgress, ModelFacts
 from tokentui.core.paths import config_dir
-from tokentui.core.record import RunRecorder
+from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 if TYPE_CHECKING:
-    from tokentui.core.events import Event
+    from tokentui.core.runs.events import Event
 
 
 class EngineLike(Protocol):
-    """An in-process engine the dashboard can run through `LocalClient` (core/client.py): a replay, or the tests'
-    scripted fake. It has the part of `tokentui.core.engine.Engine`'s interface the client uses."""
+    """An in-process engine the dashboard can run through `LocalClient` (core/link/client.py): a replay, or the tests'
+    scripted fake. It has the part of `tokentui.core.model.engine.Engine`'s interface the client uses."""
 
     facts: ModelFacts
     options: RunOptions

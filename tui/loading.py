@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from tokentui.core.errors import TokentuiError
-from tokentui.core.events import LoadProgress, ModelFacts
+from tokentui.core.runs.events import LoadProgress, ModelFacts
 
 from .panels import StatusLine
 from .screens import ErrorDialog, ModelPicker

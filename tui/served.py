@@ -2,7 +2,7 @@
 not report, which probability it gives, that times are measured by tokentui, and a request re-issued from the
 prefix. Plain Python, no Textual; every panel says these things the same way.
 
-A served model's facts carry `server` (core/events.py `ServerFacts`); its numbers the server does not report are
+A served model's facts carry `server` (core/runs/events.py `ServerFacts`); its numbers the server does not report are
 None, and the panels show them as "—" with the legend `LEGEND` (or the whole phrase where it fits), never as 0 and
 never as "None". Its candidates have exactly one of `raw_prob` / `prob`: `ServerFacts.probs` says which, and the
 panels label that column by it ("raw p", "post-sampler p", or plain "p" when the server does not say).

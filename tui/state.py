@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokentui.core.events import (
+from tokentui.core.runs.events import (
     DoneEvent,
     ErrorEvent,
     Event,
@@ -24,7 +24,7 @@ from tokentui.core.events import (
     PromptEvent,
     StepEvent,
 )
-from tokentui.core.run import Cursor, Run
+from tokentui.core.runs.run import Cursor, Run
 
 # The readings' names stay importable from here, as before the split.
 from .state_readings import MULTI_TOKEN_CHARS_SHOWN, PLOT_POINTS, RunReadings, Token, Tokens
@@ -58,7 +58,7 @@ class RunState(RunReadings):
     # `own_from` are the parent's, and the run's time to first token and speed figures are its own steps' only.
     own_from: int = 0
     record_path: Path | None = None
-    run: Run = field(default_factory=Run)  # the current run: prompt, prefill, every step, the end (core/run.py)
+    run: Run = field(default_factory=Run)  # the current run: prompt, prefill, every step, the end (core/runs/run.py)
     prefill_started: float | None = None  # time.monotonic() when the prompt went in (the status line's clock)
     prefill_progress: PrefillProgress | None = None  # the latest chunk of a long prompt's prefill, if chunked
     prefill_progress_at: float | None = None  # time.monotonic() when it came
@@ -72,7 +72,7 @@ class RunState(RunReadings):
     server_kv: tuple[float, int] | None = None
     reissues: int = 0  # a served model: requests re-issued from the prefix in this run
     error_message: str | None = None
-    # the time-travel cursor over the run's steps (core/run.py's Cursor: following the newest step, or held at
+    # the time-travel cursor over the run's steps (core/runs/run.py's Cursor: following the newest step, or held at
     # one); read it through `cursor` / `view_step` (the readings' mixin), move it with the cursor_* methods below
     _cursor: Cursor | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -176,7 +176,7 @@ class RunState(RunReadings):
             self.reissues += 1
 
     # ---- time travel: the cursor over the steps ------------------------------------------------------------
-    # One cursor per run (core/run.py's Cursor): following the newest step (live, the default) or held at a past
+    # One cursor per run (core/runs/run.py's Cursor): following the newest step (live, the default) or held at a past
     # step. Every panel reads the step it shows through `view_step` and the readings "as of" it
     # (tui/state_readings.py), so a held cursor shows that step as it was while the run goes on underneath.
     # Positions are the run's (0 = its first step); the panels number steps from 1 by `step.index + 1`.

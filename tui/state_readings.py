@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from tokentui.core.events import DoneEvent, ErrorEvent, MultiTokenChar, PrefillEvent, PromptEvent, StepEvent
-from tokentui.core.run import Run
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, MultiTokenChar, PrefillEvent, PromptEvent, StepEvent
+from tokentui.core.runs.run import Run
 
 from .format import p95
 

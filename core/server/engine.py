@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..branch_point import BranchPoint
-from ..events import Event, LoadProgress, ModelFacts, Notice
+from ..runs.branch_point import BranchPoint
+from ..runs.events import Event, LoadProgress, ModelFacts, Notice
 from ..controls import RunControls
 from ..settings import RunOptions, SamplerSettings
 from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, ServerError, api_key
 from .probe import QUIET, Dialect, probe, served_model
-from .run import ServerRun
+from .completions import ServerRun
 from .vocab import ServerVocab
 
 
@@ -47,7 +47,7 @@ class ServerOptions:
 
 
 class ServerEngine(RunControls):
-    """The engine interface (tui/config.py EngineLike; `run` as core/engine.py's) over a served model."""
+    """The engine interface (tui/config.py EngineLike; `run` as core/model/engine.py's) over a served model."""
 
     def __init__(self, conn: Connection, facts: ModelFacts, dialect: Dialect, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None) -> None:
@@ -124,7 +124,7 @@ class ServerEngine(RunControls):
             yield from ServerRun(self, serial).events(prompt, system)
 
     def branch(self, point: BranchPoint) -> Iterator[Event]:
-        """A branch of an earlier run of this server (core/branch.py's events: BranchEvent, PrefillEvent, the forced
+        """A branch of an earlier run of this server (core/model/branch.py's events: BranchEvent, PrefillEvent, the forced
         StepEvent at `point.at`, steps, done): the prefix is sent as ids with the forced token after it, so the
         server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
         serial = self._new_run()

@@ -8,7 +8,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from ..events import ModelFacts, ServerFacts
+from ..runs.events import ModelFacts, ServerFacts
 from .http import Connection, ServerError
 from .kv import read_slots
 

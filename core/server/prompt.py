@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from ..display import display_bytes, display_text
-from ..events import Notice, PromptEvent, PromptPiece
+from ..steps.display import display_bytes, display_text
+from ..runs.events import Notice, PromptEvent, PromptPiece
 from .http import Connection, ServerError
 from .probe import QUIET, Dialect
 

@@ -1,4 +1,4 @@
-"""Token bytes as a server gives them, in the shape core/detokenize.py and core/display.py read (a TokenBytes).
+"""Token bytes as a server gives them, in the shape core/steps/detokenize.py and core/steps/display.py read (a TokenBytes).
 
 A local model's bytes come from its tokenizer; a served model's from the server: llama-server names each token's
 exact bytes in its stream, other servers their text (whole UTF-8) or vLLM's "bytes:\\x.." form. What the stream
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..token_bytes import MODE_BYTE_LEVEL, TokenBytes, _Plan
+from ..steps.token_bytes import MODE_BYTE_LEVEL, TokenBytes, _Plan
 
 # lookup(id) -> (bytes or None when the server's text is not whole UTF-8, the text the server renders, special)
 Lookup = Callable[[int], tuple[bytes | None, str, bool]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
-from tokentui.core.display import display_text
+from tokentui.core.steps.display import display_text
 
 from ..format import percent
 from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap

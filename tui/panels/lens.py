@@ -1,5 +1,5 @@
 """The logit lens (`l`, off by default: it costs time): for the step in view, each layer's top token when the
-model's final norm and LM head are applied to that layer's residual stream (core/lens.py), so one can see at which
+model's final norm and LM head are applied to that layer's residual stream (core/model/lens.py), so one can see at which
 depth the chosen token appears. The last layer is the model's own output."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.cells import set_cell_size
 from rich.text import Text
 
-from tokentui.core.display import display_text
+from tokentui.core.steps.display import display_text
 
 from ..served import NOT_AVAILABLE, server_of
 from .base import Panel

@@ -2,7 +2,7 @@
 
 The panel scrolls (scrollbar, mouse wheel, and ↑ ↓ PgUp PgDn Home End once focused with Tab or a click). A long
 template is shown as its first and last lines around "… N more lines", so the token chips are on screen whatever
-the prompt's length; how many template rows a terminal gets is in tui/layout.py.
+the prompt's length; how many template rows a terminal gets is in tui/sizes.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
-from tokentui.core.display import display_text
+from tokentui.core.steps.display import display_text
 
 from .base import FRAME_CSS, SCROLL_BINDINGS, component_style, forget_styles
 

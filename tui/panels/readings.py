@@ -1,5 +1,5 @@
 """The readings strip: the KV cache size, the per-step latency and the pending bytes on one line, for terminals
-too small for their own panels (tui/layout.py says which). Numbers come from `RunState`, exactly as the full panels
+too small for their own panels (tui/sizes.py says which). Numbers come from `RunState`, exactly as the full panels
 show them; its bottom border says which panels a larger terminal would add."""
 
 from __future__ import annotations

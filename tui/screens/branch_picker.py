@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tokentui.core.events import StepEvent
+from tokentui.core.runs.events import StepEvent
 
 from .modal import ListDialog, list_dialog_css
 

@@ -1,5 +1,5 @@
 """`?`: every key, what it does, the six steps the panels show, and which panels show at which terminal size
-(from tui/layout.py, the table the app lays itself out by)."""
+(from tui/sizes.py, the table the app lays itself out by)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..keys import KEYS
-from ..layout import plan, size_table
+from ..sizes import plan, size_table
 
 STEPS = (
     ("1 chat template", "the app wraps your question in the model's fixed format"),

@@ -1,0 +1,313 @@
+"""The dashboard's one engine client: what the app talks to, on its asyncio event loop.
+
+The client is the one owner, in the dashboard's process, of the current run's id and of the sampler settings and
+run options asked for (before the model is loaded too: they are handed to the engine when it is ready). Commands are
+method calls that take effect at the engine's next step boundary (`start` a run, `branch` an earlier one at a
+step, stop, pause, step, settings); replies come back as typed dataclasses through one `listener`, called on the
+event loop:
+
+    RunOpened(run_id, record_path)  a run (or a branch) started (its record, if recorded)
+    RunEvent(run_id, event)         one engine event of the current run (core/link/protocol.py)
+    RunNote(run_id, message)        something about the run that is not an engine event (the record failed)
+    RunFailed(run_id, message)      the engine failed outside its own error events (a crash, its process died)
+    RunEnded(run_id, event)         how a run that a newer one superseded ended (its `done` or `error`)
+
+Events of a run that a newer one superseded are still recorded (its record ends with `done`) but not passed on,
+except its end, as `RunEnded`, so the app never filters stale events itself and can still say how an earlier run
+(e.g. the parent of a branch) ended. Recording is core/runs/recording.py's `RecordedRun`, fed event by event.
+
+Two transports: `ProcessClient` (core/link/process_client.py), the model in a child process read with `loop.add_reader` — no
+thread in this process; and `LocalClient` (core/link/local_client.py), an in-process engine
+with the blocking `run()` / `branch()` iterators (a replay, the tests' scripted engine), stepped on one executor
+thread: `next()` on it is the only blocking call, and it ends at the engine's next step once stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Union
+
+from ..errors import SettingsError
+from ..runs.events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent
+from .protocol import RunEvent, is_branch_point
+from ..runs.record_writer import RunRecorder
+from ..runs.recording import RecordedRun
+from ..settings import RunOptions, SamplerSettings
+
+if TYPE_CHECKING:  # core/model/branch.py imports torch, which the dashboard's process never loads
+    from ..model.branch import BranchPoint
+
+Progress = Callable[[LoadProgress], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOpened:
+    run_id: int
+    record_path: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunNote:
+    run_id: int
+    message: str
+    severity: str = "warning"
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    run_id: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    run_id: int
+    event: Event  # DoneEvent or ErrorEvent
+
+
+Reply = Union[RunOpened, RunEvent, RunNote, RunFailed, RunEnded]
+Listener = Callable[[Reply], None]
+
+
+class EngineClient:
+    """What both transports share: the run id, the settings, the records, stale-run filtering. Subclasses send the
+    commands (`_send_*`) and report what the engine says through `_event` / `_failed`."""
+
+    def __init__(self, sampler: SamplerSettings | None = None, options: RunOptions | None = None,
+                 recorder: RunRecorder | None = None) -> None:
+        self.facts: ModelFacts | None = None  # once loaded
+        self._sampler = sampler or SamplerSettings()
+        self._options = options or RunOptions()
+        self._recorder = recorder
+        self.listener: Listener = lambda reply: None
+        self._run_id = 0
+        self._records: dict[int, RecordedRun] = {}  # runs not yet ended, by id (a superseded one may still run)
+        self._ended: dict[int, asyncio.Future] = {}
+        self._paused = False
+
+    # ---- state this client owns ---------------------------------------------------------------------------
+    @property
+    def run_id(self) -> int:
+        """The current run's id (0 before the first); only its events reach the listener."""
+        return self._run_id
+
+    @property
+    def loaded(self) -> bool:
+        return self.facts is not None
+
+    @property
+    def sampler(self) -> SamplerSettings:
+        return self._sampler
+
+    def update_sampler(self, **changes) -> SamplerSettings:
+        """Validated here (a bad value raises SettingsError and changes nothing); the engine uses the new settings
+        from its next step."""
+        new = self._sampler.with_changes(**changes)
+        if new != self._sampler:
+            if self.loaded:
+                self._send_sampler(new)  # an engine that cannot change them (a replay) refuses: nothing changes
+            self._sampler = new
+        return new
+
+    @property
+    def options(self) -> RunOptions:
+        return self._options
+
+    def set_options(self, options: RunOptions) -> None:
+        if not isinstance(options, RunOptions):
+            raise TypeError(f"options must be RunOptions, got {type(options).__name__}")
+        self._options = options
+        if self.loaded:
+            self._send_options(options)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def can_branch(self) -> bool:
+        """Whether `branch()` can run on this engine (False until loaded; a replay cannot)."""
+        return self.loaded and self._branch_refusal() is None
+
+    # ---- loading ------------------------------------------------------------------------------------------
+    async def load(self, progress: Progress = lambda p: None) -> ModelFacts:
+        """Load the model (raises TokentuiError with one line when it cannot); then the settings asked for so far
+        are the engine's."""
+        self.facts = None
+        facts, sampler, options = await self._load(progress)
+        self.facts = facts
+        if options != self._options:
+            self._send_options(self._options)
+        if sampler != self._sampler:
+            try:
+                self._send_sampler(self._sampler)
+            except SettingsError as err:  # e.g. a replay plays its recorded settings: those are the ones in force
+                self._sampler = sampler
+                self.listener(RunNote(self._run_id, str(err)))
+        return facts
+
+    # ---- runs ---------------------------------------------------------------------------------------------
+    def start(self, prompt: str, system: str | None = None) -> int:
+        """Stop the current run (it ends at its next step, recorded) and start `prompt`; returns the new run's id."""
+        if not self.loaded:
+            raise RuntimeError("start() before the model is loaded")
+        run_id = self._open()
+        self._send_start(run_id, prompt, system)
+        return run_id
+
+    def branch(self, point: "BranchPoint", prompt: PromptEvent | None = None) -> int:
+        """Stop the current run and start a branch of an earlier one at `point` (core/model/branch.py; its events:
+        BranchEvent, PrefillEvent, the forced StepEvent at `point.at`, steps, done), as a new run with its own id
+        and record, exactly like `start`; returns that id. `prompt`: the parent's PromptEvent, when at hand, goes
+        first into the branch's record and to the listener (as `tokentui branch` records it), so the record says
+        what was asked; the engine is not sent it.
+
+        An engine that cannot branch (a replay: see `can_branch`) raises SettingsError (one line) before anything
+        changes: the current run goes on and the run id stays."""
+        if not self.loaded:
+            raise RuntimeError("branch() before the model is loaded")
+        if not is_branch_point(point):
+            raise TypeError(f"branch() needs a BranchPoint, got {type(point).__name__}")
+        if prompt is not None and not isinstance(prompt, PromptEvent):
+            raise TypeError(f"prompt must be a PromptEvent, got {type(prompt).__name__}")
+        refusal = self._branch_refusal()
+        if refusal is not None:
+            raise SettingsError(refusal)
+        run_id = self._open()
+        if prompt is not None:
+            self._event(run_id, prompt)
+        self._send_branch(run_id, point)
+        return run_id
+
+    def _open(self) -> int:
+        """Stop the current run and open the next one: its id, its record, its RunOpened reply."""
+        self.stop()
+        self._run_id += 1
+        run_id = self._run_id
+        # each run its own recorder (file handle) in the recorder's folder: a superseded run still ending writes
+        # its `done` to its own record, not into this one (a RunRecorder holds one file; opening the next closes it)
+        recorder = RunRecorder(self._recorder.directory) if self._recorder is not None else None
+        record = RecordedRun(self, recorder, on_note=lambda message: self._reply(run_id, RunNote(run_id, message)))
+        self._records[run_id] = record
+        self._ended[run_id] = asyncio.get_running_loop().create_future()
+        self._reply(run_id, RunOpened(run_id, record.open()))
+        return run_id
+
+    def stop(self) -> None:
+        if self._run_id in self._records:
+            self._send_stop(self._run_id)
+
+    def pause(self) -> None:
+        self._paused = True
+        self._send_pause()
+
+    def resume(self) -> None:
+        self._paused = False
+        self._send_resume()
+
+    def step_once(self) -> None:
+        if self.paused:
+            self._send_step()
+
+    def halt(self) -> None:
+        """Stop the current run and let it end (a paused one is resumed so it can)."""
+        self.stop()
+        if self._paused:
+            self.resume()
+
+    async def finish(self, timeout: float) -> bool:
+        """Stop the current run and wait up to `timeout` s for it to end (its record then ends with the engine's
+        own `done`); False if it did not (one long model run, e.g. a long prompt's prefill, cannot stop half-way)."""
+        self.halt()
+        pending = [future for future in self._ended.values() if not future.done()]
+        if not pending:
+            return True
+        done, _ = await asyncio.wait(pending, timeout=timeout)
+        return len(done) == len(pending)
+
+    def close_records(self) -> None:
+        """End every record still open: a run cut off before its `done` gets a "stopped" one from its steps."""
+        for run_id in list(self._records):
+            self._end(run_id)
+
+    # ---- what subclasses report ---------------------------------------------------------------------------
+    def _event(self, run_id: int, event: Event) -> None:
+        record = self._records.get(run_id)
+        if record is None:
+            return  # a run already ended (or never started here): nothing to record or show
+        record.feed(event)
+        self._reply(run_id, RunEvent(run_id, event))
+        if isinstance(event, (DoneEvent, ErrorEvent)):
+            self._end(run_id)
+            if run_id != self._run_id:
+                self.listener(RunEnded(run_id, event))
+
+    def _failed(self, run_id: int, message: str) -> None:
+        record = self._records.get(run_id)
+        if record is None:
+            return
+        record.crashed()
+        self._end(run_id)
+        self._reply(run_id, RunFailed(run_id, message))
+
+    def _cut_off(self, run_id: int) -> None:
+        """The engine's stream of `run_id` ended without `done` (its process was closed on purpose): the record's
+        "stopped" done is passed on as the run's end."""
+        record = self._records.get(run_id)
+        if record is None:
+            return
+        self._end(run_id)
+        if record.cut_off is not None:
+            self._reply(run_id, RunEvent(run_id, record.cut_off))
+            if run_id != self._run_id:
+                self.listener(RunEnded(run_id, record.cut_off))
+
+    def _end(self, run_id: int) -> None:
+        record = self._records.pop(run_id, None)
+        if record is not None:
+            record.close()
+        future = self._ended.pop(run_id, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _reply(self, run_id: int, reply: Reply) -> None:
+        if run_id == self._run_id:
+            self.listener(reply)
+
+    # ---- the transport ------------------------------------------------------------------------------------
+    async def _load(self, progress: Progress) -> tuple[ModelFacts, SamplerSettings, RunOptions]:
+        raise NotImplementedError
+
+    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
+        raise NotImplementedError
+
+    def _send_branch(self, run_id: int, point: "BranchPoint") -> None:
+        raise NotImplementedError
+
+    def _branch_refusal(self) -> str | None:
+        """Why this (loaded) engine cannot branch, as one line; None when it can."""
+        return None
+
+    def _send_stop(self, run_id: int) -> None:
+        raise NotImplementedError
+
+    def _send_pause(self) -> None:
+        raise NotImplementedError
+
+    def _send_resume(self) -> None:
+        raise NotImplementedError
+
+    def _send_step(self) -> None:
+        raise NotImplementedError
+
+    def _send_sampler(self, sampler: SamplerSettings) -> None:
+        raise NotImplementedError
+
+    def _send_options(self, options: RunOptions) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End the engine (and its process, if any); records still open end with a "stopped" done."""
+        self.close_records()

@@ -1,0 +1,322 @@
+"""The engine in a child process, for the dashboard.
+
+Why a process and not a thread: the dashboard's Python work (Textual composing frames) and the engine's Python work
+(dispatching ~1,000 small torch operations per token) would share one GIL. Measured on the 2-core benchmark box:
+with the app and the model in one process, decode fell to 0.64x headless and the process used one core in all (a
+torch thread next to a busy Python thread ran 50x fewer small matrix products). In a child process the model keeps
+a core to itself and the dashboard only receives events. Headless mode keeps the in-process `Engine`.
+
+`ProcessClient` is the dashboard's engine client (core/link/client.py) for that child, read on the asyncio event loop.
+Importing this module does not import torch; the parent of a dashboard never loads it. The child's side is
+core/link/child.py.
+
+Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/link/protocol.py (the
+parent sends Load, then StartRun / StartBranch / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
+child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Callable
+
+from .. import errors
+from .client import EngineClient
+from ..errors import ModelLoadError, TokentuiError
+from ..runs.events import LoadProgress
+from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, Load, Loading, Pause, ProtocolError, Quit, Ready, Resume,
+                       SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
+from ..paths import state_dir
+from ..settings import RunOptions, SamplerSettings
+
+Progress = Callable[[LoadProgress], None]
+MESSAGES_PER_WAKE = 64  # messages read per wake-up of the event loop, so a fast model cannot starve the UI
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to build an Engine: what the command line says about the model and the run."""
+
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    device_map: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    compile: bool = False
+    threads: int | None = None
+    weight_layout: str = "auto"
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    options: RunOptions = field(default_factory=RunOptions)
+
+
+def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
+    """Load the model and build an Engine in this process (headless mode, and the child of a ProcessEngine).
+
+    `progress` gets the load stages in order, each in one stretch, and "ready" (fraction 1.0) once, last.
+
+    The cyclic garbage collector is off while the ~2,500 modules of torch and transformers are imported and the
+    model is built (it found nothing to free there and cost ~0.7 s of a 4-s start); the objects that survive are
+    then frozen out of later collections, so the dashboard's and the decode loop's collections stay short."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        from ..model.engine import Engine
+        from ..model.loader import STAGE_READY, load_model
+        from ..model.speed import SpeedOptions
+
+        loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
+                            trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
+                            progress=progress, ready=False)
+        engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
+                                                                                threads=spec.threads,
+                                                                                weight_layout=spec.weight_layout),
+                        progress=progress)
+        progress(LoadProgress(STAGE_READY, 1.0))  # the last load event: after the weight layout and any compile
+        return engine
+    finally:
+        if was_enabled:
+            gc.freeze()
+            gc.enable()
+
+
+def worker_log_path() -> Path:
+    """Where the model process writes its stdout/stderr (library warnings would otherwise scribble on the
+    dashboard): overwritten by each start, named in the error when that process ends unexpectedly."""
+    return state_dir() / "model-process.log"
+
+
+# ---------------------------------------------------------------------------------------------------- parent side
+@dataclass
+class StartedProcess:
+    proc: subprocess.Popen
+    conn: Connection
+    log_path: Path
+
+
+def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> StartedProcess:
+    """Start the child and ask it to load `spec`; returns at once. The dashboard calls this before importing
+    textual, so the child's ~4 s of imports and loading overlap the app's start instead of following it."""
+    log_path = log_path or worker_log_path()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    parent_end, child_end = socket.socketpair()
+    with open(log_path, "wb") as log:
+        # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from tokentui.core.link.child import _child; _child(int(sys.argv[1]))",
+             str(child_end.fileno())],
+            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    child_end.close()
+    conn = Connection(parent_end.detach())
+    try:
+        conn.send(Load(spec))
+    except OSError:  # it died at once; ProcessEngine reports how
+        pass
+    return StartedProcess(proc, conn, log_path)
+
+
+class ProcessClient(EngineClient):
+    """The engine in a child process, read on the event loop (`loop.add_reader` on the socket): no thread here.
+
+    Back-pressure: messages are read only as the loop gets to them (at most MESSAGES_PER_WAKE per wake-up); when
+    the app falls behind, the socket's buffer fills and the child's sends wait. A message in flight is read whole
+    (`Connection.recv` blocks until its last byte, which the child is already writing)."""
+
+    def __init__(self, spec: EngineSpec, sampler: SamplerSettings | None = None, options: RunOptions | None = None,
+                 recorder=None, *, started: StartedProcess | None = None, log_path: Path | None = None) -> None:
+        """`started`: a child already started for `spec` by `start_model_process` (it has been importing torch
+        while the caller set up); otherwise one is started by `load`."""
+        super().__init__(sampler if sampler is not None else spec.sampler,
+                         options if options is not None else spec.options, recorder)
+        self.spec = spec
+        self.log_path = started.log_path if started is not None else (log_path or worker_log_path())
+        self._started = started
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._loading: asyncio.Future | None = None
+        self._progress: Callable[[LoadProgress], None] = lambda p: None
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # ---- plumbing
+    def _post(self, message) -> None:
+        """A command for the child; dropped once the child is gone (the run in progress reports that)."""
+        if self._conn is None:
+            return
+        try:
+            self._conn.send(message)
+        except (OSError, EOFError, ValueError):
+            pass
+
+    def _ended_text(self) -> str:
+        code = self._proc.poll() if self._proc is not None else None
+        if code is None:
+            return "it closed its connection"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
+
+    def _readable(self) -> None:
+        """The socket has data: read what is there (up to MESSAGES_PER_WAKE messages) and hand each on."""
+        conn = self._conn
+        try:
+            for _ in range(MESSAGES_PER_WAKE):
+                if conn is None or not conn.poll():
+                    return
+                self._received(conn.recv())
+                conn = self._conn  # handling a message may have closed it
+        except (EOFError, OSError):
+            self._gone()
+
+    def _received(self, message) -> None:
+        loading = self._loading
+        if loading is not None and not loading.done():
+            try:
+                message = expect(message, LOADING_REPLIES, "while loading")
+            except ProtocolError as err:
+                loading.set_exception(ModelLoadError(str(err)))
+                return
+            if isinstance(message, Loading):
+                self._progress(message.progress)
+            elif isinstance(message, Ready):
+                loading.set_result(message)
+            else:  # LoadFailed
+                error_type = getattr(errors, message.kind, None)
+                if not (isinstance(error_type, type) and issubclass(error_type, TokentuiError)):
+                    error_type = ModelLoadError
+                loading.set_exception(error_type(message.message))
+            return
+        try:
+            message = expect(message, RUN_REPLIES, "during a run")
+        except ProtocolError as err:  # refused, not misread: the run in progress ends with it
+            self._failed(self.run_id, str(err))
+            return
+        if isinstance(message, Crash):
+            self._failed(message.serial, message.message)
+        else:
+            self._event(message.serial, message.event)
+
+    def _gone(self) -> None:
+        """The child's end closed: it exited or was ended."""
+        self._detach()
+        if self._proc is not None and not self._closing:
+            try:  # its end closed because it is exiting: its exit status says how (a moment, not a poll)
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        loading = self._loading
+        if loading is not None and not loading.done():
+            loading.set_exception(ModelLoadError(
+                f"the model process ended while loading ({self._ended_text()}); its output is in {self.log_path}"))
+            return
+        for run_id in list(self._records):
+            if self._closing:
+                self._cut_off(run_id)
+            else:
+                self._failed(run_id, f"the model process ended unexpectedly ({self._ended_text()}); "
+                                     f"its output is in {self.log_path}")
+
+    def _detach(self) -> None:
+        if self._conn is not None and self._loop is not None:
+            try:
+                self._loop.remove_reader(self._conn.fileno())
+            except (OSError, ValueError):
+                pass
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+        self._conn = None
+
+    # ---- EngineClient
+    async def _load(self, progress):
+        self._end_process(timeout=1.0)  # a retry starts afresh
+        started = self._started or start_model_process(self.spec, self.log_path)
+        self._started = None
+        self._proc, self._conn = started.proc, started.conn
+        self._closing = False
+        self._loop = asyncio.get_running_loop()
+        self._progress = progress
+        self._loading = self._loop.create_future()
+        self._loop.add_reader(self._conn.fileno(), self._readable)
+        try:
+            ready: Ready = await self._loading
+        except BaseException:
+            self._end_process(timeout=1.0)
+            raise
+        finally:
+            self._loading = None
+        self._paused = False
+        return ready.facts, ready.sampler, ready.options
+
+    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
+        self._post(StartRun(run_id, prompt, system))
+        if self._conn is None:  # the child is gone already
+            self._loop.call_soon(self._gone)
+
+    def _send_branch(self, run_id: int, point) -> None:
+        """The child's engine branches (core/model/branch.py) and reuses its own held KV cache of the latest run."""
+        self._post(StartBranch(run_id, point))
+        if self._conn is None:
+            self._loop.call_soon(self._gone)
+
+    def _send_stop(self, run_id: int) -> None:
+        self._post(Stop(run_id))
+
+    def _send_pause(self) -> None:
+        self._post(Pause())
+
+    def _send_resume(self) -> None:
+        self._post(Resume())
+
+    def _send_step(self) -> None:
+        self._post(Step())
+
+    def _send_sampler(self, sampler: SamplerSettings) -> None:
+        self._post(SetSampler(sampler))
+
+    def _send_options(self, options: RunOptions) -> None:
+        self._post(SetOptions(options))
+
+    def _end_process(self, timeout: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        self._closing = True
+        self._post(Quit())
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._gone()
+        self._proc = None
+
+    def close(self, timeout: float = 1.0) -> None:
+        """End the child: at once if it is loading or in a long prefill (a run in progress then ends "stopped",
+        its record too)."""
+        self._end_process(timeout)
+        if self._started is not None:  # started early but never loaded
+            self._started.proc.kill()
+            self._started.proc.wait()
+            self._started.conn.close()
+            self._started = None
+        super().close()

@@ -1,0 +1,204 @@
+"""The messages between the dashboard and its model process (core/link/process_client.py): one frozen dataclass per message,
+checked where it is built, so a malformed one cannot be sent, and checked again where it is received, so one that
+is not what that side expects is refused with `ProtocolError` instead of being read as something else.
+
+    parent -> child   Load first; then StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit
+    child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
+                      serial of the run it belongs to (a newer run's serial retires an older run's messages)
+
+They travel pickled over a private socket pair (`multiprocessing.connection`) between two processes of the same
+program; nothing listens on a port.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from ..errors import TokentuiError
+from ..runs.events import Event, LoadProgress, ModelFacts
+from ..settings import RunOptions, SamplerSettings
+
+if TYPE_CHECKING:
+    from ..model.branch import BranchPoint
+    from .process_client import EngineSpec
+
+
+class ProtocolError(TokentuiError):
+    """A message that is not one the receiving side expects at this point (a bug, or not our peer)."""
+
+
+def _serial(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"a run serial must be an integer >= 0, got {value!r}")
+
+
+def _text(name: str, value: object, optional: bool = False) -> None:
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise ProtocolError(f"{name} must be text, got {type(value).__name__}")
+
+
+# ---- parent -> child -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Load:
+    spec: "EngineSpec"
+
+    def __post_init__(self) -> None:
+        from .process_client import EngineSpec  # the spec lives with the process code that builds engines from it
+
+        if not isinstance(self.spec, EngineSpec):
+            raise ProtocolError(f"Load needs an EngineSpec, got {type(self.spec).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    serial: int
+    prompt: str
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        _text("the prompt", self.prompt)
+        _text("the system prompt", self.system, optional=True)
+
+
+def is_branch_point(value: object) -> bool:
+    """Whether `value` is a BranchPoint (core/runs/branch_point.py: free of torch, so the dashboard's process can build
+    one and send it)."""
+    from ..runs.branch_point import BranchPoint
+
+    return isinstance(value, BranchPoint)
+
+
+@dataclass(frozen=True, slots=True)
+class StartBranch:
+    """Run `Engine.branch(point)` as run `serial` (core/model/branch.py); its events come back as RunEvent like a run's."""
+
+    serial: int
+    point: "BranchPoint"
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        if not is_branch_point(self.point):
+            raise ProtocolError(f"StartBranch needs a BranchPoint, got {type(self.point).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop every run up to and including `serial` (at its next step boundary)."""
+
+    serial: int
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """While paused: let exactly one more step through."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetSampler:
+    settings: SamplerSettings
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, SamplerSettings):
+            raise ProtocolError(f"SetSampler needs SamplerSettings, got {type(self.settings).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class SetOptions:
+    options: RunOptions
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, RunOptions):
+            raise ProtocolError(f"SetOptions needs RunOptions, got {type(self.options).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Quit:
+    pass
+
+
+Command = Union[StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit]
+COMMANDS: tuple[type, ...] = (StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit)
+
+
+# ---- child -> parent -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Loading:
+    progress: LoadProgress
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.progress, LoadProgress):
+            raise ProtocolError(f"Loading needs a LoadProgress, got {type(self.progress).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    facts: ModelFacts
+    sampler: SamplerSettings
+    options: RunOptions
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.facts, ModelFacts) and isinstance(self.sampler, SamplerSettings)
+                and isinstance(self.options, RunOptions)):
+            raise ProtocolError("Ready needs ModelFacts, SamplerSettings and RunOptions")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailed:
+    """`kind`: the name of the TokentuiError subclass to raise in the parent (ModelLoadError when unknown)."""
+
+    kind: str
+    message: str
+
+    def __post_init__(self) -> None:
+        _text("the error kind", self.kind)
+        _text("the error message", self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    serial: int
+    event: Event
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        if not isinstance(self.event, Event):
+            raise ProtocolError(f"RunEvent needs an engine Event, got {type(self.event).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """The run `serial` failed with an exception the engine did not turn into an ErrorEvent (the log has more)."""
+
+    serial: int
+    message: str
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        _text("the crash message", self.message)
+
+
+LOADING_REPLIES: tuple[type, ...] = (Loading, Ready, LoadFailed)
+RUN_REPLIES: tuple[type, ...] = (RunEvent, Crash)
+
+
+def expect(message: object, kinds: tuple[type, ...], where: str) -> object:
+    """`message` if it is one of `kinds`; otherwise ProtocolError (never guessed at)."""
+    if not isinstance(message, kinds):
+        names = ", ".join(k.__name__ for k in kinds)
+        raise ProtocolError(f"the model process protocol: {where} expected {names}, got {type(message).__name__}")
+    return message

@@ -1,0 +1,171 @@
+"""The one place that calls into the model and its KV cache.
+
+transformers' forward/cache API moves between releases (the cache keyword was renamed in 5.24, `Cache.crop`
+changed meaning in 5.15, cache layers are classes since 5.0), so pyproject pins the range and every call goes
+through here (and through core/model/compiled.py, the compiled fast path): when the pin moves, only these files change.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+# The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
+# --max-new-tokens does not reserve gigabytes for a run that stops at the first end token.
+_FIRST_EXTRA_TOKENS = 4096
+
+
+class GrowableLayer(DynamicLayer):
+    """A full-attention cache layer that appends into a preallocated buffer instead of `torch.cat`.
+
+    transformers' DynamicLayer concatenates on every step, copying the whole layer cache each time: O(tokens) per
+    step and O(tokens^2) per run (at 2,000 tokens of SmolLM2 that is ~90 MB copied per step). Here a step copies
+    only the new token; the buffer doubles when full (amortised O(1)). `keys` / `values` are views of the used
+    prefix, so attention reads exactly what it reads with a DynamicLayer (same values, same shape; the numbers out
+    of the model are bit-identical, which tests/unit/test_fastpaths.py checks) and `nbytes` of those views is the bytes
+    held for the tokens used. `allocated_nbytes` is the reserved buffer.
+    """
+
+    def __init__(self, capacity: int = 0):
+        super().__init__()
+        self.capacity = max(0, int(capacity))
+        self._length = 0
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._length = 0
+        self._kbuf = self._vbuf = None
+        self.keys = key_states[..., :0, :]
+        self.values = value_states[..., :0, :]
+        self.is_initialized = True
+
+    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        old = 0 if self._kbuf is None else self._kbuf.shape[-2]
+        size = max(needed, self.capacity, 2 * old)
+        kbuf = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
+        vbuf = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+        if self._length:
+            kbuf[..., : self._length, :].copy_(self._kbuf[..., : self._length, :])
+            vbuf[..., : self._length, :].copy_(self._vbuf[..., : self._length, :])
+        self._kbuf, self._vbuf = kbuf, vbuf
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self._length, self._length + key_states.shape[-2]
+        if self._kbuf is None or end > self._kbuf.shape[-2]:
+            self._reserve(end, key_states, value_states)
+        self._kbuf[..., start:end, :].copy_(key_states)
+        self._vbuf[..., start:end, :].copy_(value_states)
+        self._length = end
+        self.keys = self._kbuf[..., :end, :]
+        self.values = self._vbuf[..., :end, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove (transformers >= 5.15 semantics)")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        self._length = max(0, self._length - abs(tokens_to_remove))
+        self.keys = self._kbuf[..., : self._length, :]
+        self.values = self._vbuf[..., : self._length, :]
+
+    def reset(self) -> None:
+        self._length = 0
+        self._kbuf = self._vbuf = None
+        super().reset()
+
+    def _unsupported(self, *args, **kwargs):
+        raise NotImplementedError("GrowableLayer serves one sequence (batch 1, no beam search, no offloading)")
+
+    batch_repeat_interleave = batch_select_indices = reorder_cache = offload = prefetch = _unsupported
+
+    @property
+    def allocated_nbytes(self) -> int:
+        return 0 if self._kbuf is None else self._kbuf.nbytes + self._vbuf.nbytes
+
+
+def new_cache(model, capacity: int | None = None) -> DynamicCache:
+    """An empty KV cache shaped like the one `generate` makes (sliding/hybrid layers from the config).
+
+    With `capacity` (the tokens a run may need: prompt + max new tokens), full-attention layers append into a
+    preallocated buffer (GrowableLayer) instead of re-concatenating the whole cache each step; sliding-window and
+    other special layers stay transformers' own.
+    """
+    cache = DynamicCache(config=model.config)
+    if capacity is not None:
+        first = int(capacity)
+        cache.layers = [GrowableLayer(first) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def first_capacity(prompt_tokens: int, max_new_tokens: int, max_context: int = 0) -> int:
+    """Tokens to reserve up front: the whole run, but at most _FIRST_EXTRA_TOKENS past the prompt and never past
+    the model's context."""
+    wanted = prompt_tokens + min(max_new_tokens, _FIRST_EXTRA_TOKENS)
+    return min(wanted, max_context) if max_context else wanted
+
+
+@torch.inference_mode()
+def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Run the model over `input_ids` extending `cache`; return the last position's scores.
+
+    input_ids: [1, T] int64 on the model's input device  ->  logits: [V] (model dtype)
+    `logits_to_keep=1` skips the LM head for all positions but the last (the only one that is read).
+    """
+    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1]
+
+
+def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer as the tensors that hold the cached tokens; keys/values: [batch, kv_heads, tokens,
+    head_dim]. For a static (preallocated, fixed-size) cache these are the used prefix of each buffer."""
+    tokens = getattr(cache, "host_tokens", None)  # static caches: the token count kept on the host (no sync)
+    out = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None:
+            continue
+        if tokens is not None and getattr(layer, "is_compileable", False):
+            keys, values = keys[..., :tokens, :], values[..., :tokens, :]
+        out.append((keys, values))
+    return out
+
+
+def cache_tokens(cache) -> int:
+    tokens = getattr(cache, "host_tokens", None)
+    return int(tokens) if tokens is not None else int(cache.get_seq_length())
+
+
+def cache_nbytes(cache) -> int:
+    """Bytes held for the cached tokens, read off the tensors themselves (no formula)."""
+    return sum(k.nbytes + v.nbytes for k, v in cache_layers(cache))
+
+
+def cache_allocated_nbytes(cache) -> int:
+    """Bytes reserved by the cache: >= cache_nbytes for preallocated caches (growable or static)."""
+    total = 0
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None:
+            continue
+        allocated = getattr(layer, "allocated_nbytes", None)
+        total += allocated if allocated is not None else layer.keys.nbytes + layer.values.nbytes
+    return total
+
+
+def input_device(model) -> torch.device:
+    """Where token IDs go: the embedding's device (differs from model.device under a multi-GPU device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work so a timer reads real time (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,238 @@
+"""Branching: go back to one step of a run, force another token there, and let the model go on from it.
+
+A run's step k (0-based `StepEvent.index`) is selected from the scores the model gives after reading the prompt
+(L ids) and the tokens t0..t(k-1): at that selection the KV cache holds L + k - 1 positions plus the one being fed
+(the prompt's last id for k = 0, else t(k-1)). A branch at step k with token x keeps t0..t(k-1), takes x at step
+k instead of t(k), then generates on with the sampler settings in force, exactly like a run:
+
+    BranchEvent, [Notice], [PrefillProgress...], PrefillEvent, StepEvent(index=k, forced=True), StepEvent(k+1)...,
+    DoneEvent (or ErrorEvent)
+
+KV reuse. The engine keeps the KV cache of its latest finished run (or branch) and the ids it holds
+(`HeldCache`). When those ids start with the branch's prompt + t0..t(k-2), the cache is cut back (`crop_cache`) to
+L + k - 1 positions and only the one token at position L + k - 1 is fed again: one decode pass recomputes step
+k's scores exactly (the candidates and probabilities reported are the genuine ones of that step), instead of a
+prefill of L + k tokens. Otherwise — no held cache (a fresh process), another prompt, a cache that cannot be cut
+back (--compile's static cache, sliding-window layers) — the prefix is prefilled afresh; when a held cache had
+the prefix but could not be cut, a Notice says why. `BranchEvent.kv_reused_tokens` and
+`PrefillEvent.reused_tokens` say how many positions were reused (0: prefilled afresh), `PrefillEvent.tokens` how
+many the model computed.
+
+The forced step. Selection runs as usual on the recomputed scores (same settings, on a copy of the sampler's
+random generator, so the forced step draws nothing and the branch's first sampled step draws the seed's first
+numbers); then its choice is replaced by x: `chosen_rank`, `chosen_raw_prob` and `chosen_prob` are x's. A token
+that top-k / top-p (or greedy) cut has `chosen_prob` 0, and a Notice says so.
+
+Numbering and length: steps keep their index (the branch's first step is index k; the UI shows k + 1).
+`RunOptions.max_new_tokens` bounds the branch's own steps, the forced one included; `DoneEvent.tokens` / `runs`
+count the branch's own steps, and `DoneEvent.text` is the whole answer, t0..t(k-1) + the branch's tokens decoded
+in one shot (so "one-shot decode == text" holds for a branch too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from .adapter import GrowableLayer, first_capacity, new_cache
+from ..steps.decode import decode_one_token
+from ..steps.detokenize import IncrementalDetokenizer
+from ..steps.display import display_piece
+from ..errors import PromptError, SettingsError
+from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
+from .kvcache import cache_nbytes, cache_tokens
+from .lens import lens_unavailable
+from ..steps.prefill import prefill_chunks
+from ..steps.select import Selection, reference_probs, select
+from ..runs.branch_point import BranchPoint
+from .speed import use_threads
+
+__all__ = ["BranchPoint", "HeldCache", "branch_events", "crop_cache", "crop_problem", "forced_selection",
+           "reusable_positions"]
+
+
+@dataclass(frozen=True)
+class HeldCache:
+    """The KV cache an engine keeps after a run, and the ids whose keys and values it holds, in order."""
+
+    cache: object
+    ids: tuple[int, ...]
+
+
+# --------------------------------------------------------------------------------------------- the cache
+def crop_problem(cache) -> str | None:
+    """Why `cache` cannot be cut back to a prefix (None: it can)."""
+    if getattr(cache, "decoder", None) is not None:  # core/model/compiled.py's StaticKV
+        return ("--compile's static KV cache is shared by the compiled decode step and has no crop "
+                "(transformers' StaticLayer cannot drop positions)")
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, GrowableLayer):  # sliding-window, linear-attention... layers
+            return f"this model's cache has {type(layer).__name__} layers, which cannot be cut back exactly"
+    return None
+
+
+def crop_cache(cache, tokens: int) -> None:
+    """Cut `cache` (full-attention layers: DynamicLayer, GrowableLayer) back to its first `tokens` positions.
+
+    transformers' `Cache.crop(n)` took an absolute length for n >= 0 before 5.15 and refuses it since; a negative
+    n ("remove |n| positions") means the same in every version, so that is the only form called here. The result
+    is checked: a crop that left another length raises RuntimeError.
+    """
+    held = cache_tokens(cache)
+    if not 0 <= tokens <= held:
+        raise ValueError(f"cannot crop a cache of {held} positions to {tokens}")
+    if tokens < held:
+        cache.crop(tokens - held)
+    if cache_tokens(cache) != tokens or any(k.shape[-2] != tokens for k, _ in _layers(cache)):
+        raise RuntimeError(f"the KV cache holds {cache_tokens(cache)} positions after a crop to {tokens}")
+
+
+def _layers(cache):
+    return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "keys", None) is not None]
+
+
+def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple[int, str | None]:
+    """(positions of `held` a branch over `prefix` (prompt + tokens before the step) can reuse, a Notice text or
+    None). The step's scores come from feeding prefix[-1], so the cache must hold prefix[:-1] (at least)."""
+    keep = len(prefix) - 1
+    if held is None or keep < 1 or len(held.ids) < keep or held.ids[:keep] != prefix[:keep]:
+        return 0, None
+    problem = crop_problem(held.cache)
+    if problem is None and cache_tokens(held.cache) != len(held.ids):
+        problem = f"the held cache has {cache_tokens(held.cache)} positions for {len(held.ids)} ids"
+    if problem is not None:
+        return 0, f"the KV cache of the last run was not reused: {problem}; prefilling the {len(prefix)}-token " \
+                  "prefix afresh"
+    return keep, None
+
+
+# --------------------------------------------------------------------------------------------- selection
+def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator | None, top_n: int,
+                     token: int, to_host=None) -> Selection:
+    """`select` on these scores with the same settings, its choice replaced by `token`: the candidates and the
+    distribution's figures are the step's own; chosen_rank / chosen_raw_prob / chosen_prob are `token`'s
+    (chosen_prob 0 when the sampler cut it). Draws from a copy of `generator`, not from it. `to_host`: as
+    `select`'s (the engine's timed copy)."""
+    scratch = None
+    if generator is not None:
+        scratch = torch.Generator(device=generator.device)
+        scratch.set_state(generator.get_state())
+    sel = select(logits, settings, scratch, top_n, to_host)  # also the NaN/inf check
+    scores = logits.reshape(-1).to(torch.float32)
+    rank = int((scores > scores[token]).sum())
+    if token in sel.top_ids:
+        at = sel.top_ids.index(token)
+        raw, prob = sel.top_raw_probs[at], sel.top_probs[at]
+    else:
+        p = torch.softmax(scores, dim=-1)
+        raw = float(p[token] / p.sum())
+        prob = 0.0 if sel.greedy else float(reference_probs(logits, settings)[token])
+    return replace(sel, token_id=token, chosen_rank=rank, chosen_raw_prob=raw, chosen_prob=prob)
+
+
+class _ForceFirst:
+    """The engine's `choose` for a branch: the first call forces the token, every later one is `select`."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.done = False
+
+    def __call__(self, logits, settings, generator, top_n, to_host=None) -> Selection:
+        if self.done:
+            return select(logits, settings, generator, top_n, to_host)
+        self.done = True
+        return forced_selection(logits, settings, generator, top_n, self.token, to_host)
+
+
+# --------------------------------------------------------------------------------------------- the branch
+def _check(engine, point: BranchPoint) -> None:
+    facts = engine.facts
+    rows = facts.vocab_rows
+    for name, ids in (("token", (point.token,)), ("prompt", point.prompt_ids), ("prefix", point.tokens)):
+        bad = next((i for i in ids if i >= rows), None)
+        if bad is not None:
+            what = "the forced token" if name == "token" else f"the branch's {name}"
+            raise SettingsError(f"{what} id {bad} is not in this model's vocabulary (ids 0..{rows - 1})")
+    n = len(point.prompt_ids) + point.at
+    if facts.max_context and n >= facts.max_context:
+        raise PromptError(f"the branch's prefix is {n} tokens: step {point.at + 1} lies past this model's context "
+                          f"of {facts.max_context}")
+
+
+def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
+    """The branch's events (the module docstring has them), for `Engine.branch`, which runs this under the
+    engine's locks with serial `serial` (pause / stop act at step boundaries, as in a run). Uses and replaces the
+    engine's held cache."""
+    _check(engine, point)
+    opts, model = engine.options, engine.model
+    prefix = point.prompt_ids + point.tokens
+    held = engine._held
+    reuse, why = reusable_positions(held, prefix)
+    detok = IncrementalDetokenizer(engine.token_bytes)  # primed with the prefix: the branch's text goes on from it
+    for token in point.tokens:
+        detok.push(token)
+    vocab = engine.token_bytes
+    parent_piece = display_piece(vocab, point.parent_token) if point.parent_token is not None else None
+    yield BranchEvent(at=point.at, id=point.token, piece=display_piece(vocab, point.token),
+                      parent_id=point.parent_token, parent_piece=parent_piece, kv_reused_tokens=reuse,
+                      prompt_ids=list(point.prompt_ids), tokens=list(point.tokens), prefix_text=detok.text,
+                      parent=point.parent)
+    if why:
+        yield Notice(why)
+    go, paused_s = engine._timed_gate(serial)
+    if not go:  # stopped before anything ran: the held cache stays as it was
+        yield engine._ended_before_first_token(len(point.prompt_ids), None, paused_s)
+        return
+    engine._held = None  # from here the cache is the branch's (a failed branch leaves none held)
+    lens_states = None  # the logit lens, as in a run: each forward appends its hidden states here
+    if opts.logit_lens:
+        lens_why = lens_unavailable(model, compiled=engine._compiled is not None)
+        if lens_why:
+            yield Notice(lens_why)
+        else:
+            lens_states = []
+    lens = {} if lens_states is None else {"states_out": lens_states}
+    if reuse:
+        cache = held.cache
+        crop_cache(cache, reuse)
+        use_threads(engine.device, engine.speed.decode_threads())
+        logits, forward_ms = decode_one_token(model, prefix[-1], cache, **lens)
+        yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+                           reused_tokens=reuse)
+    else:
+        del held  # the old cache goes before the new one is allocated
+        cache = None
+        if engine._compiled is not None:
+            cache, notice = engine._compiled.new_cache(len(prefix) + opts.max_new_tokens, engine.facts.max_context)
+            if notice:
+                yield Notice(notice)
+        if cache is None:
+            cache = new_cache(model, first_capacity(len(prefix), opts.max_new_tokens, engine.facts.max_context))
+        use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
+        chunked = len(prefix) > opts.prefill_chunk
+        logits, forward_ms = None, 0.0
+        for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
+            if chunked:
+                yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
+                if logits is None and engine._stopping(serial):
+                    yield engine._ended_before_first_token(len(point.prompt_ids), cache, paused_s)
+                    return
+        use_threads(engine.device, engine.speed.decode_threads())
+        yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache_tokens(cache),
+                           kv_bytes=cache_nbytes(cache))
+    steps = engine._generate(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
+                             prefix=point.tokens, detok=detok, choose=_ForceFirst(point.token),
+                             fed=1 if reuse else len(prefix))
+    for event in steps:
+        if isinstance(event, StepEvent) and event.index == point.at:
+            event = replace(event, forced=True)
+            yield event
+            if event.chosen_prob == 0.0:
+                cut = "greedy takes only the top token" if event.greedy else "the sampler settings cut it"
+                yield Notice(f"step {point.at + 1}: the forced token {event.piece!r} has probability 0 after "
+                             f"sampling ({cut}); its raw probability is {event.chosen_raw_prob:.2%}")
+            continue
+        yield event

@@ -1,0 +1,237 @@
+"""The `--compile` fast path: a static KV cache and a torch.compile'd one-token decode step.
+
+Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2-135M fp32; see BENCHMARKS.md):
+
+* Decode there is bound by reading the weights, and eager PyTorch reads them at ~11-14 GB/s (MKL's fp32 matrix-vector
+  kernel on this AMD CPU) where one core streams ~20 GB/s. Inductor with `freezing` (weights become constants)
+  and `max_autotune` over the CPP GEMM template packs each weight into a blocked layout and generates a
+  matrix-vector kernel per shape; with `cpp.enable_concat_linear` q/k/v and gate/up become one matrix each. That is
+  where the speed comes from: ~1.6x the eager step (17.4 -> 27.8 tok/s). Freezing alone (MKL-packed weights, no
+  autotuning) gave ~1.14x; `cpp_wrapper` (the whole step as one C++ call) compiled slower and was not clearly faster.
+* A compiled graph needs fixed shapes, hence transformers' StaticCache: one preallocated buffer per layer and an
+  attention mask over its whole length. Runs are grouped into buckets of 256 * 2^k cache tokens so that a bucket
+  compiles once per process (each compile costs minutes on 2 cores: inductor's FX-graph cache cannot store graphs
+  holding mkldnn-packed weights, so every process compiles again). A bucket is sized for the whole run
+  (prompt + --max-new-tokens); runs needing more than MAX_COMPILED_TOKENS decode eagerly (a Notice says so), since
+  every step attends over the whole static buffer.
+* Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
+  cache, chunk by chunk for a long prompt (core/steps/prefill.py), like the eager path.
+* On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
+  torch records CUDA graphs per Python thread: a run on another thread than the warm-up (a LocalClient's executor
+  thread, core/link/local_client.py) re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
+  runs on its main thread.
+* Threads on CPU: the generated kernels bake in the thread count they were compiled with; the engine compiles at
+  its decode thread count (1 on 2 cores). Compiled with 2 threads the step fell to ~3 tok/s on the busy 2-core
+  box (OpenMP barriers on a shared core), against ~28 with one.
+* The cache's token count is kept on the host (`host_tokens`): StaticCache keeps it in a tensor, and reading that
+  every step would be a device sync on CUDA. KV bytes are reported for the tokens used (the used prefix of each
+  buffer, read off the tensors); the allocation is reported once, as a Notice.
+
+* Dynamo checks its guards on every step (~1 ms of the ~31-ms step here). `set_stance(skip_guard_eval_unsafe=True)`
+  measured 2-5 % faster and is not used: for that little, an instrument keeps its correctness checks (the next
+  point shows how little those guards already distinguish).
+* One decoder per model (and CPU thread count), shared by every Engine on that model: `CompiledDecoder.for_model`.
+  Dynamo keeps compiled graphs per code object, and its guards tell two models apart but not two static caches
+  (transformers marks their tensors static-address, so a graph holds them the way it holds weights). A second
+  decoder on the same model therefore reused the first one's graph, which read and wrote the *first* decoder's
+  cache: wrong tokens, silently (tests/unit/test_fastpaths.py). Sharing the decoder shares its caches; `run_lock`
+  keeps two engines from running on them at once. The registry holds models weakly, so dropping the last engine
+  frees the model object; the frozen weights, though, stay with torch's compiled code for the life of the process
+  (even after torch._dynamo.reset()), which is one reason the dashboard runs each model in a process of its own.
+
+The compiled step gives the same token IDs as `generate(do_sample=False)` on the embedded model (checked by
+tests/unit/test_fastpaths.py and by the benchmark), but its scores are not bit-identical to eager ones (different
+summation order in the generated kernels), so ties at the 6th decimal could in principle pick another token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+import weakref
+from typing import Callable
+
+import torch
+from transformers import StaticCache
+
+from .adapter import forward_last_logits, input_device, synchronize
+from ..runs.events import LoadProgress
+from .kvcache import kv_bytes_per_token
+
+MAX_COMPILED_TOKENS = 4096
+_BUCKET_MIN = 256
+_WARMUP_PROMPT = 8  # tokens of the throw-away prefill that triggers compilation
+_TICK_S = 5.0  # how often compile progress is reported
+
+
+def bucket_for(tokens: int, max_context: int = 0) -> int | None:
+    """Static cache length for a run needing `tokens` cache slots: the next 256 * 2^k, capped at the context;
+    None when that exceeds MAX_COMPILED_TOKENS (the run decodes eagerly)."""
+    if tokens > MAX_COMPILED_TOKENS:
+        return None
+    size = _BUCKET_MIN
+    while size < tokens:
+        size *= 2
+    if max_context:
+        size = min(size, max_context)
+    return size if size >= tokens else None
+
+
+def compile_settings(device: torch.device) -> tuple[dict, dict]:
+    """(torch.compile keyword arguments, inductor config patch) per device (see the module docstring for why).
+
+    The inductor settings are applied with `torch._inductor.config.patch` around the calls that compile: passed as
+    torch.compile(options=...) they did not take effect (freezing is decided outside the patched region).
+    """
+    if device.type == "cuda":
+        return dict(mode="reduce-overhead", fullgraph=True, dynamic=False), {}
+    options = {
+        "freezing": True,
+        "max_autotune": True,
+        "max_autotune_gemm_backends": "CPP,ATEN",
+        "cpp.enable_concat_linear": True,
+        # autotuning writes its tables straight to stderr, which would scribble over the dashboard
+        "autotune_num_choices_displayed": 0,
+        "max_autotune_report_choices_stats": False,
+    }
+    return dict(fullgraph=True, dynamic=False), options
+
+
+class StaticKV(StaticCache):
+    """transformers' StaticCache plus the token count on the host and the decoder that fills it."""
+
+    def __init__(self, config, max_cache_len: int, decoder: "CompiledDecoder"):
+        super().__init__(config=config, max_cache_len=max_cache_len)
+        self.capacity = max_cache_len
+        self.host_tokens = 0
+        self.decoder = decoder
+
+
+_SHARED: "weakref.WeakKeyDictionary[object, dict[int, CompiledDecoder]]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+class CompiledDecoder:
+    """Owns the compiled step and one static cache per bucket for one model. Get it with `for_model` (see the
+    module docstring for why it is shared); a run holds `run_lock` from prefill to its last step."""
+
+    @classmethod
+    def for_model(cls, model, threads: int) -> "CompiledDecoder":
+        """The decoder for `model` at `threads` CPU threads (generated CPU kernels bake in their thread count)."""
+        with _SHARED_LOCK:
+            per_model = _SHARED.setdefault(model, {})
+            if threads not in per_model:
+                per_model[threads] = cls(model)
+            return per_model[threads]
+
+    def __init__(self, model):
+        self.run_lock = threading.Lock()
+        self._model = weakref.ref(model)  # the registry is keyed on the model: a strong reference would keep it
+        self.device = input_device(model)
+        self._dtype = model.get_input_embeddings().weight.dtype
+        self._caches: dict[int, StaticKV] = {}
+        self._compiled: set[int] = set()
+        self._warm_calls: dict[int, int] = {}
+        self._ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # reused input: no per-step alloc
+        kwargs, self._inductor_config = compile_settings(self.device)
+        self._step = torch.compile(self._forward, **kwargs)
+        self.compile_seconds: dict[int, float] = {}
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:  # pragma: no cover - engines hold their model; a decoder outliving it is a bug
+            raise RuntimeError("the compiled decoder's model is gone")
+        return model
+
+    def _forward(self, ids: torch.Tensor, cache: StaticKV) -> torch.Tensor:
+        return self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    # ------------------------------------------------------------------------------------------- caches
+    def cache(self, bucket: int) -> StaticKV:
+        if bucket not in self._caches:
+            self._caches[bucket] = StaticKV(self.model.config, bucket, self)
+        return self._caches[bucket]
+
+    def new_cache(self, tokens: int, max_context: int = 0) -> tuple[StaticKV | None, str | None]:
+        """A static cache for a run needing `tokens` slots and a Notice text, or (None, why) to decode eagerly."""
+        bucket = bucket_for(tokens, max_context)
+        if bucket is None:
+            return None, (f"--compile covers runs of up to {MAX_COMPILED_TOKENS} tokens (prompt + max new tokens); "
+                          f"this one may need {tokens}: decoding eagerly")
+        cache = self.cache(bucket)
+        allocated = bucket * kv_bytes_per_token(self.model.config, self._dtype)
+        notice = (f"static KV cache: {allocated / 2**20:.1f} MiB allocated for {bucket} tokens "
+                  "(the KV figures shown count the tokens in use)")
+        if bucket not in self._compiled:
+            notice += "; compiling the decode step for it first (minutes on a small CPU, once per process)"
+        return cache, notice
+
+    # ------------------------------------------------------------------------------------------- the run
+    def prefill(self, ids: torch.Tensor, cache: StaticKV, first: bool = True) -> torch.Tensor:
+        """Eager prefill of one chunk into the static cache (reset first when `first`); ids [1, T] -> logits [V].
+        A later chunk lands after the tokens already written (StaticCache counts them per layer)."""
+        if first:
+            with torch.inference_mode():
+                cache.reset()
+            cache.host_tokens = 0
+        logits = forward_last_logits(self.model, ids, cache)
+        cache.host_tokens += ids.shape[1]
+        return logits
+
+    def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:
+        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers)."""
+        if cache.host_tokens >= cache.capacity:
+            raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
+        self._ids.fill_(token_id)  # a fill kernel: no host-to-device copy, no sync
+        if cache.capacity in self._compiled:
+            with torch.inference_mode():
+                logits = self._step(self._ids, cache).clone()
+        else:  # this call compiles (or records CUDA graphs)
+            import torch._inductor.config as inductor_config
+
+            with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
+                logits = self._step(self._ids, cache).clone()
+            self._warm_calls[cache.capacity] = self._warm_calls.get(cache.capacity, 0) + 1
+            if self._warm_calls[cache.capacity] >= 3:  # CUDA graphs record on the third call
+                self._compiled.add(cache.capacity)
+        cache.host_tokens += 1
+        return logits
+
+    def warm_up(self, bucket: int, progress: Callable[[LoadProgress], None] | None = None) -> float:
+        """Compile the step for `bucket` now (a throw-away 8-token prefill and three steps: CUDA graphs record on
+        the third call), reporting elapsed time every few seconds; returns the seconds it took."""
+        if bucket in self._compiled:
+            return 0.0
+        report = progress or (lambda _: None)
+        stage = f"compiling the decode step ({bucket}-token static cache; minutes on CPU, once per process)"
+        report(LoadProgress(stage, None))
+        started = time.perf_counter()
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(_TICK_S):
+                report(LoadProgress(f"{stage}: {time.perf_counter() - started:.0f} s", None))
+
+        ticker = threading.Thread(target=tick, name="tokentui-compile-progress", daemon=True)
+        ticker.start()
+        try:
+            cache = self.cache(bucket)
+            token = 0
+            ids = torch.full((1, _WARMUP_PROMPT), token, dtype=torch.long, device=self.device)
+            self.prefill(ids, cache)
+            for _ in range(3):
+                self.step(token, cache)
+            synchronize(self.device)
+            with torch.inference_mode():
+                cache.reset()
+            cache.host_tokens = 0
+        finally:
+            done.set()
+            ticker.join()
+        seconds = time.perf_counter() - started
+        self.compile_seconds[bucket] = seconds
+        report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
+        return seconds

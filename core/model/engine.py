@@ -1,0 +1,352 @@
+"""The generation loop: the six steps run in order and reported as events.
+
+`Engine.run()` is a plain blocking iterator (headless mode, benchmarks; the dashboard reaches it through an engine
+client, core/link/client.py, which steps it off the event loop). Sampler settings, pause, single-step and stop are
+thread-safe and take effect at the next step boundary; each step event carries the settings it actually used (the
+engine's SamplerSettings object itself, shared by every step until they change). The latest finished run's KV cache
+stays with the engine: `Engine.branch()` goes back to one of its steps with another token and reuses it
+(core/model/branch.py).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from contextlib import nullcontext
+from typing import Iterator
+
+import torch
+
+from .adapter import first_capacity, input_device, new_cache
+from .branch import BranchPoint, HeldCache, branch_events
+from ..controls import RunControls
+from ..steps.decode import decode_one_token
+from ..steps.detokenize import IncrementalDetokenizer, oneshot_text
+from ..steps.display import display_piece
+from ..steps.token_bytes import token_bytes
+from ..errors import GenerationError, PromptError, TokentuiError
+from ..runs.events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
+                     PrefillProgress, PromptEvent, StepEvent)
+from .kvcache import cache_nbytes, cache_tokens
+from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
+from .lens import lens_unavailable, logit_lens
+from .loader import LoadedModel
+from ..steps.prefill import prefill_chunks
+from ..steps.select import select
+from ..settings import RunOptions, SamplerSettings
+from .speed import SpeedOptions, cpu_cores, use_threads
+from ..steps.template import apply_template, default_system_prompt
+from .timing import StepClock
+from ..steps.tokenization import tokenize
+
+
+def end_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends an answer: the generation config's (often several, e.g. <|im_end|> and <|endoftext|>)
+    plus the tokenizer's eos."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(i) for i in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class Engine(RunControls):
+    def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
+                 options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
+        """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py,
+        core/model/weight_layout.py, core/model/compiled.py). On CPU the engine stores the model's wide float32 projections transposed,
+        in place (same values, faster decode; weight_layout="stock" leaves the model untouched). With compile, the
+        decode step is compiled here (minutes on a small CPU), reported through `progress`."""
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.facts: ModelFacts = loaded.facts
+        self.options = options or RunOptions()  # settings are valid by construction (core/settings.py)
+        super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
+        self._model_lock = threading.Lock()  # one run on the model at a time
+        self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/model/branch.py)
+        self.token_bytes = token_bytes(self.tokenizer)
+        self.end_ids = end_token_ids(self.model, self.tokenizer)
+        # what the chat template puts in an empty system message: a property of the tokenizer, read once
+        self.default_system_prompt = default_system_prompt(self.tokenizer)
+        self.device = input_device(self.model)
+        self.speed = (speed or SpeedOptions()).validated()
+        self.layout = LayoutReport()
+        if self.speed.weight_layout == "auto" and self.device.type == "cpu":
+            # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
+            use_threads(self.device, self.speed.threads or cpu_cores())
+            plan = plan_wide_weights(self.model)
+            if progress is not None and plan.matrices:  # said before the work, which it names
+                progress(LoadProgress(plan.describe_work(), None))
+            self.layout = transpose_wide_weights(self.model)  # in place: see core/model/weight_layout.py
+        self._compiled = None
+        if self.speed.compile:
+            from .compiled import CompiledDecoder, bucket_for
+
+            self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
+            bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a typical chat prompt
+            if bucket is not None:
+                use_threads(self.device, self.speed.decode_threads())
+                self._compiled.warm_up(bucket, progress)
+
+    def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
+        """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
+        from the next step): (the list that forward appends its hidden states to, None for no lens; the Notice
+        text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
+        if not self.options.logit_lens:
+            return None, None
+        if states is not None:
+            return states, None
+        why = lens_unavailable(self.model, compiled=self._compiled is not None)
+        return ([], None) if why is None else (None, None if said else why)
+
+    # ------------------------------------------------------------------------------------------- the run
+    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+        """One generation, as events: [Notice], PromptEvent, [PrefillProgress... for a long prompt], PrefillEvent,
+        StepEvent..., DoneEvent (also when stopped before the first token).
+
+        A bad prompt or a fault mid-run ends the stream with an ErrorEvent (one actionable line) instead.
+        """
+        yield from self._guarded(lambda serial: self._run(prompt, system, serial))
+
+    def branch(self, point: BranchPoint) -> Iterator[Event]:
+        """A branch of an earlier run (core/model/branch.py): the prefix `point` gives, `point.token` forced at step
+        `point.at`, then generation as in `run` (same settings, pause, stop, limits). Events: BranchEvent,
+        [Notice], [PrefillProgress...], PrefillEvent, StepEvent (index point.at, forced=True), StepEvent...,
+        DoneEvent; or an ErrorEvent, as in `run`. Reuses the KV cache of this engine's latest run (or branch) when
+        it holds the prefix."""
+        yield from self._guarded(lambda serial: branch_events(self, point, serial))
+
+    @property
+    def held_ids(self) -> tuple[int, ...]:
+        """The ids whose keys and values the held KV cache of the latest run holds (() when none is held): a branch
+        whose prompt + tokens before the step start with these, but the last, reuses them."""
+        held = self._held
+        return held.ids if held is not None else ()
+
+    def release_cache(self) -> None:
+        """Drop the KV cache kept from the latest run (its memory is freed once no branch uses it; a later branch
+        prefills afresh). Does not wait: a run in progress keeps its own cache, and holds it when it ends."""
+        self._held = None
+
+    def _guarded(self, start) -> Iterator[Event]:
+        """The events of `start(serial)` as one run: a new serial (retiring older runs), the model's locks, and
+        faults turned into an ErrorEvent."""
+        serial = self._new_run()
+        # A compiled run also holds its decoder's lock: engines on one model share its static caches.
+        with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
+            step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
+            events = start(serial)
+            try:
+                for event in events:
+                    if isinstance(event, StepEvent):
+                        step = event.index + 1
+                    yield event
+            except TokentuiError as err:
+                yield ErrorEvent(message=str(err), step=getattr(err, "step", -1), kind=type(err).__name__)
+            except torch.cuda.OutOfMemoryError as err:
+                yield ErrorEvent(message=self._oom_message(err, step), step=step, kind="oom")
+            finally:
+                events.close()
+
+    def _oom_message(self, err, step: int = -1) -> str:
+        """One line with the numbers (asked for, free of total where the device can say) and what to try."""
+        numbers = []
+        asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
+        if asked:
+            numbers.append(f"tried to allocate {asked.group(1)}")
+        if self.device.type == "cuda":
+            try:
+                free, total = torch.cuda.mem_get_info(self.device)
+                numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+            except Exception:  # a broken CUDA context must not hide the real error
+                pass
+        where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
+        detail = f" ({'; '.join(numbers)})" if numbers else ""
+        smaller = "--dtype bfloat16, " if self.facts.dtype == "float32" else ""
+        return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
+                "or a smaller model")
+
+    def _run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
+        facts, opts, tok = self.facts, self.options, self.tokenizer
+        self._held = None  # a new run: the last one's KV cache goes
+        # Step 1 — chat template.
+        templated = apply_template(tok, prompt, system)
+        if not templated.templated:
+            yield Notice("this model has no chat template: the raw prompt is used as is")
+        # With the logit lens on: a list each forward appends its hidden states to (`_lens_for`: decided again before
+        # each forward, so turning it on or off mid-run shows from the next step).
+        lens_states, lens_why = self._lens_for(None, said=False)
+        lens_said = lens_why is not None
+        if lens_why:
+            yield Notice(lens_why)
+        # Step 2 — tokenize.
+        ids, pieces = tokenize(tok, templated, self.token_bytes)
+        if facts.max_context and len(ids) >= facts.max_context:
+            over = len(ids) - facts.max_context + 1
+            raise PromptError(f"the prompt is {len(ids)} tokens, {over} over this model's context of "
+                              f"{facts.max_context}; shorten it by at least {over} tokens")
+        yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
+                          user_prompt=prompt, system_prompt=system,
+                          default_system_prompt=self.default_system_prompt)
+        go, paused_s = self._timed_gate(serial)
+        if not go:
+            yield self._ended_before_first_token(len(ids), None, paused_s)
+            return
+        # Step 3 — prefill (a long prompt in chunks, with progress and a chance to stop between them).
+        cache = None
+        if self._compiled is not None:
+            cache, notice = self._compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
+            if notice:
+                yield Notice(notice)
+        if cache is None:
+            cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
+        lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the options may have changed while paused
+        if lens_why:
+            lens_said = True
+            yield Notice(lens_why)
+        use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
+        chunked = len(ids) > opts.prefill_chunk
+        logits, forward_ms = None, 0.0
+        for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
+                                                            states_out=lens_states):
+            if chunked:
+                yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
+                if logits is None and self._stopping(serial):
+                    yield self._ended_before_first_token(len(ids), cache, paused_s)
+                    return
+        use_threads(self.device, self.speed.decode_threads())
+        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
+                           kv_bytes=cache_nbytes(cache))
+        yield from self._generate(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
+
+    def _generate(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
+                  lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
+                  detok: IncrementalDetokenizer | None = None, choose=None,
+                  lens_said: bool | None = None, fed: int | None = None) -> Iterator[Event]:
+        """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
+        forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
+        a branch (core/model/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
+        and a `choose` that forces its first token. `done` counts the steps taken here; its text is prefix + those
+        tokens, decoded in one shot. The finished run's cache is kept for branches (`_held`).
+
+        The logit lens follows `self.options.logit_lens` before each decode forward (`_lens_for`); `lens_states` is
+        what the caller's forward filled (None: no lens). `lens_said`: the caller already said the lens is not
+        available (None, from core/model/branch.py: taken as said when the lens is wanted now and the caller ran without
+        it), so that Notice comes once per run. `fed`: the ids the forward that scored the first step read (default
+        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/model/timing.py)."""
+        facts, opts, tok = self.facts, self.options, self.tokenizer
+        if lens_said is None:
+            lens_said = lens_states is None and opts.logit_lens
+        ttft_ms = forward_ms
+        generator = torch.Generator(device=logits.device)
+        seed_in_use: int | None = None
+        if detok is None:
+            detok = IncrementalDetokenizer(self.token_bytes)
+        choose = choose or select  # step 4's selection (looked up now, so a test can patch `select`)
+        first = len(prefix)
+        generated: list[int] = list(prefix)
+        reason = "length"
+        clock = StepClock(self.device, logits.device)
+        step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
+        decode_started = None
+        decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
+        index = first
+        while True:
+            # Step 4 — selection, with the settings in force now.
+            settings, changed = self._take_settings()
+            if settings.seed != seed_in_use:
+                generator.manual_seed(settings.seed)
+                seed_in_use = settings.seed
+            try:
+                sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
+            except GenerationError as err:
+                located = GenerationError(f"step {index + 1}: {err}")  # numbered from 1; .step is the index
+                located.step = index
+                raise located from err
+            clock.selected()
+            vocab = self.token_bytes
+            lens = None  # the logit lens of the forward that scored this token (core/model/lens.py)
+            if lens_states:
+                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i))
+                clock.lensed()
+            # Step 6 — detokenize as the token arrives.
+            det = detok.push(sel.token_id)
+            generated.append(sel.token_id)
+            piece = display_piece(vocab, sel.token_id)
+            candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
+                                    special=vocab.is_special(i))
+                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)]
+            kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)  # building the event counts as detok
+            now = time.perf_counter()
+            timing = clock.finish(now)
+            yield StepEvent(
+                index=index, id=sel.token_id, piece=piece, special=det.special,
+                text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
+                completed_chars=list(det.completed), candidates=candidates,
+                chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
+                kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
+                sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
+                settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=clock.forward_ms,
+                kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
+                top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
+            )
+            index += 1
+            if sel.token_id in self.end_ids and not opts.ignore_eos:
+                reason = "eos"
+                break
+            if index - first >= opts.max_new_tokens:
+                reason = "length"
+                break
+            # The next token would sit at position cache_tokens: it must be inside the context.
+            if facts.max_context and cache_tokens(cache) >= facts.max_context:
+                reason = "context"
+                break
+            go, waited = self._timed_gate(serial)
+            paused_s += waited
+            if decode_started is not None:
+                decode_paused_s += waited
+            if not go:
+                reason = "stopped"
+                break
+            lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the lens as the options say now
+            if lens_why:
+                lens_said = True
+                yield Notice(lens_why)
+            # Step 5 — decode: only the new token goes through the model.
+            step_start = clock.forward_begins(self.options.time_stages, waited)
+            if decode_started is None:
+                decode_started = step_start
+            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states,
+                                                  sync=clock.sync_forward)
+            clock.forward_ends(forward_ms)
+        end = time.perf_counter()
+        taken = len(generated) - first  # the steps selected here
+        decoded = taken - 1
+        decode_s = (end - decode_started - decode_paused_s) if decode_started is not None else 0.0
+        # Bytes of a character that can no longer complete are reported as bytes, not released as U+FFFD; the
+        # answer text leaves out what a one-shot decode makes of them (the oracle: one-shot == text + that).
+        ending = detok.end()
+        text = oneshot_text(tok, generated)
+        if ending.dropped_text and text.endswith(ending.dropped_text):
+            text = text[: -len(ending.dropped_text)]
+        self._held = HeldCache(cache, tuple(ids) + tuple(generated[:-1]))  # the last token was never fed
+        yield DoneEvent(
+            reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
+            ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decoded > 0 and decode_s > 0 else None,
+            text=text, prompt_tokens=len(ids), flushed=ending.text,
+            kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), paused_ms=paused_s * 1000.0,
+            dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed,
+        )
+
+    def _ended_before_first_token(self, prompt_tokens: int, cache, paused_s: float) -> DoneEvent:
+        """The `done` of a run stopped before its first token (before or during prefill): no token, so no time to
+        first token and no decode speed (null, not 0); the KV figures are what the prefill chunks done hold."""
+        return DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
+                         prompt_tokens=prompt_tokens, kv_tokens=cache_tokens(cache) if cache is not None else 0,
+                         kv_bytes=cache_nbytes(cache) if cache is not None else 0, paused_ms=paused_s * 1000.0)

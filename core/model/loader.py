@@ -1,0 +1,341 @@
+"""Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
+from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
+
+GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
+first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
+seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ModelLoadError, SettingsError
+from ..runs.events import LoadProgress, ModelFacts
+from ..paths import cache_dir
+from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
+                       resolve_model, too_few_cuda_message)
+
+__all__ = ["EMBEDDED", "EMBEDDED_NAME", "LoadedModel", "embedded_gguf", "load_model", "model_facts",
+           "resolve_device", "resolve_dtype", "converted_gguf_dir"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Stage names, in the order they come; each reads after the dashboard's "loading " prefix.
+STAGE_FIND = "finding the model"
+STAGE_GGUF_TOKENIZER = "reading the GGUF tokenizer (first start only)"
+STAGE_GGUF_READ = "reading the GGUF file (first start only)"
+STAGE_GGUF_DEQUANT = "de-quantizing GGUF tensors (first start only)"
+STAGE_GGUF_SAVE = "saving the converted weights (first start only)"
+STAGE_WEIGHTS = "reading weights"
+STAGE_READY = "ready"
+
+Progress = Callable[[LoadProgress], None]
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    facts: ModelFacts
+
+
+def _noop(_: LoadProgress) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------- device/dtype
+def resolve_device(device: str):
+    """The torch device for `--device` (format and messages shared with core/model/precheck.py)."""
+    import torch
+
+    text, kind, index = parse_device(device)
+    if kind == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SettingsError(no_cuda_message(text))
+    if index is not None and index >= torch.cuda.device_count():
+        raise SettingsError(too_few_cuda_message(text, torch.cuda.device_count()))
+    return torch.device(text)
+
+
+def resolve_dtype(dtype: str, device):
+    import torch
+
+    dtype = (dtype or "auto").strip().lower()
+    if dtype not in DTYPES:
+        raise SettingsError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        # bf16 halves the bytes each decode step reads on a GPU; on CPU fp32 prefill is several times faster.
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float16 if device.type == "cuda" else torch.float32
+    value = getattr(torch, dtype)
+    if value is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise SettingsError("--dtype bfloat16: this GPU cannot compute in bfloat16; use --dtype float16")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- GGUF cache
+@contextlib.contextmanager
+def _gguf_progress(progress: Progress):
+    """Route transformers' GGUF de-quantization progress bar to our callback instead of the terminal.
+
+    transformers prints it with tqdm straight to stderr, which would scribble over the dashboard; its module
+    imports `tqdm` by name, so we swap that name for the duration of the load.
+    """
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - layout changed: just no fine-grained progress
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+
+    def reporting_tqdm(iterable, desc=None, **_):
+        """The fraction is of the file's tensor bytes de-quantized (the work is per byte, and one embedding
+        table can outweigh dozens of norms), sent when it moves by a percent or more."""
+        items = list(iterable)
+        sizes = [max(int(getattr(item, "n_bytes", 1) or 1), 1) for item in items]
+        total = max(sum(sizes), 1)
+        done = 0
+        sent = -1.0
+        for item, size in zip(items, sizes):
+            fraction = done / total
+            if fraction - sent >= 0.01:
+                progress(LoadProgress(STAGE_GGUF_DEQUANT, fraction))
+                sent = fraction
+            yield item  # transformers de-quantizes it now, in its loop body
+            done += size
+        progress(LoadProgress(STAGE_GGUF_DEQUANT, 1.0))
+
+    gguf_utils.tqdm = reporting_tqdm
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def _gguf_cache_key(path: Path) -> str:
+    import transformers
+
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}"
+    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, object | None, object | None]:
+    """Return (folder of safetensors + tokenizer converted from `path`, model, tokenizer).
+
+    On first use the GGUF is de-quantized, saved, and the just-converted model and tokenizer are returned too
+    (no second load); later calls return (folder, None, None).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+
+    target = cache_dir() / "converted" / _gguf_cache_key(path)
+    if (target / "config.json").is_file() and (target / ".complete").is_file():
+        return target, None, None
+    folder, name = str(path.parent), path.name
+    try:
+        # No fraction for these two: transformers gives no progress for them (the GGUF's vocabulary and merges
+        # become a tokenizer; the file's metadata becomes a config and an empty model).
+        progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        progress(LoadProgress(STAGE_GGUF_READ, None))
+        with _gguf_progress(progress):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({_first_line(err)}); "
+                             "download it again or pass another --model") from err
+    # transformers refuses save_pretrained on a GGUF-loaded model ("quantized with gguf and is not
+    # serializable") although the de-quantized weights are plain tensors: drop the quantizer marks first.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    progress(LoadProgress(STAGE_GGUF_SAVE, None))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_abandoned(target)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text(json.dumps({"source": str(path), "time": time.time()}))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
+                             "set TOKENTUI_CACHE_DIR to a writable folder") from err
+    return target, model, tokenizer
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Delete half-written copies of `target` left by a process that was killed while saving (their pid is in
+    the name): each can be as large as the model."""
+    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
+        try:
+            pid = int(leftover.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(leftover, ignore_errors=True)
+        except (ValueError, OSError):
+            pass  # not ours to judge (another user's process, or an odd name): leave it
+
+
+def _quiet_transformers() -> None:
+    """transformers' own progress bars and warnings write to the terminal, which would scribble over the
+    dashboard; progress reaches the user through our LoadProgress events instead."""
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()  # e.g. "Retrying in 8s" lines while a download waits for the network
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
+def load_model(
+    spec: str | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    device_map: str | None = None,
+    progress: Progress = _noop,
+    ready: bool = True,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id.
+
+    `progress` gets the stages in order, each once (a stage with a measurable fraction sends it repeatedly); the
+    last is "ready" unless `ready=False` (load_engine has more to do and says "ready" itself)."""
+    started = time.perf_counter()
+    _quiet_transformers()
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    progress(LoadProgress(STAGE_FIND, None))
+    where = resolve_model(spec, allow_pickle=allow_pickle)  # one line for a bad path, an unreachable hub...
+    source, name = where.source, where.name
+    folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
+    model = tokenizer = None
+    if where.gguf_file is not None:
+        folder, model, tokenizer = converted_gguf_dir(where.gguf_file, progress)
+        if device_map:  # let accelerate place the weights from the cached files
+            model = None
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+
+    kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if source == "hub" and not isinstance(folder, Path):
+        kwargs["local_files_only"] = hub_offline()
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    if model is None:  # (just converted from GGUF: the weights are already in memory)
+        progress(LoadProgress(STAGE_WEIGHTS, None))
+    try:
+        if model is not None:  # just converted from GGUF (fp32, CPU): only move it
+            model = model.to(device=dev, dtype=torch_dtype)
+        elif device_map:
+            model = AutoModelForCausalLM.from_pretrained(folder, device_map=device_map, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(dev)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code,
+                                                      **({"local_files_only": True} if hub_offline() else {}))
+    except ModelLoadError:
+        raise
+    except torch.cuda.OutOfMemoryError as err:
+        raise ModelLoadError(f"{name} does not fit in GPU memory ({_first_line(err)}); "
+                             "try --dtype bfloat16, a smaller model or --device cpu") from err
+    except Exception as err:
+        raise ModelLoadError(_explain_load_error(name, err)) from err
+    model.eval()
+    facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
+                        load_seconds=time.perf_counter() - started)
+    if ready:
+        progress(LoadProgress(STAGE_READY, 1.0))
+    return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
+
+
+def _explain_load_error(name: str, err: BaseException) -> str:
+    text = _first_line(err)
+    low = text.lower()
+    if "does not recognize this architecture" in low or "unrecognized configuration class" in low:
+        return f"{name}: transformers does not know this architecture ({text}); upgrade transformers or " \
+               "pass --trust-remote-code if the model ships its own code and you trust it"
+    if "trust_remote_code" in low:
+        return f"{name} needs its own Python code to load; pass --trust-remote-code only if you trust its source"
+    if "deserializ" in low or "header too" in low or "incomplete metadata" in low or "invalid json in header" in low:
+        return f"{name}: corrupt or truncated safetensors file ({text}); download the weights again"
+    if "use_safetensors" in low or "no file named model.safetensors" in low:
+        return f"{name}: no safetensors weights; convert them or pass --allow-pickle if you trust the source"
+    return f"{name}: could not load the model ({text})"
+
+
+def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust_remote_code: bool = False,
+                load_seconds: float = 0.0) -> ModelFacts:
+    """Everything the model panel shows, read off the loaded objects (not from documentation)."""
+    import torch
+
+    from .kvcache import kv_bytes_per_token, kv_shape
+
+    config = model.config
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers, kv_heads, head_dim = kv_shape(config)
+    param = next(model.parameters())
+    out_emb = model.get_output_embeddings()
+    vocab_rows = int(out_emb.weight.shape[0]) if out_emb is not None else int(text_config.vocab_size)
+    return ModelFacts(
+        name=name,
+        source=source,
+        architecture=(config.architectures or [type(model).__name__])[0],
+        parameters=sum(p.numel() for p in model.parameters()),
+        layers=layers,
+        hidden_size=int(text_config.hidden_size),
+        vocab_rows=vocab_rows,
+        attention_heads=int(text_config.num_attention_heads),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        kv_bytes_per_token=kv_bytes_per_token(config, param.dtype),
+        kv_bytes_per_value=torch.empty((), dtype=param.dtype).element_size(),
+        max_context=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        device=str(param.device),
+        dtype=str(param.dtype).removeprefix("torch."),
+        chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        trust_remote_code=trust_remote_code,
+        load_seconds=round(load_seconds, 3),
+        tied_lm_head=tied_lm_head(model),
+    )
+
+
+def tied_lm_head(model) -> bool | None:
+    """Whether the LM head multiplies by the embedding table itself: the weights actually shared (one tensor, or
+    two views of the same memory), whatever `config.tie_word_embeddings` claims. None when the model has no
+    separate input or output embeddings to compare, or their weights are not materialised (meta tensors)."""
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    a, b = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if a is None or b is None:
+        return None
+    if a is b:
+        return True
+    if a.is_meta or b.is_meta:
+        return None
+    return a.device == b.device and a.shape == b.shape and a.data_ptr() == b.data_ptr() != 0

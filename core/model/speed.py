@@ -1,0 +1,72 @@
+"""Speed settings: how many CPU threads each phase uses, and whether decode runs compiled.
+
+Thread policy, measured on the 2-core AVX2 box the benchmarks run on (benchmarks/bench.py, BENCHMARKS.md): both
+phases leave a core free, `cores - 1` threads (at least 1), unless --threads says otherwise.
+
+* Decode multiplies one activation vector by every weight matrix: ~1,000 small operations per token, each a few
+  microseconds. With 2 OpenMP threads every one of them ends in a barrier, and as soon as anything else wants a core
+  (the dashboard, a test run, the OS) the threads wait on each other: SmolLM2 decode fell from ~22 to ~9 tok/s with
+  2 threads on a busy machine (3 tok/s for the compiled step), and was no faster on an idle one (one core already
+  streams ~20 GB/s of its ~33).
+* Prefill multiplies whole matrices: on a quiet machine 2 threads were 1.5x faster from ~256 prompt tokens on (and
+  slower for a 32-token chat prompt), but with other work running they collapsed the same way: a 256-token prefill
+  took 4.9 s on 2 threads against 0.8 s on one. The dashboard is such other work, so prefill does not take every
+  core by default either; `prefill_threads` (or --threads) opts in.
+
+`torch.set_num_threads` is process-wide, and with OpenMP each thread also caches its own count: the engine calls
+`use_threads` on the thread that runs the model, right before each phase.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..errors import SettingsError
+from .weight_layout import LAYOUTS
+
+def cpu_cores() -> int:
+    """CPU cores this process may use: torch's default (physical cores) within the affinity mask."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        allowed = os.cpu_count() or 1
+    return max(1, min(allowed, _TORCH_DEFAULT_THREADS))
+
+
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()  # read at import, before anyone changes it
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """compile: static KV cache + torch.compile'd decode step (core/model/compiled.py); threads / prefill_threads: CPU
+    threads for decode / prefill, None = the policy above; weight_layout: see core/model/weight_layout.py."""
+
+    compile: bool = False
+    threads: int | None = None
+    prefill_threads: int | None = None
+    weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/model/weight_layout.py); "stock"
+
+    def validated(self) -> "SpeedOptions":
+        if self.weight_layout not in LAYOUTS:
+            raise SettingsError(f"weight-layout must be {' or '.join(LAYOUTS)}, got {self.weight_layout!r}")
+        for name in ("threads", "prefill_threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise SettingsError(f"{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        return replace(self, compile=bool(self.compile))
+
+    def decode_threads(self) -> int:
+        return self.threads or max(1, cpu_cores() - 1)
+
+    def prefill_thread_count(self, prompt_tokens: int) -> int:
+        """Threads for a prefill of `prompt_tokens` (kept as an argument for policies that depend on it)."""
+        return self.prefill_threads or self.decode_threads()
+
+
+def use_threads(device: torch.device, count: int) -> None:
+    """Set the intra-op thread count for the calling thread (CPU only; a no-op when unchanged)."""
+    if device.type == "cpu" and torch.get_num_threads() != count:
+        torch.set_num_threads(count)

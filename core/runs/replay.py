@@ -1,0 +1,115 @@
+"""A recorded run played back through the engine's interface, so the dashboard (and headless mode) can show a
+record as if a model were writing it: `tokentui replay FILE.jsonl`. No torch, no model.
+
+Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
+(2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
+in the engine. The sampler cannot change a recorded run: `update_sampler` refuses with a SettingsError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import SettingsError
+from ..controls import RunControls
+from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
+                     PromptEvent, StepEvent, stopped_done)
+from .run import Run
+from ..settings import RunOptions, SamplerSettings
+
+
+def check_speed(speed: float) -> float:
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or math.isnan(speed) or math.isinf(speed) \
+            or speed < 0:
+        raise SettingsError(f"--speed must be a number >= 0 (1 = as recorded, 0 = as fast as possible), got {speed!r}")
+    return float(speed)
+
+
+def _sampler_of(run: Run) -> SamplerSettings:
+    """The settings the first step was taken with (the defaults when the record has no step); valid, since a
+    step's settings are a SamplerSettings (the record's reader refuses a record whose settings are not)."""
+    first = run.first
+    return first.settings if first is not None else SamplerSettings()
+
+
+def _options_of(run: Run) -> RunOptions:
+    """What bounded the recorded run, as far as the record tells: the length it reached, whether it went on past
+    an end token (a special token before the last step: only --ignore-eos does that), the candidates per step."""
+    done = run.done
+    tokens = max(1, done.tokens if done is not None else len(run))
+    specials = run.values("special", 0, max(0, len(run) - 1))
+    first = run.first
+    return RunOptions(max_new_tokens=tokens, ignore_eos=any(specials),
+                      top_candidates=max(1, len(first.candidates)) if first is not None else 10)
+
+
+class ReplayEngine(RunControls):
+    """Plays a `Run` (usually `Run.from_record(path)`) with the engine's interface (tui/config.py EngineLike)."""
+
+    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
+        if run.facts is None:
+            raise ValueError("a replay needs the run's model facts")
+        self.source = run
+        self.speed = check_speed(speed)
+        label = name or (run.record_path.name if run.record_path is not None else "a run")
+        # the model panel says where the run comes from; the load time was the recorded model's, not this one's
+        self.facts: ModelFacts = replace(run.facts, source=f"replay of {label}", load_seconds=0.0)
+        self.options: RunOptions = _options_of(run)
+        super().__init__(_sampler_of(run))  # pause / single step / stop exactly as the engine's (core/controls.py)
+
+    @classmethod
+    def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
+        return cls(Run.from_record(path), speed=speed)
+
+    # ---- settings: fixed by the record (pause, step and stop: core/controls.py's, at step boundaries) --------
+    def update_sampler(self, **changes) -> SamplerSettings:
+        raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
+
+    def _wait(self, ms: float, serial: int) -> bool:
+        """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
+        seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
+        return self._steps.sleep(seconds, lambda: self._stopping(serial))
+
+    # ---- the run -------------------------------------------------------------------------------------------
+    def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
+        """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
+        so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
+        short — with a `done` event (reason "stopped") for the steps played."""
+        serial = self._new_run()  # like the engine's, a step granted before the run (pause + step) carries into it
+        source = self.source
+        recorded = source.prompt
+        if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
+                                                                                recorded.system_prompt):
+            yield Notice("a replay plays the recorded prompt; the prompt given is not run")
+        played = 0
+        prefill_ms = 0.0
+        prompt_tokens = 0
+        for event in source.events():
+            if isinstance(event, (ModelFacts, LoadProgress)):
+                continue
+            if isinstance(event, PromptEvent):
+                prompt_tokens = len(event.ids)
+            elif isinstance(event, PrefillProgress):
+                if not self._wait(event.elapsed_ms - prefill_ms, serial):
+                    break
+                prefill_ms = event.elapsed_ms
+            elif isinstance(event, PrefillEvent):
+                if not self._wait(event.ms - prefill_ms, serial):
+                    break
+                prefill_ms = event.ms
+            elif isinstance(event, StepEvent):
+                # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
+                # of which the prefill has been waited for already
+                wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
+                if not self._wait(wait, serial) or not self._gate(serial):
+                    break
+                played += 1
+            yield event
+            if isinstance(event, (DoneEvent, ErrorEvent)):
+                return
+        if source.record_notice is not None and not self._stopping(serial):
+            yield Notice(f"{source.record_notice}: replayed up to there")
+        yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

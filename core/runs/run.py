@@ -1,0 +1,407 @@
+"""The run model: everything one run reported, in order, as one navigable object.
+
+A `Run` is built by folding the engine's events (`run.apply(event)`), read back from a run record
+(`Run.from_record(path)`, core/runs/record_reader.py) and written to one (`run.save(path)`). It holds the model facts,
+notices, the prompt, the prefill (and its progress), every step and the end (done or error); `len(run)`,
+`run[i]` / `run.step(i)`, `run[a:b]`, `run.first`, `run.last` and a `Cursor` navigate the steps.
+
+Steps are stored column by column (core arrays of numbers, shared strings), not as one object each: a step with
+ten candidates takes ~0.5 KiB instead of ~3 KiB, so a 10,000-step run stays a few MiB. `run[i]` rebuilds the
+`StepEvent` (equal to the one applied); the latest one applied is kept as it came.
+
+A branch run (core/model/branch.py: `Engine.branch`, `tokentui branch`) starts with a `branch` event and its steps start
+at the branch point's index: `run.branch` holds that event, `run.offset` the index (0 for a plain run). Navigation
+stays by position: `len(run)` counts the steps this run reported, and `run[i]` (a Cursor's index too) is the i-th
+of them, whose `.index` is `run.offset + i`. The steps before the offset are the parent's: the branch event holds
+their token ids (`tokens`) and text (`prefix_text`), and `run.text` includes that text.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import fields
+from pathlib import Path
+from typing import Iterator
+
+from .events import (
+    BranchEvent,
+    Candidate,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    LensRow,
+    LoadProgress,
+    ModelFacts,
+    MultiTokenChar,
+    Notice,
+    PrefillEvent,
+    PrefillProgress,
+    PromptEvent,
+    StepEvent,
+    StepTiming,
+)
+from ..settings import SamplerSettings
+
+_ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
+# optional numbers: arrays too, None kept as a value such a field never takes (NaN, the smallest int64)
+_OPTIONAL_CODES = {"int | None": ("q", -(2**63)), "float | None": ("d", float("nan"))}
+
+
+class RunError(ValueError):
+    """An event that cannot be part of this run (a step out of order)."""
+
+
+class _Columns:
+    """Instances of a dataclass stored as one column per field: numbers in arrays, strings shared (a run's
+    pieces and texts come from a vocabulary, so each distinct one is kept once), anything else in a list.
+    Fields named in `skip` are stored elsewhere by the owner."""
+
+    def __init__(self, cls, skip: tuple[str, ...] = ()) -> None:
+        self.cls = cls
+        self.columns: dict[str, array | list] = {}
+        self.bools: set[str] = set()
+        self.strings: set[str] = set()
+        self.optional: dict[str, int | float] = {}  # field -> the value that stands for None in its array
+        for f in fields(cls):
+            if f.name in skip:
+                continue
+            code = _ARRAY_CODES.get(f.type)
+            if f.type in _OPTIONAL_CODES:
+                code, self.optional[f.name] = _OPTIONAL_CODES[f.type]
+            self.columns[f.name] = array(code) if code else []
+            if f.type == "bool":
+                self.bools.add(f.name)
+            elif f.type == "str":
+                self.strings.add(f.name)
+        self._shared: dict[str, str] = {}
+
+    def append(self, item) -> None:
+        added = []
+        try:
+            for name, column in self.columns.items():
+                value = getattr(item, name)
+                if name in self.strings and isinstance(value, str):
+                    value = self._shared.setdefault(value, value)
+                elif value is None and name in self.optional:
+                    value = self.optional[name]
+                column.append(value)
+                added.append(column)
+        except (TypeError, OverflowError) as err:
+            for column in added:  # all columns stay the same length
+                column.pop()
+            raise RunError(f"{self.cls.__name__}.{name} = {value!r} cannot be stored: {err}") from None
+
+    def values(self, i: int) -> dict:
+        out = {name: column[i] for name, column in self.columns.items()}
+        for name in self.bools:
+            out[name] = bool(out[name])
+        for name, none in self.optional.items():
+            if out[name] == none or out[name] != out[name]:  # the int sentinel, or NaN
+                out[name] = None
+        return out
+
+    def get(self, i: int):
+        return self.cls(**self.values(i))
+
+    def slice(self, name: str, start: int = 0, stop: int | None = None) -> list:
+        """Column `name` of rows start..stop as plain values (bools as bools, None for an optional number's None)."""
+        out = self.columns[name][start:stop]
+        if name in self.bools:
+            return [bool(v) for v in out]
+        if name in self.optional:
+            none = self.optional[name]
+            return [None if v == none or v != v else v for v in out]
+        return out if isinstance(out, list) else out.tolist()
+
+
+_NO_TIMING = StepTiming(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)  # the row of a step without a timing split
+
+
+class _Steps:
+    """The steps' columns; candidates (and logit lens rows) flattened into their own columns with each step's
+    offset; the timing split in columns of its own, one row per step."""
+
+    def __init__(self) -> None:
+        self.scalars = _Columns(StepEvent,
+                                skip=("index", "candidates", "completed_chars", "settings", "lens", "timing"))
+        self.timing = _Columns(StepTiming)  # a row per step (zeros where `has_timing` says None)
+        self.has_timing = array("b")
+        self.candidates = _Columns(Candidate)
+        self.offsets = array("q", [0])  # step i's candidates are rows offsets[i]:offsets[i + 1]
+        self.lens = _Columns(LensRow)
+        self.lens_offsets = array("q", [0])  # step i's lens rows are lens_offsets[i]:lens_offsets[i + 1]...
+        self.has_lens = array("b")  # ...and 0 where its lens is None (not an empty list)
+        self.completed: dict[int, tuple[MultiTokenChar, ...]] = {}  # few steps complete a character
+        self.settings: list[SamplerSettings] = []  # each run of steps with equal settings once...
+        self.settings_at = array("q")  # ...and the one in force at each step
+        self._interned: dict[SamplerSettings, SamplerSettings] = {}  # one object per distinct settings value
+        self.count = 0
+        self.first = 0  # the index of the first step (a branch's steps start at its branch point)
+
+    def append(self, step: StepEvent) -> None:
+        settings = step.settings
+        if not self.settings or self.settings[-1] != settings:
+            # equal settings share one object (a record's reader builds one per line; A, B, A keeps two)
+            self.settings.append(self._interned.setdefault(settings, settings))
+        cands = list(step.candidates)
+        lens = list(step.lens) if step.lens is not None else []
+        added: list[_Columns] = []  # one entry per row appended, to take back if the step cannot be stored
+        try:
+            for table, rows in ((self.candidates, cands), (self.lens, lens)):
+                for row in rows:
+                    table.append(row)
+                    added.append(table)
+            self.timing.append(step.timing if step.timing is not None else _NO_TIMING)
+            added.append(self.timing)
+            self.scalars.append(step)
+        except RunError:
+            for table in added:
+                for column in table.columns.values():
+                    column.pop()
+            raise
+        self.offsets.append(self.offsets[-1] + len(cands))
+        self.lens_offsets.append(self.lens_offsets[-1] + len(lens))
+        self.has_lens.append(step.lens is not None)
+        self.has_timing.append(step.timing is not None)
+        self.settings_at.append(len(self.settings) - 1)
+        if step.completed_chars:
+            self.completed[self.count] = tuple(step.completed_chars)
+        self.count += 1
+
+    def get(self, i: int) -> StepEvent:
+        values = self.scalars.values(i)
+        rows = range(self.offsets[i], self.offsets[i + 1])
+        lens = None
+        if self.has_lens[i]:
+            lens = [self.lens.get(r) for r in range(self.lens_offsets[i], self.lens_offsets[i + 1])]
+        timing = self.timing.get(i) if self.has_timing[i] else None
+        return StepEvent(index=self.first + i, candidates=[self.candidates.get(r) for r in rows],
+                         completed_chars=list(self.completed.get(i, ())),
+                         settings=self.settings[self.settings_at[i]], lens=lens, timing=timing, **values)
+
+
+class Run:
+    """One run, as reported: see the module docstring. `apply` is the only way in (events in engine order)."""
+
+    def __init__(self, facts: ModelFacts | None = None) -> None:
+        self.facts: ModelFacts | None = None
+        self.prompt: PromptEvent | None = None
+        self.prefill: PrefillEvent | None = None
+        self.prefill_progress: list[PrefillProgress] = []
+        self.notices: list[Notice] = []
+        self.end: DoneEvent | ErrorEvent | None = None
+        self.branch: BranchEvent | None = None  # set for a branch run (see the module docstring)
+        self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
+        self._steps = _Steps()
+        self._last: StepEvent | None = None
+        # set by `from_record`: the file, and the line a record cut short ends in (None: every line whole)
+        self.record_path: Path | None = None
+        self.cut_line: int | None = None
+        if facts is not None:
+            self.apply(facts)
+
+    # ---- folding events ------------------------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        """Add one event. A step must be the next one (index == offset + len(run)), else RunError; a `branch`
+        event must come before any step, once; a later `done` replaces an earlier one (the end is whatever the run
+        last said)."""
+        if isinstance(event, StepEvent):
+            if event.index != self.offset + len(self):
+                raise RunError(f"step {event.index} cannot follow {len(self)} step(s)"
+                               + (f" from index {self.offset}" if self.offset else ""))
+            self._steps.append(event)
+            self._last = event
+            return
+        if isinstance(event, ModelFacts):
+            self.facts = event
+        elif isinstance(event, Notice):
+            self.notices.append(event)
+        elif isinstance(event, PromptEvent):
+            self.prompt = event
+        elif isinstance(event, PrefillProgress):
+            self.prefill_progress.append(event)
+        elif isinstance(event, PrefillEvent):
+            self.prefill = event
+        elif isinstance(event, (DoneEvent, ErrorEvent)):
+            self.end = event
+        elif isinstance(event, BranchEvent):
+            if self.branch is not None or len(self):
+                raise RunError("a branch event must come once, before the run's steps")
+            self.branch = event
+            self._steps.first = event.at
+        elif not isinstance(event, LoadProgress):
+            raise RunError(f"a run has no place for a {type(event).__name__}")
+        self._others.append((len(self), event))
+
+    # ---- the end -------------------------------------------------------------------------------------------
+    @property
+    def done(self) -> DoneEvent | None:
+        return self.end if isinstance(self.end, DoneEvent) else None
+
+    @property
+    def error(self) -> ErrorEvent | None:
+        return self.end if isinstance(self.end, ErrorEvent) else None
+
+    @property
+    def ended(self) -> bool:
+        return self.end is not None
+
+    # ---- the steps -----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._steps.count
+
+    def __getitem__(self, key: int | slice):
+        if isinstance(key, slice):
+            return [self.step(i) for i in range(*key.indices(len(self)))]
+        return self.step(key)
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        for i in range(len(self)):
+            yield self.step(i)
+
+    def step(self, i: int) -> StepEvent:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} is not in this run of {n} step(s)")
+        if i == n - 1 and self._last is not None:
+            return self._last
+        return self._steps.get(i)
+
+    @property
+    def first(self) -> StepEvent | None:
+        return self.step(0) if len(self) else None
+
+    @property
+    def last(self) -> StepEvent | None:
+        return self._last
+
+    def values(self, name: str, start: int = 0, stop: int | None = None) -> list:
+        """One number or string field of steps start..stop (e.g. "latency_ms", "text", "timing.forward_ms": None
+        for a step without a timing split), without rebuilding them."""
+        if name == "index":
+            return list(range(self.offset, self.offset + len(self)))[start:stop]
+        if name.startswith("timing."):
+            out = self._steps.timing.slice(name.removeprefix("timing."), start, stop)
+            return [v if has else None for v, has in zip(out, self._steps.has_timing[start:stop])]
+        return self._steps.scalars.slice(name, start, stop)
+
+    def completed_chars(self, last: int | None = None, upto: int | None = None) -> list[MultiTokenChar]:
+        """Characters whose bytes came over several tokens, oldest first (`last`: only the latest so many; `upto`:
+        only those completed by the step at that position or before it)."""
+        chars: list[MultiTokenChar] = []
+        for index in reversed(self._steps.completed):
+            if last is not None and len(chars) >= last:
+                break
+            if upto is None or index <= upto:
+                chars[:0] = self._steps.completed[index]
+        return chars if last is None else chars[max(0, len(chars) - last):]
+
+    @property
+    def text(self) -> str:
+        """The answer so far: the texts the steps completed, after a branch's prefix text (the end's own `text`
+        once there is one)."""
+        if self.done is not None:
+            return self.done.text
+        prefix = self.branch.prefix_text if self.branch is not None else ""
+        return prefix + "".join(self._steps.scalars.columns["text"])
+
+    @property
+    def offset(self) -> int:
+        """The index of this run's first step: a branch's branch point, 0 for a plain run."""
+        return self.branch.at if self.branch is not None else 0
+
+    def cursor(self, index: int | None = None) -> "Cursor":
+        return Cursor(self, index)
+
+    # ---- in order ------------------------------------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        """Every event applied, in the order it came (steps rebuilt one at a time)."""
+        step = 0
+        for before, event in self._others:
+            while step < before:
+                yield self.step(step)
+                step += 1
+            yield event
+        while step < len(self):
+            yield self.step(step)
+            step += 1
+
+    def save(self, path: str | Path) -> Path:
+        """Write the run as a record (the `model` event first, then the run's events); never overwrites."""
+        import json
+
+        path = Path(path)
+        with open(path, "x", encoding="utf-8") as fh:
+            for event in self.events():
+                fh.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+        return path
+
+    @classmethod
+    def from_record(cls, path: str | Path) -> "Run":
+        """Read a record (dashboard, `--record-dir` or `--headless --json` output); RecordError when it is not
+        one. A record cut short is read up to its last whole line, and `cut_line` says where it was cut."""
+        from .record_reader import read_run
+
+        return read_run(path, cls)
+
+    @property
+    def record_notice(self) -> str | None:
+        """What to tell a reader of a record that ends early (None: the record is whole)."""
+        if self.cut_line is not None:
+            return f"the record ends early (cut at line {self.cut_line})"
+        if self.record_path is not None and self.end is None:
+            return "the record ends early (no done or error event)"
+        return None
+
+
+class Cursor:
+    """A place in a run: one step, or following the latest (`index` None). Panels read `cursor.step`."""
+
+    def __init__(self, run: Run, index: int | None = None) -> None:
+        self.run = run
+        self._index: int | None = None
+        if index is not None:
+            self.go(index)
+
+    @property
+    def following(self) -> bool:
+        return self._index is None
+
+    @property
+    def index(self) -> int | None:
+        """The step shown (None while the run has none)."""
+        if self._index is None:
+            return len(self.run) - 1 if len(self.run) else None
+        return self._index
+
+    @property
+    def step(self) -> StepEvent | None:
+        index = self.index
+        return None if index is None else self.run.step(index)
+
+    def go(self, index: int) -> int | None:
+        """Hold at `index`, clamped to the run's steps (first..last); None while the run has no step."""
+        n = len(self.run)
+        if n == 0:
+            self._index = None
+            return None
+        self._index = min(max(0, index), n - 1)
+        return self._index
+
+    def move(self, delta: int) -> int | None:
+        current = self.index
+        return None if current is None else self.go(current + delta)
+
+    def follow(self) -> None:
+        self._index = None
+
+    @property
+    def at_first(self) -> bool:
+        return self.index in (None, 0)
+
+    @property
+    def at_last(self) -> bool:
+        index = self.index
+        return index is None or index == len(self.run) - 1

@@ -1,0 +1,394 @@
+"""Step 4 of generation, selection: turn the last position's scores into the next token, and say why.
+
+The post-sampler distribution is, by definition, what transformers' `generate(do_sample=True)` samples from:
+
+    softmax(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits))))
+
+`reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
+same distribution without sorting the vocabulary (a full sort of 151,936 scores costs ~14 ms on one CPU core, a
+quarter of a decode step): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
+prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
+Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
+warpers: every token past the prefix has probability 0 there.
+
+The topk of a prefix and of the reported candidates goes through core/steps/topn.py, exact and cheaper on CPU.
+
+Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
+host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
+through the caller's `to_host` when given (the engine's core/model/timing.py times that copy and counts its bytes).
+The sampler's shape rides in the same vector: the entropy after temperature and before any cut, and how many
+entries top-k and then top-p kept. Nothing here imports textual.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import GenerationError
+from ..settings import SamplerSettings
+from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
+
+__all__ = ["Selection", "select", "reference_probs", "sample_index"]
+
+_BLOCK = 256  # sample_index: draw a block of this many entries, then an entry inside it
+_LN2 = math.log(2.0)
+_NAN_MESSAGE = (
+    "the model produced NaN/inf scores (numerical overflow: try another dtype, e.g. --dtype float32, or another model)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What step 4 chose and what the distribution looked like, as plain Python numbers."""
+
+    token_id: int
+    chosen_rank: int  # 0-based rank among ALL tokens by raw logit = count of logits strictly greater
+    chosen_raw_prob: float  # softmax(raw logits)[token]
+    chosen_prob: float  # post-sampler probability of the chosen token
+    top_ids: list[int]  # top-K ids by raw logit, descending (K = top_n clipped to V)
+    top_raw_probs: list[float]  # softmax(raw logits) for those ids
+    top_probs: list[float]  # post-sampler probability for those ids (0.0 where cut by top-k / top-p)
+    kept_count: int  # tokens with non-zero post-sampler probability (1 for greedy)
+    kept_mass: float  # raw probability mass (softmax at temperature 1) of those tokens
+    entropy_bits: float  # entropy of softmax(raw logits), bits
+    sampled_entropy_bits: float  # entropy of the post-sampler distribution, bits (0 for greedy)
+    greedy: bool
+    # The sampler's shape (all None for greedy, which applies no temperature and no cut; StepEvent says the same):
+    temp_entropy_bits: float | None = None  # entropy of softmax(logits / T), before top-k / top-p, bits
+    top_k_kept: int | None = None  # entries TopKLogitsWarper leaves (ties at the k-th included); None: top-k off
+    top_p_kept: int | None = None  # entries left after TopPLogitsWarper (applied after top-k); None: top-p off
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The oracle: transformers' warpers over the whole vocabulary.
+
+
+def reference_probs(logits: torch.Tensor, settings: SamplerSettings) -> torch.Tensor:
+    """The post-sampler distribution exactly as transformers' generate computes it; [V] float32.
+
+    Greedy is one-hot on torch.argmax (first index on ties), like generate(do_sample=False). It sorts the whole
+    vocabulary: the tests' oracle and a slow path, not what a decode step runs.
+    """
+    from transformers.generation.logits_process import (  # heavy import, only where the oracle is wanted
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    scores = _scores(logits).unsqueeze(0)  # [1, V] float32
+    if settings.is_greedy:
+        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
+    assert settings.temperature > 0, "temperature must be > 0 when sampling"
+    scores = TemperatureLogitsWarper(settings.temperature)(None, scores)
+    if settings.top_k > 0:
+        scores = TopKLogitsWarper(settings.top_k)(None, scores)
+    if settings.top_p < 1.0:
+        scores = TopPLogitsWarper(settings.top_p)(None, scores)
+    return torch.softmax(scores, dim=-1)[0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Fast path.
+
+
+def select(
+    logits: torch.Tensor,
+    settings: SamplerSettings,
+    generator: torch.Generator | None,
+    top_n: int = 10,
+    to_host: Callable[[torch.Tensor], list] | None = None,
+) -> Selection:
+    """Pick the next token from the last position's scores ([V] or [1, V], any float dtype).
+
+    Greedy: torch.argmax of the raw scores. Sampling: torch.multinomial over the kept tokens with `generator`
+    (on the scores' device; None uses torch's global RNG), so a seeded generator replays a run.
+    `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
+    Raises GenerationError when the scores hold NaN or ±inf.
+    """
+    with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
+        return _select(logits, settings, generator, top_n, to_host or _tolist)
+
+
+def _tolist(packed: torch.Tensor) -> list:
+    return packed.tolist()
+
+
+def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Generator | None, top_n: int,
+            to_host: Callable[[torch.Tensor], list]):
+    x = _scores(logits)  # [V] float32
+    vocab = x.numel()
+    n = max(0, min(int(top_n), vocab))
+    if settings.is_greedy:
+        return _unpack(to_host(_greedy(x, n)), n, greedy=True)
+
+    temperature = float(settings.temperature)
+    assert temperature > 0, "temperature must be > 0 when sampling (0 means greedy)"
+    top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
+    all_k = vocab if settings.top_k >= vocab else None  # ...and that is what top-k kept
+    top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
+    gap = x.max() - x  # [V] >= 0, shared by both entropies
+    p = _softmax(x)  # [V] raw probabilities
+    h = _entropy(p, gap)  # [] nats; NaN unless every score is finite: the NaN/inf check, read back with the rest
+    if top_k:  # the top-k set is renormalised on its own: no full-vocabulary softmax after temperature needed
+        ps = None
+        hs = h if xs is x else _scaled_entropy(gap, temperature)  # the shape reported, not needed to sample
+        k = max(PREFIX_MIN, top_k + TIE_MARGIN)
+    else:
+        ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
+        hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
+        if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
+            return _unpack(to_host(_sample_all(x, p, ps, h, hs, generator, n)), n, greedy=False, all_k=all_k)
+        k = first_prefix(x, hs, top_p)
+    k = min(vocab, max(n, k))
+    while True:
+        packed = _sample_prefix(x, xs, p, ps, h, hs, generator, n, k, temperature, top_k, top_p)
+        values = to_host(packed)  # the step's single host transfer
+        if not values[_FINITE]:
+            raise GenerationError(_NAN_MESSAGE)
+        if values[_ENOUGH] or k == vocab:
+            return _unpack(values, n, greedy=False, all_k=all_k)
+        k = wider_prefix(k, vocab, values[_PREFIX_MASS], values[_LAST_PROB], xs, top_k, top_p)
+
+
+def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw from `probs` ([m], non-negative, not necessarily normalised) with torch.multinomial, as [1].
+
+    Over a whole vocabulary one torch.multinomial call costs ~4 ms on CPU. Drawing a block of _BLOCK entries by its
+    mass, then an entry inside that block by its probability, is the same distribution (P(block) * P(entry | block)
+    = P(entry)) for one O(m) sum and two draws over a few hundred entries.
+    """
+    m = probs.numel()
+    if m <= 4 * _BLOCK:
+        return torch.multinomial(probs, 1, generator=generator)
+    blocks = torch.nn.functional.pad(probs, (0, -m % _BLOCK)).view(-1, _BLOCK)  # [ceil(m / _BLOCK), _BLOCK]
+    b = torch.multinomial(blocks.sum(dim=-1), 1, generator=generator)  # [1] which block
+    i = torch.multinomial(blocks.index_select(0, b)[0], 1, generator=generator)  # [1] which entry in it
+    return b * _BLOCK + i
+
+
+def _scores(logits: torch.Tensor) -> torch.Tensor:
+    """[V] or [1, V] scores of any float dtype -> [V] float32 (all arithmetic here is float32)."""
+    assert logits.dim() == 1 or (logits.dim() == 2 and logits.shape[0] == 1), (
+        f"select expects the last position's scores, shape [V] or [1, V]; got {tuple(logits.shape)}"
+    )
+    assert logits.is_floating_point(), f"scores must be a float tensor, got {logits.dtype}"
+    assert 0 < logits.numel() <= 2**24, "vocabulary size out of range (ids travel to the host as float32)"
+    return logits.reshape(-1).to(torch.float32)
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax(x) [V], renormalised by its own sum.
+
+    torch's float32 softmax over one long row accumulates its normaliser lane by lane: at V = 151,936 the
+    probabilities come out ~1e-5 too large or small, all by the same factor, enough to move the top-p boundary by
+    a token. torch.sum reduces pairwise (~1e-7), so one more pass puts the mass back at 1.
+    """
+    p = torch.softmax(x, dim=-1)
+    return p.div_(p.sum())
+
+
+def _entropy(p: torch.Tensor, gap: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy in nats of p = softmax(x / temperature), given gap = max(x) - x; a [] tensor, NaN unless x is finite.
+
+    H = -log p_max + sum p * gap / temperature: two non-negative terms, so no cancellation, and two cheap O(V)
+    passes on top of the softmax. Doubles as the NaN/inf check: NaN or +inf anywhere makes p NaN, and a -inf score
+    gives p * gap = 0 * inf = NaN.
+    """
+    spread = torch.dot(p, gap)
+    return (spread if temperature == 1.0 else spread / temperature) - torch.log(p.max())
+
+
+def _scaled_entropy(gap: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy in nats of softmax(x / temperature) from gap = max(x) - x, without keeping the probabilities:
+    with e = exp(-gap / T) and Z = sum e, H = log Z + sum e * gap / (T Z) (both terms >= 0). NaN unless x is
+    finite, like `_entropy`."""
+    e = torch.exp(gap * (-1.0 / temperature))  # [V] in (0, 1], the top score's 1
+    z = e.sum()
+    return torch.log(z) + torch.dot(e, gap) / (temperature * z)
+
+
+# Layout of the vector moved to the host: 2 flags, 3 integers, 7 floats, the shape (3), then top_n ids, raw probs,
+# post probs.
+_FINITE, _ENOUGH, _TOKEN, _RANK, _KEPT, _RAW, _PROB, _MASS, _H, _HS, _PREFIX_MASS, _LAST_PROB = range(12)
+_TEMP_H, _K_KEPT, _P_KEPT = 12, 13, 14  # entropy after temperature (nats); kept by top-k, by top-p (-1: off)
+_HEADER = 15
+
+
+def _pack(
+    flags: torch.Tensor,  # [2] bool: scores finite, kept set ends inside the prefix
+    ints: torch.Tensor,  # [3] int64: token, chosen rank, kept count
+    floats: torch.Tensor,  # [7] float32: chosen raw prob, chosen prob, kept raw mass, H, H after sampler, M, q_last
+    shape: torch.Tensor,  # [3] float32: H after temperature, top-k kept, top-p kept (-1: that cut is off)
+    ids: torch.Tensor,  # [n] int64
+    raw: torch.Tensor,  # [n] float32
+    post: torch.Tensor,  # [n] float32
+) -> torch.Tensor:
+    """One float32 vector (exact for ids and counts below 2**24) out of the step's small device tensors."""
+    return torch.cat([flags, ints, floats, shape, ids, raw, post]).to(torch.float32)
+
+
+def _shape(hs: torch.Tensor, k_kept: torch.Tensor | None, p_kept: torch.Tensor | None) -> torch.Tensor:
+    """The `shape` part of the packed vector; a count of None (that cut is off) travels as -1."""
+    off = torch.full_like(hs, -1.0)
+    return torch.stack([hs, off if k_kept is None else k_kept.to(hs.dtype), off if p_kept is None else
+                        p_kept.to(hs.dtype)])
+
+
+def _count(value: float) -> int | None:
+    return None if value < 0 else int(value)
+
+
+def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None) -> Selection:
+    if not values[_FINITE]:
+        raise GenerationError(_NAN_MESSAGE)
+    top = values[_HEADER:]
+    return Selection(
+        token_id=int(values[_TOKEN]),
+        chosen_rank=int(values[_RANK]),
+        chosen_raw_prob=values[_RAW],
+        chosen_prob=values[_PROB],
+        top_ids=[int(i) for i in top[:n]],
+        top_raw_probs=top[n : 2 * n],
+        top_probs=top[2 * n : 3 * n],
+        kept_count=int(values[_KEPT]),
+        kept_mass=values[_MASS],
+        entropy_bits=max(values[_H], 0.0) / _LN2,
+        sampled_entropy_bits=max(values[_HS], 0.0) / _LN2,
+        greedy=greedy,
+        temp_entropy_bits=None if greedy else max(values[_TEMP_H], 0.0) / _LN2,
+        top_k_kept=None if greedy else all_k or _count(values[_K_KEPT]),
+        top_p_kept=None if greedy else _count(values[_P_KEPT]),
+    )
+
+
+def _greedy(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Argmax, as generate(do_sample=False): torch.argmax, first index on ties; one-hot post-sampler distribution."""
+    p = _softmax(x)  # [V] raw probabilities
+    h = _entropy(p, x.max() - x)  # []
+    top_vals, top_ids = top_scores(x, min(x.numel(), max(n, 2)))  # [>= n] by raw score, descending
+    token = _first_argmax(x, top_vals, top_ids)  # [1]
+    top_ids = top_ids[:n]
+    raw = p.index_select(0, torch.cat([token, top_ids]))  # [1 + n]
+    zero, one = torch.zeros_like(h), torch.ones_like(h)
+    flags = torch.stack([torch.isfinite(h), one.bool()])
+    ints = torch.cat([token, torch.zeros_like(token), torch.ones_like(token)])  # rank 0, kept count 1
+    floats = torch.cat([raw[:1], one[None], raw[:1], torch.stack([h, zero, zero, zero])])
+    post = (top_ids == token).to(torch.float32)
+    return _pack(flags, ints, floats, _shape(zero, None, None), top_ids, raw[1:], post)
+
+
+def _first_argmax(x: torch.Tensor, top_vals: torch.Tensor, top_ids: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x) as [1], reusing a descending topk of x on CPU (where argmax is a slow extra O(V) pass).
+
+    topk orders ties arbitrarily, so take the smallest id among those equal to the maximum: argmax's answer unless
+    the maximum is tied past the end of the topk. On other devices argmax is cheap and this would cost a sync.
+    """
+    if x.device.type == "cpu" and top_vals.numel() > 1 and bool(top_vals[-1] < top_vals[0]):
+        return torch.where(top_vals == top_vals[0], top_ids, x.numel()).min().reshape(1)
+    return x.argmax().reshape(1)
+
+
+def _sample_all(
+    x: torch.Tensor,
+    p: torch.Tensor,
+    ps: torch.Tensor,
+    h: torch.Tensor,
+    hs: torch.Tensor,
+    generator: torch.Generator | None,
+    n: int,
+) -> torch.Tensor:
+    """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature).
+
+    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (~0.6 ms of ~2 ms at
+    V = 151,936; torch.where and boolean reductions run at ~1 ns per element there): the NaN/inf check before
+    sampling instead of masking the probabilities, and, when no probability underflowed to 0 (the usual case),
+    every token is kept, with mass sum(p). On accelerators everything stays on the device until the one transfer.
+    """
+    finite = torch.isfinite(h + hs)  # [] the NaN/inf check (either entropy is NaN for non-finite scores)
+    on_cpu = x.device.type == "cpu"
+    if on_cpu and not bool(finite):
+        raise GenerationError(_NAN_MESSAGE)
+    token = sample_index(ps if on_cpu else torch.where(finite, ps, 1.0), generator)  # [1]; NaN makes it raise
+    top_ids = top_scores(x, n)[1]  # [n]
+    at = torch.cat([token, top_ids])  # [1 + n]
+    raw, post = p.index_select(0, at), ps.index_select(0, at)
+    flags = torch.stack([finite, finite])  # the kept set (everything) always "ends inside"
+    rank = torch.count_nonzero(x > x.index_select(0, token))  # []
+    if on_cpu and bool(ps.min() > 0):
+        kept, mass = torch.tensor(x.numel()), p.sum()
+    else:  # at low temperature the far tail underflows to exactly 0: those tokens cannot be drawn
+        nonzero = ps > 0  # [V]
+        kept, mass = nonzero.sum(), torch.where(nonzero, p, 0.0).sum()  # (sum reduces pairwise; a dot drifts)
+    ints = torch.cat([token, torch.stack([rank, kept])])
+    floats = torch.cat([raw[:1], post[:1], torch.stack([mass, h, hs, torch.ones_like(h), torch.zeros_like(h)])])
+    return _pack(flags, ints, floats, _shape(hs, None, None), top_ids, raw[1:], post[1:])
+
+
+def _sample_prefix(
+    x: torch.Tensor,
+    xs: torch.Tensor,
+    p: torch.Tensor,
+    ps: torch.Tensor | None,
+    h: torch.Tensor,
+    hs: torch.Tensor,
+    generator: torch.Generator | None,
+    n: int,
+    k: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> torch.Tensor:
+    """Apply top-k / top-p and sample inside the k highest raw scores; report whether the kept set ends inside.
+
+    Dividing by a positive temperature never reorders scores (rounding is monotone), so the raw topk order is also
+    the order after temperature, and the k-th largest scaled score is the k-th largest raw one, divided.
+    """
+    raw_vals, idx = top_prefix(x, k)  # [k] descending raw scores, their ids
+    vals = raw_vals if xs is x else raw_vals / temperature  # [k] scaled exactly as xs = x / temperature
+    shifted = vals - vals[0]  # [k] <= 0: exponents relative to the top score, as softmax computes them
+    unnorm = shifted.exp()  # [k]
+    keep = enough = k_kept = p_kept = None  # [k] bool, [] bool (whether the kept set ends inside the prefix; k == V:
+    # the loop knows), the entries top-k keeps and top-p then keeps: [] int64, or None for a cut that is off
+    if top_k:
+        # TopKLogitsWarper: keep every score >= the k-th largest, ties included. All of them are in the prefix
+        # iff the prefix's last score is already below it.
+        kth = vals[top_k - 1]
+        keep = vals >= kth
+        k_kept = keep.sum()
+        enough = vals[-1] < kth
+        q = torch.where(keep, unnorm, 0.0)
+        q = q / q.sum()  # [k] probabilities after temperature and top-k
+    else:
+        q = ps.index_select(0, idx)  # [k] probabilities after temperature, normalised over the whole vocabulary
+    prefix_mass = q.sum()
+    if top_p < 1.0:
+        # TopPLogitsWarper, read in descending order: keep a token iff the mass of the tokens before it < top_p;
+        # the top token has 0 before it, so it always stays. Every token past the prefix has at least the
+        # prefix's whole mass before it.
+        nucleus = torch.cumsum(q, dim=-1) - q < top_p  # exclusive cumulative mass < top_p
+        keep = nucleus if keep is None else keep & nucleus
+        p_kept = keep.sum()
+        if enough is None:
+            enough = prefix_mass >= top_p
+    kept = torch.where(keep, unnorm, 0.0)  # [k]
+    z = kept.sum()  # [] >= 1: the top token is always kept
+    probs = kept / z  # [k] post-sampler probabilities, 0 where cut
+    # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
+    # by a tiny temperature.
+    ok = torch.isfinite(h + z)
+    j = sample_index(torch.where(ok, probs, 1.0), generator)  # [1] position in the prefix; NaN would make it raise
+    nonzero = probs > 0
+    raw = p.index_select(0, idx)  # [k] raw probabilities
+    chosen = torch.stack([raw_vals, raw, probs]).index_select(1, j)[:, 0]  # [3] raw score, raw prob, prob
+    rank = (raw_vals > chosen[0]).sum()  # every raw score above the chosen one is inside the prefix
+    flags = torch.stack([ok, enough])
+    ints = torch.cat([idx.index_select(0, j), torch.stack([rank, nonzero.sum()])])
+    h_post = z.log() - torch.dot(probs, shifted)  # entropy of the kept set: -sum probs * (shifted - log z)
+    mass = torch.where(nonzero, raw, 0.0).sum()
+    floats = torch.cat([chosen[1:], torch.stack([mass, h, h_post, prefix_mass, q[-1]])])
+    return _pack(flags, ints, floats, _shape(hs, k_kept, p_kept), idx[:n], raw[:n], probs[:n])

@@ -1,0 +1,233 @@
+"""The speed paths, each against an oracle: the preallocated KV cache against transformers' DynamicCache (bit for
+bit), the thread policy against what torch reports, and the compiled decode step (`--compile`) against
+`generate(do_sample=False)` token for token, with truthful KV byte counts."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from tiny_models import tiny_model
+from tiny_models import generate_ids
+from tokentui.core.model.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache
+from tokentui.core.model.compiled import MAX_COMPILED_TOKENS, bucket_for
+from tokentui.core.model.engine import Engine
+from tokentui.core.errors import SettingsError
+from tokentui.core.runs.events import DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent
+from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.settings import RunOptions, SamplerSettings
+from tokentui.core.model.speed import SpeedOptions, cpu_cores
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    model = tiny_model("llama", smol_tokenizer)
+    return LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="tiny"))
+
+
+def run(engine, prompt="Is OpenAI open?"):
+    events = list(engine.run(prompt))
+    return events, [e for e in events if isinstance(e, StepEvent)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The preallocated (growable) cache of the default path.
+
+
+@pytest.mark.parametrize("capacity", [0, 3, 64])
+def test_growable_cache_gives_bit_identical_scores_and_keys(tiny, capacity):
+    model = tiny.model
+    ids = torch.tensor([list(range(200, 216))])
+    ours, theirs = new_cache(model, capacity), DynamicCache(config=model.config)
+    assert all(isinstance(layer, GrowableLayer) for layer in ours.layers)
+    with torch.inference_mode():
+        a = model(input_ids=ids, past_key_values=ours, use_cache=True).logits
+        b = model(input_ids=ids, past_key_values=theirs, use_cache=True).logits
+        assert torch.equal(a, b)
+        for token in range(300, 320):  # grows past every capacity above
+            x = torch.tensor([[token]])
+            a = model(input_ids=x, past_key_values=ours, use_cache=True).logits
+            b = model(input_ids=x, past_key_values=theirs, use_cache=True).logits
+            assert torch.equal(a, b)
+    assert cache_tokens(ours) == cache_tokens(theirs) == 36
+    for mine, ref in zip(ours.layers, theirs.layers):
+        assert torch.equal(mine.keys, ref.keys) and torch.equal(mine.values, ref.values)
+    assert cache_nbytes(ours) == sum(l.keys.nbytes + l.values.nbytes for l in theirs.layers)
+    assert cache_allocated_nbytes(ours) >= cache_nbytes(ours)
+
+
+def test_growable_cache_crop_and_unsupported_batch_ops(tiny):
+    cache = new_cache(tiny.model, 8)
+    with torch.inference_mode():
+        tiny.model(input_ids=torch.tensor([list(range(100, 110))]), past_key_values=cache, use_cache=True)
+    layer = cache.layers[0]
+    layer.crop(-4)
+    assert layer.get_seq_length() == 6 and layer.keys.shape[-2] == 6
+    with pytest.raises(NotImplementedError):
+        layer.batch_repeat_interleave(2)
+
+
+def test_default_engine_matches_generate_with_the_growable_cache(tiny):
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=40, ignore_eos=True))
+    events, steps = run(engine)
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    assert [s.id for s in steps] == generate_ids(tiny.model, prompt.ids, 40, stop_at_eos=False)
+    per_token = tiny.facts.kv_bytes_per_token
+    assert all(s.kv_bytes == per_token * s.kv_tokens for s in steps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Threads.
+
+
+def test_speed_options_validate():
+    for bad in (dict(threads=0), dict(threads=-2), dict(prefill_threads=0), dict(threads=True)):
+        with pytest.raises(SettingsError):
+            SpeedOptions(**bad).validated()
+    assert SpeedOptions(threads=3).validated().decode_threads() == 3
+
+
+def test_thread_policy():
+    auto = SpeedOptions()
+    assert auto.decode_threads() == max(1, cpu_cores() - 1)
+    assert auto.prefill_thread_count(4000) == auto.prefill_thread_count(10) == auto.decode_threads()
+    assert SpeedOptions(threads=2).prefill_thread_count(4000) == 2
+    assert SpeedOptions(threads=1, prefill_threads=2).prefill_thread_count(10) == 2
+
+
+def test_decode_runs_with_the_chosen_thread_count(tiny):
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4, ignore_eos=True),
+                        speed=SpeedOptions(threads=1))
+        seen = [torch.get_num_threads() for e in engine.run("Hi") if isinstance(e, StepEvent)]
+        assert seen == [1] * 4
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The compiled path (--compile).
+
+
+def test_buckets():
+    assert bucket_for(1) == 256 and bucket_for(256) == 256 and bucket_for(257) == 512
+    assert bucket_for(3000) == 4096 and bucket_for(MAX_COMPILED_TOKENS + 1) is None
+    assert bucket_for(300, max_context=400) == 400 and bucket_for(500, max_context=400) is None
+
+
+@pytest.fixture(scope="module")
+def compiled_tiny(tiny):
+    before = torch.get_num_threads()
+    stages = []
+    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=40, ignore_eos=True),
+                    speed=SpeedOptions(compile=True), progress=stages.append)
+    yield engine, stages
+    torch.set_num_threads(before)
+
+
+def test_compiled_tiny_matches_generate_and_reports_kv_truthfully(tiny, compiled_tiny):
+    engine, stages = compiled_tiny
+    assert any("compiling the decode step" in s.stage for s in stages) and stages[-1].fraction == 1.0
+    for prompt in ("Is OpenAI open?", "Write a haiku about the sea."):
+        events, steps = run(engine, prompt)
+        prompt_event = next(e for e in events if isinstance(e, PromptEvent))
+        assert [s.id for s in steps] == generate_ids(tiny.model, prompt_event.ids, 40, stop_at_eos=False)
+        notices = [e.message for e in events if isinstance(e, Notice)]
+        assert any("static KV cache" in n and "MiB allocated for 256 tokens" in n for n in notices)
+        assert not any("compiling" in n for n in notices)  # compiled at construction
+        per_token = tiny.facts.kv_bytes_per_token
+        prefill = next(e for e in events if isinstance(e, PrefillEvent))
+        assert prefill.kv_tokens == len(prompt_event.ids) and prefill.kv_bytes == per_token * prefill.kv_tokens
+        assert all(s.kv_tokens == len(prompt_event.ids) + s.index for s in steps)
+        assert all(s.kv_bytes == per_token * s.kv_tokens for s in steps)
+        done = events[-1]
+        assert isinstance(done, DoneEvent) and done.kv_bytes == per_token * done.kv_tokens
+
+
+def test_compiled_sampling_is_seeded_like_the_default_path(tiny, compiled_tiny):
+    engine, _ = compiled_tiny
+    settings = SamplerSettings(temperature=1.0, top_p=0.9, seed=5)
+    engine.update_sampler(**settings.to_dict())
+    try:
+        ours = [s.id for s in run(engine)[1]]
+    finally:
+        engine.update_sampler(temperature=0.0)
+    default = Engine(tiny, settings, RunOptions(max_new_tokens=40, ignore_eos=True))
+    assert ours == [s.id for s in run(default)[1]]
+
+
+def test_compiled_run_beyond_its_reach_decodes_eagerly(tiny, compiled_tiny):
+    engine, _ = compiled_tiny
+    engine.options = RunOptions(max_new_tokens=600, ignore_eos=True)  # the tiny model's context is 512
+    try:
+        events, steps = run(engine)
+    finally:
+        engine.options = RunOptions(max_new_tokens=40, ignore_eos=True)
+    assert any("decoding eagerly" in e.message for e in events if isinstance(e, Notice))
+    assert events[-1].reason == "context" and steps[-1].kv_tokens == 512  # positions 0..511: the whole context
+
+
+def test_a_second_compiled_engine_on_the_same_model_gives_the_right_tokens(tiny, compiled_tiny):
+    """Dynamo's guards do not tell two static caches apart: a second decoder on the same model reused the first
+    one's compiled graph, which read and wrote the first decoder's cache, and chose wrong tokens. Engines on one
+    model now share its decoder (and take turns on its caches)."""
+    first, _ = compiled_tiny
+    before = torch.get_num_threads()
+    try:
+        second = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=40, ignore_eos=True),
+                        speed=SpeedOptions(compile=True))
+        for engine, prompt in ((second, "Is OpenAI open?"), (first, "Name three colours."), (second, "Why?")):
+            events, steps = run(engine, prompt)
+            prompt_ids = next(e for e in events if isinstance(e, PromptEvent)).ids
+            assert [s.id for s in steps] == generate_ids(tiny.model, prompt_ids, 40, stop_at_eos=False), prompt
+        assert second._compiled is first._compiled
+        # Runs on the two engines take turns: the second waits while the first holds the shared caches.
+        held = first.run("Is OpenAI open?")
+        next(held)  # the first run has started (its PromptEvent)
+        seen = []
+        waiting = threading.Thread(target=lambda: seen.extend(second.run("Why?")))
+        waiting.start()
+        waiting.join(0.5)
+        assert seen == []  # not even its PromptEvent (milliseconds) while the first run holds the caches
+        held.close()
+        waiting.join(60)
+        assert isinstance(seen[-1], DoneEvent) and seen[-1].tokens == 40
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_shared_compiled_decoder_does_not_keep_a_dropped_model_alive(smol_tokenizer):
+    model = tiny_model("llama", smol_tokenizer)
+    loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4, ignore_eos=True),
+                        speed=SpeedOptions(compile=True))
+        assert len(run(engine)[1]) == 4
+    finally:
+        torch.set_num_threads(before)
+    gone = weakref.ref(model)
+    del engine, loaded, model
+    gc.collect()
+    assert gone() is None
+
+
+@pytest.mark.slow
+def test_compiled_embedded_128_tokens_identical_to_generate(embedded, embedded_stock):
+    """The real model: compile (a minute or two on 2 cores), then 128 greedy tokens, token for token."""
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(embedded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=128, ignore_eos=True),
+                        speed=SpeedOptions(compile=True))
+        events, steps = run(engine)
+    finally:
+        torch.set_num_threads(before)
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    assert [s.id for s in steps] == generate_ids(embedded_stock.model, prompt.ids, 128, stop_at_eos=False)
+    assert steps[-1].kv_bytes == embedded.facts.kv_bytes_per_token * steps[-1].kv_tokens

@@ -1,0 +1,143 @@
+"""What the commands share: exit statuses, the one-line error and interrupt endings, argument types, and turning the
+parsed arguments into settings, an engine spec, the --server options and a loader. Imports nothing slow: torch and
+transformers come in only when a loader runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_PROMPT = "Is OpenAI open?"
+EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1
+
+
+def number(name: str):
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+    return parse
+
+
+def integer(name: str):
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+    return parse
+
+
+def read_prompt(args) -> str:
+    from tokentui.core.errors import PromptError
+
+    if args.prompt is not None and args.prompt_file is not None:
+        raise PromptError("--prompt and --prompt-file both give the prompt: pass one of them")
+    if args.prompt_file is not None:
+        try:
+            text = args.prompt_file.read_bytes().decode("utf-8")
+        except FileNotFoundError:
+            raise PromptError(f"--prompt-file {args.prompt_file}: no such file") from None
+        except IsADirectoryError:
+            raise PromptError(f"--prompt-file {args.prompt_file}: is a folder, not a text file") from None
+        except UnicodeDecodeError as err:
+            raise PromptError(f"--prompt-file {args.prompt_file}: not UTF-8 text (bad byte at offset {err.start}); "
+                              "save it as UTF-8") from None
+        except OSError as err:
+            raise PromptError(f"--prompt-file {args.prompt_file}: {err.strerror}") from None
+        return text.rstrip("\n")
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    if not prompt.strip():
+        raise PromptError("the prompt is empty: pass --prompt TEXT")
+    return prompt
+
+
+def settings_from_args(args):
+    from tokentui.core.settings import RunOptions, SamplerSettings
+
+    sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              greedy=args.greedy, seed=args.seed)
+    options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                         top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False))
+    return sampler, options
+
+
+def engine_spec(args):
+    from tokentui.core.link.process_client import EngineSpec
+
+    sampler, options = settings_from_args(args)
+    return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                      trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
+                      compile=args.compile, threads=args.threads, weight_layout=args.weight_layout,
+                      sampler=sampler, options=options)
+
+
+def server_options(args):
+    """The --server flags, checked (a bad URL or value: one line, before anything connects); None without
+    --server. Flags that only a model loaded here uses are refused with it."""
+    if getattr(args, "server", None) is None:  # `tokentui branch` builds its own arguments, without --server
+        return None
+    from tokentui.core.errors import TokentuiError
+    from tokentui.core.server.engine import ServerOptions
+
+    for flag, given in (("--model", args.model is not None), ("--logit-lens", args.logit_lens),
+                        ("--compile", args.compile), ("--device-map", args.device_map is not None),
+                        ("--trust-remote-code", args.trust_remote_code)):
+        if given:
+            raise TokentuiError(f"{flag} is for a model tokentui loads itself; with --server the server runs the "
+                                "model (drop one of them)")
+    return ServerOptions(url=args.server, model=args.server_model, key_env=args.api_key_env,
+                         probs=args.server_probs, timeout=args.server_timeout)
+
+
+def make_loader(args):
+    """A callable that loads the model in this process and returns a ready engine (--headless; the dashboard with
+    --server, whose engine is a client of the server and needs no process of its own)."""
+    server = server_options(args)
+    if server is not None:
+        sampler, options = settings_from_args(args)
+
+        def connect(progress):
+            from tokentui.core.server.engine import ServerEngine
+
+            return ServerEngine.connect(server, sampler, options, progress)
+
+        return connect
+    spec = engine_spec(args)
+
+    def load(progress):
+        from tokentui.core.link.process_client import load_engine
+
+        return load_engine(spec, progress)
+
+    return load
+
+
+def bad_input(err) -> int:
+    """The one line for bad input (every command's), and its exit status."""
+    print(f"tokentui: {err}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def interrupted(signum: int) -> int:
+    """The line for a run interrupted by signal `signum` (every command's), and its exit status 128 + signum."""
+    try:
+        print("\ntokentui: interrupted", file=sys.stderr)
+    except OSError:  # the terminal is gone (SIGHUP)
+        silence_stdio()
+    return 128 + signum
+
+
+def silence_stdio() -> None:
+    """The terminal or pipe is gone: send further output (and Python's exit-time flush) to /dev/null."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os.close(devnull)

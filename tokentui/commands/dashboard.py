@@ -1,0 +1,58 @@
+"""The dashboard command: the model in a child process started before anything else (core/link/process_client.py
+says why), the app configured from the arguments, run until the user quits."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import engine_spec, make_loader, settings_from_args
+
+
+class ProcessSource:
+    """The dashboard's engine: the model in a child process (core/link/process_client.py says why), started at once so it
+    imports torch while the dashboard starts; `client()` makes the dashboard's engine client for it."""
+
+    def __init__(self, args) -> None:
+        from tokentui.core.link.process_client import start_model_process
+
+        self.args = args
+        self.spec = engine_spec(args)
+        self._early = [start_model_process(self.spec)]
+
+    def client(self, sampler, options, recorder):
+        from tokentui.core.link.process_client import ProcessClient
+
+        started = self._early.pop() if self._early else None  # a second client starts its own process
+        return ProcessClient(self.spec, sampler, options, recorder, started=started)
+
+
+def run_dashboard(args, prompt: str) -> int:
+    from tokentui.core.runs.record_writer import RunRecorder
+
+    if args.server is not None:  # a served model: its engine is an HTTP client, run in this process
+        from tokentui.tui.config import DashboardConfig
+        from tokentui.tui.program import run_dashboard as run_app
+
+        sampler, options = settings_from_args(args)
+        return run_app(DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
+                                       options=options, theme=args.theme,
+                                       recorder=None if args.no_record else RunRecorder(args.record_dir)))
+
+    source = ProcessSource(args)  # the model process starts first: it takes the longest
+
+    from tokentui.tui.program import run_dashboard as run_app
+    from tokentui.core.model.precheck import check_model_and_device
+    from tokentui.tui.config import DashboardConfig
+
+    def relaunch(model: str | None, device: str) -> ProcessSource:
+        """Another model / device chosen in the dashboard, with every other flag as given."""
+        return ProcessSource(argparse.Namespace(**{**vars(args), "model": model, "device": device}))
+
+    sampler, options = settings_from_args(args)
+    config = DashboardConfig(load=source, prompt=prompt, system=args.system,
+                             sampler=sampler, options=options, theme=args.theme,
+                             recorder=None if args.no_record else RunRecorder(args.record_dir),
+                             model=args.model, device=args.device, relaunch=relaunch,
+                             check=lambda model, device: check_model_and_device(
+                                 model, device, allow_pickle=args.allow_pickle))
+    return run_app(config)  # non-zero when the app says so (e.g. quit after a load error)

@@ -1,0 +1,127 @@
+"""`tokentui --headless [--json]`: the run streamed to stdout (the answer's text, or one JSON event per line), with
+the same record, signal handling and exit statuses as the dashboard. `tokentui/cli.py` parses the arguments and
+calls `run_headless`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, make_loader, silence_stdio
+
+
+def run_headless(args, prompt: str) -> int:
+    from tokentui.core.runs.events import LoadProgress
+
+    out = sys.stdout
+    output_ok = True
+    engine = None
+
+    def emit(text: str, stream=None) -> None:
+        """Write to the terminal; once it is gone (SSH dropped, pipe closed) stop the run but keep recording."""
+        nonlocal output_ok
+        if not output_ok:
+            return
+        try:
+            (stream or out).write(text)
+            (stream or out).flush()
+        except OSError:
+            output_ok = False
+            silence_stdio()
+            if engine is not None:
+                engine.stop()
+
+    def progress(event: LoadProgress) -> None:
+        if args.json:
+            emit(json.dumps(event.to_dict()) + "\n")
+
+    engine = make_loader(args)(progress)
+    # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
+    # record ends with a `done` event (reason "stopped"). Before the first step (a long prompt's prefill is one
+    # model run that cannot be stopped half-way) and on a second signal it interrupts at once; the record then
+    # still ends with a `done` event, written here.
+    stopped_by: list[int] = []
+    decoding: list[bool] = []
+
+    def on_signal(signum, frame):
+        first = not stopped_by
+        stopped_by.append(signum)
+        engine.stop()
+        if not first or not decoding:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
+    try:
+        return _headless_run(args, prompt, engine, emit, stopped_by, decoding, lambda: output_ok)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
+    from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, StepEvent
+    from tokentui.core.runs.record_writer import RunRecorder
+    from tokentui.core.runs.recording import RecordedRun
+
+    def note(message: str) -> None:
+        emit(f"tokentui: {message}\n", sys.stderr)
+
+    status = 0
+    wrote_text = False
+    if getattr(args, "logit_lens", False) and not args.json:
+        note("--logit-lens: each step's lens goes to --json output and the run record, not to the text stream")
+    with RecordedRun(engine, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
+        run.open()
+        if args.json:
+            emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+        try:
+            for event in run.events(prompt, args.system):
+                if stopped_by or not output_ok():
+                    engine.stop()  # also when the signal came before the run had started
+                if isinstance(event, StepEvent):
+                    decoding[:] = [True]
+                if args.json:
+                    emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                elif isinstance(event, StepEvent):
+                    if event.text:
+                        emit(event.text)
+                        wrote_text = True
+                elif isinstance(event, Notice):
+                    emit(f"tokentui: {event.message}\n", sys.stderr)
+                elif isinstance(event, DoneEvent):
+                    emit(event.flushed + "\n")
+                    if event.dropped_hex:  # not printed as U+FFFD: said here, once
+                        emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
+                             f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
+                if isinstance(event, DoneEvent) and event.reason == "error":
+                    status = EXIT_RUN_FAILED  # a served model's fault: the Notice before it said what (core/server/)
+                if isinstance(event, ErrorEvent):
+                    if not args.json:
+                        if wrote_text:
+                            emit("\n")
+                        emit(f"tokentui: {event.message}\n", sys.stderr)
+                    status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
+        except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
+            engine.stop()
+            if not stopped_by:
+                stopped_by.append(signal.SIGINT)
+    # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
+    if run.cut_off is not None and args.json:
+        emit(json.dumps(run.cut_off.to_dict(), ensure_ascii=False) + "\n")
+    if stopped_by:
+        name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
+                signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
+        if wrote_text and not run.finished:
+            emit("\n")
+        emit(f"tokentui: {name}; the run stopped\n", sys.stderr)
+        status = 128 + stopped_by[0]
+    elif not output_ok():
+        status = EXIT_RUN_FAILED
+    if run.path is not None:
+        emit(f"tokentui: run recorded in {run.path}\n", sys.stderr)
+    return status
+
+
+_WHERE_DROPPED = {"length": "at the length limit", "context": "at the context limit",
+                  "stopped": "when the run stopped", "eos": "before the end token"}
