@@ -399,7 +399,7 @@ def test_run_dashboard_hands_the_app_model_device_and_a_relaunch(monkeypatch):
     assert (config.model, config.device) == ("/m", "cpu")
     assert [(spec.model, spec.device) for spec in started] == [("/m", "cpu")]  # started before the app
     again = config.relaunch("other/model", "cuda:0")
-    assert isinstance(again, cli.ProcessSource) and isinstance(again.args, argparse.Namespace)
+    assert isinstance(again, dashboard.ProcessSource) and isinstance(again.args, argparse.Namespace)
     assert (again.spec.model, again.spec.device, again.spec.sampler.temperature) == ("other/model", "cuda:0", 0.3)
     assert (args.model, args.device) == ("/m", "cpu")  # a copy: the original flags are untouched
 
