@@ -270,7 +270,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tokentui.core.link.process_client import EngineSpec, load_engine
+    from tokentui.core.link.protocol import EngineSpec
+
+    from tokentui.core.model.build import load_engine
     from tokentui.core.server.engine import ServerEngine, ServerOptions
     from tokentui.core.settings import RunOptions, SamplerSettings
     from tokentui.core.model.speed import SpeedOptions

@@ -21,8 +21,8 @@ class LensEngine(ScriptedEngine):
     LAYERS = 12
     FORMS = 8
 
-    def run(self, prompt, system=None):
-        for event in super().run(prompt, system):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, StepEvent) and self.options.logit_lens:
                 event = replace(event, lens=self.lens_of(event))
             yield event

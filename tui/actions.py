@@ -20,7 +20,7 @@ class ActionsMixin:
     # ---- actions: sampler ----------------------------------------------------------------------------------
     def _change_sampler(self, **changes) -> None:
         try:
-            self.client.update_sampler(**changes)  # its one owner; before loading, handed over when it is ready
+            self.client.set_sampler(self.client.sampler.with_changes(**changes))  # its one owner
         except SettingsError as err:
             self.notify(str(err), severity="error", markup=False)
             return

@@ -25,9 +25,8 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 
-from tokentui.core.link.client import Reply, RunEnded, RunFailed, RunNote, RunOpened
+from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.events import ErrorEvent, Notice, StepEvent
-from tokentui.core.link.protocol import RunEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
@@ -244,7 +243,7 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
     def _on_reply(self, reply: Reply) -> None:
         """The engine client's replies, on the event loop; only the current run's reach here."""
-        if isinstance(reply, RunEvent):
+        if isinstance(reply, RunUpdate):
             self._on_event(reply.event)
         elif isinstance(reply, RunOpened):
             if reply.record_path is not None:
@@ -256,11 +255,6 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
                 self._repaint_now()
         elif isinstance(reply, RunNote):
             self.notify(reply.message, severity=reply.severity, markup=False)
-        elif isinstance(reply, RunFailed):
-            self.live_state.phase = "error"
-            self.live_state.error_message = reply.message
-            self._repaint_now()
-            self._run_failed("The run failed", reply.message)
 
     def _on_event(self, event) -> None:
         shown = self.branch_tree.apply(event)  # into the live run's state; True when that run is the one shown

@@ -141,7 +141,7 @@ class RunState(RunReadings):
         elif isinstance(event, PrefillEvent):
             self._kv(event.kv_tokens, event.kv_bytes)
         elif isinstance(event, DoneEvent):
-            self.phase = "done"
+            self.phase = "error" if event.reason == "error" else "done"  # a failed run's done follows its error
             self.ttft_ms = event.ttft_ms or self.ttft_ms
             if event.kv_tokens:
                 self._kv(event.kv_tokens, event.kv_bytes, growth=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from ..errors import ErrorKind
 from ..settings import SamplerSettings
 
 
@@ -312,7 +313,9 @@ class DoneEvent(Event):
     tokens: int  # tokens selected, the end token included
     runs: int  # model runs; prefill counts as one
     scores: int | None  # vocab_rows * runs (None: the vocabulary's size is not known)
-    ttft_ms: float | None  # prefill time to the first token; None when the run ended before its first token
+    # time to the first token: from the prompt going in to the first token chosen (the first step's latency_ms, prefill
+    # included; a branch: its forced step's); None when the run ended before its first token
+    ttft_ms: float | None
     decode_tok_s: float | None  # tokens after the first / decode time (paused time excluded); None: no decode step
     text: str  # the answer: a one-shot decode of the ids, less what the dropped bytes decode to (U+FFFD)
     prompt_tokens: int = 0
@@ -326,56 +329,20 @@ class DoneEvent(Event):
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent(Event):
-    """A run ended by a fault. `message` is one actionable line; `step` where it happened (-1 before decode)."""
+    """A run ended by a fault. `message` is one actionable line; `step` where it happened (-1 before decode);
+    `kind` why (core/errors.py's ErrorKind; written as its value, e.g. "prompt", "server", "oom"). A `done` with
+    reason "error" always follows it (core/runs/ending.py)."""
 
     event: ClassVar[str] = "error"
     message: str
     step: int = -1
-    kind: str = "error"
+    kind: ErrorKind = ErrorKind.OTHER
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ErrorKind.of(self.kind))  # a record's string (or an older class name)
 
-class StepTally:
-    """What a "stopped" `done` needs from the steps a run reported, kept as they pass instead of the steps themselves
-    (a long run in the dashboard would otherwise hold every step twice): the count, the first step's latency, the
-    decode latencies' sum, the text, and the last step."""
+    def to_dict(self) -> dict:
+        data = Event.to_dict(self)
+        data["kind"] = self.kind.value
+        return data
 
-    __slots__ = ("count", "first_ms", "decode_ms", "text", "last")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first_ms: float | None = None
-        self.decode_ms = 0.0
-        self.text: list[str] = []
-        self.last: StepEvent | None = None
-
-    def add(self, step: StepEvent) -> None:
-        if self.count == 0:
-            self.first_ms = step.latency_ms
-        else:
-            self.decode_ms += step.latency_ms
-        self.count += 1
-        if step.text:
-            self.text.append(step.text)
-        self.last = step
-
-    def stopped_done(self, prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
-        """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended
-        on purpose), so a record always ends with one. Time to first token and decode speed come from the steps' own
-        latencies (None without a first token / a decode step); bytes the last step still held are reported as
-        dropped."""
-        n, last = self.count, self.last
-        return DoneEvent(reason="stopped", tokens=n, runs=n, scores=n * vocab_rows if vocab_rows else None,
-                         ttft_ms=self.first_ms,
-                         decode_tok_s=(n - 1) / (self.decode_ms / 1000.0) if self.decode_ms > 0 else None,
-                         text="".join(self.text), prompt_tokens=prompt_tokens,
-                         kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
-                         dropped_hex=last.pending_hex if last else "",
-                         dropped_needed=last.pending_needed if last else 0)
-
-
-def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
-    """`StepTally.stopped_done` for steps at hand as a list."""
-    tally = StepTally()
-    for step in steps:
-        tally.add(step)
-    return tally.stopped_done(prompt_tokens, vocab_rows)

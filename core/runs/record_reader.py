@@ -14,7 +14,7 @@ import json
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ..errors import TokentuiError
+from ..errors import ErrorKind, RecordError, RunError
 from .events import (
     BranchEvent,
     Candidate,
@@ -45,10 +45,6 @@ NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 
-class RecordError(TokentuiError):
-    """A file that is not a run record this version can read. `str(err)` starts with the file's path."""
-
-
 def _value(value, annotation: str, where: str):
     """`value` checked against a field annotation such as "int", "float | None", "list[Candidate]"."""
     if value is None and annotation.endswith(" | None"):
@@ -61,6 +57,10 @@ def _value(value, annotation: str, where: str):
         return [_value(v, inner, f"{where}[{n}]") for n, v in enumerate(value)]
     if annotation in NESTED:
         return build(NESTED[annotation], value, where)
+    if annotation == "ErrorKind":
+        if not isinstance(value, str):
+            raise ValueError(f"{where} should be an error kind, got {json.dumps(value, ensure_ascii=False)[:40]}")
+        return ErrorKind.of(value)  # an older record's class name, or a newer kind: read, never refused
     kinds = _SCALARS.get(annotation)
     if kinds is None:
         return value  # an annotation this reader does not check
@@ -135,8 +135,6 @@ def read_lines(path: Path) -> tuple[list[tuple[int, Event]], int | None]:
 
 def read_run(path: str | Path, run_class):
     """The run a record holds (`Run.from_record`): one run, its `model` event first."""
-    from .run import RunError
-
     path = Path(path)
     events, cut = read_lines(path)
     run = run_class()
@@ -153,7 +151,7 @@ def read_run(path: str | Path, run_class):
             started = True
         elif isinstance(event, ModelFacts):
             raise RecordError(f"{where}: a second model event (a record holds one run)")
-        elif run.end is not None:
+        elif run.end is not None and not (isinstance(run.end, ErrorEvent) and isinstance(event, DoneEvent)):
             raise RecordError(f"{where}: a {event.event!r} event after the run's end")
         elif isinstance(event, PromptEvent) and run.prompt is not None:
             raise RecordError(f"{where}: a second prompt event (a record holds one run)")

@@ -3,7 +3,8 @@ record as if a model were writing it: `tokentui replay FILE.jsonl`. No torch, no
 
 Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
 (2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
-in the engine. The sampler cannot change a recorded run: `update_sampler` refuses with a SettingsError.
+in the engine. The sampler cannot change a recorded run: `set_sampler` refuses with a SettingsError; nor can a
+replay branch (`branch_refusal` says how to branch a record instead).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import SettingsError
-from ..controls import RunControls
-from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
-                     PromptEvent, StepEvent, stopped_done)
+from ..interface import BaseEngine
+from .ending import stopped_done
+from .events import (DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress, PromptEvent,
+                     StepEvent)
 from .run import Run
 from ..settings import RunOptions, SamplerSettings
 
@@ -46,8 +48,8 @@ def _options_of(run: Run) -> RunOptions:
                       top_candidates=max(1, len(first.candidates)) if first is not None else 10)
 
 
-class ReplayEngine(RunControls):
-    """Plays a `Run` (usually `Run.from_record(path)`) with the engine's interface (tui/config.py EngineLike)."""
+class ReplayEngine(BaseEngine):
+    """Plays a `Run` (usually `Run.from_record(path)`) with the engine interface (core/interface.py)."""
 
     def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
         if run.facts is None:
@@ -65,20 +67,29 @@ class ReplayEngine(RunControls):
         return cls(Run.from_record(path), speed=speed)
 
     # ---- settings: fixed by the record (pause, step and stop: core/controls.py's, at step boundaries) --------
-    def update_sampler(self, **changes) -> SamplerSettings:
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
         raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
+
+    @property
+    def branch_refusal(self) -> str | None:
+        return ("a replay cannot branch: it plays a record back with no model loaded (branch the record with "
+                "`tokentui branch RECORD --at STEP --token ID`)")
 
     def _wait(self, ms: float, serial: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
         seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
-        return self._steps.sleep(seconds, lambda: self._stopping(serial))
+        return self.sleep_at_gate(seconds, serial)
 
     # ---- the run -------------------------------------------------------------------------------------------
-    def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
+    def run(self, prompt: str | None = None, system: str | None = None, *, run_id: int | None = None
+            ) -> Iterator[Event]:
         """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
         so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
         short — with a `done` event (reason "stopped") for the steps played."""
-        serial = self._new_run()  # like the engine's, a step granted before the run (pause + step) carries into it
+        return super().run(prompt, system, run_id=run_id)
+
+    def _run(self, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
+        # like the engine's, a step granted before the run (pause + step) carries into it
         source = self.source
         recorded = source.prompt
         if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
@@ -104,12 +115,12 @@ class ReplayEngine(RunControls):
                 # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
                 # of which the prefill has been waited for already
                 wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
-                if not self._wait(wait, serial) or not self._gate(serial):
+                if not self._wait(wait, serial) or not self.wait_at_gate(serial):
                     break
                 played += 1
             yield event
-            if isinstance(event, (DoneEvent, ErrorEvent)):
+            if isinstance(event, DoneEvent):
                 return
-        if source.record_notice is not None and not self._stopping(serial):
+        if source.record_notice is not None and not self.stopping(serial):
             yield Notice(f"{source.record_notice}: replayed up to there")
         yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

@@ -40,15 +40,12 @@ from .events import (
     StepEvent,
     StepTiming,
 )
+from ..errors import RunError
 from ..settings import SamplerSettings
 
 _ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
 # optional numbers: arrays too, None kept as a value such a field never takes (NaN, the smallest int64)
 _OPTIONAL_CODES = {"int | None": ("q", -(2**63)), "float | None": ("d", float("nan"))}
-
-
-class RunError(ValueError):
-    """An event that cannot be part of this run (a step out of order)."""
 
 
 class _Columns:
@@ -189,7 +186,8 @@ class Run:
         self.prefill: PrefillEvent | None = None
         self.prefill_progress: list[PrefillProgress] = []
         self.notices: list[Notice] = []
-        self.end: DoneEvent | ErrorEvent | None = None
+        self.end: DoneEvent | ErrorEvent | None = None  # the last `done` (an older record: `error` without one)
+        self._error: ErrorEvent | None = None
         self.branch: BranchEvent | None = None  # set for a branch run (see the module docstring)
         self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
         self._steps = _Steps()
@@ -222,7 +220,10 @@ class Run:
             self.prefill_progress.append(event)
         elif isinstance(event, PrefillEvent):
             self.prefill = event
-        elif isinstance(event, (DoneEvent, ErrorEvent)):
+        elif isinstance(event, ErrorEvent):
+            self._error = event
+            self.end = event  # until its `done` follows it
+        elif isinstance(event, DoneEvent):
             self.end = event
         elif isinstance(event, BranchEvent):
             if self.branch is not None or len(self):
@@ -240,7 +241,8 @@ class Run:
 
     @property
     def error(self) -> ErrorEvent | None:
-        return self.end if isinstance(self.end, ErrorEvent) else None
+        """The error the run failed with (its `done`, reason "error", follows it)."""
+        return self._error
 
     @property
     def ended(self) -> bool:

@@ -106,7 +106,7 @@ async def test_clamps_do_not_touch_the_engine():
         assert engine.sampler == SamplerSettings(temperature=0.0, top_p=1.0, top_k=100)
         await pilot.press("p")
         assert engine.sampler.top_p == 0.95
-        app.client.update_sampler(top_p=0.05)  # the client is the settings' one owner: the keys read it there
+        app.client.set_sampler(app.client.sampler.with_changes(top_p=0.05))  # the client is the settings' one owner: the keys read it there
         await pilot.press("p")
         assert app.client.sampler.top_p == engine.sampler.top_p == 0.05
 

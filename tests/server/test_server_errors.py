@@ -18,7 +18,8 @@ from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.record_reader import read_lines
 from tokentui.core.runs.recording import RecordedRun
 from tokentui.core.server.engine import ServerEngine, ServerOptions
-from tokentui.core.server.http import ServerAddress, ServerError
+from tokentui.core.errors import ServerError
+from tokentui.core.server.http import ServerAddress
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0, greedy=True)

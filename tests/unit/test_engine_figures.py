@@ -25,10 +25,11 @@ from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.runs.events import DoneEvent, LoadProgress, PrefillEvent, PrefillProgress, PromptEvent, StepEvent
-from tokentui.core.runs.events import stopped_done
+from tokentui.core.runs.ending import stopped_done
 from tokentui.core.model.loader import LoadedModel, model_facts, resolve_device
 from tokentui.core.steps.prefill import prefill, prefill_chunks
-from tokentui.core.link.process_client import EngineSpec, load_engine
+from tokentui.core.link.protocol import EngineSpec
+from tokentui.core.model.build import load_engine
 from tokentui.core.model import precheck
 from tokentui.core.settings import RunOptions, SamplerSettings
 

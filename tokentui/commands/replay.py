@@ -61,6 +61,7 @@ def replay_main(argv: list[str]) -> int:
 
 def replay_headless(engine, as_json: bool) -> int:
     """The run's answer as it was written (or its events as JSON lines, the `model` event first, as recorded)."""
+    from tokentui.core.errors import exit_status
     from tokentui.core.runs.events import BranchEvent, DoneEvent, ErrorEvent, Notice, StepEvent
 
     out, err = sys.stdout, sys.stderr
@@ -83,7 +84,7 @@ def replay_headless(engine, as_json: bool) -> int:
                 out.flush()
                 err.write(f"tokentui: {event.message}\n")
             if isinstance(event, ErrorEvent):
-                status = EXIT_RUN_FAILED
+                status = exit_status(event.kind)
             out.flush()
     except BrokenPipeError:  # `tokentui replay … --headless | head`: the reader has gone
         import os
