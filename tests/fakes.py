@@ -154,7 +154,7 @@ class ScriptedEngine(BaseEngine):
         if tokens:
             self.held_ids = tuple(ids) + tuple(chosen[:-1])  # the last token was never fed
         decode_tok_s = (tokens - 1) / (decode_ms / 1000) if tokens > 1 and decode_ms else 0.0
-        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows,
+        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows if self.facts.vocab_rows else None,
                         ttft_ms=first_ms, decode_tok_s=decode_tok_s, text="".join(texts), prompt_tokens=n_prompt,
                         kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)
 
@@ -216,7 +216,7 @@ class ScriptedEngine(BaseEngine):
 
     def _play_branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         facts, opts = self.facts, self.options
-        bad = next((i for i in (point.token, *point.prompt_ids, *point.tokens) if i >= facts.vocab_rows), None)
+        bad = next((i for i in (point.token, *point.prompt_ids, *point.tokens) if facts.vocab_rows and i >= facts.vocab_rows), None)
         if bad is not None:  # the real engine's check, before anything else (its error's kind)
             raise SettingsError(f"token id {bad} is not in this model's vocabulary (ids 0..{facts.vocab_rows - 1})")
         at, n_prompt = point.at, len(point.prompt_ids)
@@ -246,7 +246,7 @@ class ScriptedEngine(BaseEngine):
         taken = len(chosen)
         kv_tokens = kv + max(0, taken - 1)
         self.held_ids = tuple(prefix) + tuple(chosen[:-1])
-        yield DoneEvent(reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
+        yield DoneEvent(reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows if facts.vocab_rows else None,
                         ttft_ms=first_ms,
                         decode_tok_s=(taken - 1) / (decode_ms / 1000) if taken > 1 and decode_ms else None,
                         text=prefix_text + "".join(texts), prompt_tokens=n_prompt, kv_tokens=kv_tokens,
