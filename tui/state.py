@@ -167,7 +167,7 @@ class RunState(RunReadings):
                          if getattr(before, name, None) != getattr(step.settings, name))
             if diff:
                 self.settings_changes.append(SettingsChange(step.index + 1, diff))
-        if step.index == self.own_from:  # the run's first own token (a branch's: the forced one)
+        if len(self.run) - 1 == self.own_from:  # the run's first own token (a branch's: the forced one)
             self.ttft_ms = step.latency_ms
         self._kv(step.kv_tokens, step.kv_bytes)
         if step.server_kv_usage is not None:
@@ -216,6 +216,12 @@ class RunState(RunReadings):
         before = self.cursor
         self._travel.go(position)
         return self.cursor != before
+
+    @property
+    def cursor_at_newest(self) -> bool:
+        """The cursor holds the newest step (moving forward onto it rejoins live)."""
+        position = self.cursor
+        return position is not None and position == len(self.run) - 1
 
     def cursor_first(self) -> bool:
         return self.cursor_go(0)

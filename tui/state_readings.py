@@ -231,6 +231,16 @@ class RunReadings:
         return step
 
     @property
+    def own_tokens(self) -> int:
+        """The tokens this run chose itself (a branch's: from its branch point on, the forced one included)."""
+        return len(self.run) - self.own_from
+
+    @property
+    def total_tokens(self) -> int:
+        """Its answer's tokens from the prompt on (a branch's: the parent's before the branch point too)."""
+        return self.run.offset + len(self.run)
+
+    @property
     def step_total(self) -> int:
         """The number (from 1) of the newest step: "viewing step 37 of 120"."""
         return self.run.offset + len(self.run)

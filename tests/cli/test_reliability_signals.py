@@ -108,7 +108,7 @@ def test_dashboard_signal_while_decoding(embedded, isolated_dirs, tmp_path, how)
         if how != "pane-closed":
             assert pane.exit_status() == 0
             after = pane.capture()
-            assert "Traceback" not in after and "run recorded in" in after
+            assert "Traceback" not in after and "of one prompt recorded in" in after
             assert_terminal_restored(pane)
     _, steps, done = complete_record(runs)
     assert steps[-1]["index"] >= shown  # everything that was on screen is in the record

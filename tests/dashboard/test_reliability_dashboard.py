@@ -122,7 +122,7 @@ async def test_engine_fault_dialog_names_the_step_and_the_app_stays_usable(tiny,
             await wait_for(pilot, lambda: isinstance(app.screen, PromptEditor), what="the prompt editor")
             app.screen.query_one(TextArea).text = "Say hi."
             await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: app.state.phase == "done" and app.prompt == "Say hi.", timeout=30,
+            await wait_for(pilot, lambda: app.state.phase == "done" and app.controller.prompt == "Say hi.", timeout=30,
                            what="the edited run")
             # and "quit" from the dialog ends the app
             fault.arm()
@@ -160,7 +160,7 @@ async def test_prompt_too_long_for_the_context_dialog_then_fixed_in_the_editor(t
         area.text = "Is OpenAI open?"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: app.state.phase == "done", timeout=30, what="the fixed run")
-        assert app.state.steps >= 1 and app.prompt == "Is OpenAI open?"
+        assert app.state.steps >= 1 and app.controller.prompt == "Is OpenAI open?"
 
 
 async def test_empty_prompt_from_the_command_line_dialog_then_fixed(tiny):
@@ -342,7 +342,7 @@ async def test_4096_tokens_memory_flat_and_keys_reach_the_screen_within_100_ms()
         rates: list[float] = []
         key = "T"
         while app.state.phase == "decoding" and len(latencies) < 40:
-            current = app.sampler_settings.temperature
+            current = app.controller.sampler.temperature
             target = round(current + (0.1 if key == "T" else -0.1), 2)
             wanted = f"temperature {target:.2f}"
             steps_before, started = app.state.steps, time.perf_counter()
@@ -393,14 +393,14 @@ async def test_a_thousand_rapid_key_presses_leave_engine_and_screen_consistent()
         started = time.perf_counter()
         sender.start()
         await asyncio.to_thread(sender.join)
-        await wait_for(pilot, lambda: app.sampler_settings == expected, timeout=30, what="every key handled")
+        await wait_for(pilot, lambda: app.controller.sampler == expected, timeout=30, what="every key handled")
         handled_ms = (time.perf_counter() - started) * 1000
         steps_now = app.state.steps
         await wait_for(pilot, lambda: app.state.steps >= steps_now + 3, timeout=30, what="steps after the keys")
         await pilot.pause(0.1)
         assert app.state.phase == "decoding"
         last: StepEvent = app.state.last_step
-        assert engine.sampler == app.sampler_settings == expected
+        assert engine.sampler == app.controller.sampler == expected
         assert last.settings == expected  # the run uses them
         shown = " ".join(app.query_one(SamplerPanel).last_text.plain.split())
         for key, value in describe(expected).items():
@@ -445,8 +445,8 @@ async def test_export_from_the_command_palette_while_generating(tmp_path):
 
         await wait_for(pilot, only_export, what="the export command, alone")
         await keys(app, "enter")
-        await wait_for(pilot, lambda: app.last_export is not None, what="the export")
-        exported = app.last_export
+        await wait_for(pilot, lambda: app.controller.last_export is not None, what="the export")
+        exported = app.controller.last_export
         record = app.state.record_path
         assert exported == record.with_name(record.stem + ".answer.txt")
         text = exported.read_text(encoding="utf-8")
@@ -455,9 +455,9 @@ async def test_export_from_the_command_palette_while_generating(tmp_path):
                        what="the export dialog with both full paths")
         # the record so far is already on disk, whole lines, and the key does the same
         assert all(json.loads(line) for line in record.read_text(encoding="utf-8").splitlines())
-        app.last_export = None
+        app.controller.last_export = None
         await keys(app, "x")
-        await wait_for(pilot, lambda: app.last_export == exported, what="the export key")
+        await wait_for(pilot, lambda: app.controller.last_export == exported, what="the export key")
         await keys(app, "q")  # q quits from the export dialog too (the app's binding)
         await wait_for(pilot, lambda: app.return_code == 0, what="the app to quit")
 
