@@ -159,6 +159,13 @@ class RunReadings:
         return None if rows is None else self.model_runs * rows
 
     @property
+    def inherited_text(self) -> str:
+        """The answer's text before this run's first step that no step here holds: a branch played back alone (its
+        run starts at its branch point; the text its record carries for the steps before). "" otherwise."""
+        branch = self.run.branch
+        return branch.prefix_text if branch is not None else ""
+
+    @property
     def answer_text(self) -> str:
         return self.run.text
 
