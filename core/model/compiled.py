@@ -39,6 +39,14 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   frees the model object; the frozen weights, though, stay with torch's compiled code for the life of the process
   (even after torch._dynamo.reset()), which is one reason the dashboard runs each model in a process of its own.
 
+* Which models: those whose layers are all full attention (`compile_problem`, core/model/architecture.py). transformers'
+  static sliding-window layer keeps its length as a Python int, so a fixed-shape graph recompiled at every step
+  (~580 ms each on a tiny Mistral) until dynamo's recompile limit raised; recurrent (linear-attention, SSM, conv)
+  layers take another cache path. Such a model decodes eagerly, and each run says so first (a Notice), before any
+  compiling. As a guard for what no check foresees, every call after a bucket's first runs under
+  `torch.compiler.set_stance("fail_on_recompile")`: a graph that would compile again raises at once instead, and the
+  decoder falls back to eager decoding on the same static cache (`failure` says why; the engine's Notice).
+
 The compiled step gives the same token IDs as `generate(do_sample=False)` on the embedded model (checked by
 tests/unit/test_fastpaths.py and by the benchmark), but its scores are not bit-identical to eager ones (different
 summation order in the generated kernels), so ties at the 6th decimal could in principle pick another token.
@@ -46,6 +54,7 @@ summation order in the generated kernels), so ties at the 6th decimal could in p
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -56,6 +65,7 @@ import torch
 from transformers import StaticCache
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .architecture import compile_problem  # noqa: F401  (the engine asks it before building a decoder)
 from ..runs.events import LoadProgress
 from .kvcache import kv_bytes_per_token
 
@@ -137,6 +147,7 @@ class CompiledDecoder:
         kwargs, self._inductor_config = compile_settings(self.device)
         self._step = torch.compile(self._forward, **kwargs)
         self.compile_seconds: dict[int, float] = {}
+        self.failure: str | None = None  # why compiled decoding stopped (then every step is eager); None: it runs
 
     @property
     def model(self):
@@ -161,7 +172,7 @@ class CompiledDecoder:
             return None, (f"--compile covers runs of up to {MAX_COMPILED_TOKENS} tokens (prompt + max new tokens); "
                           f"this one may need {tokens}: decoding eagerly")
         cache = self.cache(bucket)
-        allocated = bucket * kv_bytes_per_token(self.model.config, self._dtype)
+        allocated = bucket * kv_bytes_per_token(self.model, self._dtype)
         notice = (f"static KV cache: {allocated / 2**20:.1f} MiB allocated for {bucket} tokens "
                   "(the KV figures shown count the tokens in use)")
         if bucket not in self._compiled:
@@ -181,23 +192,40 @@ class CompiledDecoder:
         return logits
 
     def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:
-        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers)."""
+        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers). After a
+        failure (`failure`), an eager step on the same static cache."""
         if cache.host_tokens >= cache.capacity:
             raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
         self._ids.fill_(token_id)  # a fill kernel: no host-to-device copy, no sync
-        if cache.capacity in self._compiled:
-            with torch.inference_mode():
-                logits = self._step(self._ids, cache).clone()
-        else:  # this call compiles (or records CUDA graphs)
-            import torch._inductor.config as inductor_config
-
-            with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
-                logits = self._step(self._ids, cache).clone()
-            self._warm_calls[cache.capacity] = self._warm_calls.get(cache.capacity, 0) + 1
-            if self._warm_calls[cache.capacity] >= 3:  # CUDA graphs record on the third call
-                self._compiled.add(cache.capacity)
+        if self.failure is None:
+            try:
+                logits = self._compiled_step(cache)
+            except Exception as err:  # a recompile (the guard below) or a compile error: decode eagerly from here
+                text = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                self.failure = f"--compile stopped ({text}): decoding eagerly"
+        if self.failure is not None:
+            logits = forward_last_logits(self.model, self._ids, cache)
         cache.host_tokens += 1
+        return logits
+
+    def _compiled_step(self, cache: StaticKV) -> torch.Tensor:
+        capacity = cache.capacity
+        calls = self._warm_calls.get(capacity, 0)
+        # Only a bucket's first call may compile: a later one that would compile again raises instead of recompiling
+        # at every step (the module docstring)
+        stance = torch.compiler.set_stance("fail_on_recompile") if calls or capacity in self._compiled \
+            else contextlib.nullcontext()
+        if capacity in self._compiled:
+            with torch.inference_mode(), stance:
+                return self._step(self._ids, cache).clone()
+        import torch._inductor.config as inductor_config  # this call compiles (or records CUDA graphs)
+
+        with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings(), stance:
+            warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
+            logits = self._step(self._ids, cache).clone()
+        self._warm_calls[capacity] = calls + 1
+        if calls + 1 >= 3:  # CUDA graphs record on the third call
+            self._compiled.add(capacity)
         return logits
 
     def warm_up(self, bucket: int, progress: Callable[[LoadProgress], None] | None = None) -> float:
@@ -224,6 +252,8 @@ class CompiledDecoder:
             self.prefill(ids, cache)
             for _ in range(3):
                 self.step(token, cache)
+                if self.failure is not None:
+                    break
             synchronize(self.device)
             with torch.inference_mode():
                 cache.reset()
@@ -233,5 +263,6 @@ class CompiledDecoder:
             ticker.join()
         seconds = time.perf_counter() - started
         self.compile_seconds[bucket] = seconds
-        report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
+        if self.failure is None:
+            report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
         return seconds
