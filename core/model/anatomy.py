@@ -228,7 +228,7 @@ def _mixer_stage(facts, block: BlockGroup, kv: KVGroup, kv_tokens: int, total: i
         shapes = [(1, *s) for s in (kv.state or [])]
         names = kv.state_names or ["state"] * len(shapes)
         text = " + ".join(f"{w} {_dims(s)}" for w, s in zip(names, shapes)) + " per layer" if shapes else             "its state (size not known before a forward)"
-        per = kv.state_values * facts.kv_bytes_per_value if kv.state_values and facts.kv_bytes_per_value else 0
+        per = (kv.state_bytes(facts.kv_bytes_per_value) or 0) if facts.kv_bytes_per_value else 0
         note = (f"{block.mixer_name or block.mixer}: a fixed-size state instead of a KV cache"
                 + (f", {_bytes(per)} per layer, the same at every step" if per else "") + cached)
         return Stage(f"{_MIXER_WORDS.get(block.mixer, block.mixer)} reads its state", "device", text,

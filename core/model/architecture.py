@@ -205,6 +205,7 @@ def kv_groups(model) -> list[KVGroup]:
         if linear:
             shapes, names, _ = _state(cfg, mixer)
             key = ("state", None if shapes is None else tuple(map(tuple, shapes)), tuple(names))
+            # transformers keeps SSM / recurrent states in float32 whatever the model's dtype; conv states in it
             groups.setdefault(key, []).append(i)
         if not has_kv:
             continue
@@ -231,7 +232,7 @@ def kv_groups(model) -> list[KVGroup]:
         elif key[0] == "state":
             shapes, names = key[1], list(key[2])
             out.append(KVGroup("state", layers, state=None if shapes is None else [list(s) for s in shapes],
-                               state_names=names))
+                               state_names=names, state_value_bytes=[0 if n == "conv" else 4 for n in names]))
         else:
             kind, k, v, window, note = key
             # transformers' dynamic sliding layer keeps window - 1 positions: the new one makes the window
@@ -241,16 +242,23 @@ def kv_groups(model) -> list[KVGroup]:
 
 
 def compile_problem(model) -> str | None:
-    """Why `--compile`'s static cache and fixed-shape decode step do not fit this model (None: they do). Only
-    full-attention layers are compiled: transformers' static sliding-window layer keeps its length as a Python int,
-    which a fixed-shape graph bakes in (every step recompiled), and recurrent layers take another path."""
-    kinds = {g.kind for g in kv_groups(model)} - {"full", "latent"}
+    """Why `--compile`'s static cache and fixed-shape decode step do not fit this model (None: they do).
+    transformers' static sliding-window (and chunked) layer keeps its length as a Python int, which a fixed-shape
+    graph bakes in: every step would compile again. The Mamba family takes its state under another keyword
+    (`cache_params`) and has no static cache. Full attention, MLA and the linear-attention / conv layers of hybrids
+    (Qwen3-Next, LFM2), whose states have fixed shapes, compile."""
+    from .adapter import cache_keyword
+
+    if cache_keyword(model) != "past_key_values":
+        return "--compile covers models with a KV cache; this one keeps only a recurrent state (the Mamba family)"
+    kinds = {g.kind for g in kv_groups(model)} - {"full", "latent", "state"}
     if not kinds:
         return None
     words = {"sliding": "sliding-window attention layers", "chunked": "chunked attention layers",
-             "state": "recurrent (linear-attention / SSM / conv) layers", "none": "layers that share another's cache"}
-    said = ", ".join(words[k] for k in sorted(kinds))
-    return f"--compile covers models whose layers are all full attention; this one has {said}"
+             "none": "layers that share another's cache"}
+    said = " and ".join(words[k] for k in sorted(kinds))
+    return (f"--compile does not cover {said} (transformers' static cache counts their positions in a Python "
+            "number, so the decode step would compile again at every step)")
 
 
 # ---------------------------------------------------------------------------------------------- the blocks

@@ -67,12 +67,22 @@ from transformers import StaticCache
 from .adapter import forward_last_logits, input_device, synchronize
 from .architecture import compile_problem  # noqa: F401  (the engine asks it before building a decoder)
 from ..runs.events import LoadProgress
-from .kvcache import kv_bytes_per_token
+from .kvcache import kv_bytes_at, kv_groups
 
 MAX_COMPILED_TOKENS = 4096
 _BUCKET_MIN = 256
 _WARMUP_PROMPT = 8  # tokens of the throw-away prefill that triggers compilation
 _TICK_S = 5.0  # how often compile progress is reported
+
+
+def static_bytes(model, dtype: torch.dtype, bucket: int) -> int:
+    """What a static cache of `bucket` positions allocates for `model`: every position of its full-attention (and
+    MLA) layers, and the fixed-size states of its recurrent ones (core/runs/architecture.py's formula)."""
+    return kv_bytes_at(kv_groups(model), bucket, torch.empty((), dtype=dtype).element_size())
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def bucket_for(tokens: int, max_context: int = 0) -> int | None:
@@ -172,8 +182,8 @@ class CompiledDecoder:
             return None, (f"--compile covers runs of up to {MAX_COMPILED_TOKENS} tokens (prompt + max new tokens); "
                           f"this one may need {tokens}: decoding eagerly")
         cache = self.cache(bucket)
-        allocated = bucket * kv_bytes_per_token(self.model, self._dtype)
-        notice = (f"static KV cache: {allocated / 2**20:.1f} MiB allocated for {bucket} tokens "
+        allocated = static_bytes(self.model, self._dtype, bucket)
+        notice = (f"static KV cache: {_size(allocated)} allocated for {bucket} tokens "
                   "(the KV figures shown count the tokens in use)")
         if bucket not in self._compiled:
             notice += "; compiling the decode step for it first (minutes on a small CPU, once per process)"
@@ -201,8 +211,12 @@ class CompiledDecoder:
             try:
                 logits = self._compiled_step(cache)
             except Exception as err:  # a recompile (the guard below) or a compile error: decode eagerly from here
-                text = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-                self.failure = f"--compile stopped ({text}): decoding eagerly"
+                text = (str(err).strip().splitlines() or [""])[0][:120]
+                if "fail_on_recompile" in text:
+                    why = "the decode step would compile again at every step"
+                else:
+                    why = f"the decode step could not be compiled whole: {type(err).__name__}: {text}"
+                self.failure = f"--compile stopped ({why}): decoding eagerly"
         if self.failure is not None:
             logits = forward_last_logits(self.model, self._ids, cache)
         cache.host_tokens += 1

@@ -14,7 +14,8 @@ What one layer of the cache holds, per kind (`KVGroup.kind`), for `tokens` posit
     latent    multi-head latent attention (DeepSeek-V3): the compressed latent [1, rank] and the rotary key
               [1, rotary dims] per position, not heads × head_dim: (rank + rotary) × tokens × b
     state     a recurrent mixer (Mamba's SSM, Gated DeltaNet, a short conv): fixed-size tensors whatever the length,
-              `state` (e.g. conv [128, 4] + SSM [128, 8]); None when this version cannot tell their size beforehand
+              `state` (e.g. conv [128, 4] + SSM [128, 8]; the SSM / recurrent one in float32 whatever the model's
+              dtype, as transformers keeps it); None when this version cannot tell their size beforehand
     none      a layer that caches nothing of its own (it reads another layer's cache)
 
 The tests (tests/unit/test_architecture_matrix.py) check these against the cache tensors' real growth, per
@@ -45,6 +46,9 @@ class KVGroup:
     # fixed-size tensors per layer, without the batch dimension (kind "state"); None: not known before a forward
     state: list[list[int]] | None = field(default_factory=list)
     state_names: list[str] = field(default_factory=list)  # what each state tensor is: "conv", "SSM", "recurrent"
+    # bytes per value of each state tensor; 0 (or missing): the cache's own (the model's dtype). transformers keeps
+    # the SSM / recurrent states in float32 (4) whatever the model's dtype
+    state_value_bytes: list[int] = field(default_factory=list)
     note: str = ""  # e.g. "multi-query: one K/V head for 8 query heads"
 
     def __post_init__(self) -> None:
@@ -71,15 +75,23 @@ class KVGroup:
             return None
         return sum(prod(shape) for shape in self.state)
 
+    def state_bytes(self, bytes_per_value: int) -> int | None:
+        """Bytes of one layer's fixed-size state, each tensor at its own element size (None: not known)."""
+        if self.state is None:
+            return None
+        sizes = list(self.state_value_bytes) + [0] * (len(self.state) - len(self.state_value_bytes))
+        return sum(prod(shape) * (size or bytes_per_value) for shape, size in zip(self.state, sizes))
+
     def held(self, tokens: int) -> int:
         """Positions one layer holds after `tokens` have gone through the model."""
         return min(tokens, self.cap) if self.cap is not None else tokens
 
-    def values_at(self, tokens: int) -> int | None:
-        state = self.state_values
+    def bytes_at(self, tokens: int, bytes_per_value: int) -> int | None:
+        """Bytes this group's layers hold after `tokens` positions (None: a state of unknown size)."""
+        state = self.state_bytes(bytes_per_value)
         if state is None:
             return None
-        return len(self.layers) * (self.per_position * self.held(tokens) + state)
+        return len(self.layers) * (self.per_position * self.held(tokens) * bytes_per_value + state)
 
 
 def kv_bytes_per_token(groups: list[KVGroup], bytes_per_value: int) -> int:
@@ -91,18 +103,16 @@ def kv_bytes_per_token(groups: list[KVGroup], bytes_per_value: int) -> int:
 def kv_bytes_at(groups: list[KVGroup], tokens: int, bytes_per_value: int) -> int | None:
     """The cache's bytes after `tokens` positions: the formula the KV panel shows; None when a state's size is not
     known. Equals the nbytes of the cache's tensors (the tests' oracle)."""
-    values = [g.values_at(tokens) for g in groups]
-    if any(v is None for v in values):
-        return None
-    return sum(values) * bytes_per_value
+    sizes = [g.bytes_at(tokens, bytes_per_value) for g in groups]
+    return None if any(n is None for n in sizes) else sum(sizes)
 
 
 def state_bytes(groups: list[KVGroup], bytes_per_value: int) -> int | None:
     """Bytes of the fixed-size recurrent state in all (0 without one; None: not known)."""
-    values = [g.state_values for g in groups]
-    if any(v is None for v in values):
+    sizes = [g.state_bytes(bytes_per_value) for g in groups]
+    if any(n is None for n in sizes):
         return None
-    return sum(len(g.layers) * v for g, v in zip(groups, values)) * bytes_per_value
+    return sum(len(g.layers) * n for g, n in zip(groups, sizes))
 
 
 def layer_span(layers: list[int]) -> str:
@@ -179,9 +189,15 @@ def formula_terms(groups: list[KVGroup], bytes_per_value: int) -> list[tuple[str
             if g.state is None:
                 out.append((f"{n} layers × a state of unknown size", f"{n}L×? fixed"))
                 continue
-            parts = " + ".join(f"{name} {'×'.join(map(str, shape))}" for name, shape in zip(
-                g.state_names or ["state"] * len(g.state), g.state))
-            out.append((f"{n} layers×({parts})×{b} B fixed", f"{n}L×{g.state_values:,}×{b} B fixed"))
+            names = g.state_names or ["state"] * len(g.state)
+            sizes = list(g.state_value_bytes) + [0] * (len(g.state) - len(g.state_value_bytes))
+            if all(not size or size == bytes_per_value for size in sizes):
+                parts = " + ".join(f"{name} {'×'.join(map(str, shape))}" for name, shape in zip(names, g.state))
+                out.append((f"{n} layers×({parts})×{b} B fixed", f"{n}L×{g.state_values:,}×{b} B fixed"))
+            else:  # a state kept in another dtype than the cache's (float32 SSM states in a 16-bit model)
+                parts = " + ".join(f"{name} {'×'.join(map(str, shape))}×{size or b} B" for name, shape, size in zip(
+                    names, g.state, sizes))
+                out.append((f"{n} layers×({parts}) fixed", f"{n}L×{g.state_bytes(bytes_per_value):,} B fixed"))
             continue
         if g.kind == "latent":
             out.append((f"{n} layers×({g.k[1]} latent + {g.v[1]} rotary)×{b} B",
