@@ -166,12 +166,10 @@ def _block_label(block: BlockGroup, blocks: list[BlockGroup]) -> str:
         return "decoder"
     words = []
     windows = {b.window_kind for b in blocks if b.mixer == "attention"}
-    if block.mixer != "attention":
+    if len({b.mixer for b in blocks}) > 1:
         words.append(block.mixer.replace(" ", "-"))
-    elif len(windows) > 1:
-        words.append(block.window_kind or "full")
-    elif len({b.mixer for b in blocks}) > 1:
-        words.append("attention")
+    if block.mixer == "attention" and len(windows) > 1:
+        words[-1:] = [block.window_kind or "full"]
     if len({b.mlp for b in blocks}) > 1:
         words.append(block.mlp if block.mlp != "none" else "no-MLP")
     if block.mixer == "attention" and len({b.positions for b in blocks if b.mixer == "attention"}) > 1 and (

@@ -268,8 +268,11 @@ def load_model(
     except Exception as err:
         raise ModelLoadError(_explain_load_error(name, err)) from err
     model.eval()
-    facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
-                        load_seconds=time.perf_counter() - started)
+    try:
+        facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
+                            load_seconds=time.perf_counter() - started)
+    except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
+        raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
@@ -315,8 +318,8 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         source=source,
         architecture=(config.architectures or [type(model).__name__])[0],
         parameters=sum(p.numel() for p in model.parameters()),
-        layers=int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0)),
-        hidden_size=int(text_config.hidden_size),
+        layers=int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0) or 0),
+        hidden_size=int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "n_embd", 0) or 0),
         vocab_rows=vocab_rows,
         attention_heads=attention.heads if attention is not None else (None if parts is not None else heads),
         kv_heads=attention.kv_heads if attention is not None and attention.kv_heads else None,

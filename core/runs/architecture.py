@@ -175,33 +175,40 @@ class ModelAnatomy:
     logits_ops: list[str] = field(default_factory=list)  # what the model does to the head's output, in order
 
 
-def formula_terms(groups: list[KVGroup], bytes_per_value: int) -> list[tuple[str, str]]:
-    """The KV formula per kind of layer, as (long, short) text for the KV panel: `2×2 layers×2 heads×16×4 B` for
-    full attention, with `≤15` where a window caps the positions, `2 layers×(16 latent + 8 rotary)×4 B` for MLA,
-    `2 layers×(conv 128×4 + SSM 128×8)×4 B fixed` for a recurrent state. `?` where the bytes per value are not known."""
+def formula_terms(groups: list[KVGroup], bytes_per_value: int) -> list[tuple[str, str, str, bool]]:
+    """The KV formula per kind of layer, as (long, short, shortest text, grows per position) for the KV panel:
+    `2×2 layers×2 heads×16×4 B` for full attention, with `≤15` where a window caps the positions, `2 layers×(16
+    latent + 8 rotary)×4 B` for MLA, `2 layers×(conv 128×4 + SSM 128×8)×4 B fixed` for a recurrent state (the
+    shortest form gives its values only). `?` where the bytes per value are not known. Per-position kinds first."""
     b = f"{bytes_per_value}" if bytes_per_value else "?"
     out = []
-    for g in groups:
+    for g in sorted(groups, key=lambda g: g.kind == "state"):  # what grows per position first, the fixed state last
         n = len(g.layers)
         if g.kind == "none":
             continue
         if g.kind == "state":
             if g.state is None:
-                out.append((f"{n} layers × a state of unknown size", f"{n}L×? fixed"))
+                out.append((f"{n} layers × a state of unknown size", f"{n}L×? fixed", f"{n}L×? fixed", False))
                 continue
             names = g.state_names or ["state"] * len(g.state)
+            short_names = [{"recurrent": "rec"}.get(name, name) for name in names]
             sizes = list(g.state_value_bytes) + [0] * (len(g.state) - len(g.state_value_bytes))
+            shapes = ["×".join(map(str, shape)) for shape in g.state]
             if all(not size or size == bytes_per_value for size in sizes):
-                parts = " + ".join(f"{name} {'×'.join(map(str, shape))}" for name, shape in zip(names, g.state))
-                out.append((f"{n} layers×({parts})×{b} B fixed", f"{n}L×{g.state_values:,}×{b} B fixed"))
+                long = " + ".join(f"{name} {shape}" for name, shape in zip(names, shapes))
+                short = "+".join(f"{name} {shape}" for name, shape in zip(short_names, shapes))
+                out.append((f"{n} layers×({long})×{b} B fixed", f"{n}L×({short})×{b} B",
+                            f"{n}L×{g.state_values:,}×{b} B fixed", False))
             else:  # a state kept in another dtype than the cache's (float32 SSM states in a 16-bit model)
-                parts = " + ".join(f"{name} {'×'.join(map(str, shape))}×{size or b} B" for name, shape, size in zip(
-                    names, g.state, sizes))
-                out.append((f"{n} layers×({parts}) fixed", f"{n}L×{g.state_bytes(bytes_per_value):,} B fixed"))
+                long = " + ".join(f"{name} {shape}×{size or b} B" for name, shape, size in zip(names, shapes, sizes))
+                short = "+".join(f"{name} {shape}×{size or b}" for name, shape, size in zip(short_names, shapes,
+                                                                                          sizes))
+                out.append((f"{n} layers×({long}) fixed", f"{n}L×({short}) B",
+                            f"{n}L×{g.state_bytes(bytes_per_value):,} B fixed", False))
             continue
         if g.kind == "latent":
-            out.append((f"{n} layers×({g.k[1]} latent + {g.v[1]} rotary)×{b} B",
-                        f"{n}L×({g.k[1]}+{g.v[1]})×{b} B"))
+            short = f"{n}L×({g.k[1]}+{g.v[1]})×{b} B"
+            out.append((f"{n} layers×({g.k[1]} latent + {g.v[1]} rotary)×{b} B", short, short, True))
             continue
         if g.k == g.v:
             long = f"2×{n} layers×{g.k[0]} head{'s' if g.k[0] != 1 else ''}×{g.k[1]}×{b} B"
@@ -212,5 +219,5 @@ def formula_terms(groups: list[KVGroup], bytes_per_value: int) -> list[tuple[str
         if g.cap is not None:
             long += f", ≤{g.cap} tokens ({g.kind} {g.window})"
             short += f" ≤{g.cap}"
-        out.append((long, short))
+        out.append((long, short, short, True))
     return out

@@ -221,3 +221,26 @@ def test_a_mamba_folder_loads_and_runs_as_a_users_model_does(smol_tokenizer, tmp
     assert [s.id for s in steps] == generate_ids(loaded.model, prompt.ids, 6, stop_at_eos=False)
     assert len({s.kv_bytes for s in steps}) == 1 and steps[0].kv_bytes > 0  # a fixed-size state: constant per step
     assert all(len(s.lens) == facts.layers for s in steps) and isinstance(events[-1], DoneEvent)
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen3_next", "mamba"])
+def test_a_branch_of_a_windowed_or_recurrent_model_prefills_afresh_and_says_why(name, smol_tokenizer):
+    """Their caches cannot be cut back to a prefix (a window dropped positions, a state cannot be undone): the
+    branch's prefix is prefilled afresh, the Notice says why, and the branch is the model's own continuation."""
+    from tokentui.core.model.branch import BranchPoint
+
+    model = build(name, smol_tokenizer)
+    loaded = LoadedModel(model, smol_tokenizer, model_facts(model, smol_tokenizer, name=name))
+    engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=12, ignore_eos=True))
+    events = list(engine.run("Hi"))
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    token = steps[5].candidates[1].id
+    point = BranchPoint(prompt_ids=tuple(prompt.ids), tokens=tuple(s.id for s in steps[:5]), at=5, token=token)
+    branch = list(engine.branch(point))
+    notices = [e.message for e in branch if isinstance(e, Notice) and "not reused" in e.message]
+    assert len(notices) == 1 and "cannot be cut back" in notices[0] and "prefilling" in notices[0]
+    ids = [e.id for e in branch if isinstance(e, StepEvent)]
+    prefix = list(prompt.ids) + [s.id for s in steps[:5]] + [token]
+    assert ids == [token] + generate_ids(model, prefix, 11, stop_at_eos=False)  # 12 steps of its own
+    assert isinstance(branch[-1], DoneEvent)

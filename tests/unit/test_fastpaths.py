@@ -231,3 +231,93 @@ def test_compiled_embedded_128_tokens_identical_to_generate(embedded, embedded_s
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     assert [s.id for s in steps] == generate_ids(embedded_stock.model, prompt.ids, 128, stop_at_eos=False)
     assert steps[-1].kv_bytes == embedded.facts.kv_bytes_per_token * steps[-1].kv_tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --compile on architectures beyond Llama (issue 24): sliding windows, hybrids, the recompile guard.
+
+
+def _compiled_run(name, tokenizer, n=12, **speed):
+    from arch_matrix import build
+
+    model = build(name, tokenizer)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, facts=model_facts(model, tokenizer, name=name))
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=n, ignore_eos=True),
+                        speed=SpeedOptions(compile=True, **speed))
+        events = list(engine.run("Hi"))
+    finally:
+        torch.set_num_threads(before)
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    return model, events, prompt, steps
+
+
+def test_compile_on_a_sliding_window_model_says_so_before_the_run_and_decodes_eagerly(smol_tokenizer):
+    """Mistral's static sliding layer counts its positions in a Python int: compiled, every step compiled again
+    (~580 ms each) until dynamo's limit raised a traceback. Now nothing is compiled and the run says why first."""
+    model, events, prompt, steps = _compiled_run("mistral", smol_tokenizer, n=24)
+    first = events.index(prompt)
+    notices = [e.message for e in events[:first] if isinstance(e, Notice)]
+    assert len(notices) == 1 and "sliding-window attention layers" in notices[0]
+    assert notices[0].endswith("decoding eagerly") and "\n" not in notices[0]
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    assert isinstance(events[-1], DoneEvent) and not any("static KV cache" in e.message for e in events
+                                                          if isinstance(e, Notice))
+
+
+def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokenizer, monkeypatch):
+    """What no check foresees: were a sliding layer compiled after all, the warm-up's second call would compile
+    again; under fail_on_recompile it raises at once, and the model decodes eagerly, said before the run."""
+    import tokentui.core.model.compiled as compiled
+
+    monkeypatch.setattr(compiled, "compile_problem", lambda model: None)
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("mistral", smol_tokenizer, n=24)
+    notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
+    assert notices == ["--compile stopped (the decode step would compile again at every step): decoding eagerly"]
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    assert isinstance(events[-1], DoneEvent)
+
+
+def test_a_compile_failure_mid_run_goes_on_eagerly_on_the_same_cache(smol_tokenizer, monkeypatch):
+    import tokentui.core.model.compiled as compiled
+
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    calls = []
+    real = compiled.CompiledDecoder._compiled_step
+
+    def flaky(self, cache):
+        calls.append(1)
+        if len(calls) == 6:  # the warm-up made three; the run's third decode step fails
+            raise RuntimeError("simulated compile failure")
+        return real(self, cache)
+
+    monkeypatch.setattr(compiled.CompiledDecoder, "_compiled_step", flaky)
+    model, events, prompt, steps = _compiled_run("llama", smol_tokenizer, n=12)
+    notices = [(i, e.message) for i, e in enumerate(events) if isinstance(e, Notice)]
+    failed = [(i, m) for i, m in notices if m.startswith("--compile stopped")]
+    assert len(failed) == 1 and "RuntimeError: simulated compile failure" in failed[0][1]
+    assert events.index(steps[3]) > failed[0][0] > events.index(steps[2])  # said with the step that fell back
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 12, stop_at_eos=False)
+    assert all(s.kv_tokens == len(prompt.ids) + s.index for s in steps) and isinstance(events[-1], DoneEvent)
+
+
+@pytest.mark.slow
+def test_compiled_hybrid_lfm2_with_inductor_matches_generate(smol_tokenizer):
+    """A hybrid (LFM2: short-conv layers with a fixed-size state, attention layers with a static KV cache) compiled
+    for real, as --compile does it on a CPU (inductor, freezing, autotuning: ~45 s on 2 cores)."""
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("lfm2", smol_tokenizer, n=24)
+    notices = [e.message for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and notices[0].startswith("static KV cache")
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    facts = model_facts(model, smol_tokenizer, name="lfm2")
+    from tokentui.core.runs.architecture import kv_bytes_at
+
+    assert all(s.kv_bytes == kv_bytes_at(facts.kv_groups, s.kv_tokens, 4) for s in steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tokentui.core.runs.architecture import formula_terms, state_bytes
+from tokentui.core.runs.architecture import formula_terms, kv_bytes_at, state_bytes
 
 from ..format import human_bytes
 from ..served import DASH, LEGEND, kv_usage_text, server_of
@@ -52,11 +52,14 @@ def formula_lines(facts, groups, per_value: int, width: int, room: int) -> list[
         line = "= " + " + ".join(t[which] for t in terms)
         if len(line) <= width:
             return [line]
-    lines = [("= " if n == 0 else "+ ") + t[1] for n, t in enumerate(terms)]
+    lines = [("= " if n == 0 else "+ ") + (t[1] if len(t[1]) + 2 <= width else t[2]) for n, t in enumerate(terms)]
     if len(lines) > room:
         keep = max(1, room - 1)
         lines = lines[:keep] + ([f"+ {len(lines) - keep} more kinds of layer"] if room >= 2 else [])
     return lines
+
+
+STILL = " (full windows / a fixed state)"  # a step that adds nothing, by the formula
 
 
 class KVPanel(Panel):
@@ -110,10 +113,18 @@ class KVPanel(Panel):
             out.append("\n" + line, muted)
         if 6 + len(formula) <= height:  # the measured growth goes first when the formula needs the rows
             out.append("\ngrowth     ", label)
-            out.append(f"+{human_bytes(growth)}" if growth else "—", value)
+            still = bool(groups) and kv_tokens > 0 and per_value and kv_bytes_at(
+                groups, kv_tokens, per_value) == kv_bytes_at(groups, kv_tokens - 1, per_value)
+            out.append(f"+{human_bytes(growth)}" if growth or still else "—", value)
             out.append(" / step", muted)
-        fill = (kv_tokens / facts.max_context) if facts.max_context else 0.0
+            if still and not growth and 22 + len(STILL) <= width:
+                out.append(STILL, muted)
         out.append("\ncontext    ", label)
+        if not facts.max_context:  # the config sets no limit (ALiBi, a recurrent model): nothing to fill
+            out.append("—", value)
+            out.append(" no limit in the config", muted)
+            return out
+        fill = kv_tokens / facts.max_context
         out.append(f"{fill * 100:.2f}%", value)
         out.append(f" of {facts.max_context:,}", muted)
         out.append("\n")

@@ -28,18 +28,19 @@ def block_rows(facts) -> list[tuple[str, str, str]]:
     if set(counts) != {"attention"}:
         names = {b.mixer: b.mixer_name for b in anatomy.blocks}
         extra = f"({names[next(iter(counts))]})" if len(counts) == 1 and names[next(iter(counts))] else ""
-        rows.append(("blocks", " + ".join(f"{n} {kind}" for kind, n in counts.items()), extra))
+        short = {"linear attention": "linear attn", "latent attention": "MLA attention"}
+        rows.append(("blocks", " + ".join(f"{n} {short.get(kind, kind)}" for kind, n in counts.items()), extra))
     moe = [b for b in anatomy.blocks if b.mlp == "MoE"]
     if moe:
         b = moe[0]
         layers = sum(len(m.layers) for m in moe)
         shared = f" + {b.shared_experts} shared" if b.shared_experts else ""
         rows.append(("experts", f"top-{b.top_k} of {b.experts}{shared}",
-                     f"· {layers} of {facts.layers} layers" if layers != facts.layers else ""))
+                     f"in {layers} of {facts.layers} layers" if layers != facts.layers else ""))
     for g in groups:
         if g.window is not None:
             rows.append(("window", f"{g.kind} {g.window:,}",
-                         f"· {len(g.layers)} of {facts.layers} layers" if len(g.layers) != facts.layers else ""))
+                         f"in {len(g.layers)} of {facts.layers} layers" if len(g.layers) != facts.layers else ""))
     return rows
 
 
@@ -70,12 +71,15 @@ class ModelPanel(Panel):
                             style=self.style_of("model--warning"))
             return Text("loading…", style=muted)
 
-        def row(name: str, val: str, extra: str = "") -> None:
+        width = max(20, self.content_size.width or 40)
+
+        def row(name: str, val: str, extra: str = "", optional: bool = False) -> None:
+            """One row; an `optional` extra goes where it does not fit (a cut word would mislead)."""
             if out:
                 out.append("\n")
             out.append(f"{name:<13}", label)
             out.append(val, value)
-            if extra:
+            if extra and not (optional and 13 + len(val) + 1 + len(extra) > width):
                 out.append(f" {extra}", muted)
 
         out.append(facts.name, self.style_of("model--name"))
@@ -90,7 +94,7 @@ class ModelPanel(Panel):
             kv = f"· {facts.kv_heads} kv · dim {facts.head_dim}" if facts.kv_heads else "· a latent KV (MLA)"
             row("attention", f"{facts.attention_heads} heads", kv)
         for name, val, extra in block_rows(facts):
-            row(name, val, extra)
+            row(name, val, extra, optional=True)
         row("vocab rows", f"{facts.vocab_rows:,}")
         if facts.max_context:
             row("context", f"{facts.max_context:,}", "tokens")
