@@ -263,8 +263,14 @@ class CompiledDecoder:
             cache = self.cache(bucket)
             token = 0
             ids = torch.full((1, _WARMUP_PROMPT), token, dtype=torch.long, device=self.device)
-            self.prefill(ids, cache)
-            for _ in range(3):
+            try:
+                self.prefill(ids, cache)
+            except Exception as err:  # the model's eager forward does not take a static cache (e.g. Bloom's ALiBi
+                # in some transformers releases): decode eagerly, with the regular cache
+                text = (str(err).strip().splitlines() or [""])[0][:120]
+                self.failure = (f"--compile stopped (this model's forward does not take a static KV cache: "
+                                f"{type(err).__name__}: {text}): decoding eagerly")
+            for _ in range(3 if self.failure is None else 0):
                 self.step(token, cache)
                 if self.failure is not None:
                     break
