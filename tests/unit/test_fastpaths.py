@@ -324,3 +324,21 @@ def test_compiled_hybrid_lfm2_with_inductor_matches_generate(smol_tokenizer):
     from tokentui.core.runs.architecture import kv_bytes_at
 
     assert all(s.kv_bytes == kv_bytes_at(facts.kv_groups, s.kv_tokens, 4) for s in steps)
+
+
+def test_a_model_whose_forward_refuses_the_static_cache_decodes_eagerly_with_a_notice(smol_tokenizer, monkeypatch):
+    """Bloom's ALiBi forward raised on a static cache in transformers 5.15, at load: a traceback then, a notice now."""
+    import tokentui.core.model.compiled as compiled
+
+    def refuse(self, ids, cache, first=True):
+        raise RuntimeError("The expanded size of the tensor (256) must match the existing size (8)")
+
+    monkeypatch.setattr(compiled.CompiledDecoder, "prefill", refuse)
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("bloom", smol_tokenizer, n=8)
+    notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
+    assert len(notices) == 1 and "does not take a static KV cache" in notices[0]
+    assert notices[0].endswith("decoding eagerly")
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 8, stop_at_eos=False)
