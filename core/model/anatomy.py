@@ -225,7 +225,8 @@ def _mixer_stage(facts, block: BlockGroup, kv: KVGroup, kv_tokens: int, total: i
     if kv.kind == "state":
         shapes = [(1, *s) for s in (kv.state or [])]
         names = kv.state_names or ["state"] * len(shapes)
-        text = " + ".join(f"{w} {_dims(s)}" for w, s in zip(names, shapes)) + " per layer" if shapes else             "its state (size not known before a forward)"
+        text = (" + ".join(f"{w} {_dims(s)}" for w, s in zip(names, shapes)) + " per layer" if shapes else
+                "its state (size not known before a forward)")
         per = (kv.state_bytes(facts.kv_bytes_per_value) or 0) if facts.kv_bytes_per_value else 0
         note = (f"{block.mixer_name or block.mixer}: a fixed-size state instead of a KV cache"
                 + (f", {_bytes(per)} per layer, the same at every step" if per else "") + cached)

@@ -30,7 +30,7 @@ def facts_of(name, tokenizer):
 
 
 def evaluate(term: str) -> int:
-    """A formula term's bytes: `2×1L×2h×16×4 B ≤39` -> 256, `2L×(16+8)×4 B` -> 192 (our own text, digits only)."""
+    """A formula term's bytes: `2×1L×2h×16×4 B ≤39` -> 256, `2L×(16+8)×4 B` -> 192 (digits only, our text)."""
     arithmetic = re.sub(r"[a-zA-Z]+ ", "", term.split(" B")[0]).replace(",", "").replace("×", "*").replace(
         "L", "").replace("h", "")
     assert re.fullmatch(r"[\d*+() ]+", arithmetic), term
@@ -66,7 +66,8 @@ def panel(app, widget_id: str) -> str:
     ("mamba", ["per token  0 B + 12.0 KiB fixed", "= 2L×(conv 128×4+SSM 128×8)×4 B"],
      ["blocks       2 SSM (MambaMixer)", "context      — no limit in the config"],
      ["SSM mixer reads its state", "[1, 128, 4] + [1, 128, 8]"]),
-    ("qwen3_next", ["per token  256 B + 18.0 KiB fixed", "= 2×1L×2h×16×4 B", "+ 3L×(conv 128×4+rec 4×16×16)×4 B"],
+    ("qwen3_next",
+     ["per token  256 B + 18.0 KiB fixed", "= 2×1L×2h×16×4 B", "+ 3L×(conv 128×4+rec 4×16×16)×4 B"],
      ["blocks       3 linear attn + 1 attention", "experts      top-2 of 4 + 1 shared"],
      ["3 linear-attention blocks", "linear attention reads its state"]),
     ("gemma2", ["per token  512 B, 256 B past 39"], ["window       sliding 40 in 1 of 2 layers"],
