@@ -35,13 +35,14 @@ from .events import (
     StepTiming,
 )
 from ..settings import SamplerSettings
+from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts}
+          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 
