@@ -26,11 +26,9 @@ from tokentui.core.runs.events import (
 )
 from tokentui.core.runs.run import Cursor, Run
 
-# The readings' names stay importable from here, as before the split.
-from .state_readings import MULTI_TOKEN_CHARS_SHOWN, PLOT_POINTS, RunReadings, Token, Tokens
+from .state_readings import RunReadings
 
-__all__ = ["CHANGES_KEPT", "MULTI_TOKEN_CHARS_SHOWN", "PLOT_POINTS", "SETTING_NAMES", "RunState", "SettingsChange",
-           "Token", "Tokens"]
+__all__ = ["CHANGES_KEPT", "SETTING_NAMES", "RunState", "SettingsChange"]
 
 SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
 CHANGES_KEPT = 6  # sampler changes remembered per run (the sampler panel lists the latest)

@@ -76,7 +76,7 @@ class Engine(BaseEngine):
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
         self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
-        self.speed = (speed or SpeedOptions()).validated()
+        self.speed = speed or SpeedOptions()
         self.layout = LayoutReport()
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
             # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
