@@ -1,0 +1,61 @@
+"""3: selection + reporting (select()) as a share of a decode step, on random and on the model's own scores."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import torch  # noqa: E402
+from tokentui.core.model.engine import Engine  # noqa: E402
+from tokentui.core.steps.select import select  # noqa: E402
+from tokentui.core.settings import SamplerSettings  # noqa: E402
+from measure.common import med, run_engine  # noqa: E402
+
+
+SELECT_CASES = {
+    "greedy": SamplerSettings(temperature=0.0),
+    "T=0.7, top-p 0.9": SamplerSettings(temperature=0.7, top_p=0.9),
+    "T=0.7, top-p off": SamplerSettings(temperature=0.7, top_p=1.0),
+    "T=0.7, top-k 50, top-p 0.95": SamplerSettings(temperature=0.7, top_k=50, top_p=0.95),
+}
+def real_scores(loaded, prompt_ids: list[int], n: int = 16) -> list[torch.Tensor]:
+    """The model's own scores for its first n greedy steps on the benchmark prompt."""
+    x = torch.tensor([prompt_ids])
+    out = loaded.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                eos_token_id=-1, output_scores=True, return_dict_in_generate=True)
+    return [s[0].float() for s in out.scores]
+
+
+def bench_select(step_ms: float, threads: int, real: list[torch.Tensor], reps: int = 200) -> dict:
+    """select() per setting on random N(0, sigma^2) logits, sigma = the model's own score spread, at both vocabulary
+    sizes (the targets), and on the model's own scores (V = 49,152; not a target). Gaussian scores are a hard case
+    for top-p: their nucleus holds hundreds to thousands of tokens, where real next-token distributions have a
+    perplexity of ~10."""
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    src = torch.Generator().manual_seed(1)
+    sigma = statistics.median(float(s.std()) for s in real)
+    out: dict = {"sigma": sigma}
+    for vocab in (49152, 151936, "real"):
+        if vocab == "real":
+            logits = real
+        else:
+            logits = [torch.randn(vocab, generator=src) * sigma for _ in range(16)]
+        for name, settings in SELECT_CASES.items():
+            times = []
+            for i in range(reps + 20):
+                x = logits[i % len(logits)]
+                start = time.perf_counter()
+                select(x, settings, gen, 10)
+                times.append((time.perf_counter() - start) * 1000)
+            ms = med(times[20:])
+            out[(vocab, name)] = {"ms": ms, "share": ms / (step_ms + ms)}
+    return out
+
+
+def engine_overhead(engine: Engine) -> dict:
+    """In a real run: the step's time outside the model (selection, reporting, detokenizing, the event) as a share."""
+    _, done, steps, _ = run_engine(engine)
+    decode = steps[1:]
+    outside = [s.latency_ms - s.forward_ms for s in decode]
+    total = [s.latency_ms for s in decode]
+    return {"outside_ms": med(outside), "step_ms": med(total), "share": med(outside) / med(total)}
