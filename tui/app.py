@@ -98,6 +98,8 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         self.pause_armed = False  # space while loading: pause the first run after its first token
         self._dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
         self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
+        self.crash: BaseException | None = None  # an exception nobody handled (`_fatal_error`), and its log
+        self.crash_log: Path | None = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
         self.user_theme_names.update(themes.user_names)
         self._startup_notes.extend((error, "error") for error in themes.errors)
@@ -240,6 +242,20 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
             client.step_once()
         self._repaint_now()
         self.branch_tree.live_branch.run_id = client.start(self.prompt, self.system)
+
+    def _handle_exception(self, error: Exception) -> None:
+        self.crash = error  # Textual's handler of an exception nobody handled; it ends in `_fatal_error`
+        super()._handle_exception(error)
+
+    def _fatal_error(self) -> None:
+        """Textual's end of the app after such an exception, without the traceback it would print (it shows every
+        frame's locals: a prompt, a key): the traceback goes to a crash log and tui/program.py prints one line
+        naming it (core/crash.py, the last line of defence). Textual's private hooks (textual < 9, pinned)."""
+        from tokentui.core.crash import write_crash_log
+
+        self.crash_log = write_crash_log(self.crash) if self.crash is not None else None
+        self.bell()
+        self._close_messages_no_wait()  # what Textual's own _fatal_error does after rendering the traceback
 
     def _on_reply(self, reply: Reply) -> None:
         """The engine client's replies, on the event loop; only the current run's reach here."""

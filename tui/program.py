@@ -23,12 +23,21 @@ def run_dashboard(config: DashboardConfig) -> int:
         app.run()
     finally:
         app.client.close()
+    lines = []
     if app.record_paths:
         last = app.record_paths[-1]
         runs = len(app.record_paths)
-        where = f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}"
+        lines.append(f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}")
+        # a record that stopped early (a full disk) is said so, and where: the line above alone would promise it whole
+        lines += [f"the record {path} was cut (recording stopped): it holds the run up to there"
+                  for path in app.record_paths if _cut(path)]
+    if app.crash is not None:  # the last line of defence (core/crash.py)
+        from tokentui.core.crash import crash_line
+
+        lines.append(crash_line(app.crash, app.crash_log).removeprefix("tokentui: "))
+    for line in lines:
         try:
-            print(f"tokentui: {where}", file=sys.stderr)
+            print(f"tokentui: {line}", file=sys.stderr)
         except OSError:  # the terminal is gone (SIGHUP): the record is what matters
             pass
     code = app.return_code or 0
@@ -40,3 +49,22 @@ def run_dashboard(config: DashboardConfig) -> int:
         except OSError:
             pass
     return code
+
+
+def _cut(path) -> bool:
+    """Whether a record ends before its `done` (its recording stopped: a full disk). Only its last line is read
+    (backwards, a block at a time: a long answer's `done` can be larger than one)."""
+    import json
+
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, 2)
+            tail = b""
+            while end > 0 and b"\n" not in tail.rstrip(b"\n") and len(tail) < 2**26:
+                start = max(0, end - 65536)
+                fh.seek(start)
+                tail = fh.read(end - start) + tail
+                end = start
+        return json.loads(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]).get("event") != "done"
+    except (OSError, ValueError, AttributeError):
+        return True
