@@ -26,6 +26,7 @@ from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 
 from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUpdate
+from tokentui.core.steps.display import printable_copy
 from tokentui.core.runs.events import ErrorEvent, Notice, StepEvent
 from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
@@ -258,7 +259,10 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         self._close_messages_no_wait()  # what Textual's own _fatal_error does after rendering the traceback
 
     def _on_reply(self, reply: Reply) -> None:
-        """The engine client's replies, on the event loop; only the current run's reach here."""
+        """The engine client's replies, on the event loop; only the current run's reach here. What they carry is
+        drawn as it is, so their strings are made printable first (a record's or a server's escape sequence is
+        shown, never sent to the terminal); the record has them as they came."""
+        reply = printable_copy(reply)
         if isinstance(reply, RunUpdate):
             self._on_event(reply.event)
         elif isinstance(reply, RunOpened):

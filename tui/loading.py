@@ -7,6 +7,7 @@ import asyncio
 
 from tokentui.core.errors import TokentuiError
 from tokentui.core.runs.events import LoadProgress, ModelFacts
+from tokentui.core.steps.display import printable_copy
 
 from .panels import StatusLine
 from .screens import ErrorDialog, ModelPicker
@@ -39,7 +40,7 @@ class LoadingMixin:
 
     def _engine_ready(self, facts: ModelFacts) -> None:
         self.load_error = None
-        self.state.facts = facts
+        self.state.facts = printable_copy(facts)  # a record's or a server's names are drawn as they are: escaped
         if facts.server is not None:  # a served model: panels that depend on it (the one-pass row) lay out again
             self._layout_plan = None
             self._apply_layout()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from tokentui.core.errors import TokentuiError
+from tokentui.core.steps.display import printable_line
 
 from .app import TokentuiApp
 from .config import DashboardConfig
@@ -23,32 +24,38 @@ def run_dashboard(config: DashboardConfig) -> int:
         app.run()
     finally:
         app.client.close()
-    lines = []
-    if app.record_paths:
-        last = app.record_paths[-1]
-        runs = len(app.record_paths)
-        lines.append(f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}")
-        # a record that stopped early (a full disk) is said so, and where: the line above alone would promise it whole
-        lines += [f"the record {path} was cut (recording stopped): it holds the run up to there"
-                  for path in app.record_paths if _cut(path)]
-    if app.crash is not None:  # the last line of defence (core/crash.py)
-        from tokentui.core.crash import crash_line
-
-        lines.append(crash_line(app.crash, app.crash_log).removeprefix("tokentui: "))
-    for line in lines:
+    for line in quit_lines(app):
         try:
-            print(f"tokentui: {line}", file=sys.stderr)
+            print(f"tokentui: {printable_line(line)}", file=sys.stderr)
         except OSError:  # the terminal is gone (SIGHUP): the record is what matters
             pass
     code = app.return_code or 0
     if not app.client.loaded and app.load_error is not None:  # quit after a failed load: say why, on the terminal
         error = app.load_error
+        text = str(error) if isinstance(error, TokentuiError) else f"{type(error).__name__}: {error}"
         try:
-            print(f"tokentui: {error if isinstance(error, TokentuiError) else f'{type(error).__name__}: {error}'}",
-                  file=sys.stderr)
+            print(f"tokentui: {printable_line(text)}", file=sys.stderr)  # it may quote a server or a file
         except OSError:
             pass
     return code
+
+
+def quit_lines(app) -> list[str]:
+    """What the terminal is told once the dashboard has closed: where the runs were recorded, each record that was
+    cut (recording stopped: a full disk) and where, and an exception nobody handled (the last line of defence:
+    core/crash.py), each a line without its "tokentui: "."""
+    lines = []
+    if app.record_paths:
+        last = app.record_paths[-1]
+        runs = len(app.record_paths)
+        lines.append(f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}")
+        lines += [f"the record {path} was cut (recording stopped): it holds the run up to there"
+                  for path in app.record_paths if _cut(path)]
+    if app.crash is not None:
+        from tokentui.core.crash import crash_line
+
+        lines.append(crash_line(app.crash, app.crash_log).removeprefix("tokentui: "))
+    return lines
 
 
 def _cut(path) -> bool:

@@ -61,40 +61,30 @@ def opt_int(data: dict, key: str, where: str, *, low: int = 0, high: int | None 
     return value
 
 
-def opt_str(data: dict, key: str, where: str) -> str | None:
+def _opt(data: dict, key: str, where: str, kind: type, what: str):
+    """`data[key]` when it is a `kind` (bool is not an int here); None when absent or null."""
     value = data.get(key)
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise wrong(where, f"{key} should be text", value)
+    if not isinstance(value, kind):
+        raise wrong(where, f"{key} should be {what}", value)
     return value
+
+
+def opt_str(data: dict, key: str, where: str) -> str | None:
+    return _opt(data, key, where, str, "text")
 
 
 def opt_bool(data: dict, key: str, where: str) -> bool | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise wrong(where, f"{key} should be true or false", value)
-    return value
+    return _opt(data, key, where, bool, "true or false")
 
 
 def opt_list(data: dict, key: str, where: str) -> list | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise wrong(where, f"{key} should be a list", value)
-    return value
+    return _opt(data, key, where, list, "a list")
 
 
 def opt_obj(data: dict, key: str, where: str) -> dict | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise wrong(where, f"{key} should be an object", value)
-    return value
+    return _opt(data, key, where, dict, "an object")
 
 
 def token_id(value, where: str) -> int:

@@ -14,11 +14,13 @@ Never imports textual: the engine, `--headless --json` and the benchmarks use it
 
 from __future__ import annotations
 
+import re
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from .token_bytes import token_bytes
 
-__all__ = ["display_text", "display_bytes", "display_piece", "printable_line", "printable_text"]
+__all__ = ["display_text", "display_bytes", "display_piece", "printable_copy", "printable_line", "printable_text"]
 
 # What the dashboard draws instead of invisible characters. Every space is shown, not only a leading one: a
 # token like "  " (two spaces, common in code) would otherwise look empty.
@@ -61,6 +63,32 @@ def printable_text(text: str) -> str:
     if "\r\n" in text:
         return "\r\n".join(part.translate(_TEXT_CONTROLS) for part in text.split("\r\n"))
     return text.translate(_TEXT_CONTROLS)
+
+
+_NEEDS_ESCAPE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what printable_text changes (a lone \r too)
+
+
+def printable_copy(value):
+    """`value` (an event, any dataclass, a list, a string) with every string in it made printable_text, for a
+    screen that draws it as it is (the dashboard draws text segments raw: an escape sequence in a record's answer
+    would reach the terminal). The same object when nothing needed it, so the usual event costs one scan of its
+    strings. The record keeps the original: only what is drawn is escaped."""
+    if isinstance(value, str):
+        return printable_text(value) if _NEEDS_ESCAPE.search(value) else value
+    if isinstance(value, list):
+        items = [printable_copy(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for f in fields(value):
+            if not f.init:
+                continue
+            old = getattr(value, f.name)
+            new = printable_copy(old)
+            if new is not old:
+                changes[f.name] = new
+        return replace(value, **changes) if changes else value
+    return value
 
 
 def display_bytes(data: bytes) -> str:

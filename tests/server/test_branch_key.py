@@ -61,3 +61,11 @@ def test_branch_without_a_key_uses_the_records_server_and_sends_no_key(tmp_path)
         branched = _tokentui("branch", str(record), "--at", "1", "--token", "101", "--no-record")
         assert branched.returncode == 0, branched.stderr
         assert _authorizations(origin)[before:] and not any(_authorizations(origin)[before:])
+
+
+def test_replay_of_a_served_record_never_connects(tmp_path):
+    with FakeServer() as origin, FakeServer() as named_in_record:
+        record = _record_pointing_at(tmp_path, origin, named_in_record.url)
+        played = _tokentui("replay", str(record), "--headless", "--speed", "0", key=SECRET)
+        assert played.returncode == 0 and played.stdout.strip() == "Hi", played.stderr  # its 3 recorded tokens
+        assert named_in_record.headers == []  # the record's server heard nothing, with or without a key

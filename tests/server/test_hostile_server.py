@@ -181,3 +181,23 @@ def _env():
     import os
 
     return {k: v for k, v in os.environ.items() if k != "TOKENTUI_API_KEY"}
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("number-text", "choices[0]: text should be text, got 5"),
+    ("escapes-in-error", "bad <0x1B>]0;TITLE<0x07><0x1B>[2J thing"),
+])
+async def test_the_dashboard_shows_a_malformed_answer_as_its_one_line(mode, says):
+    from fakes import screen_text, wait_for
+    from tokentui.tui import DashboardConfig, TokentuiApp
+    from tokentui.tui.screens import ErrorDialog
+
+    with hostile(mode) as server:
+        app = TokentuiApp(DashboardConfig(load=lambda progress: connect(server), sampler=GREEDY,
+                                          user_theme_dir=None))
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog), timeout=30, what="the dialog")
+            await pilot.pause()
+            text = " ".join(screen_text(app).replace("█", " ").split())  # the dialog wraps its line
+            assert says in text and "\x1b" not in text, text
+            assert "Error:" not in text and "Traceback" not in text  # the line, not an exception's text
