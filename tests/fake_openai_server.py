@@ -78,13 +78,14 @@ class FakeServer:
                 reply = server.routes.get(self.path)
                 if reply is None:
                     return False
-                data = reply.data()
+                # "<auth>" in a reply stands for the Authorization header the request came with (a key echoed)
+                data = reply.data().replace(b"<auth>", self.headers.get("Authorization", "").encode())
                 self.send_response(reply.status)
                 for name, value in {"Content-Type": "application/json", **reply.headers}.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data.replace(b"<auth>", self.headers.get("Authorization", "").encode()))
+                self.wfile.write(data)
                 return True
 
             def do_GET(self):

@@ -67,9 +67,10 @@ def _no_newline(write, handler):
     time.sleep(5)
 
 
-def _drip(write, handler, every: float = 0.2):
-    write(chunk())  # one token, then a byte at a time, never a whole line
-    while True:
+def _drip(write, handler, every: float = 0.2, lasting: float = 20.0):
+    write(chunk())  # one token, then a byte at a time, never a whole line (for `lasting` s: a test's bound)
+    until = time.monotonic() + lasting
+    while time.monotonic() < until:
         write(b"d")
         time.sleep(every)
 

@@ -78,17 +78,24 @@ def printable_copy(value):
     if isinstance(value, list):
         items = [printable_copy(v) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else items
-    if is_dataclass(value) and not isinstance(value, type):
-        changes = {}
-        for f in fields(value):
-            if not f.init:
-                continue
-            old = getattr(value, f.name)
-            new = printable_copy(old)
-            if new is not old:
-                changes[f.name] = new
-        return replace(value, **changes) if changes else value
-    return value
+    names = _FIELDS.get(type(value))
+    if names is None:
+        if not is_dataclass(value) or isinstance(value, type):
+            return value
+        names = _FIELDS[type(value)] = tuple(f.name for f in fields(value) if f.init)
+    changes = {}
+    for name in names:
+        old = getattr(value, name)
+        if old is None or old.__class__ in _PLAIN:
+            continue
+        new = printable_copy(old)
+        if new is not old:
+            changes[name] = new
+    return replace(value, **changes) if changes else value
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's init fields, looked up once per class
+_PLAIN = (int, float, bool)  # values with no string in them
 
 
 def display_bytes(data: bytes) -> str:

@@ -22,10 +22,12 @@ from fake_openai_server import FakeServer
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.run import Run
-from tokentui.core.settings import MAX_SEED, MIN_TEMPERATURE, SamplerSettings
+from tokentui.core.settings import SamplerSettings
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 RECORD = DATA / "record.jsonl"  # a real record of the embedded model (4 steps)
+MAX_SEED = 2**64 - 1  # the documented ranges (core/settings.py)
+MIN_TEMPERATURE = 1e-30
 
 
 def edited_record(tmp_path, edit, name="edited.jsonl") -> Path:

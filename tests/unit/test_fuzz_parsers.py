@@ -103,8 +103,14 @@ def mutated_json(draw, value):
     return value
 
 
-def _dump(value) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode("utf-8", errors="surrogatepass")
+def _dump(value, ascii_only: bool = False) -> bytes:
+    """JSON bytes as a writer might make them: UTF-8 (a lone surrogate as its raw bytes), or ASCII with \\u escapes
+    (a lone surrogate as the `\\ud800` JSON allows)."""
+    return json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", errors="surrogatepass")
+
+
+def _deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
 
 
 @st.composite
@@ -114,14 +120,28 @@ def mutated_record(draw):
     lines = draw(st.sampled_from(RECORDS)).split(b"\n")
     lines = [line for line in lines if line]
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["value", "value", "value", "cut", "drop", "repeat", "swap", "bytes"]))
+        kind = draw(st.sampled_from(["value", "value", "value", "cut", "drop", "repeat", "swap", "bytes", "constant",
+                                     "deep"]))
         n = draw(st.integers(0, len(lines) - 1))
         if kind == "value":
             try:
                 value = json.loads(lines[n])
-            except ValueError:  # a line an earlier mutation cut or flipped
+            except (ValueError, RecursionError):  # a line an earlier mutation cut, flipped or nested too deep
                 continue
-            lines[n] = _dump(draw(mutated_json(value)))
+            lines[n] = _dump(draw(mutated_json(value)), draw(st.booleans()))
+        elif kind == "constant":  # a number written as NaN / Infinity, as json.dumps writes a float's nan and inf
+            numbers = [m for m in range(len(lines[n]) - 1) if lines[n][m:m + 2] in (b": ", b", ")
+                       and lines[n][m + 2:m + 3].isdigit()]
+            if numbers:
+                at = draw(st.sampled_from(numbers)) + 2
+                end = at
+                while end < len(lines[n]) and lines[n][end:end + 1] in b"0123456789.e-":
+                    end += 1
+                lines[n] = lines[n][:at] + draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity"])) + lines[n][end:]
+        elif kind == "deep":  # a value nested far past the recursion limit, in a field this version ignores
+            depth = draw(st.sampled_from([10, 999, 5000, 100_000]))
+            lines[n] = lines[n][:1] + b'"extra": ' + _deep(depth) + b", " + lines[n][1:] if lines[n][:1] == b"{" \
+                else _deep(depth)
         elif kind == "cut":
             lines[n] = lines[n][:draw(st.integers(0, len(lines[n])))]
         elif kind == "drop" and len(lines) > 1:
