@@ -20,18 +20,19 @@ def run_dashboard(config: DashboardConfig) -> int:
     cut off before its `done` gets a "stopped" one, so every record ends with `done` and whole lines.
     """
     app = TokentuiApp(config)
+    controller = app.controller
     try:
         app.run()
     finally:
-        app.client.close()
-    for line in quit_lines(app):
+        controller.close()
+    for line in quit_lines(app):  # where the runs of each prompt were recorded, what was cut, a crash's log
         try:
             print(f"tokentui: {printable_line(line)}", file=sys.stderr)
-        except OSError:  # the terminal is gone (SIGHUP): the record is what matters
-            pass
+        except OSError:  # the terminal is gone (SIGHUP): the records are what matters
+            break
     code = app.return_code or 0
-    if not app.client.loaded and app.load_error is not None:  # quit after a failed load: say why, on the terminal
-        error = app.load_error
+    if not controller.loaded and controller.load_error is not None:  # quit after a failed load: say why
+        error = controller.load_error
         text = str(error) if isinstance(error, TokentuiError) else f"{type(error).__name__}: {error}"
         try:
             print(f"tokentui: {printable_line(text)}", file=sys.stderr)  # it may quote a server or a file
@@ -44,13 +45,10 @@ def quit_lines(app) -> list[str]:
     """What the terminal is told once the dashboard has closed: where the runs were recorded, each record that was
     cut (recording stopped: a full disk) and where, and an exception nobody handled (the last line of defence:
     core/crash.py), each a line without its "tokentui: "."""
-    lines = []
-    if app.record_paths:
-        last = app.record_paths[-1]
-        runs = len(app.record_paths)
-        lines.append(f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}")
-        lines += [f"the record {path} was cut (recording stopped): it holds the run up to there"
-                  for path in app.record_paths if _cut(path)]
+    controller = app.controller
+    lines = controller.quit_lines()  # the tree files, which name each run's record
+    lines += [f"the record {path} was cut (recording stopped): it holds the run up to there"
+              for path in controller.record_paths if _cut(path)]
     if app.crash is not None:
         from tokentui.core.crash import crash_line
 

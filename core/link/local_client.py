@@ -7,6 +7,7 @@ ProcessClient's are."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
@@ -35,9 +36,10 @@ class LocalClient(EngineClient):
 
     async def _load(self, progress: Progress):
         loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the caller's (the app's): progress is handled as if it had called
 
         def threadsafe(p: LoadProgress) -> None:
-            loop.call_soon_threadsafe(progress, p)
+            loop.call_soon_threadsafe(progress, p, context=context)
 
         self.engine = None
         engine = await loop.run_in_executor(self._executor, self._loader, threadsafe)

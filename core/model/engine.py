@@ -29,7 +29,7 @@ from ..errors import ErrorKind, GenerationError, PromptError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
-from .kvcache import cache_nbytes, cache_tokens
+from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
@@ -76,7 +76,7 @@ class Engine(BaseEngine):
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
         self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
-        self.speed = (speed or SpeedOptions()).validated()
+        self.speed = speed or SpeedOptions()
         self.layout = LayoutReport()
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
             # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
@@ -86,14 +86,27 @@ class Engine(BaseEngine):
                 progress(LoadProgress(plan.describe_work(), None))
             self.layout = transpose_wide_weights(self.model)  # in place: see core/model/weight_layout.py
         self._compiled = None
+        self._compile_notice: str | None = None  # why --compile decodes eagerly: said first in every run
         if self.speed.compile:
-            from .compiled import CompiledDecoder, bucket_for
+            from .compiled import CompiledDecoder, bucket_for, compile_problem
 
-            self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
-            bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a typical chat prompt
-            if bucket is not None:
-                use_threads(self.device, self.speed.decode_threads())
-                self._compiled.warm_up(bucket, progress)
+            problem = compile_problem(self.model)  # sliding / recurrent layers: not compiled at all
+            if problem is not None:
+                self._compile_notice = f"{problem}: decoding eagerly"
+            else:
+                self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
+                bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a chat prompt
+                if bucket is not None:
+                    use_threads(self.device, self.speed.decode_threads())
+                    self._compiled.warm_up(bucket, progress)
+                self._drop_failed_decoder()
+
+    def _drop_failed_decoder(self) -> None:
+        """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
+        say why."""
+        if self._compiled is not None and self._compiled.failure is not None:
+            self._compile_notice = self._compiled.failure
+            self._compiled = None
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
@@ -101,9 +114,9 @@ class Engine(BaseEngine):
         text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
         if not self.options.logit_lens:
             return None, None
-        if states is not None:
-            return states, None
         why = lens_unavailable(self.model, compiled=self._compiled is not None)
+        if states is not None and why is None:
+            return states, None
         return ([], None) if why is None else (None, None if said else why)
 
     # ------------------------------------------------------------------------------------------- the run
@@ -186,6 +199,9 @@ class Engine(BaseEngine):
     def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
         self._held = None  # a new run: the last one's KV cache goes
+        self._drop_failed_decoder()
+        if self._compile_notice:
+            yield Notice(self._compile_notice)
         # Step 1 — chat template.
         templated = apply_template(tok, prompt, system)
         if not templated.templated:
@@ -232,8 +248,11 @@ class Engine(BaseEngine):
                     yield stopped_before_first_token(len(ids), cache_tokens(cache), cache_nbytes(cache), paused_s * 1000.0)
                     return
         use_threads(self.device, self.speed.decode_threads())
-        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
-                           kv_bytes=cache_nbytes(cache))
+        kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)
+        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=kv_tokens, kv_bytes=kv_bytes)
+        mismatch = kv_mismatch(facts, kv_tokens, kv_bytes)
+        if mismatch:
+            yield Notice(mismatch)
         yield from self.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
 
     def generate_from(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
@@ -267,6 +286,7 @@ class Engine(BaseEngine):
         step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
+        compile_said = False  # a compiled decoder that stopped mid-run: said once
         index = first
         while True:
             # Step 4 — selection, with the settings in force now.
@@ -282,7 +302,7 @@ class Engine(BaseEngine):
             vocab = self.token_bytes
             lens = None  # the logit lens of the forward that scored this token (core/model/lens.py)
             if lens_states:
-                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i))
+                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i), logits)
                 clock.lensed()
             # Step 6 — detokenize as the token arrives.
             det = detok.push(sel.token_id)
@@ -337,6 +357,10 @@ class Engine(BaseEngine):
             logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states,
                                                   sync=clock.sync_forward)
             clock.forward_ends(forward_ms)
+            decoder = getattr(cache, "decoder", None)
+            if decoder is not None and decoder.failure is not None and not compile_said:
+                compile_said = True
+                yield Notice(decoder.failure)  # this step was eager, as the rest of the run will be
         end = time.perf_counter()
         taken = len(generated) - first  # the steps selected here
         decoded = taken - 1

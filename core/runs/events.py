@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from ..errors import ErrorKind
 from ..settings import SamplerSettings
+from .architecture import BlockGroup, KVGroup, ModelAnatomy  # noqa: F401  (nested in ModelFacts; the reader's table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,10 @@ class ModelFacts(Event):
     attention_heads: int | None
     kv_heads: int | None
     head_dim: int | None
-    kv_bytes_per_token: int | None  # 2 * layers * kv_heads * head_dim * kv_bytes_per_value
+    # bytes one more cached position adds while no sliding window is full: the sum over the layers that cache per
+    # position (core/runs/architecture.py; 2 * layers * kv_heads * head_dim * kv_bytes_per_value for plain
+    # attention; 0 for a model with only a fixed-size recurrent state)
+    kv_bytes_per_token: int | None
     max_context: int | None
     device: str
     dtype: str
@@ -85,11 +89,16 @@ class ModelFacts(Event):
     # known (a model without output embeddings, or a record from before this field)
     tied_lm_head: bool | None = None
     server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
+    # What the KV cache's layers hold, by kind (core/runs/architecture.py: full, sliding, latent, state...), and the
+    # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
+    kv_groups: list[KVGroup] | None = None
+    anatomy: ModelAnatomy | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        if data["server"] is None:
-            del data["server"]  # a local model's record is written as before servers existed
+        for name in ("server", "kv_groups", "anatomy"):
+            if data[name] is None:
+                del data[name]  # written only where known: a record reads as before these fields existed
         return data
 
 
@@ -346,3 +355,30 @@ class ErrorEvent(Event):
         data["kind"] = self.kind.value
         return data
 
+
+
+def _install_fast_pickling() -> None:
+    """Pickling for the frozen slots dataclasses above, by field position. The dashboard's model process sends every
+    event pickled (core/link/protocol.py), a step with its ten candidates a dozen objects; the dataclasses module's
+    own `__getstate__` / `__setstate__` for slots classes look their fields up again for every object, which made
+    unpickling a step several tens of microseconds slower (BENCHMARKS.md, "the dashboard at GPU speed"). Same
+    fields, same values, same types: only the lookup is done once per class, here."""
+    from dataclasses import fields, is_dataclass
+
+    for cls in list(globals().values()):
+        if not (isinstance(cls, type) and is_dataclass(cls) and "__slots__" in cls.__dict__):
+            continue
+        names = tuple(f.name for f in fields(cls))
+
+        def getstate(self, _names=names):
+            return tuple([getattr(self, name) for name in _names])
+
+        def setstate(self, state, _names=names):
+            for name, value in zip(_names, state):
+                object.__setattr__(self, name, value)
+
+        cls.__getstate__ = getstate
+        cls.__setstate__ = setstate
+
+
+_install_fast_pickling()

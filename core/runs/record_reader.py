@@ -43,13 +43,14 @@ from .events import (
     StepTiming,
 )
 from ..settings import SamplerSettings
+from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts}
+          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near

@@ -1,5 +1,8 @@
-"""A recorded run played back through the engine's interface, so the dashboard (and headless mode) can show a
-record as if a model were writing it: `tokentui replay FILE.jsonl`. No torch, no model.
+"""A recorded run — or a tree of runs (core/runs/tree.py) — played back through the engine interface, so the
+dashboard (and headless mode) can show a record as if a model were writing it: `tokentui replay FILE.jsonl` (or
+`FILE.tree.jsonl`). No torch, no model. A tree's first run plays as `run()`; each of its branches plays as
+`branch(point)` with the point it was recorded at (the dashboard asks for them in order, as they were taken), and
+any other point is refused in one line.
 
 Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
 (2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
@@ -19,7 +22,9 @@ from ..interface import BaseEngine
 from .ending import stopped_done
 from .events import (DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress, PromptEvent,
                      StepEvent)
+from ..errors import RecordError
 from .run import Run
+from .tree import RunTree, TreeNode, is_tree_file
 from ..settings import RunOptions, SamplerSettings
 
 
@@ -55,12 +60,14 @@ def _options_of(run: Run) -> RunOptions:
 
 
 class ReplayEngine(BaseEngine):
-    """Plays a `Run` (usually `Run.from_record(path)`) with the engine interface (core/interface.py)."""
+    """Plays a `Run` (usually `Run.from_record(path)`), or the runs of a tree, with the engine interface
+    (core/interface.py)."""
 
-    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
+    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None, tree: RunTree | None = None) -> None:
         if run.facts is None:
             raise ValueError("a replay needs the run's model facts")
         self.source = run
+        self.tree = tree
         self.speed = check_speed(speed)
         label = name or (run.record_path.name if run.record_path is not None else "a run")
         # the model panel says where the run comes from; the load time was the recorded model's, not this one's
@@ -72,14 +79,46 @@ class ReplayEngine(BaseEngine):
     def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
         return cls(Run.from_record(path), speed=speed)
 
+    @classmethod
+    def from_file(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
+        """A record or a tree file (told apart by its first line); RecordError (one line) when it is neither."""
+        if is_tree_file(path):
+            tree = RunTree.read(path)
+            if 1 not in tree.runs:
+                raise RecordError(f"{path}: the tree's first run was not recorded: nothing to replay")
+            return cls(tree.runs[1], speed=speed, name=Path(path).name, tree=tree)
+        return cls.from_record(path, speed=speed)
+
+    @property
+    def as_tree(self) -> RunTree:
+        """What the replay holds, as a tree (a lone record: a tree of one run)."""
+        if self.tree is not None:
+            return self.tree
+        return RunTree(prompt=self.source.prompt.user_prompt if self.source.prompt else "",
+                       model=self.source.facts.name, nodes=[TreeNode(1)], runs={1: self.source})
+
     # ---- settings: fixed by the record (pause, step and stop: core/controls.py's, at step boundaries) --------
     def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
         raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
 
     @property
     def branch_refusal(self) -> str | None:
+        if self.tree is not None and len(self.tree) > 1:
+            return None  # its recorded branches (any other point is refused)
         return ("a replay cannot branch: it plays a record back with no model loaded (branch the record with "
                 "`tokentui branch RECORD --at STEP --token ID`)")
+
+    def _branch(self, point, serial: int) -> Iterator[Event]:
+        """The recorded branch that left at `point` (the tree's, in order); another point is refused."""
+        for node in self.tree.nodes[1:]:
+            run = self.tree.runs.get(node.number)
+            if run is None or run.branch is None or (node.at, node.token) != (point.at, point.token):
+                continue
+            if tuple(run.branch.tokens) == tuple(point.tokens):
+                yield from self._play(run, None, None, serial)
+                return
+        raise SettingsError(f"a replay plays only the branches it recorded; step {point.at + 1} with token "
+                            f"{point.token} is not one of them (branch the record with `tokentui branch`)")
 
     def _wait(self, ms: float, serial: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
@@ -95,8 +134,10 @@ class ReplayEngine(BaseEngine):
         return super().run(prompt, system, run_id=run_id)
 
     def _run(self, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
+        yield from self._play(self.source, prompt, system, serial)
+
+    def _play(self, source: Run, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
         # like the engine's, a step granted before the run (pause + step) carries into it
-        source = self.source
         recorded = source.prompt
         if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
                                                                                 recorded.system_prompt):

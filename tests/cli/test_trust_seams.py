@@ -289,8 +289,11 @@ def test_the_dashboards_quit_lines_name_a_cut_record(tmp_path):
     long_done = json.loads(text.splitlines()[-1])
     long_done["text"] = "x" * 200_000  # a `done` longer than one block read from the end
     (tmp_path / "long.jsonl").write_text("".join(text.splitlines(keepends=True)[:-1]) + json.dumps(long_done) + "\n")
-    app = SimpleNamespace(record_paths=[whole, cut, cut_mid_line, tmp_path / "long.jsonl"], crash=None)
+    trees = ["4 runs of one prompt recorded in TREE"]  # the controller's own lines (the tree files) come first
+    controller = SimpleNamespace(record_paths=[whole, cut, cut_mid_line, tmp_path / "long.jsonl"],
+                                 quit_lines=lambda: list(trees))
+    app = SimpleNamespace(controller=controller, crash=None)
     assert quit_lines(app) == [
-        f"4 runs recorded; the last in {tmp_path / 'long.jsonl'}",
+        *trees,
         f"the record {cut} was cut (recording stopped): it holds the run up to there",
         f"the record {cut_mid_line} was cut (recording stopped): it holds the run up to there"]

@@ -166,10 +166,12 @@ async def test_keys_clamp_at_both_ends_after_the_run_ended():
         assert app.state.cursor == 0
         await pilot.press(FORWARD_10)
         assert app.state.cursor == 10
-        await pilot.press(FORWARD_10, FORWARD)
-        assert app.state.cursor == 13 and not app.state.live  # the newest step, held
+        await pilot.press(FORWARD, FORWARD)
+        assert app.state.cursor == 12 and not app.state.live
         await settle(pilot)
-        assert "viewing step 14 of 14 — run ended" in status(app)
+        assert "viewing step 13 of 14 — run ended" in status(app)
+        await pilot.press(FORWARD)  # onto the newest step: back to live, not a view of it
+        assert app.state.live and app.state.view_index == 13
         await pilot.press(BACK_10)
         assert app.state.cursor == 3
         await pilot.press(LIVE)

@@ -417,8 +417,8 @@ async def _export_and_look(size):
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="done")
         await pilot.press("x")
-        await wait_for(pilot, lambda: app.last_export is not None, what="the export")
+        await wait_for(pilot, lambda: app.controller.last_export is not None, what="the export")
         await pilot.pause(0.2)
-        path = str(app.last_export)
+        path = str(app.controller.last_export)
         assert len(path) < 76, "the test needs a path that fits the screen"
         assert any(path in line for line in lines_of(app)), screen_text(app)

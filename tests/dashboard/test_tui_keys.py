@@ -219,7 +219,7 @@ async def test_edit_prompt_and_system_then_run():
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: len(engine.runs) == 2, what="the new run")
         assert engine.runs[-1] == ("Why is the sky blue?", "Be brief.")
-        assert app.prompt == "Why is the sky blue?" and app.system == "Be brief."
+        assert app.controller.prompt == "Why is the sky blue?" and app.controller.system == "Be brief."
         await wait_for(pilot, lambda: app.state.prompt is not None, what="the new prompt event")
         await pilot.pause(0.05)
         assert "sky" in app.query_one(PromptPanel).last_text.plain

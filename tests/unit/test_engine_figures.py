@@ -296,7 +296,7 @@ def test_prefill_progress_is_validated():
     with pytest.raises(ValueError):
         PrefillProgress(tokens_done=5, tokens=4, elapsed_ms=1.0)
     with pytest.raises(SettingsError, match="prefill chunk"):
-        RunOptions(prefill_chunk=0).validated()
+        RunOptions(prefill_chunk=0)
 
 
 def test_headless_json_reports_prefill_progress_and_the_load_stages(embedded, isolated_dirs):
