@@ -1,5 +1,6 @@
 """A served-model server that misbehaves on purpose (issue 21): tests/fake_openai_server.py's FakeServer with one of
-the answers below put in place of the normal one. `hostile(name)` starts it; `HOSTILE` lists the modes:
+the answers below put in place of the normal one. `hostile(name)` makes it, the `hostile_server` fixture starts it
+for a test (indirect parametrization by mode); `HOSTILE` lists the modes:
 
 - key echoes: the Authorization header sent back in a line that is not JSON, and at the end of a long 401 body;
 - escapes: terminal escape sequences in an error body and in the answer's text;
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import time
+
+import pytest
 
 from fake_openai_server import FakeServer, Reply
 
@@ -114,3 +117,12 @@ HOSTILE["slots-lots"] = {"routes": {"/props": LLAMA_PROPS, "/metrics": Reply(404
 def hostile(name: str, **kwargs) -> FakeServer:
     """The FakeServer of mode `name` (not started: use it as a context manager)."""
     return FakeServer(**{**HOSTILE[name], **kwargs})
+
+
+@pytest.fixture
+def hostile_server(request):
+    """The fixture of a mode, started (tests/conftest.py shares it): `@pytest.mark.parametrize("hostile_server",
+    ["drip", ...], indirect=True)`; the server's `mode` is the mode's name."""
+    with hostile(request.param) as server:
+        server.mode = request.param
+        yield server

@@ -65,6 +65,27 @@ def test_a_record_with_an_infinite_latency_is_one_line_and_a_tiny_speed_is_refus
     assert played.returncode == 0 and played.stdout.strip() == "Hello! How can", played.stderr
 
 
+def test_a_record_with_a_huge_finite_latency_waits_and_stops_on_ctrl_c(tmp_path):
+    """1e300 ms is JSON and >= 0, so it is read; the replay waits on it (the gate's sleep clamps what no timeout
+    takes, where it raised OverflowError) until interrupted: one line and 130, no traceback."""
+    import signal
+
+    path = edited_record(tmp_path, lambda lines: lines[4].update(latency_ms=1e300))
+    proc = subprocess.Popen([sys.executable, "-m", "tokentui", "replay", str(path), "--headless"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    out = ""
+    while "Hello" not in out:  # the step before the long one has been printed: it is waiting now
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else out
+        out += os.read(proc.stdout.fileno(), 100).decode()
+    time.sleep(0.5)
+    assert proc.poll() is None  # still waiting, not failed
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err and "OverflowError" not in err, err
+    assert err.strip().splitlines()[-1].startswith("tokentui: interrupted"), err
+
+
 @pytest.mark.parametrize("edit, says", [
     (lambda lines: lines[3]["candidates"][0].update(prob=148.4), "step.candidates[0].prob should be a probability"),
     (lambda lines: lines[3]["candidates"][0].update(raw_prob=-3), "step.candidates[0].raw_prob should be a prob"),
@@ -243,6 +264,17 @@ def test_the_model_process_log_is_0600_and_a_read_only_state_folder_does_not_sto
         started.proc.kill()
         started.proc.wait()
         started.log_path.unlink()
+
+
+def test_an_exported_answer_is_as_private_as_its_record(tmp_path):
+    from tokentui.tui.export import export_answer
+
+    record = tmp_path / "run.jsonl"
+    path = export_answer("an answer", record)
+    assert path == tmp_path / "run.answer.txt" and mode(path) == 0o600 and path.read_text() == "an answer\n"
+    os.chmod(path, 0o644)  # an export made by an older version, written again
+    assert mode(export_answer("again", record)) == 0o600 and path.read_text() == "again\n"
+    assert mode(export_answer("not recorded", None, tmp_path)) == 0o600
 
 
 # ---- item 12: a record cut by a full disk says so ---------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import record_files
 from tmux_pane import Pane, assert_terminal_restored, have_tmux, read_pid, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
@@ -31,7 +32,7 @@ def children(pid: int) -> list[int]:
 
 
 def lines_of(folder: Path) -> list[dict]:
-    files = sorted(folder.glob("*.jsonl"))
+    files = record_files(folder)  # the run records, not the tree file beside them
     if not files:
         return []
     return [json.loads(line) for line in files[-1].read_text().splitlines(keepends=True) if line.endswith("\n")]
@@ -89,7 +90,7 @@ def test_a_model_process_killed_mid_run_leaves_a_record_ending_with_error_and_do
         pane.exit_status(timeout=60)
         wait_gone(pid, timeout=30)
         after = pane.capture()
-        assert "Traceback" not in after and "run recorded in" in after
+        assert "Traceback" not in after and "run of one prompt recorded in" in after
         assert_terminal_restored(pane)
     lines = lines_of(runs)
     error, done = lines[-2], lines[-1]
@@ -105,7 +106,7 @@ def test_the_dashboard_starts_and_runs_with_a_state_folder_it_cannot_write(embed
         pane.run_tokentui(["--greedy", "--max-new-tokens", "6"], tmp_path / "pid")
         pid = read_pid(tmp_path / "pid")
         pane.wait_for(lambda t: "run not recorded" in t, timeout=180, what="the not-recorded note")
-        pane.wait_for(lambda t: "▶" in t and "sampled p" in t, timeout=120, what="the run's candidates")
+        pane.wait_for(lambda t: "▶" in t and "✓ done" in t, timeout=120, what="the run's end")
         pane.send("q")
         assert pane.exit_status(timeout=60) == 0
         wait_gone(pid, timeout=30)

@@ -44,7 +44,7 @@ def assert_no_key(text: str) -> None:
     assert not any(SECRET[i:i + 8] in text for i in range(len(SECRET) - 7)), text
 
 
-@pytest.mark.parametrize("mode, says", [
+@pytest.mark.parametrize("hostile_server, says", [
     ("list-chunk", "should be a JSON object, got a list of 3"),
     ("number-chunk", "should be a JSON object, got 5"),
     ("number-text", "choices[0]: text should be text, got 5"),
@@ -60,26 +60,24 @@ def assert_no_key(text: str) -> None:
     ("tokenize-one", "/tokenize: should be a JSON object, got a list of 1"),
     ("tokenize-words", '/tokenize: tokens[0]: a token id should be an integer in 0..2147483647, got "one"'),
     ("escapes-in-error", "answered 500: bad <0x1B>]0;TITLE<0x07><0x1B>[2J thing"),
-])
-def test_a_malformed_answer_ends_the_run_in_one_line_and_the_record_reads_back(tmp_path, mode, says):
-    with hostile(mode) as server:
-        events, record = run_recorded(connect(server), tmp_path)
+], indirect=["hostile_server"])
+def test_a_malformed_answer_ends_the_run_in_one_line_and_the_record_reads_back(tmp_path, hostile_server, says):
+    events, record = run_recorded(connect(hostile_server), tmp_path)
     error = failure_of(events)
     assert says in error.message and error.kind == ErrorKind.SERVER, error.message
     assert "\n" not in error.message and "\x1b" not in error.message
     assert record.error == error and record.done.reason == "error"  # a whole record, read back by tokentui
 
 
-@pytest.mark.parametrize("mode, says", [
+@pytest.mark.parametrize("hostile_server, says", [
     ("redirect", "the server redirected (302) to http://elsewhere.example/v1/models; tokentui does not follow "
                  "redirects"),
     ("slots-lots", '/slots: [0]: n_prompt_tokens should be an integer >= 0, got "lots"'),
     ("nested-models", "/v1/models: the answer is not JSON (it is nested too deeply)"),
-])
-def test_a_malformed_answer_to_the_probe_is_one_line(mode, says):
-    with hostile(mode) as server:
-        with pytest.raises(ServerError) as refused:
-            ServerEngine.connect(ServerOptions(server.url))
+], indirect=["hostile_server"])
+def test_a_malformed_answer_to_the_probe_is_one_line(hostile_server, says):
+    with pytest.raises(ServerError) as refused:
+        ServerEngine.connect(ServerOptions(hostile_server.url))
     assert says in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
@@ -183,21 +181,20 @@ def _env():
     return {k: v for k, v in os.environ.items() if k != "TOKENTUI_API_KEY"}
 
 
-@pytest.mark.parametrize("mode, says", [
+@pytest.mark.parametrize("hostile_server, says", [
     ("number-text", "choices[0]: text should be text, got 5"),
     ("escapes-in-error", "bad <0x1B>]0;TITLE<0x07><0x1B>[2J thing"),
-])
-async def test_the_dashboard_shows_a_malformed_answer_as_its_one_line(mode, says):
+], indirect=["hostile_server"])
+async def test_the_dashboard_shows_a_malformed_answer_as_its_one_line(hostile_server, says):
     from fakes import screen_text, wait_for
     from tokentui.tui import DashboardConfig, TokentuiApp
     from tokentui.tui.screens import ErrorDialog
 
-    with hostile(mode) as server:
-        app = TokentuiApp(DashboardConfig(load=lambda progress: connect(server), sampler=GREEDY,
-                                          user_theme_dir=None))
-        async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog), timeout=30, what="the dialog")
-            await pilot.pause()
-            text = " ".join(screen_text(app).replace("█", " ").split())  # the dialog wraps its line
-            assert says in text and "\x1b" not in text, text
-            assert "Error:" not in text and "Traceback" not in text  # the line, not an exception's text
+    app = TokentuiApp(DashboardConfig(load=lambda progress: connect(hostile_server), sampler=GREEDY,
+                                      user_theme_dir=None))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, ErrorDialog), timeout=30, what="the dialog")
+        await pilot.pause()
+        text = " ".join(screen_text(app).replace("█", " ").split())  # the dialog wraps its line
+        assert says in text and "\x1b" not in text, text
+        assert "Error:" not in text and "Traceback" not in text  # the line, not an exception's text
