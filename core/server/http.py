@@ -10,9 +10,10 @@ What a server can do to tokentui is bounded here, since everything it sends is o
 - a streamed line may be at most MAX_LINE_BYTES and a JSON answer MAX_BODY_BYTES (an answer without a newline is
   not buffered without end); JSON is parsed strictly (no NaN / Infinity, which are not JSON) and one nested past
   Python's recursion limit is refused in one line;
-- the timeout is a deadline (`Deadline`): a JSON answer must be whole, and a stream's next token must arrive,
-  within it, however the server drips its bytes (a read timeout alone restarts with every byte);
+- the timeout is a deadline (`Deadline`): a JSON answer must be whole, and a stream's next token must arrive, within
+  it, however the server drips its bytes (a read timeout alone restarts with every byte);
 - answers are asked for uncompressed, and a compressed one is refused (a small body could unpack to gigabytes).
+The stream's side of this (its line cap, the Deadline, EventStream) is core/server/stream.py.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import ipaddress
 import json
 import math
 import os
-import socket
 import threading
-import time
 from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -35,9 +34,9 @@ import httpx
 from ..errors import ServerError
 from ..strict_json import loads as parse_json
 from ..steps.display import printable_line
+from .stream import NO_EVENTS, Deadline, EventStream, message_of, shutdown_stream
 
 DEFAULT_KEY_ENV = "TOKENTUI_API_KEY"
-MAX_LINE_BYTES = 4 * 1024 * 1024  # one streamed line (a chunk with its alternatives is a few KiB)
 MAX_BODY_BYTES = 64 * 1024 * 1024  # one JSON answer (a long prompt's /tokenize with pieces is a few MiB)
 MAX_ERROR_BYTES = 64 * 1024  # of an error answer, read for its message
 SHOWN_CHARS = 200  # server text quoted in an error
@@ -122,63 +121,6 @@ def seconds_or_none(timeout: float | None) -> float | None:
     return float(timeout)
 
 
-class Deadline:
-    """A time limit for one request, watched on a thread of its own: when it passes, `expire` is called (it shuts
-    the request's sockets, which wakes a read blocked on them) and `expired` says that is why the read ended.
-
-    Only time spent waiting for the server counts: a stream `hold()`s the clock while its consumer has an event in
-    hand (a slow reader of tokentui's output is not a slow server) and `resume()`s it when asked for the next one;
-    `renew()` starts the limit again (a token arrived). `seconds` None: no limit, no thread."""
-
-    def __init__(self, seconds: float | None, expire) -> None:
-        self.seconds = seconds
-        self.expired = False
-        self._expire = expire
-        self._cond = threading.Condition()
-        self._spent = 0.0  # waited so far (since the start or the last renew), not counting the time running now
-        self._since: float | None = time.monotonic()  # waiting since then (None: held)
-        self._done = False
-        if seconds is not None:
-            threading.Thread(target=self._watch, name="tokentui-server-deadline", daemon=True).start()
-
-    def renew(self) -> None:
-        with self._cond:
-            self._spent = 0.0
-            if self._since is not None:
-                self._since = time.monotonic()
-
-    def hold(self) -> None:
-        with self._cond:
-            if self._since is not None:
-                self._spent += time.monotonic() - self._since
-                self._since = None
-
-    def resume(self) -> None:
-        with self._cond:
-            if self._since is None:
-                self._since = time.monotonic()
-                self._cond.notify_all()
-
-    def _watch(self) -> None:
-        with self._cond:
-            while not self._done:
-                if self._since is None:
-                    self._cond.wait()
-                    continue
-                left = self.seconds - self._spent - (time.monotonic() - self._since)
-                if left <= 0:
-                    self.expired = True
-                    break
-                self._cond.wait(left)
-        if self.expired:
-            self._expire()
-
-    def close(self) -> None:
-        with self._cond:
-            self._done = True
-            self._cond.notify_all()
-
-
 class Connection:
     """One server: JSON GET / POST and a streamed POST. Thread-safe `cancel()` closes the stream being read. One
     thread makes the requests (the run's); another thread's requests (the KV poller's) use a `twin()`."""
@@ -218,8 +160,9 @@ class Connection:
         return shown(text, self._key, limit)
 
     # ---- one-line errors ------------------------------------------------------------------------------------
-    def _failure(self, path: str, err: Exception, deadline: Deadline | None = None, what: str = "no whole answer"
+    def failure(self, path: str, err: Exception, deadline: Deadline | None = None, what: str = "no whole answer"
                  ) -> ServerError:
+        """The one line of a request to `path` that ended with `err` (the deadline's, when it had expired)."""
         where = f"{self.address.url}{path}"
         if deadline is not None and deadline.expired or isinstance(err, httpx.ReadTimeout):
             return ServerError(f"{where}: the server sent {what} within {self.read_timeout:g} s "
@@ -285,9 +228,9 @@ class Connection:
                         raise ServerError(f"{self.address.url}{path}: the answer is larger than "
                                           f"{MAX_BODY_BYTES // 2**20} MiB: not read")
             except httpx.HTTPError as err:
-                raise self._failure(path, err, deadline) from None
+                raise self.failure(path, err, deadline) from None
             if deadline.expired:  # its sockets were shut: what came is not the whole answer
-                raise self._failure(path, httpx.ReadTimeout("deadline"), deadline)
+                raise self.failure(path, httpx.ReadTimeout("deadline"), deadline)
             return bytes(data)
 
     @contextmanager
@@ -302,7 +245,7 @@ class Connection:
                         self._client.stream(method, path, json=body, extensions={"trace": self._trace}))
                 except httpx.HTTPError as err:
                     if not (quiet_cancel and self.cancelled and not deadline.expired):
-                        raise self._failure(path, err, deadline, "no answer") from None
+                        raise self.failure(path, err, deadline, "no answer") from None
                     response = None
                 yield response, deadline
         finally:
@@ -345,7 +288,7 @@ class Connection:
                     cancelled = self._cancelled or response is None
                     self._active = None if cancelled else response
                 try:
-                    yield _NO_EVENTS if cancelled else EventStream(self, path, response, deadline)
+                    yield NO_EVENTS if cancelled else EventStream(self, path, response, deadline)
                 finally:
                     with self._lock:
                         self._active = None
@@ -365,10 +308,10 @@ class Connection:
             response = self._active
             waiting = self._streaming and response is None
         if response is not None:
-            _shutdown(response.extensions.get("network_stream"))
+            shutdown_stream(response.extensions.get("network_stream"))
         elif waiting:  # the stream's answer has not come yet (a long prefill): its connection is the latest
             for stream in list(self._sockets):
-                _shutdown(stream)
+                shutdown_stream(stream)
 
     # ---- the sockets a deadline shuts ------------------------------------------------------------------------
     def _trace(self, event: str, info: dict) -> None:
@@ -379,134 +322,16 @@ class Connection:
 
     def _shut_sockets(self) -> None:
         for stream in list(self._sockets):
-            _shutdown(stream)
+            shutdown_stream(stream)
         with self._lock:
             response = self._active
         if response is not None:
-            _shutdown(response.extensions.get("network_stream"))
-
-
-class _NoEvents:
-    """The events of a stream cancelled before its answer came: none."""
-
-    def token_arrived(self) -> None:
-        pass
-
-    def __iter__(self):
-        return iter(())
-
-
-_NO_EVENTS = _NoEvents()
-
-
-class EventStream:
-    """The `data:` values of one streamed answer, each parsed as strict JSON (any JSON value: core/server/wire.py
-    checks its shape). The consumer calls `token_arrived()` for each token: the deadline is the time between
-    tokens, not between bytes."""
-
-    def __init__(self, conn: Connection, path: str, response: httpx.Response, deadline: Deadline) -> None:
-        self._conn = conn
-        self._path = path
-        self._response = response
-        self._deadline = deadline
-        self._got_token = False
-
-    def token_arrived(self) -> None:
-        self._got_token = True
-        self._deadline.renew()
-
-    def __iter__(self):
-        conn, path = self._conn, self._path
-        where = f"{conn.address.url}{path}"
-        try:
-            for line in _lines(self._response.iter_raw(), where):
-                if not line.startswith(b"data:"):
-                    continue  # comments, event names, keep-alives
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
-                try:
-                    obj = parse_json(data)
-                except ValueError as err:
-                    text = data.decode("utf-8", errors="replace")
-                    raise ServerError(f"{where}: a streamed line is not JSON ({err}): "
-                                      f"{conn.shown(text, 60)!r}") from None
-                if isinstance(obj, dict) and "error" in obj and not obj.get("choices"):
-                    raise ServerError(f"{where}: the server reported an error mid-stream: "
-                                      f"{conn.shown(_message_of(obj) or 'no message')}")
-                self._deadline.hold()  # the consumer's time with the event is not the server's
-                yield obj
-                self._deadline.resume()
-            if self._deadline.expired:  # its sockets were shut: the answer "ended" there
-                raise conn._failure(path, httpx.ReadTimeout("deadline"), self._deadline, self._what())
-        except httpx.HTTPError as err:
-            if conn.cancelled and not self._deadline.expired:
-                return
-            raise conn._failure(path, err, self._deadline, self._what()) from None
-        except (OSError, RuntimeError, AttributeError):  # the response was closed under us by cancel()
-            if self._deadline.expired:
-                raise conn._failure(path, httpx.ReadTimeout("deadline"), self._deadline, self._what()) from None
-            if conn.cancelled:
-                return
-            raise
-
-    def _what(self) -> str:
-        return "no further token" if self._got_token else "no token"
-
-
-def _lines(parts: Iterator[bytes], where: str) -> Iterator[bytes]:
-    """The lines (without their \\n or \\r\\n) of a byte stream, none longer than MAX_LINE_BYTES: a server that never
-    sends a newline is refused, not buffered. Hand-written: httpx's iter_lines has no length limit."""
-    buffer = bytearray()
-    for part in parts:
-        buffer += part
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            line = bytes(buffer[start:end])
-            yield line[:-1] if line.endswith(b"\r") else line
-            start = end + 1
-        del buffer[:start]
-        if len(buffer) > MAX_LINE_BYTES:
-            raise ServerError(f"{where}: a streamed line is longer than {MAX_LINE_BYTES // 2**20} MiB (no newline): "
-                              "not read")
-    if buffer:
-        yield bytes(buffer)
-
-
-def _shutdown(stream) -> None:
-    """Shut a network stream's socket down: closing a response alone does not wake a thread blocked reading its
-    socket; a shutdown ends that read at once (httpcore exposes the socket as the stream's "socket")."""
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            shutdown_stream(response.extensions.get("network_stream"))
 
 
 def _reason(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return text[-1] if text else type(err).__name__
-
-
-def _message_of(obj) -> str | None:
-    """The message in a server's JSON error ({"error": {"message": ...}}, {"error": "..."}, {"detail": ...},
-    {"message": ...}); None when it has none."""
-    if not isinstance(obj, dict):
-        return None
-    message = None
-    error = obj.get("error")
-    if isinstance(error, dict):
-        message = error.get("message")
-    elif isinstance(error, str):
-        message = error
-    message = message or obj.get("message") or obj.get("detail")
-    if isinstance(message, list):  # FastAPI's validation errors
-        message = "; ".join(str(m.get("msg", m)) if isinstance(m, dict) else str(m) for m in message[:8])
-    return str(message) if message else None
 
 
 def _server_message(body: bytes) -> str:
@@ -517,4 +342,4 @@ def _server_message(body: bytes) -> str:
         obj = parse_json(text)
     except ValueError:
         return text
-    return _message_of(obj) or text
+    return message_of(obj) or text

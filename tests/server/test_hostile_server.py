@@ -23,7 +23,7 @@ from tokentui.core.settings import RunOptions, SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0, greedy=True)
 SECRET = "K3y-5ecret-0123456789-abcdefghij"
-MAX_LINE_BYTES = 4 * 2**20  # the documented cap of a streamed line (core/server/http.py)
+MAX_LINE_BYTES = 4 * 2**20  # the documented cap of a streamed line (core/server/stream.py)
 
 
 def connect(server, timeout=30.0, key_env=None):

@@ -1,5 +1,5 @@
 """Fuzz tests (hypothesis) of the two parsers that take outside input: the record reader (core/runs/record_reader.py)
-and the server wire parser (core/server/http.py's event stream, core/server/wire.py's chunks).
+and the server wire parser (core/server/stream.py's event stream, core/server/wire.py's chunks).
 
 Inputs: arbitrary bytes, arbitrary JSON, and mutations of real records (tests/data/record.jsonl from the embedded
 model, tests/data/served_record.jsonl from a served one) and of real llama-server chunks
@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from tokentui.core.errors import RecordError, ServerError, TokentuiError
 from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.run import Run
-from tokentui.core.server.http import Connection, Deadline, EventStream, ServerAddress
+from tokentui.core.server.http import Connection, ServerAddress
+from tokentui.core.server.stream import Deadline, EventStream
 from tokentui.core.server.wire import WireChunk, read_chunk, read_native
 
 DATA = Path(__file__).resolve().parent.parent / "data"
