@@ -63,6 +63,22 @@ def exit_status(kind: ErrorKind | str) -> int:
     return EXIT_STATUS[ErrorKind.of(kind)]
 
 
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """A library's exception as one line: its first line, and the lines after it when the first only introduces
+    them (ends with ":", as huggingface_hub's config validation errors do: "Class validation error for validator
+    'validate_architecture':" then the reason), whitespace runs as one space, cut to `limit`."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    text = lines[0]
+    for line in lines[1:]:
+        if not text.endswith(":"):
+            break
+        text = f"{text} {line}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 class TokentuiError(Exception):
     """An error the user can act on. `str(err)` is the whole message, one line; `kind` says what failed. `step`:
     where in a run it happened (-1: before the first token)."""

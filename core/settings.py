@@ -8,6 +8,12 @@ from dataclasses import asdict, dataclass, replace
 
 from .errors import SettingsError
 
+# The smallest temperature that works: step 4 divides the scores by it in float32 (core/steps/select.py), and below
+# this, scores of any model (|logit| up to 3e8) can overflow float32's 3.4e38 to inf, which no distribution comes
+# from. 0 (greedy) is what the user wants there.
+MIN_TEMPERATURE = 1e-30
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit seed
+
 
 @dataclass(frozen=True)
 class SamplerSettings:
@@ -33,12 +39,17 @@ class SamplerSettings:
         t, p, k = self.temperature, self.top_p, self.top_k
         if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
             raise SettingsError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise SettingsError(f"temperature {t!r} is below {MIN_TEMPERATURE:g}, the smallest that works (the scores "
+                                "divided by it overflow float32): use 0 for greedy")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
             raise SettingsError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise SettingsError(f"top-k must be an integer >= 0 (0 = off), got {k!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise SettingsError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            seed = self.seed
+            got = f"a {len(str(seed))}-digit number" if isinstance(seed, int) and seed > 10**30 else repr(seed)
+            raise SettingsError(f"seed must be an integer in 0..{MAX_SEED} (64 bits), got {got}")
         if not isinstance(self.greedy, bool):
             raise SettingsError(f"greedy must be true or false, got {self.greedy!r}")
         object.__setattr__(self, "temperature", float(t))  # frozen: the one place a field is normalised

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tiny_models import REPO  # noqa: F401  (tests import it from here too)
 from llama_server_fixture import llama_server, llama_server_factory  # noqa: F401
+from hostile_server import hostile_server  # noqa: F401  (the misbehaving server's modes, issue 21)
 
 
 

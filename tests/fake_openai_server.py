@@ -4,6 +4,9 @@ vLLM's shapes (`owned_by: vllm`, classic completions logprobs with "token_id:N" 
 three tokens, no finish), "slow" (sleeps before the first token), "refuse" (500 with a message), "auth" (401
 unless the Bearer key matches; its error echoes the key it got, as careless servers do).
 
+A hostile server (tests/hostile_server.py names its modes) replaces any answer: `routes` maps a path to the `Reply`
+sent instead of the normal one, and `stream` writes the raw bytes of /v1/completions' answer itself.
+
 The vocabulary: token id 100 + b for each byte b of the text (so a Chinese character is three tokens)."""
 
 from __future__ import annotations
@@ -11,9 +14,24 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
 
 ANSWER = "Hi 开!"
+
+
+@dataclass
+class Reply:
+    """An answer a route sends instead of the normal one: `body` bytes as they are, anything else as JSON (NaN and
+    Infinity written bare, as a careless server would)."""
+
+    status: int = 200
+    body: object = b""
+    headers: dict = field(default_factory=dict)
+
+    def data(self) -> bytes:
+        return self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
 
 
 def ids_of(text: str) -> list[int]:
@@ -22,8 +40,11 @@ def ids_of(text: str) -> list[int]:
 
 class FakeServer:
     def __init__(self, mode: str = "ok", key: str | None = None, slow_s: float = 3.0,
-                 token_delay: float = 0.01) -> None:
+                 token_delay: float = 0.01, *, routes: dict[str, Reply] | None = None,
+                 stream: Callable[[Callable[[bytes], None], BaseHTTPRequestHandler], None] | None = None) -> None:
         self.mode = mode
+        self.routes = routes or {}
+        self.stream = stream  # stream(write, handler): the raw bytes of the streamed answer
         self.token_delay = token_delay
         self.key = key
         self.slow_s = slow_s
@@ -53,8 +74,22 @@ class FakeServer:
                     return False
                 return True
 
+            def _routed(self) -> bool:
+                reply = server.routes.get(self.path)
+                if reply is None:
+                    return False
+                # "<auth>" in a reply stands for the Authorization header the request came with (a key echoed)
+                data = reply.data().replace(b"<auth>", self.headers.get("Authorization", "").encode())
+                self.send_response(reply.status)
+                for name, value in {"Content-Type": "application/json", **reply.headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return True
+
             def do_GET(self):
-                if not self._authorized():
+                if not self._authorized() or self._routed():
                     return
                 if self.path == "/v1/models":
                     self._send(200, {"data": [{"id": "fake-model", "owned_by": "vllm", "max_model_len": 512}]})
@@ -71,7 +106,9 @@ class FakeServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if not self._authorized():
+                if self.path == "/v1/completions":
+                    server.requests.append(body)
+                if not self._authorized() or self._routed():
                     return
                 if self.path == "/tokenize":
                     if "messages" in body:
@@ -84,7 +121,6 @@ class FakeServer:
                     data = bytes(i - 100 for i in body["tokens"] if 100 <= i < 356)
                     self._send(200, {"prompt": data.decode("utf-8", errors="replace")})
                 elif self.path == "/v1/completions":
-                    server.requests.append(body)
                     self._complete(body)
                 else:
                     self._send(404, {"error": {"message": "no such endpoint"}})
@@ -97,6 +133,15 @@ class FakeServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
+                if server.stream is not None:
+                    def write(data: bytes) -> None:
+                        self.wfile.write(data)
+                        self.wfile.flush()
+                    try:
+                        server.stream(write, self)
+                    except OSError:  # the client went (it refused the stream, or was stopped)
+                        pass
+                    return
                 if server.mode == "slow":
                     time.sleep(server.slow_s)
                 answer = ANSWER.encode("utf-8")

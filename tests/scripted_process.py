@@ -37,7 +37,7 @@ class Stamped(ScriptedEngine):
                 yield event
 
 def load_engine(spec, progress):
-    return Stamped(delay={delay}, options=RunOptions(max_new_tokens={steps}, ignore_eos=True))
+    return Stamped(delay={delay}, options=RunOptions(max_new_tokens={steps}, ignore_eos=True), raise_at={raise_at})
 
 process_main.load_engine = load_engine
 import tokentui.core.model.build as build
@@ -46,9 +46,12 @@ process_main._child(int(sys.argv[1]))
 """
 
 
-def start(delay: float, steps: int, stamps: Path, every: int = 50, log: Path | None = None) -> StartedProcess:
+def start(delay: float, steps: int, stamps: Path, every: int = 50, log: Path | None = None,
+          raise_at: int | None = None) -> StartedProcess:
+    """`raise_at`: the engine raises RuntimeError at that step (tests/fakes.py's ScriptedEngine), a bug inside it."""
     parent_end, child_end = socket.socketpair()
-    code = CHILD.format(here=str(HERE), stamps=str(stamps), every=every, delay=delay, steps=steps)
+    code = CHILD.format(here=str(HERE), stamps=str(stamps), every=every, delay=delay, steps=steps,
+                        raise_at=raise_at)
     log = log or stamps.with_suffix(".log")
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, str(child_end.fileno())], pass_fds=(child_end.fileno(),),

@@ -4,7 +4,8 @@ of tokentui/commands/: the dashboard (dashboard.py), the headless stream (headle
 
 Argument errors and every TokentuiError end with one line on stderr and exit status 2 (bad input) or 1 (a run
 that failed); never a traceback. torch/transformers are imported only after the arguments are checked, so a
-typo is reported at once.
+typo is reported at once. The last line of defence (`main`): any other exception ends with one line naming the log
+file that holds its traceback (core/crash.py), exit status 1.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tokentui.commands.common import (DEFAULT_PROMPT, EXIT_BAD_INPUT, bad_input, integer, interrupted, number,
-                                      read_prompt, server_options, settings_from_args)
+from tokentui.commands.common import (DEFAULT_PROMPT, EXIT_BAD_INPUT, EXIT_RUN_FAILED, bad_input, check_record_dir,
+                                      integer, interrupted, number, read_prompt, server_options, settings_from_args)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")
     p.add_argument("--prompt", default=None, help=f'the question (default: "{DEFAULT_PROMPT}")')
-    p.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from a UTF-8 text file")
+    p.add_argument("--prompt-file", type=Path, default=None,
+                   help="read the prompt from a UTF-8 text file (at most 8 MiB)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--temperature", type=number("temperature"), default=0.7, help="0 = greedy (default 0.7)")
     p.add_argument("--top-p", type=number("top-p"), default=0.9, help="nucleus mass in (0, 1], 1 = off (0.9)")
@@ -75,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "raw ones; for vLLM / SGLang say which their --logprobs-mode gives, else they are shown as "
                         "not known to be either")
     p.add_argument("--server-timeout", type=number("server-timeout"), default=60.0, metavar="SECONDS",
-                   help="with --server: how long the server may stay silent before the run ends (60)")
+                   help="with --server: how long the server may take to the first token, between two tokens or for "
+                        "any other answer before the run ends (60; inf: no limit)")
     p.add_argument("--headless", action="store_true", help="no dashboard: stream the answer to stdout")
     p.add_argument("--json", action="store_true", help="with --headless: one JSON event per line")
     p.add_argument("--theme", default="tokentui-dark", help="dashboard theme (tokentui-dark, -light, -contrast, or yours)")
@@ -93,9 +96,27 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; whatever it raises that nobody turned into a one-line error ends here, with one line naming
+    the log of its traceback (exit 1), never a traceback on the terminal."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return interrupted(_signal_seen[-1] if _signal_seen else signal.SIGINT)
+    except Exception as err:  # noqa: BLE001 - the last line of defence
+        from tokentui.core.crash import crash_line, write_crash_log
+
+        line = crash_line(err, write_crash_log(err, argv), argv)
+        try:
+            print(line, file=sys.stderr)
+        except OSError:
+            pass
+        return EXIT_RUN_FAILED
+
+
+def _main(argv: list[str]) -> int:
     from tokentui.core.errors import TokentuiError
 
-    argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["replay"]:  # `tokentui replay FILE`: a record played back (tokentui/commands/replay.py), no torch
         from tokentui.commands.replay import replay_main
 
@@ -112,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             raise TokentuiError("--json needs --headless")
         if args.threads is not None and args.threads < 1:
             raise TokentuiError(f"--threads must be >= 1, got {args.threads}")
+        check_record_dir(args)
         # A dropped SSH session (SIGHUP) or a kill (SIGTERM) while starting up ends like Ctrl-C. Once running,
         # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
         for sig in (signal.SIGHUP, signal.SIGTERM):

@@ -82,6 +82,8 @@ class TokentuiApp(App[int]):
         self._side = SidePlace()
         self._anatomy_painted = 0.0
         self._anatomy_timer = None
+        self.crash: BaseException | None = None  # an exception nobody handled (`_fatal_error`), and its log
+        self.crash_log: Path | None = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
         self.user_theme_names.update(themes.user_names)
         self._startup_notes.extend((error, "error") for error in themes.errors)
@@ -228,6 +230,20 @@ class TokentuiApp(App[int]):
         if self._flush_timer is not None:
             self._flush_timer.stop()
         self.controller.close()
+
+    def _handle_exception(self, error: Exception) -> None:
+        self.crash = error  # Textual's handler of an exception nobody handled; it ends in `_fatal_error`
+        super()._handle_exception(error)
+
+    def _fatal_error(self) -> None:
+        """Textual's end of the app after such an exception, without the traceback it would print (it shows every
+        frame's locals: a prompt, a key): the traceback goes to a crash log and tui/program.py prints one line
+        naming it (core/crash.py, the last line of defence). Textual's private hooks (textual < 9, pinned)."""
+        from tokentui.core.crash import write_crash_log
+
+        self.crash_log = write_crash_log(self.crash) if self.crash is not None else None
+        self.bell()
+        self._close_messages_no_wait()  # what Textual's own _fatal_error does after rendering the traceback
 
     # ---- the controller's View -----------------------------------------------------------------------------
     def repaint(self, now: bool = True) -> None:

@@ -24,6 +24,7 @@ from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUp
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, ModelFacts, Notice, StepEvent
 from tokentui.core.settings import SamplerSettings
+from tokentui.core.steps.display import printable_copy
 
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
@@ -78,6 +79,7 @@ class DashboardController:
         self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
         self.last_export: Path | None = None
         self.tree_paths: list[Path] = []  # every tree file this session wrote
+        self.record_paths: list[Path] = []  # every run record this session opened (a cut one is named at quit)
         self._replay_queue: list[int] = []  # a tree played back: the recorded branches still to play
 
     # ---- what the panels read ----------------------------------------------------------------------------
@@ -139,7 +141,7 @@ class DashboardController:
 
     def _ready(self, facts: ModelFacts) -> None:
         self.load_error = None
-        self.state.facts = facts
+        self.state.facts = printable_copy(facts)  # a record's or a server's names are drawn as they are: escaped
         if facts.server is not None:  # a served model: the panels that depend on it lay out again
             self.view.relayout()
         self.start_run()
@@ -203,10 +205,15 @@ class DashboardController:
             self.view.notify("The new prompt runs once the model is loaded", timeout=4)
 
     def on_reply(self, reply: Reply) -> None:
-        """The client's replies, on the event loop; only the current run's reach here (and earlier runs' ends)."""
+        """The client's replies, on the event loop; only the current run's reach here (and earlier runs' ends).
+        What they carry is drawn as it is, so their strings are made printable first (a record's or a server's
+        escape sequence is shown, never sent to the terminal); the record has them as they came."""
+        reply = printable_copy(reply)
         if isinstance(reply, RunUpdate):
             self._on_event(reply.event)
         elif isinstance(reply, RunOpened):
+            if reply.record_path is not None:
+                self.record_paths.append(reply.record_path)
             self.tree.opened(reply.record_path)
             self._note_tree_path()
             self.view.repaint()

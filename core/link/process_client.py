@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -33,7 +34,7 @@ from .client import EngineClient
 from ..runs.events import LoadProgress
 from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, EngineSpec, Load, Loading, Pause, Quit, Ready, Resume,
                        SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
-from ..paths import state_dir
+from ..paths import open_private_log, private_dir, state_dir
 from ..settings import RunOptions, SamplerSettings
 
 Progress = Callable[[LoadProgress], None]
@@ -42,8 +43,25 @@ MESSAGES_PER_WAKE = 64  # messages read per wake-up of the event loop, so a fast
 
 def worker_log_path() -> Path:
     """Where the model process writes its stdout/stderr (library warnings would otherwise scribble on the
-    dashboard): overwritten by each start, named in the error when that process ends unexpectedly."""
+    dashboard): overwritten by each start, named in the error when that process ends unexpectedly. 0600 in a 0700
+    folder (core/paths.py): it can hold a prompt (a traceback's locals, a library's warning)."""
     return state_dir() / "model-process.log"
+
+
+def _open_log(log_path: Path):
+    """(the log's file, its path): `log_path` when it can be written; else a fresh 0600 file in the temporary
+    folder (a read-only state folder: the dashboard goes on, as headless does without its record); else none,
+    (None, None): the output is dropped."""
+    try:
+        private_dir(log_path.parent)
+        return open_private_log(log_path), log_path
+    except OSError:
+        pass
+    try:
+        fd, name = tempfile.mkstemp(prefix="tokentui-model-process-", suffix=".log")  # 0600
+        return os.fdopen(fd, "wb"), Path(name)
+    except OSError:
+        return None, None
 
 
 # ---------------------------------------------------------------------------------------------------- parent side
@@ -51,22 +69,25 @@ def worker_log_path() -> Path:
 class StartedProcess:
     proc: subprocess.Popen
     conn: Connection
-    log_path: Path
+    log_path: Path | None  # None: its output could be kept nowhere
 
 
 def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> StartedProcess:
     """Start the child and ask it to load `spec`; returns at once. The dashboard calls this before importing
     textual, so the child's ~4 s of imports and loading overlap the app's start instead of following it."""
-    log_path = log_path or worker_log_path()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log, log_path = _open_log(log_path or worker_log_path())
     parent_end, child_end = socket.socketpair()
-    with open(log_path, "wb") as log:
+    try:
         # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
         proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from tokentui.core.model.process_main import _child; _child(int(sys.argv[1]))",
              str(child_end.fileno())],
-            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
+            stdout=log if log is not None else subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        if log is not None:
+            log.close()
     child_end.close()
     conn = Connection(parent_end.detach())
     try:
@@ -124,6 +145,9 @@ class ProcessClient(EngineClient):
                 return f"killed by signal {-code}"
         return f"exit status {code}"
 
+    def _output_is(self) -> str:
+        return f"its output is in {self.log_path}" if self.log_path is not None else "its output was not kept"
+
     def _readable(self) -> None:
         """The socket has data: read what is there (up to MESSAGES_PER_WAKE messages) and hand each on."""
         conn = self._conn
@@ -172,14 +196,14 @@ class ProcessClient(EngineClient):
         loading = self._loading
         if loading is not None and not loading.done():
             loading.set_exception(ModelLoadError(
-                f"the model process ended while loading ({self._ended_text()}); its output is in {self.log_path}"))
+                f"the model process ended while loading ({self._ended_text()}); {self._output_is()}"))
             return
         for run_id in list(self._records):
             if self._closing:
                 self._cut_off(run_id)
             else:
                 self._failed(run_id, f"the model process ended unexpectedly ({self._ended_text()}); "
-                                     f"its output is in {self.log_path}", ErrorKind.PROCESS)
+                                     f"{self._output_is()}", ErrorKind.PROCESS)
 
     def _detach(self) -> None:
         if self._conn is not None and self._loop is not None:
@@ -199,6 +223,7 @@ class ProcessClient(EngineClient):
         self._end_process(timeout=1.0)  # a retry starts afresh
         started = self._started or start_model_process(self.spec, self.log_path)
         self._started = None
+        self.log_path = started.log_path  # where its output went (a temporary file: the state folder is read-only)
         self._proc, self._conn = started.proc, started.conn
         self._closing = False
         self._loop = asyncio.get_running_loop()

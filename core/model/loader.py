@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ModelLoadError, SettingsError
+from ..errors import ModelLoadError, SettingsError, error_line
 from ..runs.events import LoadProgress, ModelFacts
 from ..paths import cache_dir
 from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
@@ -207,8 +207,7 @@ def _quiet_transformers() -> None:
 
 # ---------------------------------------------------------------------------------------------- resolution
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:300]
+    return error_line(err)  # a first line that ends with ":" takes the detail after it
 
 
 def load_model(

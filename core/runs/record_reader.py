@@ -6,6 +6,12 @@ file and the line. A step's `settings` object is read the same way, as a Sampler
 ignored, a missing one takes its default, and a value of the wrong type or out of range (SettingsError, e.g. top_p
 1.5) refuses the record. Only the last line may be cut short (a crash mid-write): the record is then read up to the
 last whole line and the run's `cut_line` says so.
+
+A record is outside input (a shared file, a hand-edited one): it is read a line at a time, no line longer than
+MAX_LINE_BYTES; each line is strict JSON (core/strict_json.py: no NaN / Infinity, nothing nested past the recursion
+limit); integers must fit 64 bits, token ids 0..2^31-1 (and the model's vocabulary, when the record gives its
+size), probabilities 0..1 and times >= 0 (`_RANGES`). Whatever is wrong is one RecordError line naming the file and
+the line, never another exception.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ErrorKind, RecordError, RunError
+from ..strict_json import loads as strict_loads
 from .events import (
     BranchEvent,
     Candidate,
@@ -44,6 +52,43 @@ NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
+MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
+MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near
+_INT64 = 2**63
+
+
+def _token_id(value, where: str) -> None:
+    if not 0 <= value <= MAX_TOKEN_ID:
+        raise ValueError(f"{where} should be a token id in 0..{MAX_TOKEN_ID}, got {value}")
+
+
+def _probability(value, where: str) -> None:
+    if not -1e-4 <= value <= 1 + 1e-4:  # float rounding's overshoot allowed
+        raise ValueError(f"{where} should be a probability in 0..1, got {value}")
+
+
+def _not_negative(value, where: str) -> None:
+    if value < 0:
+        raise ValueError(f"{where} should be >= 0, got {value}")
+
+
+# (event or nested class, field) -> the check of its value (of each item, for a list); None values are not checked
+_RANGES = {
+    **{key: _token_id for key in (("PromptEvent", "ids"), ("PromptPiece", "id"), ("StepEvent", "id"),
+                                  ("Candidate", "id"), ("LensRow", "id"), ("BranchEvent", "id"),
+                                  ("BranchEvent", "parent_id"), ("BranchEvent", "prompt_ids"),
+                                  ("BranchEvent", "tokens"))},
+    **{key: _probability for key in (("Candidate", "raw_prob"), ("Candidate", "prob"), ("LensRow", "prob"),
+                                     ("StepEvent", "chosen_raw_prob"), ("StepEvent", "chosen_prob"),
+                                     ("StepEvent", "kept_mass"), ("StepEvent", "server_kv_usage"),
+                                     ("LoadProgress", "fraction"))},
+    **{key: _not_negative for key in (("StepEvent", "latency_ms"), ("StepEvent", "forward_ms"),
+                                      ("StepEvent", "reissue_ttft_ms"), ("PrefillEvent", "ms"),
+                                      ("DoneEvent", "ttft_ms"), ("DoneEvent", "paused_ms"),
+                                      ("DoneEvent", "decode_tok_s"), ("StepTiming", "forward_ms"),
+                                      ("StepTiming", "select_ms"), ("StepTiming", "copy_ms"),
+                                      ("StepTiming", "detok_ms"), ("StepTiming", "wait_ms"))},
+}
 
 
 def _value(value, annotation: str, where: str):
@@ -66,8 +111,17 @@ def _value(value, annotation: str, where: str):
     if kinds is None:
         return value  # an annotation this reader does not check
     if not isinstance(value, kinds) or (isinstance(value, bool) and annotation in ("int", "float")):
-        raise ValueError(f"{where} should be {annotation}, got {json.dumps(value, ensure_ascii=False)[:40]}")
+        raise ValueError(f"{where} should be {annotation}, got {_preview(value)}")
+    if annotation == "int" and not -_INT64 <= value < _INT64:
+        raise ValueError(f"{where} should be a 64-bit integer, got one of {len(str(value))} digits")
     return float(value) if annotation == "float" else value
+
+
+def _preview(value) -> str:
+    """A value as an error line quotes it: a container by its kind, anything else as JSON, cut."""
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else f"a list of {len(value)}"
+    return json.dumps(value, ensure_ascii=False)[:40]
 
 
 def build(cls: type, data, where: str):
@@ -78,7 +132,11 @@ def build(cls: type, data, where: str):
     missing = []
     for f in fields(cls):
         if f.name in data:
-            values[f.name] = _value(data[f.name], f.type, f"{where}.{f.name}")
+            value = values[f.name] = _value(data[f.name], f.type, f"{where}.{f.name}")
+            check = _RANGES.get((cls.__name__, f.name))
+            if check is not None and value is not None:
+                for n, item in enumerate(value) if isinstance(value, list) else ((None, value),):
+                    check(item, f"{where}.{f.name}" if n is None else f"{where}.{f.name}[{n}]")
         elif f.default is MISSING and f.default_factory is MISSING:
             missing.append(f.name)
     if missing:
@@ -104,44 +162,74 @@ def event_from_dict(data) -> Event:
 
 def read_lines(path: Path) -> tuple[list[tuple[int, Event]], int | None]:
     """(line number, event) for each whole line, and the number of a last line cut short (None if none)."""
+    events: list[tuple[int, Event]] = []
+    cut = None
+    for number, event in _events(path):
+        if event is None:
+            cut = number
+        else:
+            events.append((number, event))
+    return events, cut
+
+
+def _events(path: Path) -> Iterator[tuple[int, Event | None]]:
+    """(line number, event) for each line as it is read; a last line cut short comes as (its number, None)."""
     try:
-        raw = path.read_bytes()
+        fh = open(path, "rb")
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise RecordError(f"{path}: is a folder, not a run record") from None
     except OSError as err:
         raise RecordError(f"{path}: {err.strerror or err}") from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line
-    events: list[tuple[int, Event]] = []
-    cut = None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            if number == len(lines) and events:  # a crash mid-write: keep what came before
-                cut = number
-                break
-            raise RecordError(f"{path}: line {number} is not JSON: not a tokentui run record") from None
-        try:
-            events.append((number, event_from_dict(data)))
-        except ValueError as err:
-            raise RecordError(f"{path}: line {number}: {err}") from None
-    return events, cut
+    with fh:
+        number = 0
+        seen = False
+        line = _read_line(fh, path, 1)
+        while line is not None:
+            number += 1
+            following = _read_line(fh, path, number + 1)  # one line ahead: only the last line may be cut short
+            if line.strip():
+                try:
+                    data = strict_loads(line)
+                except (UnicodeDecodeError, ValueError) as err:
+                    if following is None and seen:  # a crash mid-write: keep what came before
+                        yield number, None
+                        return
+                    why = f" ({err})" if "JSON" in str(err) or "nested" in str(err) else ""
+                    raise RecordError(f"{path}: line {number} is not JSON{why}: not a tokentui run record") from None
+                try:
+                    yield number, event_from_dict(data)
+                except ValueError as err:
+                    raise RecordError(f"{path}: line {number}: {err}") from None
+                seen = True
+            line = following
+
+
+def _read_line(fh, path: Path, number: int) -> bytes | None:
+    """The next line (its newline dropped), None at the end; RecordError past MAX_LINE_BYTES."""
+    try:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+    except OSError as err:
+        raise RecordError(f"{path}: {err.strerror or err}") from None
+    if not line:
+        return None
+    if len(line) > MAX_LINE_BYTES:
+        raise RecordError(f"{path}: line {number} is longer than {MAX_LINE_BYTES // 2**20} MiB: not a tokentui run "
+                          "record")
+    return line[:-1] if line.endswith(b"\n") else line
 
 
 def read_run(path: str | Path, run_class):
     """The run a record holds (`Run.from_record`): one run, its `model` event first."""
     path = Path(path)
-    events, cut = read_lines(path)
     run = run_class()
-    run.record_path, run.cut_line = path, cut
+    run.record_path, run.cut_line = path, None
     started = False
-    for number, event in events:
+    for number, event in _events(path):  # folded as read: a long record is never held twice
+        if event is None:
+            run.cut_line = number
+            break
         where = f"{path}: line {number}"
         if isinstance(event, LoadProgress) and not started:
             continue  # `--headless --json` output: loading, before the model event
@@ -156,6 +244,11 @@ def read_run(path: str | Path, run_class):
             raise RecordError(f"{where}: a {event.event!r} event after the run's end")
         elif isinstance(event, PromptEvent) and run.prompt is not None:
             raise RecordError(f"{where}: a second prompt event (a record holds one run)")
+        rows = run.facts.vocab_rows if run.facts is not None else None
+        if rows is not None and rows > 0:  # ids inside the model's vocabulary, where the record says its size
+            named = _ids_of(event)
+            if named and max(named) >= rows:
+                raise RecordError(f"{where}: token id {max(named)} is outside the model's vocabulary of {rows}")
         try:
             run.apply(event)
         except RunError as err:
@@ -163,6 +256,18 @@ def read_run(path: str | Path, run_class):
     if not started:
         raise RecordError(f"{path}: not a tokentui run record (no model event)")
     if run.prompt is None and run.branch is None and run.end is None:  # a branch's record may have no prompt
-        raise RecordError(f"{path}: not a tokentui run record (no prompt event)" if cut is None else
-                          f"{path}: the record was cut before its prompt (line {cut}): nothing to replay")
+        raise RecordError(f"{path}: not a tokentui run record (no prompt event)" if run.cut_line is None else
+                          f"{path}: the record was cut before its prompt (line {run.cut_line}): nothing to replay")
     return run
+
+
+def _ids_of(event: Event) -> list[int]:
+    """The token ids an event names."""
+    if isinstance(event, StepEvent):
+        return [event.id, *(c.id for c in event.candidates), *(r.id for r in event.lens or ())]
+    if isinstance(event, PromptEvent):
+        return list(event.ids)
+    if isinstance(event, BranchEvent):
+        return [event.id, *event.prompt_ids, *event.tokens] + ([event.parent_id] if event.parent_id is not None
+                                                                else [])
+    return []

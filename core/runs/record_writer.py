@@ -2,7 +2,8 @@
 when, and how a cut-off run still ends with `done`, is core/runs/recording.py's job; this is the file).
 
 Each line is flushed (and fsync'd at the end) so a kill loses at most the step in flight; file names carry a
-timestamp and pid and are opened with "x" so an old record is never overwritten.
+timestamp and pid and are opened with "x" so an old record is never overwritten. A record holds a prompt and its
+answer: it is created 0600 in a folder created 0700 (core/paths.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 from .events import Event
-from ..paths import runs_dir
+from ..paths import open_private, private_dir, runs_dir
 
 
 class RunRecorder:
@@ -30,13 +31,13 @@ class RunRecorder:
 
     def open_run(self) -> Path:
         self.close()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for n in range(1000):
             suffix = f"-{n}" if n else ""
             path = self.directory / f"{stamp}-{os.getpid()}{suffix}.jsonl"
             try:
-                self._fh = open(path, "x", encoding="utf-8")
+                self._fh = open_private(path)
             except FileExistsError:
                 continue
             self.path = path

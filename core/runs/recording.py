@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ErrorKind, TokentuiError
+from ..paths import why_not
 from .ending import StepTally
 from .events import DoneEvent, ErrorEvent, Event, ModelFacts
 from .record_writer import RunRecorder
@@ -65,7 +66,7 @@ class RecordedRun:
         except OSError as err:
             self._drop_recorder()
             self.path = None
-            self._on_note(f"run not recorded: {err}")
+            self._on_note(f"run not recorded: {why_not(err)}")
         return self.path
 
     def _write(self, event: Event) -> None:
@@ -76,7 +77,7 @@ class RecordedRun:
         except OSError as err:
             self._drop_recorder()
             self.cut_short = self.path is not None
-            self._on_note(f"recording stopped: {err}" + (f"; {self.path} ends early" if self.path else ""))
+            self._on_note(f"recording stopped: {why_not(err)}" + (f"; {self.path} ends early" if self.path else ""))
 
     def _drop_recorder(self) -> None:
         recorder, self._recorder = self._recorder, None

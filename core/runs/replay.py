@@ -28,10 +28,16 @@ from .tree import RunTree, TreeNode, is_tree_file
 from ..settings import RunOptions, SamplerSettings
 
 
+MIN_SPEED = 0.001  # a thousand times slower than recorded: a 20 ms step takes 20 s (1e-300 would take forever)
+
+
 def check_speed(speed: float) -> float:
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or math.isnan(speed) or math.isinf(speed) \
             or speed < 0:
         raise SettingsError(f"--speed must be a number >= 0 (1 = as recorded, 0 = as fast as possible), got {speed!r}")
+    if 0 < speed < MIN_SPEED:
+        raise SettingsError(f"--speed {speed!r} is below {MIN_SPEED:g} (a step would take {1 / speed:.3g} times as "
+                            "long as it did): use a speed >= 0.001, or 0 for as fast as possible")
     return float(speed)
 
 

@@ -335,8 +335,10 @@ class Run:
         """Write the run as a record (the `model` event first, then the run's events); never overwrites."""
         import json
 
+        from ..paths import open_private
+
         path = Path(path)
-        with open(path, "x", encoding="utf-8") as fh:
+        with open_private(path) as fh:  # 0600: a record holds a prompt and its answer
             for event in self.events():
                 fh.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
         return path

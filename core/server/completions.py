@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..runs.branch_point import BranchPoint
 from ..steps.detokenize import IncrementalDetokenizer
-from ..steps.display import display_piece
+from ..steps.display import display_piece, display_text
 from ..runs.events import BranchEvent, Candidate, DoneEvent, Event, Notice, PrefillEvent, StepEvent
 from ..settings import SamplerSettings
 from ..errors import ServerError
 from .kv import KvPoller
 from .probe import QUIET
 from .prompt import build_prompt
+from .vocab import read_tokens
 from .wire import WireChunk, WireToken, read_chunk, read_native
 
 if TYPE_CHECKING:
@@ -90,11 +91,13 @@ class ServerRun:
         e = self.e
         path, body = e.request_body(prefix, settings, 1)
         read = read_native if e.dialect.llama_cpp else read_chunk
+        where = f"{e.conn.address.url}{path}"
         sent = time.perf_counter()
         with e.conn.stream(path, body) as chunks:
             for obj in chunks:
-                chunk = read(obj)
+                chunk = read(obj, where)
                 if chunk.tokens:
+                    chunks.token_arrived()
                     token = chunk.tokens[0]
                     for alt in token.alternatives:
                         e.vocab.learn(alt.id, alt.data, alt.text)
@@ -143,6 +146,7 @@ class ServerRun:
         one step was asked for (the stream is closed after the first entry)."""
         e = self.e
         read = read_native if e.dialect.llama_cpp else read_chunk
+        where = f"{e.conn.address.url}{path}"
         sent = time.perf_counter()
         last = sent
         got_first = False
@@ -151,14 +155,16 @@ class ServerRun:
         streamed = 0
         with e.conn.stream(path, body) as chunks:
             for obj in chunks:
-                chunk = read(obj)
+                chunk = read(obj, where)
                 now = time.perf_counter()
+                if chunk.tokens:
+                    chunks.token_arrived()  # the deadline is between tokens (a server dripping bytes meets it)
                 if chunk.text and not chunk.tokens and not chunk.had_logprobs:
                     raise ServerError(f"{e.conn.address.url}{path}: the server sent tokens without log-"
                                       "probabilities (it does not support `logprobs` here): tokentui needs them")
                 tokens = self._expand(chunk, predicted)
                 streamed += len(tokens)
-                if chunk.final is not None and chunk.predicted is not None and chunk.predicted > streamed:
+                if chunk.final and chunk.predicted is not None and chunk.predicted > streamed:
                     # llama-server drops a character's tokens it still held when it stopped (at its length limit)
                     yield Notice(f"the server generated {chunk.predicted - streamed} more token(s) of an unfinished "
                                  "character and did not stream them (llama-server streams a split character only "
@@ -250,17 +256,15 @@ class ServerRun:
             return None
         answer = self.e.conn.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": False,
                                                      "with_pieces": True}, quiet_statuses=QUIET)
-        tokens = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(tokens, list) or len(tokens) != count:
+        tokens = read_tokens(answer, f"{self.e.conn.address.url}/tokenize") if answer is not None else None
+        if tokens is None or len(tokens) != count:
             return None
         parts = []
         for t in tokens:
-            piece = t.get("piece") if isinstance(t, dict) else None
-            data = bytes(piece) if isinstance(piece, list) else str(piece).encode("utf-8") if piece is not None \
-                else None
-            if data is None or not isinstance(t.get("id"), int):
+            data = t.piece if isinstance(t.piece, bytes) else t.piece.encode("utf-8") if t.piece is not None else None
+            if data is None:
                 return None
-            parts.append((t["id"], data))
+            parts.append((t.id, data))
         if parts[-1][0] != entry.id or b"".join(d for _, d in parts) != entry.data:
             return None
         return parts
@@ -273,6 +277,12 @@ class ServerRun:
         if token.id is None:
             raise ServerError(f"{e.conn.address.url}: the stream does not name its tokens' ids (vLLM: it needs "
                               "return_tokens_as_token_ids, which tokentui asks for)")
+        rows = e.facts.vocab_rows
+        if rows is not None:  # the server said how many tokens its model has: an id past them is not one of them
+            for named in (token.id, *(a.id for a in token.alternatives if a.id is not None)):
+                if named >= rows:
+                    raise ServerError(f"{e.conn.address.url}: the stream names token id {named}, but the server's "
+                                      f"model has {rows} tokens (ids 0..{rows - 1})")
         vocab.learn(token_id, token.data)
         det = self.detok.push(token_id)
         if vocab.bytes_unknown(token_id) and not det.special:
@@ -309,8 +319,8 @@ class ServerRun:
 
     def _piece(self, token_id: int) -> str:
         vocab = self.e.vocab
-        if vocab.bytes_unknown(token_id):
-            return vocab.token_string(token_id) or f"token_id:{token_id}"
+        if vocab.bytes_unknown(token_id):  # the server's own text for it (its /detokenize), safe to print
+            return display_text(vocab.token_string(token_id) or f"token_id:{token_id}")
         return display_piece(vocab, token_id)
 
     def _kv_usage(self) -> float | None:

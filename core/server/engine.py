@@ -27,7 +27,7 @@ from ..errors import ServerError
 from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key
 from .probe import QUIET, Dialect, probe, served_model
 from .completions import ServerRun
-from .vocab import ServerVocab
+from .vocab import ServerVocab, read_text, read_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +38,24 @@ class ServerOptions:
     model: str | None = None
     key_env: str = DEFAULT_KEY_ENV
     probs: str = "auto"  # "auto" | "raw" | "post-sampler": what the server's per-token probabilities are
-    timeout: float = 60.0  # seconds the server may stay silent (first token, between tokens)
+    # seconds the server may take to the first token, between two tokens, or for a whole JSON answer (inf: no limit)
+    timeout: float = 60.0
+    # whether the API key may go to `url`: only when the user named it on the command line (--server), never when
+    # it came from a file (a record's server, which `tokentui branch` would otherwise send the key to)
+    send_key: bool = True
 
     def __post_init__(self) -> None:
         if self.probs not in ("auto", "raw", "post-sampler"):
             raise ServerError(f"--server-probs must be auto, raw or post-sampler, got {self.probs!r}")
-        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
-            raise ServerError(f"--server-timeout must be a number of seconds > 0, got {self.timeout!r}")
+        t = self.timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:  # NaN fails `> 0` too
+            raise ServerError(f"--server-timeout must be a number of seconds > 0 (inf: no limit), got {t!r}")
         ServerAddress.parse(self.url)  # a bad URL is refused here, before anything connects
+
+    @property
+    def key(self) -> str | None:
+        """The API key for this server: from the environment, and only for a server named on the command line."""
+        return api_key(self.key_env) if self.send_key else None
 
 
 class ServerEngine(BaseEngine):
@@ -67,7 +77,7 @@ class ServerEngine(BaseEngine):
     def check(server: ServerOptions) -> None:
         """Raise the one-line ServerError `connect` would for an unreachable server, a refused key or an unknown
         --server-model, quickly and without the rest of the probe (the dashboard asks before it opens)."""
-        conn = Connection(ServerAddress.parse(server.url), api_key(server.key_env), read_timeout=server.timeout)
+        conn = Connection(ServerAddress.parse(server.url), server.key, read_timeout=server.timeout)
         try:
             served_model(conn, server.model)
         finally:
@@ -81,7 +91,7 @@ class ServerEngine(BaseEngine):
         started = time.perf_counter()
         progress(LoadProgress(f"asking {address.url} what it serves", None))
         options = options or RunOptions()
-        conn = Connection(address, api_key(server.key_env), read_timeout=server.timeout)
+        conn = Connection(address, server.key, read_timeout=server.timeout)
         try:
             facts, dialect = probe(conn, server.model, server.probs, options.top_candidates, started)
         except BaseException:
@@ -135,13 +145,12 @@ class ServerEngine(BaseEngine):
         """A token the stream did not spell out, asked of the server: (its bytes when whole UTF-8, the text the
         server renders, special: its text tokenized as plain text is not that one token)."""
         body = {"tokens": [token_id]} if self.dialect.llama_cpp else {"model": self.model_id, "tokens": [token_id]}
-        try:
+        url = self.conn.address.url
+        try:  # a lookup the server cannot answer now leaves the token's bytes unknown; a malformed answer is an error
             answer = self.conn.post_json("/detokenize", body, quiet_statuses=QUIET)
         except ServerError:
             answer = None
-        text = ""
-        if isinstance(answer, dict):
-            text = answer.get("content", answer.get("prompt", "")) or ""
+        text = (read_text(answer, ("content", "prompt"), f"{url}/detokenize") if answer is not None else None) or ""
         if not text or "\ufffd" in text:
             return None, text, False
         if self.dialect.llama_cpp:
@@ -149,12 +158,11 @@ class ServerEngine(BaseEngine):
         else:
             again = {"model": self.model_id, "prompt": text, "add_special_tokens": False}
         try:
-            tokens = self.conn.post_json("/tokenize", again, quiet_statuses=QUIET)
+            answer = self.conn.post_json("/tokenize", again, quiet_statuses=QUIET)
         except ServerError:
-            tokens = None
-        ids = tokens.get("tokens") if isinstance(tokens, dict) else None
-        ids = [t if isinstance(t, int) else t.get("id") for t in ids] if isinstance(ids, list) else None
-        special = ids is not None and ids != [token_id]
+            answer = None
+        tokens = read_tokens(answer, f"{url}/tokenize") if answer is not None else None
+        special = tokens is not None and [t.id for t in tokens] != [token_id]
         return (None if special else text.encode("utf-8")), text, special
 
     def request_body(self, prefix: list[int], settings: SamplerSettings, max_tokens: int) -> tuple[str, dict]:

@@ -2,7 +2,10 @@
 request sits on the token path (a /metrics read between two tokens would delay the next one's measured arrival).
 
 Sources, as the server reports them: vLLM's and SGLang's /metrics gauge (a fraction), or llama-server's /slots
-(the tokens a busy slot holds, its prompt and what it decoded so far, over the slots' context sizes)."""
+(the tokens a busy slot holds, its prompt and what it decoded so far, over the slots' context sizes).
+
+`parse_slots` checks /slots' shape (a wrong one is a ServerError naming the field: the probe refuses such a server
+in one line); the poller's readings never end a run: a failed one is "not reported"."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import threading
 
 from ..errors import ServerError
 from .http import Connection
+from .shape import obj, opt_bool, opt_int
 
 _QUIET = (400, 401, 403, 404, 405, 422, 501, 503)
 
@@ -30,21 +34,30 @@ def read_metric(conn: Connection, metric: str) -> float | None:
 
 
 def read_slots(conn: Connection) -> float | None:
-    """llama-server's /slots: tokens held by busy slots (`n_prompt_tokens`: the slot's cached tokens, prompt and
-    decoded so far) over the slots' context sizes (None: not reported). An idle slot reports no token count."""
+    """llama-server's /slots as a fraction (None: not reported, or the server cannot be asked now); a ServerError
+    for an answer of the wrong shape."""
     try:
         slots = conn.get_json("/slots", quiet_statuses=_QUIET)
     except ServerError:
         return None
+    return None if slots is None else parse_slots(slots, f"{conn.address.url}/slots")
+
+
+def parse_slots(slots, where: str) -> float | None:
+    """Tokens held by busy slots (`n_prompt_tokens`: the slot's cached tokens, prompt and decoded so far) over the
+    slots' context sizes (None: not reported). An idle slot reports no token count."""
     if not isinstance(slots, list) or not slots:
         return None
     used = total = 0
-    for slot in slots:
-        if not isinstance(slot, dict) or not isinstance(slot.get("n_ctx"), int):
+    for n, slot in enumerate(slots):
+        at = f"{where}: [{n}]"
+        slot = obj(slot, at)
+        n_ctx = opt_int(slot, "n_ctx", at)
+        if n_ctx is None:
             return None
-        total += slot["n_ctx"]
-        if slot.get("is_processing"):  # a busy slot's tokens in cache: its prompt, then each token decoded
-            used += int(slot.get("n_prompt_tokens") or 0)
+        total += n_ctx
+        if opt_bool(slot, "is_processing", at):  # a busy slot's tokens in cache: its prompt, then each decoded
+            used += opt_int(slot, "n_prompt_tokens", at) or 0
     return min(1.0, used / total) if total else None
 
 
@@ -52,8 +65,10 @@ class KvPoller:
     """`latest`: the last reading (None until one arrives, or when the server reports none)."""
 
     def __init__(self, conn: Connection, source: str | None, metric: str | None, interval: float = 0.25) -> None:
-        self._read = (lambda: read_metric(conn, metric)) if source == "/metrics" and metric else \
-            (lambda: read_slots(conn)) if source == "/slots" else None
+        self._source = conn  # the run's connection: the poller's requests go on a twin of it, on its own thread
+        self._conn: Connection | None = None
+        self._read = (lambda: read_metric(self._conn, metric)) if source == "/metrics" and metric else \
+            (lambda: read_slots(self._conn)) if source == "/slots" else None
         self._interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -61,13 +76,17 @@ class KvPoller:
 
     def __enter__(self) -> "KvPoller":
         if self._read is not None:
+            self._conn = self._source.twin()
             self._thread = threading.Thread(target=self._loop, name="tokentui-kv-poll", daemon=True)
             self._thread.start()
         return self
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            value = self._read()
+            try:
+                value = self._read()
+            except Exception:  # noqa: BLE001 - a malformed reading, or the twin closed at the run's end: a gauge
+                value = None  # is "not reported" then, and never ends a run nor prints from its thread
             if value is not None:
                 self.latest = value
             self._stop.wait(self._interval)
@@ -76,3 +95,5 @@ class KvPoller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        if self._conn is not None:
+            self._conn.close()

@@ -1,6 +1,9 @@
 """What a server is and what it says about its model: the engine (llama.cpp, vLLM, SGLang), the served model,
 its context, the endpoints it has for the chat template, tokens and KV cache use. Numbers a server does not
-report stay None in the ModelFacts (the dashboard says "not reported by the server")."""
+report stay None in the ModelFacts (the dashboard says "not reported by the server").
+
+Each answer is read by a parser of its own (`read_models`, `read_props`), which checks the fields it uses: a wrong
+type is a ServerError naming the field (core/server/shape.py), an absent or null one is "not reported"."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ import time
 from dataclasses import dataclass
 
 from ..runs.events import ModelFacts, ServerFacts
+from ..steps.display import printable_line
 from ..errors import ServerError
 from .http import Connection
 from .kv import read_slots
+from .shape import obj, opt_bool, opt_int, opt_list, opt_obj, opt_str, wrong
 
 QUIET = (400, 401, 403, 404, 405, 422, 501)  # an endpoint this server does not have (or does not let us use)
 
@@ -33,23 +38,74 @@ class Dialect:
     kv_source: str | None  # where the KV cache use is read: "/metrics", "/slots" (llama-server), None: nowhere
 
 
-def served_model(conn: Connection, model: str | None) -> dict:
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model of a server's /v1/models listing: its id (what requests name) and what the entry says of it
+    (None: not reported; llama-server's `meta`, vLLM's `max_model_len`)."""
+
+    id: str
+    owned_by: str = ""
+    max_model_len: int | None = None
+    n_ctx_train: int | None = None
+    n_params: int | None = None
+    n_embd: int | None = None
+    n_vocab: int | None = None
+    arch: str | None = None
+
+
+def read_models(value, where: str) -> list[ModelEntry]:
+    """A /v1/models answer: {"data": [{"id": ..., ...}, ...]} (OpenAI's shape); a count of 0 is not reported."""
+    listing = obj(value, where)
+    entries = []
+    for n, entry in enumerate(opt_list(listing, "data", where) or []):
+        at = f"{where}: data[{n}]"
+        entry = obj(entry, at)
+        name = opt_str(entry, "id", at)
+        if not name:
+            raise wrong(at, "id should be the model's name", entry.get("id"))
+        meta = opt_obj(entry, "meta", at) or {}
+        entries.append(ModelEntry(
+            id=name, owned_by=(opt_str(entry, "owned_by", at) or "").lower(),
+            max_model_len=opt_int(entry, "max_model_len", at) or None,
+            n_ctx_train=opt_int(meta, "n_ctx_train", f"{at}.meta") or None,
+            n_params=opt_int(meta, "n_params", f"{at}.meta") or None,
+            n_embd=opt_int(meta, "n_embd", f"{at}.meta") or None,
+            n_vocab=opt_int(meta, "n_vocab", f"{at}.meta") or None,
+            arch=opt_str(meta, "arch", f"{at}.meta") or None))
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class Props:
+    """llama-server's /props: its build and its context size (None: not reported)."""
+
+    build_info: str | None
+    n_ctx: int | None
+
+
+def read_props(value, where: str) -> Props | None:
+    """/props as llama-server answers it; None when the answer is not llama-server's (another server's /props)."""
+    if not isinstance(value, dict) or not ("default_generation_settings" in value or "build_info" in value):
+        return None
+    settings = opt_obj(value, "default_generation_settings", where) or {}
+    n_ctx = opt_int(settings, "n_ctx", f"{where}: default_generation_settings") or opt_int(value, "n_ctx", where)
+    return Props(build_info=opt_str(value, "build_info", where), n_ctx=n_ctx or None)
+
+
+def served_model(conn: Connection, model: str | None) -> ModelEntry:
     """The server's /v1/models entry of `model` (--server-model; None: the only one it lists), or one line saying
     why there is none (an unreachable server, a refused key, several models, an unknown name)."""
-    listing = conn.get_json("/v1/models")
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)] \
-        if isinstance(entries, list) else []
+    entries = read_models(conn.get_json("/v1/models"), f"{conn.address.url}/v1/models")
     if not entries:
         raise ServerError(f"{conn.address.url}/v1/models lists no model: is this an OpenAI-compatible server?")
-    names = [e["id"] for e in entries]
+    names = [e.id for e in entries]
     if model is None:
         if len(names) > 1:
-            raise ServerError(f"the server hosts {len(names)} models ({', '.join(names[:6])}): pick one with "
-                              "--server-model NAME")
+            raise ServerError(f"the server hosts {len(names)} models ({conn.shown(', '.join(names[:6]))}): pick one "
+                              "with --server-model NAME")
         return entries[0]
     if model not in names:
-        raise ServerError(f"--server-model {model!r}: the server lists {', '.join(names[:6])}")
+        raise ServerError(f"--server-model {conn.shown(model)!r}: the server lists {conn.shown(', '.join(names[:6]))}")
     return entries[names.index(model)]
 
 
@@ -59,36 +115,36 @@ def probe(conn: Connection, model: str | None, probs: str, top_logprobs: int, st
     what the user says the server gives ("raw" / "post-sampler", e.g. for vLLM's --logprobs-mode)."""
     started = time.perf_counter() if started is None else started
     entry = served_model(conn, model)
-    model = entry["id"]
+    model = entry.id
+    url = conn.address.url
 
-    props = conn.get_json("/props", quiet_statuses=QUIET)
-    owner = str(entry.get("owned_by") or "").lower()
+    props = read_props(conn.get_json("/props", quiet_statuses=QUIET), f"{url}/props")
     version = None
     n_ctx = None
-    if isinstance(props, dict) and ("default_generation_settings" in props or "build_info" in props):
+    if props is not None:
         engine = "llama.cpp"
-        version = props.get("build_info") if isinstance(props.get("build_info"), str) else None
-        settings = props.get("default_generation_settings") or {}
-        n_ctx = _int(settings.get("n_ctx")) or _int(props.get("n_ctx"))
-    elif owner == "vllm":
+        version, n_ctx = props.build_info, props.n_ctx
+    elif entry.owned_by == "vllm":
         engine = "vLLM"
         info = conn.get_json("/version", quiet_statuses=QUIET)
-        version = info.get("version") if isinstance(info, dict) else None
-    elif owner == "sglang":
+        version = opt_str(obj(info, f"{url}/version"), "version", f"{url}/version") if info is not None else None
+    elif entry.owned_by == "sglang":
         engine = "SGLang"
     else:
         engine = "OpenAI-compatible"
     llama_cpp = engine == "llama.cpp"
-    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
-    n_ctx = n_ctx or _int(entry.get("max_model_len")) or _int(meta.get("n_ctx_train"))
+    n_ctx = n_ctx or entry.max_model_len or entry.n_ctx_train
 
     prefix_caching: bool | None = True if llama_cpp else None  # llama.cpp: cache_prompt, which we send
     if engine == "SGLang":
         info = conn.get_json("/get_server_info", quiet_statuses=QUIET)
-        if isinstance(info, dict):
-            version = info.get("version") if isinstance(info.get("version"), str) else version
-            if isinstance(info.get("disable_radix_cache"), bool):
-                prefix_caching = not info["disable_radix_cache"]
+        if info is not None:
+            where = f"{url}/get_server_info"
+            info = obj(info, where)
+            version = opt_str(info, "version", where) or version
+            radix_off = opt_bool(info, "disable_radix_cache", where)
+            if radix_off is not None:
+                prefix_caching = not radix_off
 
     metrics = conn.get_text("/metrics", quiet_statuses=QUIET)
     kv_metric = next((name for name in _KV_METRICS if metrics and re.search(rf"^{re.escape(name)}[{{ ]", metrics,
@@ -102,19 +158,18 @@ def probe(conn: Connection, model: str | None, probs: str, top_logprobs: int, st
     if probs == "auto":
         probs = "raw" if llama_cpp else "unknown"  # llama-server: raw unless asked for post_sampling_probs
     server = ServerFacts(url=conn.address.url, engine=engine, model=model, probs=probs, top_logprobs=top_logprobs,
-                         version=version, prefix_caching=prefix_caching,
+                         version=printable_line(version) if version is not None else None,
+                         prefix_caching=prefix_caching,
                          kv_source=kv_source, template_source=dialect.template,
                          token_ids=llama_cpp)
     facts = ModelFacts(
-        # llama-server names its model by the GGUF's path: the panel shows the file's name (ServerFacts.model keeps
-        # the id requests use)
-        name=model.rsplit("/", 1)[-1] if model.startswith("/") else model, source="server", architecture=str(meta.get("arch") or "not reported by the server"),
-        parameters=_int(meta.get("n_params")), layers=None, hidden_size=_int(meta.get("n_embd")),
-        vocab_rows=_int(meta.get("n_vocab")), attention_heads=None, kv_heads=None, head_dim=None,
+        # llama-server names its model by the GGUF's path: the panel shows the file's name, safe to print
+        # (ServerFacts.model keeps the id requests use)
+        name=printable_line(model.rsplit("/", 1)[-1] if model.startswith("/") else model), source="server",
+        architecture=printable_line(entry.arch or "not reported by the server"),
+        parameters=entry.n_params, layers=None, hidden_size=entry.n_embd,
+        vocab_rows=entry.n_vocab, attention_heads=None, kv_heads=None, head_dim=None,
         kv_bytes_per_token=None, max_context=n_ctx, device=f"{engine} server", dtype="not reported by the server",
         chat_template=True, load_seconds=time.perf_counter() - started, kv_bytes_per_value=0, server=server)
     return facts, dialect
 
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -11,6 +11,8 @@ from ..runs.events import Notice, PromptEvent, PromptPiece
 from ..errors import ServerError
 from .http import Connection
 from .probe import QUIET, Dialect
+from .shape import obj, opt_list, wrong
+from .vocab import read_text, read_tokens
 
 # Pieces worth asking whether they are special: a special token's text is a bracketed name (<|im_start|>, <s>,
 # [INST]); asking about every piece would cost one request per distinct prompt token.
@@ -24,18 +26,20 @@ def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, sy
     notices: list[Notice] = []
     text: str | None = None
     ids: list[int] | None = None
+    url = conn.address.url
     if dialect.llama_cpp:
         answer = conn.post_json("/apply-template", {"messages": messages}, quiet_statuses=QUIET)
-        if isinstance(answer, dict) and isinstance(answer.get("prompt"), str):
-            text = answer["prompt"]
+        if answer is not None:
+            text = read_text(answer, ("prompt",), f"{url}/apply-template")
     else:
         answer = conn.post_json("/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True},
                                 quiet_statuses=QUIET)
-        if isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
-            ids = [int(i) for i in answer["tokens"]]
+        tokens = read_tokens(answer, f"{url}/tokenize") if answer is not None else None
+        if tokens is not None:
+            ids = [t.id for t in tokens]
             back = conn.post_json("/detokenize", {"model": model, "tokens": ids}, quiet_statuses=QUIET)
-            if isinstance(back, dict) and isinstance(back.get("prompt"), str):
-                text = back["prompt"]
+            if back is not None:
+                text = read_text(back, ("prompt",), f"{url}/detokenize")
     templated = text is not None or ids is not None
     if not templated:
         notices.append(Notice(f"the server ({dialect.engine}) exposes no chat-template endpoint: the prompt is "
@@ -51,26 +55,31 @@ def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, sy
 
 def _tokenize(conn: Connection, dialect: Dialect, model: str, text: str, ids: list[int] | None
               ) -> list[PromptPiece] | None:
+    where = f"{conn.address.url}/tokenize"
     if dialect.llama_cpp:
         answer = conn.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": True,
                                               "with_pieces": True}, quiet_statuses=QUIET)
-        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+        tokens = read_tokens(answer, where) if answer is not None else None
+        if tokens is None:
             return None
-        raw = [(int(t["id"]), t.get("piece")) for t in answer["tokens"] if isinstance(t, dict)]
-        shown = [(i, display_bytes(bytes(p)) if isinstance(p, list) else display_text(str(p))) for i, p in raw]
+        shown = [(t.id, display_bytes(t.piece) if isinstance(t.piece, bytes) else
+                  display_text(t.piece) if t.piece is not None else f"token_id:{t.id}") for t in tokens]
     else:
         body = {"model": model, "prompt": text, "add_special_tokens": False, "return_token_strs": True}
+        strs = None
         if ids is None:
             answer = conn.post_json("/tokenize", body, quiet_statuses=QUIET)
-            if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+            tokens = read_tokens(answer, where) if answer is not None else None
+            if tokens is None:
                 return None
-            ids = [int(i) for i in answer["tokens"]]
-            strs = answer.get("token_strs")
-        else:
-            strs = None
-        if not isinstance(strs, list) or len(strs) != len(ids):
+            ids = [t.id for t in tokens]
+            strs = opt_list(obj(answer, where), "token_strs", where)
+        if strs is None or len(strs) != len(ids):
             strs = [None] * len(ids)
-        shown = [(i, display_text(s) if isinstance(s, str) else f"token_id:{i}") for i, s in zip(ids, strs)]
+        for n, piece in enumerate(strs):
+            if piece is not None and not isinstance(piece, str):
+                raise wrong(f"{where}: token_strs[{n}]", "should be text", piece)
+        shown = [(i, display_text(s) if s is not None else f"token_id:{i}") for i, s in zip(ids, strs)]
     special = _special_ids(conn, dialect, model, {i: p for i, p in shown if _LOOKS_SPECIAL.match(p)})
     return [PromptPiece(id=i, piece=p, special=i in special) for i, p in shown]
 
@@ -84,7 +93,7 @@ def _special_ids(conn: Connection, dialect: Dialect, model: str, candidates: dic
         else:
             body = {"model": model, "prompt": text, "add_special_tokens": False}
         answer = conn.post_json("/tokenize", body, quiet_statuses=QUIET)
-        tokens = answer.get("tokens") if isinstance(answer, dict) else None
-        if isinstance(tokens, list) and [t if isinstance(t, int) else t.get("id") for t in tokens] != [token_id]:
+        tokens = read_tokens(answer, f"{conn.address.url}/tokenize") if answer is not None else None
+        if tokens is not None and [t.id for t in tokens] != [token_id]:
             special.add(token_id)
     return special

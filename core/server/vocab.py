@@ -3,13 +3,62 @@
 A local model's bytes come from its tokenizer; a served model's from the server: llama-server names each token's
 exact bytes in its stream, other servers their text (whole UTF-8) or vLLM's "bytes:\\x.." form. What the stream
 does not say is asked of the server (`lookup`: its /detokenize, with special tokens rendered) once per id.
+
+`read_tokens` and `read_text` are the parsers of the answers about tokens (/tokenize, /detokenize,
+/apply-template), checked as core/server/shape.py checks every answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from ..steps.token_bytes import MODE_BYTE_LEVEL, TokenBytes, _Plan
+from .shape import byte_list, obj, opt_list, token_id, wrong
+
+
+@dataclass(frozen=True, slots=True)
+class ServedToken:
+    """One token of a server's /tokenize answer: its id and, where the server gave it (llama-server's with_pieces),
+    its piece: bytes (a token that is not whole UTF-8), text, or None (not given)."""
+
+    id: int
+    piece: bytes | str | None = None
+
+
+def read_tokens(value, where: str) -> list[ServedToken] | None:
+    """A /tokenize answer: {"tokens": [id, ...]} or llama-server's {"tokens": [{"id": ..., "piece": ...}, ...]};
+    None when the answer has no `tokens` (the server cannot tokenize this way)."""
+    answer = obj(value, where)
+    tokens = opt_list(answer, "tokens", where)
+    if tokens is None:
+        return None
+    out = []
+    for n, token in enumerate(tokens):
+        at = f"{where}: tokens[{n}]"
+        if isinstance(token, dict):
+            piece = token.get("piece")
+            if isinstance(piece, list):
+                piece = byte_list(piece, at)
+            elif piece is not None and not isinstance(piece, str):
+                raise wrong(at, "piece should be text or a list of bytes", piece)
+            out.append(ServedToken(token_id(token.get("id"), at), piece))
+        else:
+            out.append(ServedToken(token_id(token, at)))
+    return out
+
+
+def read_text(value, keys: tuple[str, ...], where: str) -> str | None:
+    """The text of an answer under the first of `keys` it has (/detokenize's "content" or "prompt", /apply-template's
+    "prompt"); None when it has none of them."""
+    answer = obj(value, where)
+    for key in keys:
+        text = answer.get(key)
+        if text is not None:
+            if not isinstance(text, str):
+                raise wrong(where, f"{key} should be text", text)
+            return text
+    return None
 
 # lookup(id) -> (bytes or None when the server's text is not whole UTF-8, the text the server renders, special)
 Lookup = Callable[[int], tuple[bytes | None, str, bool]]

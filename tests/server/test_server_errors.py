@@ -83,7 +83,7 @@ def test_a_slow_server_times_out_with_one_line(tmp_path):
     with FakeServer("slow", slow_s=2.0) as server:
         events, _ = run_recorded(connect(server, timeout=0.5), tmp_path)
     error = failure_of(events).message
-    assert "sent nothing for 0.5 s" in error and "--server-timeout" in error
+    assert "sent no token within 0.5 s" in error and "--server-timeout" in error
 
 
 def test_unreachable_server_and_unknown_model_are_one_line_errors():

@@ -71,3 +71,20 @@ def test_stop_wakes_a_paused_run_and_a_sleep():
     started = time.monotonic()
     assert gate.sleep(10.0, lambda: stop[0]) is False
     assert time.monotonic() - started < 1.0
+
+
+def test_a_huge_infinite_or_nan_sleep_never_overflows_and_still_stops():
+    """A replay's wait is a number from a file (issue 21 item 8): inf or 1e300 s raised OverflowError in
+    Condition.wait; now each waits (up to the platform's longest timeout) until stopped, and NaN waits nothing."""
+    gate = StepGate()
+    assert gate.sleep(float("nan"), lambda: False) is True
+    for seconds in (float("inf"), 1e300, float(threading.TIMEOUT_MAX) * 2):
+        stop, result = [False], []
+        thread = threading.Thread(target=lambda: result.append(gate.sleep(seconds, lambda: stop[0])), daemon=True)
+        thread.start()
+        time.sleep(0.1)
+        assert thread.is_alive() and result == []  # waiting, not raised
+        stop[0] = True
+        gate.wake()
+        thread.join(2.0)
+        assert result == [False], seconds  # woken to stop

@@ -15,12 +15,12 @@ and exit status 2, never a traceback; a run that fails exits 1.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
 
-from .common import EXIT_BAD_INPUT, bad_input, integer, interrupted, make_loader, number
+from .common import (EXIT_BAD_INPUT, answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
+                     make_loader, number, recorded_line, say)
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLER_FLAGS = ("temperature", "top_k", "top_p", "greedy", "seed")
@@ -101,6 +101,7 @@ def branch_main(argv: list[str]) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
     try:
+        check_record_dir(args)
         plan = prepare(args)
         return run_branch(args, plan, state, stopped_by)
     except TokentuiError as err:
@@ -132,15 +133,26 @@ def prepare(args) -> dict:
     if not 1 <= args.at <= len(ids):
         raise TokentuiError(f"--at {args.at}: the record's steps are numbered 1..{len(ids)}")
     at = args.at - 1
-    if args.token < 0 or (facts.vocab_rows is not None and args.token >= facts.vocab_rows):
-        raise TokentuiError(f"--token {args.token}: not a token id of the record's model (ids 0..{facts.vocab_rows - 1})")
+    rows = facts.vocab_rows if facts.vocab_rows is not None and facts.vocab_rows > 0 else None  # 0: not a size
+    if args.token < 0:
+        raise TokentuiError(f"--token {args.token}: token ids are integers >= 0")
+    if rows is not None and args.token >= rows:
+        raise TokentuiError(f"--token {args.token}: not a token id of the record's model (ids 0..{rows - 1})")
     model = args.model
     server = {"server": None}
     if facts.server is not None and model is None:  # a served model's record: branched on its server
+        from tokentui.core.server.http import api_key
+
         server = {"server": args.server or facts.server.url, "server_model": facts.server.model,
                   "server_probs": args.server_probs or ("auto" if facts.server.probs == "unknown"
                                                         else facts.server.probs),
-                  "api_key_env": args.api_key_env, "server_timeout": args.server_timeout}
+                  "api_key_env": args.api_key_env, "server_timeout": args.server_timeout,
+                  # the key goes only to a server named on this command line, never to one a file names
+                  "server_send_key": args.server is not None}
+        if args.server is None and api_key(args.api_key_env):
+            raise TokentuiError(f"{args.file} was recorded on {facts.server.url}: the API key in ${args.api_key_env} "
+                                "goes only to a server named on the command line; to branch there with it, add "
+                                f"--server {facts.server.url}")
     elif args.server is not None:
         raise TokentuiError(f"--server: {args.file} is the record of a model tokentui ran itself, not of a server's")
     if model is None and server["server"] is None:
@@ -207,7 +219,7 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
                 state["engine"].stop()
 
     def line(event) -> None:
-        emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+        emit(json_line(event))
 
     engine = make_loader(plan["spec_args"])(line if args.json else (lambda _: None))
     state["engine"] = engine
@@ -218,7 +230,7 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
     status = 0
     wrote_text = False
     recorder = None if args.no_record else RunRecorder(args.record_dir)
-    with RecordedRun(engine.facts, recorder, on_note=lambda message: emit(f"tokentui: {message}\n", err)) as recorded:
+    with RecordedRun(engine.facts, recorder, on_note=lambda message: emit(say(message) + "\n", err)) as recorded:
         recorded.open()
         if args.json:
             line(engine.facts)
@@ -235,19 +247,19 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
                         else ""
                     kv = (f"{event.kv_reused_tokens} cached positions reused" if event.kv_reused_tokens else
                           f"the {len(event.prompt_ids) + event.at}-token prefix is prefilled")
-                    emit(f"tokentui: branch at step {event.at + 1}: {event.piece!r} (id {event.id}){was}; {kv}\n", err)
-                    emit(event.prefix_text)
+                    emit(say(f"branch at step {event.at + 1}: {event.piece!r} (id {event.id}){was}; {kv}") + "\n", err)
+                    emit(answer_text(event.prefix_text))
                     wrote_text = bool(event.prefix_text)
                 elif isinstance(event, StepEvent) and event.text:
-                    emit(event.text)
+                    emit(answer_text(event.text))
                     wrote_text = True
                 elif isinstance(event, Notice):
-                    emit(f"tokentui: {event.message}\n", err)
+                    emit(say(event.message) + "\n", err)
                 elif isinstance(event, DoneEvent) and event.reason != "error":  # after an error: its line said it
-                    emit(event.flushed + "\n")
+                    emit(answer_text(event.flushed) + "\n")
                 if isinstance(event, ErrorEvent):
                     if not args.json:
-                        emit(("\n" if wrote_text else "") + f"tokentui: {event.message}\n", err)
+                        emit(("\n" if wrote_text else "") + say(event.message) + "\n", err)
                     status = exit_status(event.kind)  # core/errors.py's one table
         except KeyboardInterrupt:  # in prefill, or a second signal
             engine.stop()
@@ -259,5 +271,5 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
         emit("tokentui: stopped; the branch ended early\n", err)
         status = 128 + stopped_by[0]
     if recorded.path is not None:
-        emit(f"tokentui: branch recorded in {recorded.path}\n", err)
+        emit(recorded_line(recorded, "branch") + "\n", err)
     return status

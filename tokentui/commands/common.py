@@ -30,6 +30,9 @@ def integer(name: str):
     return parse
 
 
+MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024  # --prompt-file: far past any model's context, and read without hanging
+
+
 def read_prompt(args) -> str:
     from tokentui.core.errors import PromptError
 
@@ -37,7 +40,12 @@ def read_prompt(args) -> str:
         raise PromptError("--prompt and --prompt-file both give the prompt: pass one of them")
     if args.prompt_file is not None:
         try:
-            text = args.prompt_file.read_bytes().decode("utf-8")
+            with open(args.prompt_file, "rb") as fh:  # at most the cap and a byte: /dev/zero is not read forever
+                data = fh.read(MAX_PROMPT_FILE_BYTES + 1)
+            if len(data) > MAX_PROMPT_FILE_BYTES:
+                raise PromptError(f"--prompt-file {args.prompt_file}: larger than {MAX_PROMPT_FILE_BYTES // 2**20} "
+                                  "MiB, the most a prompt file may be (far past any model's context)")
+            text = data.decode("utf-8")
         except FileNotFoundError:
             raise PromptError(f"--prompt-file {args.prompt_file}: no such file") from None
         except IsADirectoryError:
@@ -52,6 +60,15 @@ def read_prompt(args) -> str:
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT")
     return prompt
+
+
+def check_record_dir(args) -> None:
+    """--record-dir must be a folder (or not exist yet): a file there is one line now, not a note after loading."""
+    from tokentui.core.errors import TokentuiError
+
+    folder = getattr(args, "record_dir", None)
+    if folder is not None and not getattr(args, "no_record", False) and folder.exists() and not folder.is_dir():
+        raise TokentuiError(f"--record-dir {folder} is a file, not a folder: name a folder (it is made if missing)")
 
 
 def settings_from_args(args):
@@ -89,7 +106,8 @@ def server_options(args):
             raise TokentuiError(f"{flag} is for a model tokentui loads itself; with --server the server runs the "
                                 "model (drop one of them)")
     return ServerOptions(url=args.server, model=args.server_model, key_env=args.api_key_env,
-                         probs=args.server_probs, timeout=args.server_timeout)
+                         probs=args.server_probs, timeout=args.server_timeout,
+                         send_key=getattr(args, "server_send_key", True))  # False: a URL a record named
 
 
 def make_loader(args):
@@ -117,8 +135,44 @@ def make_loader(args):
 
 def bad_input(err) -> int:
     """The one line for bad input (every command's), and its exit status."""
-    print(f"tokentui: {err}", file=sys.stderr)
+    print(say(str(err)), file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def say(message: str) -> str:
+    """A `tokentui: ...` line for the terminal: the message may quote a server, a record or a file, so every control
+    character in it is shown escaped (core/steps/display.py's printable_line), never acted on."""
+    from tokentui.core.steps.display import printable_line
+
+    return f"tokentui: {printable_line(message)}"
+
+
+def recorded_line(run, what: str = "run") -> str:
+    """The last line of a recorded run: where its record is, and whether recording stopped before the end (a full
+    disk: the record is cut there, and says so when read back)."""
+    if run.cut_short:
+        return say(f"the {what}'s record was cut (recording stopped; see above): {run.path} holds it up to there")
+    return say(f"{what} recorded in {run.path}")
+
+
+def answer_text(text: str) -> str:
+    """The answer's text as headless mode prints it: newlines and tabs kept, other control characters escaped."""
+    from tokentui.core.steps.display import printable_text
+
+    return printable_text(text)
+
+
+# DEL and the C1 controls, which json.dumps(ensure_ascii=False) writes raw (it escapes only U+0000..U+001F); a
+# terminal can take U+009B for a CSI. Escaped as \u00XX, the line stays the same JSON.
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+
+
+def json_line(event) -> str:
+    """One `--json` output line of an event (or a dict), safe to print on a terminal, with its newline."""
+    import json
+
+    data = event if isinstance(event, dict) else event.to_dict()
+    return json.dumps(data, ensure_ascii=False).translate(_JSON_CONTROLS) + "\n"
 
 
 def interrupted(signum: int) -> int:

@@ -4,11 +4,10 @@ calls `run_headless`."""
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 
-from .common import EXIT_RUN_FAILED, make_loader, silence_stdio
+from .common import EXIT_RUN_FAILED, answer_text, json_line, make_loader, recorded_line, say, silence_stdio
 
 
 def run_headless(args, prompt: str) -> int:
@@ -34,7 +33,7 @@ def run_headless(args, prompt: str) -> int:
 
     def progress(event: LoadProgress) -> None:
         if args.json:
-            emit(json.dumps(event.to_dict()) + "\n")
+            emit(json_line(event))
 
     engine = make_loader(args)(progress)
     # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
@@ -66,7 +65,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     from tokentui.core.runs.recording import RecordedRun
 
     def note(message: str) -> None:
-        emit(f"tokentui: {message}\n", sys.stderr)
+        emit(say(message) + "\n", sys.stderr)
 
     status = 0
     wrote_text = False
@@ -75,7 +74,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     with RecordedRun(engine.facts, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
         run.open()
         if args.json:
-            emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+            emit(json_line(engine.facts))
         try:
             for event in run.record(engine.run(prompt, args.system)):
                 if stopped_by or not output_ok():
@@ -83,15 +82,15 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                 if isinstance(event, StepEvent):
                     decoding[:] = [True]
                 if args.json:
-                    emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                    emit(json_line(event))
                 elif isinstance(event, StepEvent):
                     if event.text:
-                        emit(event.text)
+                        emit(answer_text(event.text))  # a server's text: printed escaped (the record keeps it)
                         wrote_text = True
                 elif isinstance(event, Notice):
-                    emit(f"tokentui: {event.message}\n", sys.stderr)
+                    note(event.message)
                 elif isinstance(event, DoneEvent) and event.reason != "error":  # after an error: its line said it
-                    emit(event.flushed + "\n")
+                    emit(answer_text(event.flushed) + "\n")
                     if event.dropped_hex:  # not printed as U+FFFD: said here, once
                         emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
                              f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
@@ -99,7 +98,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                     if not args.json:
                         if wrote_text:
                             emit("\n")
-                        emit(f"tokentui: {event.message}\n", sys.stderr)
+                        note(event.message)
                     status = exit_status(event.kind)  # core/errors.py's one table
         except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
             engine.stop()
@@ -107,7 +106,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                 stopped_by.append(signal.SIGINT)
     # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
     if run.cut_off is not None and args.json:
-        emit(json.dumps(run.cut_off.to_dict(), ensure_ascii=False) + "\n")
+        emit(json_line(run.cut_off))
     if stopped_by:
         name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
                 signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
@@ -118,7 +117,7 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     elif not output_ok():
         status = EXIT_RUN_FAILED
     if run.path is not None:
-        emit(f"tokentui: run recorded in {run.path}\n", sys.stderr)
+        emit(recorded_line(run, "run") + "\n", sys.stderr)
     return status
 
 

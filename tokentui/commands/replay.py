@@ -10,12 +10,11 @@ line with a notice.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
 
-from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, bad_input, interrupted
+from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, answer_text, bad_input, interrupted, json_line, say
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,9 +73,10 @@ def replay_headless(engine, as_json: bool) -> int:
 
     out, err = sys.stdout, sys.stderr
     status = 0
+    # a record is outside input: what it holds is printed escaped (answer_text, say, json_line)
     tree = engine.as_tree
     if as_json:
-        out.write(json.dumps(engine.source.facts.to_dict(), ensure_ascii=False) + "\n")
+        out.write(json_line(engine.source.facts))
     try:
         for node in tree.nodes:
             run = tree.runs.get(node.number)
@@ -84,27 +84,27 @@ def replay_headless(engine, as_json: bool) -> int:
                 continue
             if len(tree) > 1:
                 if as_json:
-                    out.write(json.dumps(node.to_dict(), ensure_ascii=False) + "\n")
+                    out.write(json_line(node.to_dict()))
                 else:
                     out.flush()
-                    err.write(f"tokentui: {_describe(node)}\n")
+                    err.write(say(_describe(node)) + "\n")
             player = engine if node.number == 1 else ReplayEngine(run, speed=engine.speed)
             for event in player.run():
                 if as_json:
-                    out.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                    out.write(json_line(event))
                 elif isinstance(event, StepEvent) and event.text:
-                    out.write(event.text)
+                    out.write(answer_text(event.text))
                 elif isinstance(event, BranchEvent):  # a branch's record: its answer starts with its parent's prefix
-                    out.write(event.prefix_text)
+                    out.write(answer_text(event.prefix_text))
                 elif isinstance(event, DoneEvent):
                     if event.reason != "error":
-                        out.write(event.flushed + "\n")
+                        out.write(answer_text(event.flushed) + "\n")
                     if event.dropped_hex:
-                        err.write(f"tokentui: an incomplete character was dropped at the end (bytes "
-                                  f"{event.dropped_hex})\n")
+                        err.write(say(f"an incomplete character was dropped at the end (bytes "
+                                      f"{event.dropped_hex})") + "\n")
                 elif isinstance(event, (Notice, ErrorEvent)):
                     out.flush()
-                    err.write(f"tokentui: {event.message}\n")
+                    err.write(say(event.message) + "\n")
                 if isinstance(event, ErrorEvent):
                     status = exit_status(event.kind)
                 out.flush()

@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from tokentui.core.steps.display import printable_text
+
 
 class ErrorDialog(ModalScreen[str]):
     """Dismisses with "retry", "edit", "change" (model or device), "quit" or "close"."""
@@ -37,7 +39,7 @@ class ErrorDialog(ModalScreen[str]):
         super().__init__()
         self._change = change
         self._title = title
-        self._message = message
+        self._message = printable_text(message)  # it may quote a server or a file: drawn escaped
         self._retry = retry
         self._edit = edit
 
