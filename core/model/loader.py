@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -235,6 +235,16 @@ def load_model(
     source, name = where.source, where.name
     folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
+    if where.gguf_file is not None and runs_as_stored(dtype, dev, device_map, where.gguf_file):
+        from .gguf_load import load_quantized, quant_facts
+
+        loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/gguf_load.py)
+        facts = replace(model_facts(loaded.model, loaded.tokenizer, name=name, source=source,
+                                    load_seconds=time.perf_counter() - started),
+                        quantization=quant_facts(loaded.model, loaded.manifest))
+        if ready:
+            progress(LoadProgress(STAGE_READY, 1.0))
+        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts)
     if where.gguf_file is not None:
         folder, model, tokenizer = converted_gguf_dir(where.gguf_file, progress)
         if device_map:  # let accelerate place the weights from the cached files
@@ -275,6 +285,17 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
 
 
+def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:
+    """Whether a GGUF runs with its 4-bit matrices as stored (core/model/gguf_load.py): the default (--dtype auto)
+    on CPU, when this torch has the int4 CPU kernel and the file has 4-bit tensors. --dtype float32 is the exact
+    de-quantized reference; on a GPU and with a device map the file is de-quantized as before."""
+    from .gguf_load import quantizable_gguf
+    from .qlinear import kernel_available
+
+    return ((dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
+            and kernel_available() and quantizable_gguf(gguf_file))
+
+
 def _explain_load_error(name: str, err: BaseException) -> str:
     text = _first_line(err)
     low = text.lower()
@@ -296,6 +317,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     import torch
 
     from .kvcache import kv_bytes_per_token, kv_shape
+    from .qlinear import quantized_parameters
 
     config = model.config
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -307,7 +329,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         name=name,
         source=source,
         architecture=(config.architectures or [type(model).__name__])[0],
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=sum(p.numel() for p in model.parameters()) + quantized_parameters(model),
         layers=layers,
         hidden_size=int(text_config.hidden_size),
         vocab_rows=vocab_rows,

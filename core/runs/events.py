@@ -57,6 +57,37 @@ class ServerFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class QuantFacts:
+    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/gguf_quant.py, core/model/qlinear.py):
+    what is the file's and what is rounded. `blocks`: the GGUF block types kept (e.g. "Q4_1"); their 4-bit values
+    are the file's, in groups of `group` along the input with one scale and one zero each, the scales rounded to
+    `scale_dtype`; `activation_dtype`: what the activations are rounded to going into those products (the rest of
+    the model computes in ModelFacts.dtype); `head`: how the LM head is computed; `exact_scores`: the highest scores
+    of each position recomputed in float32 from the file's de-quantized head (0: none); `matrices`: weight matrices
+    kept quantized (a fused q/k/v counts as three); `dequantized`: other matrices, de-quantized to ModelFacts.dtype
+    (their block types in `dequantized_blocks`); `weight_bytes`: bytes of weights one decode step reads."""
+
+    blocks: str
+    bits: int
+    group: int
+    scale_dtype: str
+    activation_dtype: str
+    head: str
+    exact_scores: int
+    matrices: int
+    dequantized: int = 0
+    dequantized_blocks: str = ""
+    weight_bytes: int = 0
+
+    def summary(self) -> str:
+        """One line, e.g. "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"."""
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+        return (f"{self.blocks} weights as stored ({self.bits}-bit, group {self.group}, "
+                f"{short.get(self.scale_dtype, self.scale_dtype)} scales) · "
+                f"{short.get(self.activation_dtype, self.activation_dtype)} activations")
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFacts(Event):
     """What the dashboard's model panel shows; all numbers read off the loaded model. A served model (`server`
     set) has None for what its server does not report: shown as "not reported by the server", never estimated."""
@@ -84,11 +115,13 @@ class ModelFacts(Event):
     # known (a model without output embeddings, or a record from before this field)
     tied_lm_head: bool | None = None
     server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
+    quantization: QuantFacts | None = None  # weights kept as the file stores them (None: float weights)
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        if data["server"] is None:
-            del data["server"]  # a local model's record is written as before servers existed
+        for key in ("server", "quantization"):
+            if data[key] is None:
+                del data[key]  # written only when there is one (records stay as they were before these fields)
         return data
 
 

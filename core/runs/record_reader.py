@@ -30,8 +30,9 @@ from .events import (
     PrefillProgress,
     PromptEvent,
     PromptPiece,
-    StepEvent,
+    QuantFacts,
     ServerFacts,
+    StepEvent,
     StepTiming,
 )
 from ..settings import SamplerSettings
@@ -41,7 +42,7 @@ EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts}
+          "ServerFacts": ServerFacts, "QuantFacts": QuantFacts}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 
