@@ -56,6 +56,9 @@ class ServerFacts:
             raise ValueError(f"ServerFacts.probs must be raw, post-sampler or unknown, got {self.probs!r}")
 
 
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # how QuantFacts.summary() names them
+
+
 @dataclass(frozen=True, slots=True)
 class QuantFacts:
     """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/gguf_quant.py, core/model/qlinear.py):
@@ -81,10 +84,9 @@ class QuantFacts:
 
     def summary(self) -> str:
         """One line, e.g. "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"."""
-        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
         return (f"{self.blocks} weights as stored ({self.bits}-bit, group {self.group}, "
-                f"{short.get(self.scale_dtype, self.scale_dtype)} scales) · "
-                f"{short.get(self.activation_dtype, self.activation_dtype)} activations")
+                f"{SHORT_DTYPES.get(self.scale_dtype, self.scale_dtype)} scales) · "
+                f"{SHORT_DTYPES.get(self.activation_dtype, self.activation_dtype)} activations")
 
 
 @dataclass(frozen=True, slots=True)
