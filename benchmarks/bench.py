@@ -308,7 +308,9 @@ def bench_dashboard(engine: Engine, reps: int) -> dict:
     (core/link/process_client.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
     from tokentui.core.link.process_client import EngineSpec
 
-    spec = EngineSpec(sampler=engine.sampler, options=engine.options)
+    # the child loads what this engine runs: the float32 model, or the default (the 4-bit path on CPU)
+    spec = EngineSpec(sampler=engine.sampler, options=engine.options,
+                      dtype="auto" if engine.facts.quantization is not None else engine.facts.dtype)
     series: dict[str, list[float]] = {"headless": [], "dashboard": []}
     for rep in range(reps):
         series["headless"].append(run_engine(engine)[1].decode_tok_s)
@@ -834,8 +836,9 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     return text
 
 
-# Sections other scripts write into BENCHMARKS.md (benchmarks/server_vs_local.py's): kept when this one rewrites it.
-KEPT_HEADINGS = ("## Same model, two engines (issue 15)",)
+# Sections other scripts write into BENCHMARKS.md (benchmarks/server_vs_local.py's, benchmarks/bench_quant.py's): kept
+# when this one rewrites it.
+KEPT_HEADINGS = ("## Same model, two engines (issue 15)", "## The 4-bit path (issue 25)")
 
 
 def _kept_sections(path: Path) -> str:

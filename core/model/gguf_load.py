@@ -279,9 +279,12 @@ def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str,
 def _save(target: Path, config, generation_config, tokenizer, manifest: dict, tensors: dict) -> None:
     from safetensors.torch import save_file
 
+    from .loader import _remove_abandoned  # one rule for half-written caches of killed processes
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    _remove_abandoned(target)
     try:
         tmp.mkdir()
         config.save_pretrained(tmp)

@@ -16,6 +16,7 @@ window) and transformers' sdpa attention.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from dataclasses import dataclass
@@ -180,3 +181,17 @@ def lean_decoder(model) -> LeanDecoder | None:
                     break
             _DECODERS[model] = decoder
         return _DECODERS[model]
+
+
+@contextlib.contextmanager
+def disabled(model):
+    """Caches made for `model` meanwhile get no lean step: decode goes through the model's forward (for measuring
+    one against the other: benchmarks/bench_quant.py)."""
+    saved = lean_decoder(model)
+    with _LOCK:
+        _DECODERS[model] = None
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DECODERS[model] = saved

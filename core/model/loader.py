@@ -1,6 +1,8 @@
 """Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
 from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
 
+On CPU a GGUF with 4-bit blocks runs them as stored by default (core/model/gguf_load.py: converted once into packed
+4-bit tensors, cached, `runs_as_stored`). Otherwise, and with --dtype float32 (the exact de-quantized reference),
 GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
 first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
 seconds.
