@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -33,6 +30,7 @@ from ..errors import ModelLoadError
 from ..paths import cache_dir
 from ..runs.events import LoadProgress
 from .gguf_quant import FOUR_BIT, GROUP, KERNEL_SCALE_DTYPE, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
+from .loader import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, _first_line, write_cache
 from .qlinear import FusedQLinear, QLinear, QLMHead, kernel_available
 
 FORMAT = 1  # bump when the cached layout changes
@@ -40,10 +38,6 @@ FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings th
 STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
 STAGE_PACK = "packing {matrices} 4-bit matrices for the int4 kernel (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
-STAGE_TOKENIZER = "reading the GGUF tokenizer (first start only)"
-STAGE_WEIGHTS = "reading weights"
-
-Progress = Callable[[LoadProgress], None]
 
 
 @dataclass
@@ -276,30 +270,18 @@ def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str,
     return modules
 
 
-def _save(target: Path, config, generation_config, tokenizer, manifest: dict, tensors: dict) -> None:
+def _save(target: Path, source: Path, config, generation_config, tokenizer, manifest: dict, tensors: dict) -> None:
     from safetensors.torch import save_file
 
-    from .loader import _remove_abandoned  # one rule for half-written caches of killed processes
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _remove_abandoned(target)
-    try:
-        tmp.mkdir()
+    def write(tmp: Path) -> None:
         config.save_pretrained(tmp)
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         save_file(tensors, str(tmp / "weights.safetensors"))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
-        (tmp / ".complete").write_text(json.dumps({"time": time.time()}))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
-                             "set TOKENTUI_CACHE_DIR to a writable folder") from err
+
+    write_cache(target, write, source)
 
 
 @dataclass
@@ -335,7 +317,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
             shutil.rmtree(target, ignore_errors=True)
     folder, name = str(path.parent), path.name
     try:
-        progress(LoadProgress(STAGE_TOKENIZER, None))
+        progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         model = _skeleton(config)
@@ -343,14 +325,14 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     except ModelLoadError:
         raise
     except Exception as err:
-        text = (str(err).strip() or type(err).__name__).splitlines()[0][:300]
-        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({text}); "
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({_first_line(err)}); "
                              "download it again or pass another --model") from err
     progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices)), None))
     modules, floats = build_modules(plan, fuse=fuse)
     manifest = _manifest(modules, plan)
     progress(LoadProgress(STAGE_SAVE, None))
-    _save(target, config, getattr(model, "generation_config", None), tokenizer, manifest, _tensors(modules, floats))
+    _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
+          _tensors(modules, floats))
     model = assemble(model, modules, floats)
     return QuantizedLoad(model, tokenizer, manifest, converted=True)
 

@@ -166,21 +166,32 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     progress(LoadProgress(STAGE_GGUF_SAVE, None))
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_cache(target, write, source=path)
+    return target, model, tokenizer
+
+
+def write_cache(target: Path, write: Callable[[Path], None], source: Path) -> None:
+    """Fill the cache folder `target` atomically: `write(tmp)` fills a fresh folder beside it, marked complete and
+    then renamed into place, so a killed process never leaves a half-written cache in use."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _remove_abandoned(target)
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / ".complete").write_text(json.dumps({"source": str(path), "time": time.time()}))
+        tmp.mkdir()
+        write(tmp)
+        (tmp / ".complete").write_text(json.dumps({"source": str(source), "time": time.time()}))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
                              "set TOKENTUI_CACHE_DIR to a writable folder") from err
-    return target, model, tokenizer
 
 
 def _remove_abandoned(target: Path) -> None:
