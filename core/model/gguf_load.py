@@ -31,6 +31,7 @@ from ..paths import cache_dir
 from ..runs.events import LoadProgress
 from .gguf_quant import FOUR_BIT, GROUP, KERNEL_SCALE_DTYPE, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
 from .loader import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, _first_line, write_cache
+from .lean_step import lean_decoder
 from .qlinear import FusedQLinear, QLinear, QLMHead, kernel_available
 
 FORMAT = 1  # bump when the cached layout changes
@@ -54,9 +55,12 @@ class Plan:
 
 
 def quantizable_gguf(path: Path) -> bool:
-    """Whether the file has any 4-bit tensor (a quick look at the tensor table: no data read)."""
+    """Whether the file has any 4-bit tensor: yes when its 4-bit cache is there (a later start), else a look at its
+    tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary)."""
     from gguf import GGUFReader
 
+    if (cached_folder(path) / ".complete").is_file():
+        return True
     try:
         return any(t.tensor_type.name in FOUR_BIT for t in GGUFReader(str(path)).tensors)
     except Exception:  # unreadable: the float path reports it with its own message
@@ -70,6 +74,10 @@ def cache_key(path: Path) -> str:
     ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}|"
              f"{torch.backends.cpu.get_cpu_capability()}|{FORMAT}")
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def cached_folder(path: Path) -> Path:
+    return cache_dir() / "quantized" / cache_key(path)
 
 
 # ---------------------------------------------------------------------------------------------- conversion
@@ -300,7 +308,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     if not kernel_available():
         raise ModelLoadError(f"this torch ({torch.__version__}) has no int4 CPU kernel; pass --dtype float32 "
                              "to de-quantize the GGUF instead")
-    target = cache_dir() / "quantized" / cache_key(path)
+    target = cached_folder(path)
     if (target / ".complete").is_file() and (target / "manifest.json").is_file():
         progress(LoadProgress(STAGE_WEIGHTS, None))
         try:
@@ -310,6 +318,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
             floats = {k.removeprefix("float."): v for k, v in tensors.items() if k.startswith("float.")}
             model = assemble(model, _modules_from(manifest, tensors), floats)
             tokenizer = AutoTokenizer.from_pretrained(target)
+            lean_decoder(model)  # checked now, while loading, rather than before the first run's prefill
             return QuantizedLoad(model, tokenizer, manifest, converted=False)
         except ModelLoadError:
             raise
@@ -334,6 +343,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
           _tensors(modules, floats))
     model = assemble(model, modules, floats)
+    lean_decoder(model)
     return QuantizedLoad(model, tokenizer, manifest, converted=True)
 
 

@@ -155,6 +155,15 @@ def _bit_identical(model, decoder: LeanDecoder) -> bool:
     every score equal."""
     from .adapter import forward_last_logits, new_cache
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a few small forwards: on a busy 2-core machine two threads only wait on each other
+    try:
+        return _same_scores(model, decoder, forward_last_logits, new_cache)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _same_scores(model, decoder: LeanDecoder, forward_last_logits, new_cache) -> bool:
     prompt = torch.tensor([[1, 2, 3, 4]], device=decoder.device)
     ours, theirs = new_cache(model, 8), new_cache(model, 8)
     forward_last_logits(model, prompt, ours)

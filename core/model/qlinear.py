@@ -55,7 +55,7 @@ def pack(matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.library.custom_op("tokentui::int4_mm", mutates_args=())
 def _int4_mm(a: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
-    """torch's int4 CPU kernel as an op the compiler calls as it is (see int4_matmul)."""
+    """torch's int4 CPU kernel as an op torch.compile calls as it is (see int4_matmul)."""
     return torch._weight_int4pack_mm_for_cpu(a, packed, GROUP, scale_zeros)
 
 
@@ -69,8 +69,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor
     """x [..., in] (any float dtype) -> bfloat16 [M, N] with M the product of x's leading dimensions.
 
     halves: the packed matrix is [hi | lo] of a Q8_0 matrix side by side (gguf_quant.py), so the activations go
-    in twice. Under torch.compile the kernel is called through an opaque custom op: inductor otherwise replaces it
-    with code of its own, which measured slower for one row (BENCHMARKS.md)."""
+    in twice. Under torch.compile the kernel is called through an opaque custom op, so the compiled step multiplies
+    with the same kernel as the eager one (left to itself, inductor swaps in int4 code of its own)."""
     a = x.reshape(-1, in_features).to(ACTIVATION_DTYPE)
     if halves:
         a = torch.cat([a, a], dim=1)
