@@ -306,7 +306,7 @@ async def _dashboard_once(spec) -> float:
 def bench_dashboard(engine: Engine, reps: int) -> dict:
     """The dashboard as the command line runs it: the app in this process, the model in a child process
     (core/link/process_client.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
-    from tokentui.core.link.process_client import EngineSpec
+    from tokentui.core.link.protocol import EngineSpec
 
     # the child loads what this engine runs: the float32 model, or the default (the 4-bit path on CPU)
     spec = EngineSpec(sampler=engine.sampler, options=engine.options,

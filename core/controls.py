@@ -1,6 +1,12 @@
 """What a running engine obeys from any thread, between its steps: the sampler settings (the next step uses them),
-pause / single step (core/gate.py's StepGate), stop, and the serial that retires an older run when a newer one
-starts. The local engine (core/model/engine.py) and the served-model engine (core/server/engine.py) share it."""
+pause / single step (core/gate.py's StepGate), and stop. Every engine keeps them (core/interface.py's BaseEngine
+inherits this class): the local engine, the served-model engine, the replay and the tests' scripted engine.
+
+Runs are named by their run id: the id the caller gives (`run(..., run_id=N)`: the dashboard's engine client names
+each run, core/link/client.py) or the next one counted here. `stop(run_id)` stops that run and every earlier one; a
+newer run retires every older one. An engine's loop calls the methods under "for the engine's loop" at its step
+boundaries: `wait_at_gate` (pause / step / stop), `take_settings`, `stopping`.
+"""
 
 from __future__ import annotations
 
@@ -14,74 +20,99 @@ class RunControls:
     def __init__(self, sampler: SamplerSettings | None = None) -> None:
         self._sampler = sampler or SamplerSettings()
         self._sampler_changed = False
-        self._steps = StepGate()  # pause / single step, shared with the replay (core/gate.py)
-        self._cond = self._steps.lock  # the sampler settings and the run serials live under the gate's lock
-        self._run_serial = 0  # the run allowed to continue; a newer run or stop() retires older ones
-        self._stop_serial = -1
+        self._step_gate = StepGate()  # pause / single step, shared with the replay (core/gate.py)
+        self._cond = self._step_gate.lock  # the sampler settings and the run ids live under the gate's lock
+        self._run_id = 0  # the run allowed to continue; a newer run or stop() retires older ones
+        self._stopped_up_to = -1  # every run with an id up to this one must stop
 
+    # ---- from any thread ------------------------------------------------------------------------------------
     @property
     def sampler(self) -> SamplerSettings:
         with self._cond:
             return self._sampler
 
-    def update_sampler(self, **changes) -> SamplerSettings:
-        """Change settings mid-run (validated; raises SettingsError). The next step uses them."""
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
+        """The settings the next step uses: one SamplerSettings, valid since it was built (core/settings.py)."""
+        if not isinstance(settings, SamplerSettings):
+            raise TypeError(f"set_sampler needs SamplerSettings, got {type(settings).__name__}")
         with self._cond:
-            new = self._sampler.with_changes(**changes)
-            if new != self._sampler:
-                self._sampler = new
+            if settings != self._sampler:
+                self._sampler = settings
                 self._sampler_changed = True
-            return new
+            return settings
+
+    def update_sampler(self, **changes) -> SamplerSettings:
+        """`set_sampler` of the current settings with `changes` (checked as they are built: SettingsError)."""
+        return self.set_sampler(self.sampler.with_changes(**changes))
 
     @property
     def paused(self) -> bool:
-        return self._steps.paused
+        return self._step_gate.paused
 
     def pause(self) -> None:
-        self._steps.pause()
+        self._step_gate.pause()
 
     def resume(self) -> None:
-        self._steps.resume()
+        self._step_gate.resume()
 
     def step_once(self) -> None:
         """While paused, let exactly one more step through."""
-        self._steps.step_once()
+        self._step_gate.step_once()
 
-    def stop(self) -> None:
-        """End the current run at the next step boundary (DoneEvent reason "stopped")."""
+    def stop(self, run_id: int | None = None) -> None:
+        """End run `run_id` and every earlier one (None: the current run) at its next step boundary (DoneEvent
+        reason "stopped")."""
         with self._cond:
-            self._stop_serial = self._run_serial
+            self._stopped_up_to = max(self._stopped_up_to, self._run_id if run_id is None else run_id)
             self._cond.notify_all()
 
-    def _new_run(self) -> int:
-        """A new run's serial (older runs see they must stop); settings changed before it are not a change in it."""
+    @property
+    def run_id(self) -> int:
+        """The id of the latest run begun (0 before any)."""
         with self._cond:
-            self._run_serial += 1
+            return self._run_id
+
+    # ---- for the engine's loop --------------------------------------------------------------------------------
+    def begin_run(self, run_id: int | None = None) -> int:
+        """A new run: its id (`run_id`, or the next one); older runs see they must stop, and settings changed before
+        it are not a change in it. A run whose id was already stopped ends at its first step boundary."""
+        with self._cond:
+            if run_id is None:
+                run_id = self._run_id + 1
+            if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id < self._run_id:
+                raise ValueError(f"run ids only grow: {run_id!r} after {self._run_id}")
+            self._run_id = run_id
             self._sampler_changed = False
             self._cond.notify_all()
-            return self._run_serial
+            return run_id
 
-    def _gate(self, serial: int) -> bool:
+    def wait_at_gate(self, run_id: int) -> bool:
         """Block while paused; False when this run must stop (stopped, or retired by a newer run)."""
-        return self._steps.wait(lambda: self._stopping(serial))  # the gate's lock is re-entrant
+        return self._step_gate.wait(lambda: self.stopping(run_id))  # the gate's lock is re-entrant
 
-    def _timed_gate(self, serial: int) -> tuple[bool, float]:
-        """`_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode time."""
+    def timed_gate(self, run_id: int) -> tuple[bool, float]:
+        """`wait_at_gate` and the seconds it held the run: paused time (microseconds when not paused), not decode
+        time."""
         started = time.perf_counter()
-        go = self._gate(serial)
+        go = self.wait_at_gate(run_id)
         return go, time.perf_counter() - started
 
-    def _stopping(self, serial: int) -> bool:
+    def sleep_at_gate(self, seconds: float, run_id: int) -> bool:
+        """Wait up to `seconds` (a replay's recorded latency), waking early to stop; False when stopping."""
+        return self._step_gate.sleep(seconds, lambda: self.stopping(run_id))
+
+    def stopping(self, run_id: int) -> bool:
         """True when this run must stop (checked between prefill chunks, which do not wait for pause)."""
         with self._cond:
-            return self._stop_serial >= serial or self._run_serial != serial
+            return self._stopped_up_to >= run_id or self._run_id != run_id
 
-    def _take_settings(self) -> tuple[SamplerSettings, bool]:
+    def take_settings(self) -> tuple[SamplerSettings, bool]:
+        """The settings for the step about to be selected, and whether they changed since the run last took them."""
         with self._cond:
             changed, self._sampler_changed = self._sampler_changed, False
             return self._sampler, changed
 
-    def _settings_pending(self) -> bool:
+    def settings_pending(self) -> bool:
         """Settings changed since the run last took them (a served run re-issues its request for them)."""
         with self._cond:
             return self._sampler_changed

@@ -62,6 +62,9 @@ class StepGate:
 
     def sleep(self, seconds: float, stopping: Callable[[], bool]) -> bool:
         """Wait up to `seconds` (a replay's recorded latency), waking early to stop; False when stopping."""
+        # a recorded latency is a number from a file: NaN waits nothing, and a wait longer than the platform's
+        # longest timeout (inf, 1e300 s) waits that long, never an OverflowError
+        seconds = min(seconds, threading.TIMEOUT_MAX) if seconds == seconds else 0.0
         with self.lock:
             if seconds > 0:
                 self.lock.wait_for(stopping, timeout=seconds)

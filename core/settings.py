@@ -44,9 +44,6 @@ class SamplerSettings:
         object.__setattr__(self, "temperature", float(t))  # frozen: the one place a field is normalised
         object.__setattr__(self, "top_p", float(p))
 
-    def validated(self) -> "SamplerSettings":
-        """Already valid since construction; kept so callers written against the old two-step API still work."""
-        return self
 
     def with_changes(self, **changes) -> "SamplerSettings":
         return replace(self, **changes)  # the new settings are checked as they are built
@@ -90,6 +87,3 @@ class RunOptions:
         if not isinstance(self.time_stages, bool):
             raise SettingsError(f"time-stages must be true or false, got {self.time_stages!r}")
 
-    def validated(self) -> "RunOptions":
-        """Already valid since construction; kept so callers written against the old two-step API still work."""
-        return self

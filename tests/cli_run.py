@@ -19,3 +19,8 @@ def one_line_error(result, needle, code=2):
     lines = [ln for ln in result.stderr.splitlines() if ln.strip() and "run recorded in" not in ln]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("tokentui: ") and needle in lines[0], lines[0]
+
+
+def record_files(folder):
+    """The run records in `folder`, oldest first (not the dashboard's tree files, `*.tree.jsonl`, beside them)."""
+    return sorted(p for p in folder.glob("*.jsonl") if not p.name.endswith(".tree.jsonl")) if folder.exists() else []

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-from tokentui.core.link.client import EngineClient, RunFailed
-from tokentui.core.errors import GenerationError
+from tokentui.core.errors import ErrorKind
+from tokentui.core.link.client import EngineClient, RunUpdate
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, Event, StepEvent
-from tokentui.core.link.protocol import RunEvent
+
+
+class RunFailure(Exception):
+    """The current run ended with an `error` event (and, as every failed run does, a `done` with reason "error" right
+    after it): its message and kind."""
+
+    def __init__(self, error: ErrorEvent) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.kind: ErrorKind = error.kind
 
 
 class Replies:
@@ -16,14 +25,21 @@ class Replies:
         self.queue: asyncio.Queue = asyncio.Queue()
         client.listener = self.queue.put_nowait
 
-    async def next_event(self, timeout: float = 60.0) -> Event:
-        """The next engine event of the current run; a RunFailed reply raises GenerationError with its words."""
+    async def next_update(self, timeout: float = 60.0) -> Event:
         while True:
             reply = await asyncio.wait_for(self.queue.get(), timeout)
-            if isinstance(reply, RunFailed):
-                raise GenerationError(reply.message)
-            if isinstance(reply, RunEvent):
+            if isinstance(reply, RunUpdate):
                 return reply.event
+
+    async def next_event(self, timeout: float = 60.0) -> Event:
+        """The next event of the current run; an `error` raises RunFailure once its `done` (reason "error") has
+        followed it."""
+        event = await self.next_update(timeout)
+        if isinstance(event, ErrorEvent):
+            done = await self.next_update(timeout)
+            assert isinstance(done, DoneEvent) and done.reason == "error", done
+            raise RunFailure(event)
+        return event
 
     async def next_step(self, timeout: float = 60.0) -> StepEvent:
         while not isinstance(event := await self.next_event(timeout), StepEvent):
@@ -31,12 +47,12 @@ class Replies:
         return event
 
     async def rest(self, timeout: float = 120.0) -> list[Event]:
-        """Every event up to and including the run's end."""
+        """Every event up to and including the run's end (its `done`)."""
         got = []
         while True:
             event = await self.next_event(timeout)
             got.append(event)
-            if isinstance(event, (DoneEvent, ErrorEvent)):
+            if isinstance(event, DoneEvent):
                 return got
 
     async def run(self, prompt: str, system: str | None = None) -> list[Event]:

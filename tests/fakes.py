@@ -1,11 +1,11 @@
 """A deterministic stand-in for `tokentui.core.model.engine.Engine`, for the dashboard's tests.
 
-`ScriptedEngine` has the engine's interface (facts, options, sampler, update_sampler, run, branch, pause, resume,
-step_once, stop, paused) and plays the article's answer "Partly. Some weights are open. (开放)"
+`ScriptedEngine` keeps the engine interface (core/interface.py: a BaseEngine, with the real controls of
+core/controls.py — settings, pause, single step, stop, run ids) and plays the article's answer "Partly. Some weights are open. (开放)"
 (tests/fake_script.py): fixed candidates, fixed timings, and 开 (e5 bc 80) split over two tokens so the
 pending-bytes path is exercised.
 The sampler is honoured: temperature / top-k / top-p reshape the post-sampler probabilities, greedy picks the top
-candidate, a cut token is never chosen, and a change made with `update_sampler` shows up in the next step's
+candidate, a cut token is never chosen, and a change made with `set_sampler` shows up in the next step's
 `settings` with `settings_changed=True`.
 
 `branch(point)` follows core/model/branch.py's event order: BranchEvent (KV reused when the engine's latest run or branch
@@ -17,13 +17,13 @@ script from `point.at + 1` on, and `done` whose text is the prefix's text + the 
 from __future__ import annotations
 
 import re
-import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
-from tokentui.core.errors import ModelLoadError, TokentuiError
-from tokentui.core.gate import StepGate
+from tokentui.core.errors import ErrorKind, ModelLoadError, SettingsError, TokentuiError
+from tokentui.core.interface import BaseEngine
+from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import (
     BranchEvent,
     Candidate,
@@ -43,22 +43,22 @@ from tokentui.core.settings import RunOptions, SamplerSettings
 from fake_script import (ANSWER, ANSWER_TEXT, ARTICLE_PROMPT, EOS_ID, FACTS, KV_BYTES_PER_TOKEN, PIECES, SPECIAL_IDS,
                          ScriptStep, _entropy_bits, apply_sampler, piece_of, piece_text, tokenize)
 
-if TYPE_CHECKING:
-    from tokentui.core.model.branch import BranchPoint
-
-
-class ScriptedEngine:
+class ScriptedEngine(BaseEngine):
     """Plays `ANSWER` step by step; see the module docstring.
 
     delay: seconds between steps (so pilot tests can press keys mid-run).
     fail_at: yield an ErrorEvent instead of step `fail_at`. raise_at: raise RuntimeError there instead.
     chat_template=False: raw prompt, with a Notice first.
+    pause_before: step counts (`steps_taken`, over all runs) before which the engine pauses itself, once each (so a
+    test can act mid-run at a known step).
     """
 
     def __init__(self, *, delay: float = 0.0, options: RunOptions | None = None,
                  sampler: SamplerSettings | None = None, facts: ModelFacts = FACTS, fail_at: int | None = None,
                  raise_at: int | None = None, chat_template: bool = True,
-                 default_system: str | None = None, keep_end_tokens: bool = False):
+                 default_system: str | None = None, keep_end_tokens: bool = False,
+                 pause_before: set[int] | None = None):
+        super().__init__(sampler)  # the real controls: settings, pause / step, stop, run ids
         self.facts = facts if chat_template else replace(facts, chat_template=False)
         self.options = options or RunOptions()
         self.delay = delay
@@ -67,12 +67,7 @@ class ScriptedEngine:
         self.chat_template = chat_template
         self.default_system = default_system  # what the template would put in an empty system message
         self.keep_end_tokens = keep_end_tokens  # with ignore_eos, play the end token too (as the real engine does)
-        self._sampler = (sampler or SamplerSettings()).validated()
-        self._changed = False
-        self._lock = threading.Lock()
-        self._gate_ = StepGate()  # pause / single step exactly as the real engine does them
-        self._cond = self._gate_.lock
-        self._stop = False
+        self.pause_before = set(pause_before or ())
         self.runs: list[tuple[str, str | None]] = []
         self.branches: list[BranchPoint] = []  # every branch asked for, in order
         self.events: list[Event] = []  # every event of every run
@@ -80,71 +75,43 @@ class ScriptedEngine:
         self.active = 0  # runs in progress (must never exceed 1)
         self.max_active = 0
         self.stop_calls = 0
-        self._taken = 0  # steps (over all runs) that have read their settings
-        self.updates: list[tuple[int, dict]] = []  # (steps taken when called, changes): the next step is steps[n]
+        self.steps_taken = 0  # steps (over all runs) that have read their settings
+        self.updates: list[tuple[int, SamplerSettings]] = []  # (steps taken when set, the settings): steps[n] next
         self.held_ids: tuple[int, ...] = ()  # what the real engine's held KV cache would hold (prompt + fed tokens)
 
-    # ---- settings --------------------------------------------------------------------------------------------
-    @property
-    def sampler(self) -> SamplerSettings:
-        with self._lock:
-            return self._sampler
+    # ---- the controls: core/controls.py's, counted -----------------------------------------------------------
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
+        new = super().set_sampler(settings)
+        self.updates.append((self.steps_taken, new))
+        return new
 
-    def update_sampler(self, **changes) -> SamplerSettings:
-        with self._lock:
-            new = self._sampler.with_changes(**changes)  # raises SettingsError
-            if new != self._sampler:
-                self._changed = True
-            self._sampler = new
-            self.updates.append((self._taken, dict(changes)))
-            return new
+    def stop(self, run_id: int | None = None) -> None:
+        self.stop_calls += 1
+        super().stop(run_id)
 
-    # ---- control ---------------------------------------------------------------------------------------------
-    @property
-    def paused(self) -> bool:
-        return self._gate_.paused
-
-    def pause(self) -> None:
-        self._gate_.pause()
-
-    def resume(self) -> None:
-        self._gate_.resume()
-
-    def step_once(self) -> None:
-        self._gate_.step_once()
-
-    def stop(self) -> None:
-        with self._cond:
-            self.stop_calls += 1
-            self._stop = True
-            self._cond.notify_all()
-
-    def _gate(self) -> bool:
+    def _gate(self, run_id: int) -> bool:
         """Wait at a step boundary while paused; False when the run must stop."""
-        return self._gate_.wait(lambda: self._stop)
+        if self.steps_taken in self.pause_before:
+            self.pause_before.discard(self.steps_taken)
+            self.pause()
+        return self.wait_at_gate(run_id)
 
-    def _sleep(self) -> None:
+    def _sleep(self, run_id: int) -> None:
         if self.delay:
-            with self._cond:
-                if not self._stop:
-                    self._cond.wait(self.delay)
+            self.sleep_at_gate(self.delay, run_id)
 
     # ---- the run ---------------------------------------------------------------------------------------------
-    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+    def _run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         self.runs.append((prompt, system))
-        yield from self._tracked(lambda: self._run(prompt, system))
+        yield from self._tracked(lambda: self._play_run(prompt, system, run_id))
 
-    def branch(self, point: BranchPoint) -> Iterator[Event]:
+    def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         """core/model/branch.py's events for `point` (see the module docstring); the settings, pause, step and stop act
         as in `run`."""
         self.branches.append(point)
-        yield from self._tracked(lambda: self._branch(point))
+        yield from self._tracked(lambda: self._play_branch(point, run_id))
 
     def _tracked(self, start: Callable[[], Iterator[Event]]) -> Iterator[Event]:
-        with self._cond:  # like the real engines, a step granted before the run (pause + step) carries into it
-            self._stop = False
-        with self._lock:
-            self._changed = False
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
@@ -156,9 +123,9 @@ class ScriptedEngine:
         finally:
             self.active -= 1
 
-    def _run(self, prompt: str, system: str | None) -> Iterator[Event]:
+    def _play_run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         if not prompt.strip():
-            yield ErrorEvent("The prompt is empty: type a question", -1, "prompt")
+            yield ErrorEvent("The prompt is empty: type a question", -1, ErrorKind.PROMPT)
             return
         if self.chat_template:
             text, pieces, templated = tokenize(prompt, system)
@@ -178,17 +145,17 @@ class ScriptedEngine:
         script = list(ANSWER)
         if opts.ignore_eos:
             script = self._script(opts.max_new_tokens)
-        played = yield from self._play(script, 0, n_prompt)
+        played = yield from self._play(script, 0, n_prompt, run_id)
         if played is None:
             return
-        reason, chosen, texts, decode_ms = played
+        reason, chosen, texts, decode_ms, first_ms = played
         tokens = len(chosen)  # steps taken (a stopped run did not take the next one)
         kv_tokens = n_prompt + max(0, tokens - 1)
         if tokens:
             self.held_ids = tuple(ids) + tuple(chosen[:-1])  # the last token was never fed
         decode_tok_s = (tokens - 1) / (decode_ms / 1000) if tokens > 1 and decode_ms else 0.0
-        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows,
-                        ttft_ms=45.0, decode_tok_s=decode_tok_s, text="".join(texts), prompt_tokens=n_prompt,
+        yield DoneEvent(reason=reason, tokens=tokens, runs=tokens, scores=tokens * self.facts.vocab_rows if self.facts.vocab_rows else None,
+                        ttft_ms=first_ms, decode_tok_s=decode_tok_s, text="".join(texts), prompt_tokens=n_prompt,
                         kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)
 
     def _script(self, length: int) -> list[ScriptStep]:
@@ -201,14 +168,15 @@ class ScriptedEngine:
             script.extend(body)
         return script
 
-    def _play(self, script: list[ScriptStep], first: int, n_prompt: int, force: int | None = None,
+    def _play(self, script: list[ScriptStep], first: int, n_prompt: int, run_id: int, force: int | None = None,
               gate_first: bool = True):
         """Steps `first`, `first` + 1, ... of `script` as StepEvents, honouring the settings in force, pause, stop,
         max_new_tokens (counted from `first`) and the end token; `force`: the first step's token (a branch).
-        Returns (reason, the ids chosen, their texts, the decode steps' latency) — None when it ended with an
-        error event."""
+        Returns (reason, the ids chosen, their texts, the decode steps' latency, the first step's latency) — None
+        when it ended with an error event."""
         opts = self.options
         decode_ms = 0.0
+        first_ms = None
         texts: list[str] = []
         chosen: list[int] = []
         reason = "length" if opts.ignore_eos else "eos"  # when the script runs out
@@ -218,22 +186,22 @@ class ScriptedEngine:
                 reason = "length"
                 break
             if k:
-                self._sleep()
-            if (k or gate_first) and not self._gate():
+                self._sleep(run_id)
+            if (k or gate_first) and not self._gate(run_id):
                 reason = "stopped"
                 break
             if self.fail_at == index:
-                yield ErrorEvent(f"NaN in the logits at step {index + 1}: the run stopped", index, "nan")
+                yield ErrorEvent(f"NaN in the logits at step {index + 1}: the run stopped", index, ErrorKind.GENERATION)
                 return None
             if self.raise_at == index:
                 raise RuntimeError(f"scripted crash at step {index + 1}")
-            with self._lock:
-                settings = self._sampler
-                changed, self._changed = self._changed, False
-                self._taken += 1
+            settings, changed = self.take_settings()
+            self.steps_taken += 1
             step = self._step(index, scripted, settings, changed, n_prompt, force if k == 0 else None)
             if k:
                 decode_ms += step.latency_ms
+            else:
+                first_ms = step.latency_ms
             texts.append(step.text)
             chosen.append(step.id)
             yield step
@@ -244,15 +212,13 @@ class ScriptedEngine:
             if step.id == EOS_ID and not opts.ignore_eos:
                 reason = "eos"
                 break
-        return reason, chosen, texts, decode_ms
+        return reason, chosen, texts, decode_ms, first_ms
 
-    def _branch(self, point: BranchPoint) -> Iterator[Event]:
+    def _play_branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         facts, opts = self.facts, self.options
-        bad = next((i for i in (point.token, *point.prompt_ids, *point.tokens) if i >= facts.vocab_rows), None)
-        if bad is not None:  # the real engine's check, before anything else (its ErrorEvent's kind)
-            yield ErrorEvent(f"token id {bad} is not in this model's vocabulary (ids 0..{facts.vocab_rows - 1})",
-                             -1, "SettingsError")
-            return
+        bad = next((i for i in (point.token, *point.prompt_ids, *point.tokens) if facts.vocab_rows and i >= facts.vocab_rows), None)
+        if bad is not None:  # the real engine's check, before anything else (its error's kind)
+            raise SettingsError(f"token id {bad} is not in this model's vocabulary (ids 0..{facts.vocab_rows - 1})")
         at, n_prompt = point.at, len(point.prompt_ids)
         script = self._script(at + opts.max_new_tokens + 1)
         prefix = point.prompt_ids + point.tokens
@@ -265,7 +231,7 @@ class ScriptedEngine:
                           parent_piece=None if point.parent_token is None else piece_of(point.parent_token),
                           kv_reused_tokens=reuse, prompt_ids=list(point.prompt_ids), tokens=list(point.tokens),
                           prefix_text=prefix_text, parent=point.parent)
-        if not self._gate():  # stopped before anything ran: the held ids stay
+        if not self._gate(run_id):  # stopped before anything ran: the held ids stay
             yield DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
                             prompt_tokens=n_prompt)
             return
@@ -273,15 +239,15 @@ class ScriptedEngine:
         kv, prefill_ms = n_prompt + at, 12.0 if reuse else 42.0
         yield PrefillEvent(tokens=1 if reuse else kv, ms=prefill_ms, kv_tokens=kv, kv_bytes=kv * KV_BYTES_PER_TOKEN,
                            reused_tokens=reuse)
-        played = yield from self._play(script, at, n_prompt, force=point.token, gate_first=False)
+        played = yield from self._play(script, at, n_prompt, run_id, force=point.token, gate_first=False)
         if played is None:
             return
-        reason, chosen, texts, decode_ms = played
+        reason, chosen, texts, decode_ms, first_ms = played
         taken = len(chosen)
         kv_tokens = kv + max(0, taken - 1)
         self.held_ids = tuple(prefix) + tuple(chosen[:-1])
-        yield DoneEvent(reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
-                        ttft_ms=prefill_ms if taken else None,
+        yield DoneEvent(reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows if facts.vocab_rows else None,
+                        ttft_ms=first_ms,
                         decode_tok_s=(taken - 1) / (decode_ms / 1000) if taken > 1 and decode_ms else None,
                         text=prefix_text + "".join(texts), prompt_tokens=n_prompt, kv_tokens=kv_tokens,
                         kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN)

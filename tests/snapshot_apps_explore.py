@@ -21,8 +21,8 @@ class LensEngine(ScriptedEngine):
     LAYERS = 12
     FORMS = 8
 
-    def run(self, prompt, system=None):
-        for event in super().run(prompt, system):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, StepEvent) and self.options.logit_lens:
                 event = replace(event, lens=self.lens_of(event))
             yield event
@@ -56,8 +56,7 @@ def branch_app() -> SnapshotApp:
 async def lens_done(pilot) -> None:
     app = pilot.app
     await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the run to finish")
-    app._layout_plan = None
-    app._apply_layout()
+    app.relayout()
     await pilot.pause(0.1)
     app._rebuild_all()
     await pilot.pause()
@@ -72,7 +71,7 @@ async def branch_and_compare(pilot) -> None:
     parent = app.branch_tree.shown_branch
     step = parent.state.run.step(4)
     token = next(c.id for c in step.candidates if c.id != step.id)
-    app._branch_at(parent, step, token)
+    app.controller.branch_at(parent, step, token)
     await wait_for(pilot, lambda: app.state.phase == "done" and len(app.branch_tree) == 2, timeout=10,
                    what="the branch to finish")
     app.push_screen(CompareScreen(app.branch_tree.number(1), app.branch_tree.number(2)))

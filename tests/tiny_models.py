@@ -32,8 +32,8 @@ def tiny_model(kind: str, tokenizer, **overrides):
 
 
 def tiny_gpt2(tokenizer):
-    """A random-weight GPT-2: an architecture the logit lens does not support (core/model/lens.py: Llama, Qwen2,
-    Qwen3), with the embedded model's tokenizer."""
+    """A random-weight GPT-2 (LayerNorm, learned positions, `transformer.h` blocks), with the embedded model's
+    tokenizer. Every other family: tests/arch_matrix.py."""
     import torch
     import transformers
 

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidates reported per step (10)")
     p.add_argument("--logit-lens", action="store_true",
                    help="each step also reports every layer's top token and its probability (the logit lens: the "
-                        "final norm and LM head applied after each layer; Llama/Qwen2/Qwen3, not with --compile; "
+                        "final norm and LM head applied after each layer; every decoder family, not with --compile; "
                         "costs time per step; in --json output and the run record)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: a 4-bit GGUF on CPU "

@@ -1,16 +1,11 @@
-"""The dashboard: one engine client, a state folded from its replies, and one widget per panel.
+"""The dashboard: one controller (tui/controller.py) and one widget per panel.
 
-The app talks to the engine only through its client (core/link/client.py), on the event loop: commands are method calls,
-replies come back typed through `_on_reply` (a run opened, an engine event of the current run, a note, a failure).
-There is no thread of the app's own: the model runs in its own process, read with `loop.add_reader`, or — a replay,
-the tests' scripted engine — in this one, stepped on the client's executor thread. The app folds events into
-`RunState` at once and repaints at most ~30 times a second. Failures come back one way each: a load raises in
-`_load` (→ error dialog); a run ends with an `error` event or a `RunFailed` reply (→ status line and dialog).
-
-Loading and its failure dialogs live in tui/loading.py, the key actions in tui/actions.py, branching and the lens
-in tui/branching.py, the one-pass panel's key and place in tui/anatomy_actions.py (mixins of this app),
-theme registration in tui/theming.py, writing an export in tui/export.py, and running it as a program (exit
-status, the record's path on the terminal) in tui/program.py.
+Everything the dashboard does is the controller's: it owns the engine client, the tree of runs, the prompt and the
+toggles, and each key's action here is one call to it. The app composes the panels, lays them out for the
+terminal's size (tui/sizes.py, tui/placement.py), paints them from the state at most ~30 times a second, and opens
+the dialogs (tui/dialogs.py) — it is the controller's `View`. There is no thread of the app's own: the model runs in
+its own process, read with `loop.add_reader`, or — a replay, the tests' scripted engine — in this one, stepped on
+the client's executor thread. Writing an export is tui/export.py's, running the app as a program tui/program.py's.
 """
 
 from __future__ import annotations
@@ -25,21 +20,14 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 
-from tokentui.core.link.client import Reply, RunEnded, RunFailed, RunNote, RunOpened
-from tokentui.core.runs.events import ErrorEvent, Notice, StepEvent
-from tokentui.core.link.protocol import RunEvent
-from tokentui.core.settings import SamplerSettings
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
-from .actions import ActionsMixin
-from .anatomy_actions import AnatomyMixin
-from .branching import BranchingMixin
+from . import dialogs
 from .commands import TokentuiCommands
 from .config import DashboardConfig
+from .controller import DashboardController
 from .keybar import KeyBar
 from .keys import app_bindings
-from .loading import LoadingMixin
-from .sizes import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, READINGS_IDS, hidden_note, plan
 from .panels import (
     AnatomyPanel,
     CandidatesPanel,
@@ -54,16 +42,19 @@ from .panels import (
     SpeedPanel,
     StatusLine,
 )
-from .branches import BranchTree
+from .panels.output import OutputView
+from .placement import ROW_ID, SIDE_ID, SidePlace, anatomy_default, place
+from .served import server_of
+from .sizes import HORIZONTAL_BREAKPOINTS, READINGS_IDS, VERTICAL_BREAKPOINTS, hidden_note, plan
 from .state import RunState
 from .theming import register_themes
-from .travel import TravelMixin
 
 FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
+ANATOMY_INTERVAL = 0.2  # seconds between repaints of the one-pass panel while it follows a live run
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
-class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, TravelMixin, App[int]):
+class TokentuiApp(App[int]):
     """Watch a language model write, one token at a time."""
 
     TITLE = "tokentui"
@@ -78,71 +69,63 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
     def __init__(self, config: DashboardConfig) -> None:
         super().__init__()
-        self.config = config
-        self.client = config.new_client(config.sampler)  # the one owner of the run id and the sampler settings
-        self.client.listener = self._on_reply
-        # every run of the current prompt (the first and its branches), each with its own state (tui/branches.py)
-        self.branch_tree = BranchTree(RunState(show_special_tokens=config.options.ignore_eos))
-        self.prompt = config.prompt
-        self.system = config.system
-        self.heat = False
-        self.lens_on = config.options.logit_lens  # --logit-lens: the lens panel from the start (l toggles it)
-        self.show_ids = False
+        self.controller = DashboardController(config, self)
         self.user_theme_names: set[str] = set()
-        self.record_paths: list[Path] = []  # every run recorded this session
         self._flush_timer = None
         self._last_flush = 0.0
         self._status_message_timer = None
         self._startup_notes: list[tuple[str, str]] = []
         self._prompt_key = None
         self._quitting = False
-        self.pause_armed = False  # space while loading: pause the first run after its first token
-        self._dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
-        self.load_error: BaseException | None = None  # the last load failure, until a load succeeds
+        self._layout_plan = None
+        self._layout_settling = True  # until the first layout plan is in place
+        self._side = SidePlace()
+        self._anatomy_painted = 0.0
+        self._anatomy_timer = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
         self.user_theme_names.update(themes.user_names)
         self._startup_notes.extend((error, "error") for error in themes.errors)
         self._initial_theme = themes.initial
 
+    # ---- what tests and dialogs read ---------------------------------------------------------------------
+    @property
+    def state(self) -> RunState:
+        """What the panels show: the state of the run shown."""
+        return self.controller.state
+
+    @property
+    def config(self) -> DashboardConfig:
+        """What the dashboard was started with (another model chosen in it: the controller's new one)."""
+        return self.controller.config
+
+    @property
+    def client(self):
+        return self.controller.client
+
+    @property
+    def branch_tree(self):
+        return self.controller.tree
+
     # ---- layout --------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        controller = self.controller
         yield PromptPanel(id="prompt")
         with Horizontal(id="middle"):
             yield OutputPanel(id="output")
             yield CandidatesPanel(id="candidates")
             yield ModelPanel(id="model")
             yield LensPanel(id="lens")  # off by default (l): it takes the model panel's place, or the candidates'
-            yield AnatomyPanel(id="anatomy-side")  # `a` on a smaller terminal: the same place (tui/anatomy_actions.py)
-        yield AnatomyPanel(id="anatomy")  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
+            yield AnatomyPanel(id=SIDE_ID)  # `a` on a smaller terminal: the same place (tui/placement.py)
+        yield AnatomyPanel(id=ROW_ID)  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
         with Grid(id="bottom"):
-            yield SamplerPanel(id="sampler")
+            # the settings asked for are read from their owner (the controller's client), never copied
+            yield SamplerPanel(id="sampler", asked=lambda: controller.sampler, replaying=controller.replaying)
             yield SpeedPanel(id="speed")
             yield KVPanel(id="kv")
             yield PendingPanel(id="pending")
         yield ReadingsStrip(id="readings")  # KV · ms/step · pending on one line when their panels are hidden
-        yield StatusLine(id="status")
-        yield KeyBar(id="keys")  # whole entries only; `? help` and `q quit` always (tui/keybar.py)
-
-    @property
-    def sampler_settings(self) -> SamplerSettings:
-        """The sampler settings asked for: the engine client's (their one owner in this process; before the model is
-        loaded, what the command line and the keys pressed while loading asked for)."""
-        return self.client.sampler
-
-    @property
-    def loaded(self) -> bool:
-        return self.client.loaded
-
-    @property
-    def state(self) -> RunState:
-        """What the panels show: the state of the run shown (the live one unless another branch was picked)."""
-        return self.branch_tree.shown_branch.state
-
-    @property
-    def live_state(self) -> RunState:
-        """The state of the run the engine is writing (the shown one when none is)."""
-        live = self.branch_tree.live_branch
-        return live.state if live is not None else self.state
+        yield StatusLine(id="status", replaying=controller.replaying)
+        yield KeyBar(id="keys", replaying=controller.replaying)  # whole entries only; `? help` and `q quit` always
 
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
@@ -165,7 +148,10 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
         self._repaint_now()
         self._install_signal_handlers()
-        self._start_load()
+        self.start_load()
+
+    def start_load(self) -> None:
+        self.run_worker(self.controller.load(), exclusive=True, group="load", name="load", exit_on_error=False)
 
     def _install_signal_handlers(self) -> None:
         """A dropped SSH session (SIGHUP), a kill (SIGTERM) or an interrupt sent as a signal (SIGINT; Ctrl-C
@@ -183,16 +169,30 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         self._apply_layout()
         self.call_after_refresh(self._rebuild_all)
 
-    _layout_plan = None
-    _layout_settling = True  # until the first layout plan is in place
+    def anatomy_on(self, layout=None) -> bool:
+        """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
+        layout = layout or plan(*self.size)
+        choice = self.controller.anatomy_choice
+        return choice if choice is not None else anatomy_default(layout, server_of(self.state.facts) is not None)
+
+    @property
+    def anatomy_panel(self) -> AnatomyPanel | None:
+        """The one-pass panel on screen (its row or its stand-in), None when neither is shown."""
+        for widget_id in (ROW_ID, SIDE_ID):
+            panel = self.query_one(f"#{widget_id}", AnatomyPanel)
+            if panel.display:
+                return panel
+        return None
 
     def _apply_layout(self) -> None:
-        """Show and hide the panels as tui/sizes.py's table says for this size (the stylesheet sizes them)."""
+        """Show and hide the panels as tui/sizes.py's table and tui/placement.py say for this size."""
         width, height = self.size
         layout = plan(width, height)
-        if layout == self._layout_plan:
+        controller = self.controller
+        key = (layout, controller.lens_on, self.anatomy_on(layout), self._side.latest)
+        if key == self._layout_plan:
             return
-        self._layout_plan = layout
+        self._layout_plan = key
         self._layout_settling = True  # the answer waits for the new layout (not wrapped at a passing width)
 
         def settled() -> None:
@@ -201,83 +201,39 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
         self.call_after_refresh(settled)
         try:
-            for widget_id in ("model", *READINGS_IDS):
+            for widget_id in READINGS_IDS:
                 self.query_one(f"#{widget_id}").display = layout.shows(widget_id)
-            # the logit lens (l) takes the model panel's place where there is one, else the candidates'
-            self.query_one("#lens").display = self.lens_on
-            self.query_one("#candidates").display = not (self.lens_on and not layout.shows("model"))
-            if self.lens_on and layout.shows("model"):
-                self.query_one("#model").display = False
+            placed = place(layout, controller.lens_on, self.anatomy_on(layout), self._side)
+            self.query_one("#model").display = placed.model
+            self.query_one("#candidates").display = placed.candidates
+            self.query_one("#lens").display = placed.lens
+            self.query_one(f"#{ROW_ID}").display = placed.row
+            self.query_one(f"#{SIDE_ID}").display = placed.side
+            self.query_one("#bottom").set_class(placed.row, "-anatomy")  # the bottom row gives the row 3 lines
             strip = self.query_one(ReadingsStrip)
             strip.display = layout.readings_strip
             note = hidden_note(layout)  # said under the strip, or under the answer when there is no strip
             strip.set_note(note if layout.readings_strip else "")
             self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
             self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
-            self._place_anatomy(layout)  # after the lens: they may want the same place
             self.query_one(PromptPanel).template_rows = layout.template_rows
+            # a served model's passes are the server's: nothing to time (the panel says so)
+            controller.set_time_stages(placed.anatomy_shown and server_of(self.state.facts) is None)
         except NoMatches:  # not composed yet, or shutting down
             self._layout_plan = None
 
     def on_unmount(self) -> None:
-        """However the app ends, the engine client is closed: the run in progress ends (its record with `done`),
-        and so does the model process."""
+        """However the app ends, the controller is closed: the run in progress ends (its record with `done`), and
+        so does the model process; the tree file is finished."""
         if self._flush_timer is not None:
             self._flush_timer.stop()
-        self.client.close()
+        self.controller.close()
 
-    # ---- generation ----------------------------------------------------------------------------------------
-    def _start_run(self) -> None:
-        """Stop the current run (if any) and start the current prompt afresh."""
-        client = self.client
-        if not client.loaded:
+    # ---- the controller's View -----------------------------------------------------------------------------
+    def repaint(self, now: bool = True) -> None:
+        if now:
+            self._repaint_now()
             return
-        client.halt()
-        self.branch_tree.restart(self.state.next_run())  # a new prompt or a restart: a new tree of runs
-        self.query_one(OutputPanel).view.clear()
-        if self.pause_armed:  # space was pressed while loading: stop after the first token (prefill's)
-            self.pause_armed = False
-            client.pause()
-            client.step_once()
-        self._repaint_now()
-        self.branch_tree.live_branch.run_id = client.start(self.prompt, self.system)
-
-    def _on_reply(self, reply: Reply) -> None:
-        """The engine client's replies, on the event loop; only the current run's reach here."""
-        if isinstance(reply, RunEvent):
-            self._on_event(reply.event)
-        elif isinstance(reply, RunOpened):
-            if reply.record_path is not None:
-                self.record_paths.append(reply.record_path)
-            self.live_state.record_path = reply.record_path
-            self._repaint_now()
-        elif isinstance(reply, RunEnded):  # an earlier run (a branch's parent) ended after a newer one began
-            if self.branch_tree.ended(reply.run_id, reply.event):
-                self._repaint_now()
-        elif isinstance(reply, RunNote):
-            self.notify(reply.message, severity=reply.severity, markup=False)
-        elif isinstance(reply, RunFailed):
-            self.live_state.phase = "error"
-            self.live_state.error_message = reply.message
-            self._repaint_now()
-            self._run_failed("The run failed", reply.message)
-
-    def _on_event(self, event) -> None:
-        shown = self.branch_tree.apply(event)  # into the live run's state; True when that run is the one shown
-        if isinstance(event, StepEvent):
-            if shown:
-                self._schedule_flush()
-            return
-        if isinstance(event, Notice):
-            self.notify(event.message, severity="warning", timeout=8, markup=False)
-        if shown:
-            self._repaint_now()
-        if isinstance(event, ErrorEvent):
-            where = f" at step {event.step + 1}" if event.step >= 0 else ""  # numbered from 1, like the tokens
-            self._run_failed(f"The run failed{where}", event.message)
-
-    # ---- repainting ----------------------------------------------------------------------------------------
-    def _schedule_flush(self) -> None:
         if self._flush_timer is not None:
             return
         delay = FLUSH_INTERVAL - (time.monotonic() - self._last_flush)
@@ -286,6 +242,25 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         else:
             self._flush_timer = self.set_timer(delay, self._repaint_now)
 
+    def relayout(self) -> None:
+        self._layout_plan = None
+        self._apply_layout()
+        self._rebuild_all()
+
+    def clear_answer(self) -> None:
+        self.query_one(OutputPanel).view.clear()
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information",  # type: ignore[override]
+               timeout: float | None = None, markup: bool = False) -> None:
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def run_failed(self, title: str, message: str) -> None:
+        dialogs.run_failed(self, title, message)
+
+    def load_failed(self, message: str) -> None:
+        dialogs.load_failed(self, message)
+
+    # ---- painting ------------------------------------------------------------------------------------------
     def _repaint_now(self, force: bool = False) -> None:
         if self._flush_timer is not None:
             self._flush_timer.stop()
@@ -298,17 +273,21 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
     def _paint(self, force: bool) -> None:
         state = self.state
+        controller = self.controller
         self._apply_layout()
         prompt_panel = self.query_one(PromptPanel)
-        prompt_panel.show_ids = self.show_ids
-        key = (id(state.prompt), state.phase == "loading", self.show_ids, prompt_panel.template_rows)
+        prompt_panel.show_ids = controller.show_ids
+        key = (id(state.prompt), state.phase == "loading", controller.show_ids, prompt_panel.template_rows)
         if force or key != self._prompt_key:
             self._prompt_key = key
             prompt_panel.show(state, force)
+        output = self.query_one(OutputPanel)
+        if output.heat != controller.heat:
+            output.set_heat(controller.heat)
         if not self._layout_settling:
-            self.query_one(OutputPanel).sync(state)
+            output.sync(state)
         self.query_one(CandidatesPanel).show(state, force)
-        if self.lens_on:
+        if controller.lens_on:
             self.query_one(LensPanel).show(state, force)
         self._paint_anatomy(state, force)
         self.query_one(SamplerPanel).show(state, force)
@@ -319,12 +298,129 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
         self.query_one(SpeedPanel).show(state, force=force or done)
         self.query_one(ReadingsStrip).show(state, force)
         status = self.query_one(StatusLine)
-        status.paused = self.paused
+        status.paused = controller.paused
         status.show(state)
+
+    def _paint_anatomy(self, state, force: bool) -> None:
+        """The one-pass panel follows a live run at most 5 times a second (numbers that change 30 times a second
+        cannot be read, and the dashboard shares the CPU with the model); a step held by the cursor, a forced
+        repaint and the end of a run paint at once."""
+        panel = self.anatomy_panel
+        if panel is None:
+            return
+        wait = ANATOMY_INTERVAL - (time.monotonic() - self._anatomy_painted)
+        if not force and state.live and state.running and wait > 0:
+            if self._anatomy_timer is None:  # the newest step is painted when the interval is up
+                self._anatomy_timer = self.set_timer(wait, self._anatomy_catch_up)
+            return
+        self._anatomy_painted = time.monotonic()
+        panel.show(state, force)
+
+    def _anatomy_catch_up(self) -> None:
+        self._anatomy_timer = None
+        try:
+            self._paint_anatomy(self.state, False)
+        except NoMatches:  # shutting down
+            pass
 
     def _rebuild_all(self) -> None:
         self._repaint_now(force=True)
         self.query_one(OutputPanel).view.refresh()
+
+    def status_message(self, message: str, seconds: float = 6.0) -> None:
+        """A transient message on the right of the status line."""
+        status = self.query_one(StatusLine)
+        status.message = message
+        status.show(self.state)
+        if self._status_message_timer is not None:
+            self._status_message_timer.stop()
+
+        def clear() -> None:
+            status.message = None
+            status.show(self.state)
+
+        self._status_message_timer = self.set_timer(seconds, clear)
+
+    # ---- keys: each one call to the controller (or a dialog that ends in one) ------------------------------
+    def action_temperature(self, direction: int) -> None:
+        self.controller.temperature(direction)
+
+    def action_top_p(self, direction: int) -> None:
+        self.controller.top_p(direction)
+
+    def action_top_k(self, direction: int) -> None:
+        self.controller.top_k(direction)
+
+    def action_toggle_greedy(self) -> None:
+        self.controller.toggle_greedy()
+
+    def action_new_seed(self) -> None:
+        self.controller.new_seed()
+
+    def action_toggle_pause(self) -> None:
+        self.controller.toggle_pause()
+
+    def action_step(self) -> None:
+        self.controller.step()
+
+    def action_restart(self) -> None:
+        if self.controller.restart():
+            self.start_load()
+
+    def action_cursor(self, delta: int) -> None:
+        self.controller.move_cursor(delta)
+
+    def action_cursor_first(self) -> None:
+        self.controller.cursor_first()
+
+    def action_cursor_live(self) -> None:
+        self.controller.cursor_live()
+
+    def on_output_view_token_clicked(self, message: OutputView.TokenClicked) -> None:
+        """A click on a token of the answer views its step."""
+        self.controller.cursor_go(message.index)
+
+    def action_toggle_heat(self) -> None:
+        self.controller.toggle_heat()
+
+    def action_toggle_ids(self) -> None:
+        self.controller.toggle_ids()
+
+    def action_toggle_lens(self) -> None:
+        self.controller.toggle_lens()
+
+    def action_toggle_anatomy(self) -> None:
+        layout = plan(*self.size)
+        on = self.anatomy_on(layout)
+        if on and self.anatomy_panel is None:  # on, but waiting behind the lens: bring it forward
+            self._side.latest = "anatomy"
+        else:
+            self.controller.anatomy_choice = not on
+            if not on:
+                self._side.latest = "anatomy"
+        self.relayout()
+
+    def action_edit_prompt(self) -> None:
+        dialogs.edit_prompt(self)
+
+    def action_help(self) -> None:
+        dialogs.help(self)
+
+    def action_export(self) -> None:
+        dialogs.export(self)
+
+    def action_branch(self) -> None:
+        dialogs.branch(self)
+
+    def action_branches(self) -> None:
+        dialogs.runs(self)
+
+    def action_change_model(self) -> None:
+        dialogs.change_model(self)
+
+    @property
+    def exit_code(self) -> int:
+        return self.controller.exit_code
 
     def action_quit(self) -> None:  # type: ignore[override]
         """Stop the run, give it QUIT_WAIT seconds to end at its step boundary (its record then ends with the
@@ -336,6 +432,6 @@ class TokentuiApp(LoadingMixin, ActionsMixin, BranchingMixin, AnatomyMixin, Trav
 
     async def _quit(self) -> None:
         try:
-            await self.client.finish(QUIT_WAIT)
+            await self.controller.finish(QUIT_WAIT)
         finally:
             self.exit(return_code=self.exit_code)

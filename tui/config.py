@@ -4,44 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import Callable, Protocol
 
+from tokentui.core.interface import BaseEngine
 from tokentui.core.link.client import EngineClient
 from tokentui.core.link.local_client import LocalClient
-from tokentui.core.runs.events import LoadProgress, ModelFacts
+from tokentui.core.runs.events import LoadProgress
+from tokentui.core.runs.tree import RunTree
 from tokentui.core.paths import config_dir
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.settings import RunOptions, SamplerSettings
 
-if TYPE_CHECKING:
-    from tokentui.core.runs.events import Event
-
-
-class EngineLike(Protocol):
-    """An in-process engine the dashboard can run through `LocalClient` (core/link/client.py): a replay, or the tests'
-    scripted fake. It has the part of `tokentui.core.model.engine.Engine`'s interface the client uses."""
-
-    facts: ModelFacts
-    options: RunOptions
-
-    @property
-    def sampler(self) -> SamplerSettings: ...
-    def update_sampler(self, **changes) -> SamplerSettings: ...
-    def run(self, prompt: str, system: str | None = None) -> Iterator["Event"]: ...
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def step_once(self) -> None: ...
-    def stop(self) -> None: ...
-    @property
-    def paused(self) -> bool: ...
-
-
-Loader = Callable[[Callable[[LoadProgress], None]], EngineLike]
+Loader = Callable[[Callable[[LoadProgress], None]], BaseEngine]
 
 
 class ClientSource(Protocol):
     """Where an engine client comes from when it is not an in-process loader (the model process of the command
-    line: `tokentui.cli.ProcessSource`)."""
+    line: `tokentui.commands.dashboard.ProcessSource`)."""
 
     def client(self, sampler: SamplerSettings, options: RunOptions, recorder: RunRecorder | None) -> EngineClient: ...
 
@@ -58,7 +37,7 @@ class DashboardConfig:
     """Everything `run_dashboard` needs.
 
     `load` is where the engine comes from: a `ClientSource`, or a `Loader` — `load(progress)` builds an in-process
-    engine (slow: runs on a worker thread; may raise TokentuiError; `progress` may be called from any thread).
+    engine (core/interface.py's BaseEngine) (slow: runs on a worker thread; may raise TokentuiError; `progress` may be called from any thread).
     `sampler` / `options` are what the engine client starts with; it hands them to the engine once it is loaded.
     """
 
@@ -77,6 +56,9 @@ class DashboardConfig:
     relaunch: Callable[[str | None, str], Source] | None = None
     # `check(model, device)` raises a one-line TokentuiError when they cannot work (no model needed to tell)
     check: Callable[[str, str], None] | None = None
+    # a record (or a tree of runs) played back: what it holds, so the dashboard plays its branches as they were
+    # taken and offers nothing a replay cannot do (None: a live model)
+    replay: RunTree | None = None
 
     def new_client(self, sampler: SamplerSettings) -> EngineClient:
         """An engine client for `self.load`, starting from `sampler` (the settings asked for so far)."""

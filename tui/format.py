@@ -68,3 +68,19 @@ def p95(values: list[float]) -> float | None:
     ordered = sorted(values)
     k = max(0, math.ceil(0.95 * len(ordered)) - 1)
     return ordered[k]
+
+
+def plural(n: int, word: str) -> str:
+    """`1 token`, `2 tokens`."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def token_count(state, short: bool = False) -> str:
+    """A run's tokens in words, one definition everywhere: its own (a branch's: from its branch point on) and, for
+    a branch, its total from the prompt (`short`: "10 own · 14 in all", where room is scarce)."""
+    own, total = state.own_tokens, state.total_tokens
+    if own == total:
+        return plural(total, "token")
+    if short:
+        return f"{own:,} own · {total:,} in all"
+    return f"{plural(own, 'token')} of its own · {total:,} in all"

@@ -37,6 +37,15 @@ PRIORITY = (
     "tokentui.export",
 )
 GAP = 2  # spaces between entries
+# What a replay refuses (it plays the recorded settings and prompt, and cannot branch): not offered in its bar.
+REPLAY_REFUSES = frozenset({"tokentui.temperature-down", "tokentui.temperature-up", "tokentui.top-p-down",
+                            "tokentui.top-p-up", "tokentui.top-k-down", "tokentui.top-k-up", "tokentui.greedy",
+                            "tokentui.seed", "tokentui.edit", "tokentui.branch"})
+
+
+def replay_keys(specs: tuple[KeySpec, ...] = KEYS) -> tuple[KeySpec, ...]:
+    """The keys that work in a replay."""
+    return tuple(spec for spec in specs if spec.id not in REPLAY_REFUSES)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,10 @@ class KeyBar(Widget):
     }
     """
 
+    def __init__(self, *args, replaying: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.specs = replay_keys() if replaying else KEYS
+
     def notify_style_update(self) -> None:
         super().notify_style_update()
         forget_styles(self)
@@ -107,7 +120,7 @@ class KeyBar(Widget):
 
     @property
     def shown(self) -> list[Entry]:
-        return fit(max(1, self.content_size.width))
+        return fit(max(1, self.content_size.width), self.specs)
 
     def render(self) -> Text:
         key = component_style(self, "keybar--key")

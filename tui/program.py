@@ -19,21 +19,19 @@ def run_dashboard(config: DashboardConfig) -> int:
     cut off before its `done` gets a "stopped" one, so every record ends with `done` and whole lines.
     """
     app = TokentuiApp(config)
+    controller = app.controller
     try:
         app.run()
     finally:
-        app.client.close()
-    if app.record_paths:
-        last = app.record_paths[-1]
-        runs = len(app.record_paths)
-        where = f"run recorded in {last}" if runs == 1 else f"{runs} runs recorded; the last in {last}"
+        controller.close()
+    for line in controller.quit_lines():  # where the runs of each prompt were recorded: the tree files
         try:
-            print(f"tokentui: {where}", file=sys.stderr)
-        except OSError:  # the terminal is gone (SIGHUP): the record is what matters
-            pass
+            print(f"tokentui: {line}", file=sys.stderr)
+        except OSError:  # the terminal is gone (SIGHUP): the records are what matters
+            break
     code = app.return_code or 0
-    if not app.client.loaded and app.load_error is not None:  # quit after a failed load: say why, on the terminal
-        error = app.load_error
+    if not controller.loaded and controller.load_error is not None:  # quit after a failed load: say why
+        error = controller.load_error
         try:
             print(f"tokentui: {error if isinstance(error, TokentuiError) else f'{type(error).__name__}: {error}'}",
                   file=sys.stderr)

@@ -26,11 +26,9 @@ from tokentui.core.runs.events import (
 )
 from tokentui.core.runs.run import Cursor, Run
 
-# The readings' names stay importable from here, as before the split.
-from .state_readings import MULTI_TOKEN_CHARS_SHOWN, PLOT_POINTS, RunReadings, Token, Tokens
+from .state_readings import RunReadings
 
-__all__ = ["CHANGES_KEPT", "MULTI_TOKEN_CHARS_SHOWN", "PLOT_POINTS", "SETTING_NAMES", "RunState", "SettingsChange",
-           "Token", "Tokens"]
+__all__ = ["CHANGES_KEPT", "SETTING_NAMES", "RunState", "SettingsChange"]
 
 SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
 CHANGES_KEPT = 6  # sampler changes remembered per run (the sampler panel lists the latest)
@@ -141,7 +139,7 @@ class RunState(RunReadings):
         elif isinstance(event, PrefillEvent):
             self._kv(event.kv_tokens, event.kv_bytes)
         elif isinstance(event, DoneEvent):
-            self.phase = "done"
+            self.phase = "error" if event.reason == "error" else "done"  # a failed run's done follows its error
             self.ttft_ms = event.ttft_ms or self.ttft_ms
             if event.kv_tokens:
                 self._kv(event.kv_tokens, event.kv_bytes, growth=False)
@@ -167,7 +165,7 @@ class RunState(RunReadings):
                          if getattr(before, name, None) != getattr(step.settings, name))
             if diff:
                 self.settings_changes.append(SettingsChange(step.index + 1, diff))
-        if step.index == self.own_from:  # the run's first own token (a branch's: the forced one)
+        if len(self.run) - 1 == self.own_from:  # the run's first own token (a branch's: the forced one)
             self.ttft_ms = step.latency_ms
         self._kv(step.kv_tokens, step.kv_bytes)
         if step.server_kv_usage is not None:
@@ -216,6 +214,12 @@ class RunState(RunReadings):
         before = self.cursor
         self._travel.go(position)
         return self.cursor != before
+
+    @property
+    def cursor_at_newest(self) -> bool:
+        """The cursor holds the newest step (moving forward onto it rejoins live)."""
+        position = self.cursor
+        return position is not None and position == len(self.run) - 1
 
     def cursor_first(self) -> bool:
         return self.cursor_go(0)

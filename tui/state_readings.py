@@ -159,6 +159,13 @@ class RunReadings:
         return None if rows is None else self.model_runs * rows
 
     @property
+    def inherited_text(self) -> str:
+        """The answer's text before this run's first step that no step here holds: a branch played back alone (its
+        run starts at its branch point; the text its record carries for the steps before). "" otherwise."""
+        branch = self.run.branch
+        return branch.prefix_text if branch is not None else ""
+
+    @property
     def answer_text(self) -> str:
         return self.run.text
 
@@ -229,6 +236,16 @@ class RunReadings:
         step = self.run.step(position)
         self.__dict__["_view_cache"] = (key, step, self.run)
         return step
+
+    @property
+    def own_tokens(self) -> int:
+        """The tokens this run chose itself (a branch's: from its branch point on, the forced one included)."""
+        return len(self.run) - self.own_from
+
+    @property
+    def total_tokens(self) -> int:
+        """Its answer's tokens from the prompt on (a branch's: the parent's before the branch point too)."""
+        return self.run.offset + len(self.run)
 
     @property
     def step_total(self) -> int:

@@ -1,25 +1,26 @@
 """The dashboard's one engine client: what the app talks to, on its asyncio event loop.
 
-The client is the one owner, in the dashboard's process, of the current run's id and of the sampler settings and
-run options asked for (before the model is loaded too: they are handed to the engine when it is ready). Commands are
-method calls that take effect at the engine's next step boundary (`start` a run, `branch` an earlier one at a
-step, stop, pause, step, settings); replies come back as typed dataclasses through one `listener`, called on the
-event loop:
+The client is the one owner, in the dashboard's process, of the run ids and of the sampler settings and run options
+asked for (before the model is loaded too: they are handed to the engine when it is ready). Each run (or branch)
+gets the next run id here; the id travels to the engine, which uses it as its own (core/controls.py), so there is
+one count of runs. Commands are method calls that take effect at the engine's next step boundary (`start` a run,
+`branch` an earlier one at a step, stop, pause, step, settings); replies come back as typed dataclasses through one
+`listener`, called on the event loop:
 
     RunOpened(run_id, record_path)  a run (or a branch) started (its record, if recorded)
-    RunEvent(run_id, event)         one engine event of the current run (core/link/protocol.py)
-    RunNote(run_id, message)        something about the run that is not an engine event (the record failed)
-    RunFailed(run_id, message)      the engine failed outside its own error events (a crash, its process died)
-    RunEnded(run_id, event)         how a run that a newer one superseded ended (its `done` or `error`)
+    RunUpdate(run_id, event)        one event of the current run
+    RunNote(run_id, message)        something about the run that is not an event of it (its record failed)
+    RunEnded(run_id, event)         how a run that a newer one superseded ended (its `done`)
 
-Events of a run that a newer one superseded are still recorded (its record ends with `done`) but not passed on,
-except its end, as `RunEnded`, so the app never filters stale events itself and can still say how an earlier run
-(e.g. the parent of a branch) ended. Recording is core/runs/recording.py's `RecordedRun`, fed event by event.
+Every run's events end with `done`, and a failed run's with `error` then `done` — also when the failure is not the
+engine's own (its process died, it raised, it sent what the protocol does not allow): the run's record writes those
+two events (core/runs/recording.py) and they reach the listener like the engine's. Events of a run that a newer one
+superseded are still recorded but not passed on, except its end (`RunEnded`), so the app never filters stale events
+itself and can still say how an earlier run (e.g. the parent of a branch) ended.
 
-Two transports: `ProcessClient` (core/link/process_client.py), the model in a child process read with `loop.add_reader` — no
-thread in this process; and `LocalClient` (core/link/local_client.py), an in-process engine
-with the blocking `run()` / `branch()` iterators (a replay, the tests' scripted engine), stepped on one executor
-thread: `next()` on it is the only blocking call, and it ends at the engine's next step once stopped.
+Two transports: `ProcessClient` (core/link/process_client.py), the model in a child process read with
+`loop.add_reader` — no thread in this process; and `LocalClient` (core/link/local_client.py), an in-process engine
+(a replay, the tests' scripted engine) stepped on one executor thread.
 """
 
 from __future__ import annotations
@@ -27,17 +28,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Union
+from typing import Callable, Union
 
-from ..errors import SettingsError
-from ..runs.events import DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, PromptEvent
-from .protocol import RunEvent, is_branch_point
+from ..errors import ErrorKind, SettingsError
+from ..runs.branch_point import BranchPoint
+from ..runs.events import DoneEvent, Event, LoadProgress, ModelFacts, PromptEvent
 from ..runs.record_writer import RunRecorder
 from ..runs.recording import RecordedRun
 from ..settings import RunOptions, SamplerSettings
-
-if TYPE_CHECKING:  # core/model/branch.py imports torch, which the dashboard's process never loads
-    from ..model.branch import BranchPoint
 
 Progress = Callable[[LoadProgress], None]
 
@@ -49,6 +47,12 @@ class RunOpened:
 
 
 @dataclass(frozen=True, slots=True)
+class RunUpdate:
+    run_id: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
 class RunNote:
     run_id: int
     message: str
@@ -56,23 +60,17 @@ class RunNote:
 
 
 @dataclass(frozen=True, slots=True)
-class RunFailed:
-    run_id: int
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
 class RunEnded:
     run_id: int
-    event: Event  # DoneEvent or ErrorEvent
+    event: DoneEvent
 
 
-Reply = Union[RunOpened, RunEvent, RunNote, RunFailed, RunEnded]
+Reply = Union[RunOpened, RunUpdate, RunNote, RunEnded]
 Listener = Callable[[Reply], None]
 
 
 class EngineClient:
-    """What both transports share: the run id, the settings, the records, stale-run filtering. Subclasses send the
+    """What both transports share: the run ids, the settings, the records, stale-run filtering. Subclasses send the
     commands (`_send_*`) and report what the engine says through `_event` / `_failed`."""
 
     def __init__(self, sampler: SamplerSettings | None = None, options: RunOptions | None = None,
@@ -101,15 +99,16 @@ class EngineClient:
     def sampler(self) -> SamplerSettings:
         return self._sampler
 
-    def update_sampler(self, **changes) -> SamplerSettings:
-        """Validated here (a bad value raises SettingsError and changes nothing); the engine uses the new settings
-        from its next step."""
-        new = self._sampler.with_changes(**changes)
-        if new != self._sampler:
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
+        """The settings the engine uses from its next step: one SamplerSettings, valid since it was built. An engine
+        that cannot change them (a replay) raises SettingsError and nothing changes."""
+        if not isinstance(settings, SamplerSettings):
+            raise TypeError(f"set_sampler needs SamplerSettings, got {type(settings).__name__}")
+        if settings != self._sampler:
             if self.loaded:
-                self._send_sampler(new)  # an engine that cannot change them (a replay) refuses: nothing changes
-            self._sampler = new
-        return new
+                self._send_sampler(settings)
+            self._sampler = settings
+        return settings
 
     @property
     def options(self) -> RunOptions:
@@ -127,9 +126,15 @@ class EngineClient:
         return self._paused
 
     @property
+    def branch_refusal(self) -> str | None:
+        """Why `branch()` cannot run on this engine (None: it can; before loading: not loaded yet)."""
+        if not self.loaded:
+            return "the model is not loaded yet"
+        return self._branch_refusal()
+
+    @property
     def can_branch(self) -> bool:
-        """Whether `branch()` can run on this engine (False until loaded; a replay cannot)."""
-        return self.loaded and self._branch_refusal() is None
+        return self.branch_refusal is None
 
     # ---- loading ------------------------------------------------------------------------------------------
     async def load(self, progress: Progress = lambda p: None) -> ModelFacts:
@@ -157,22 +162,20 @@ class EngineClient:
         self._send_start(run_id, prompt, system)
         return run_id
 
-    def branch(self, point: "BranchPoint", prompt: PromptEvent | None = None) -> int:
-        """Stop the current run and start a branch of an earlier one at `point` (core/model/branch.py; its events:
-        BranchEvent, PrefillEvent, the forced StepEvent at `point.at`, steps, done), as a new run with its own id
-        and record, exactly like `start`; returns that id. `prompt`: the parent's PromptEvent, when at hand, goes
-        first into the branch's record and to the listener (as `tokentui branch` records it), so the record says
-        what was asked; the engine is not sent it.
+    def branch(self, point: BranchPoint, prompt: PromptEvent | None = None) -> int:
+        """Stop the current run and start a branch of an earlier one at `point` (its events: BranchEvent,
+        PrefillEvent, the forced StepEvent at `point.at`, steps, done), as a new run with its own id and record,
+        exactly like `start`; returns that id. `prompt`: the parent's PromptEvent goes first into the branch's
+        record and to the listener, so the record says what was asked and replays on its own; the engine is not
+        sent it.
 
-        An engine that cannot branch (a replay: see `can_branch`) raises SettingsError (one line) before anything
+        An engine that cannot branch (see `branch_refusal`) raises SettingsError (one line) before anything
         changes: the current run goes on and the run id stays."""
-        if not self.loaded:
-            raise RuntimeError("branch() before the model is loaded")
-        if not is_branch_point(point):
+        if not isinstance(point, BranchPoint):
             raise TypeError(f"branch() needs a BranchPoint, got {type(point).__name__}")
         if prompt is not None and not isinstance(prompt, PromptEvent):
             raise TypeError(f"prompt must be a PromptEvent, got {type(prompt).__name__}")
-        refusal = self._branch_refusal()
+        refusal = self.branch_refusal
         if refusal is not None:
             raise SettingsError(refusal)
         run_id = self._open()
@@ -188,8 +191,8 @@ class EngineClient:
         run_id = self._run_id
         # each run its own recorder (file handle) in the recorder's folder: a superseded run still ending writes
         # its `done` to its own record, not into this one (a RunRecorder holds one file; opening the next closes it)
-        recorder = RunRecorder(self._recorder.directory) if self._recorder is not None else None
-        record = RecordedRun(self, recorder, on_note=lambda message: self._reply(run_id, RunNote(run_id, message)))
+        recorder = self._recorder.fresh() if self._recorder is not None else None
+        record = RecordedRun(self.facts, recorder, on_note=lambda message: self._reply(run_id, RunNote(run_id, message)))
         self._records[run_id] = record
         self._ended[run_id] = asyncio.get_running_loop().create_future()
         self._reply(run_id, RunOpened(run_id, record.open()))
@@ -227,10 +230,14 @@ class EngineClient:
         done, _ = await asyncio.wait(pending, timeout=timeout)
         return len(done) == len(pending)
 
+    def record_of(self, run_id: int) -> RecordedRun | None:
+        """The record of a run not yet ended (None once it has)."""
+        return self._records.get(run_id)
+
     def close_records(self) -> None:
         """End every record still open: a run cut off before its `done` gets a "stopped" one from its steps."""
         for run_id in list(self._records):
-            self._end(run_id)
+            self._cut_off(run_id)
 
     # ---- what subclasses report ---------------------------------------------------------------------------
     def _event(self, run_id: int, event: Event) -> None:
@@ -238,19 +245,25 @@ class EngineClient:
         if record is None:
             return  # a run already ended (or never started here): nothing to record or show
         record.feed(event)
-        self._reply(run_id, RunEvent(run_id, event))
-        if isinstance(event, (DoneEvent, ErrorEvent)):
+        self._pass_on(run_id, event)
+        if record.ended:
             self._end(run_id)
-            if run_id != self._run_id:
-                self.listener(RunEnded(run_id, event))
 
-    def _failed(self, run_id: int, message: str) -> None:
+    def _pass_on(self, run_id: int, event: Event) -> None:
+        if run_id == self._run_id:
+            self.listener(RunUpdate(run_id, event))
+        elif isinstance(event, DoneEvent):
+            self.listener(RunEnded(run_id, event))
+
+    def _failed(self, run_id: int, message: str, kind: ErrorKind) -> None:
+        """The run failed outside its engine's own events: its record ends with `error` and `done`, which are passed
+        on as the engine's would be."""
         record = self._records.get(run_id)
         if record is None:
             return
-        record.crashed()
+        for event in record.fail(message, kind):
+            self._pass_on(run_id, event)
         self._end(run_id)
-        self._reply(run_id, RunFailed(run_id, message))
 
     def _cut_off(self, run_id: int) -> None:
         """The engine's stream of `run_id` ended without `done` (its process was closed on purpose): the record's
@@ -258,11 +271,10 @@ class EngineClient:
         record = self._records.get(run_id)
         if record is None:
             return
-        self._end(run_id)
+        record.close()
         if record.cut_off is not None:
-            self._reply(run_id, RunEvent(run_id, record.cut_off))
-            if run_id != self._run_id:
-                self.listener(RunEnded(run_id, record.cut_off))
+            self._pass_on(run_id, record.cut_off)
+        self._end(run_id)
 
     def _end(self, run_id: int) -> None:
         record = self._records.pop(run_id, None)
@@ -283,7 +295,7 @@ class EngineClient:
     def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
         raise NotImplementedError
 
-    def _send_branch(self, run_id: int, point: "BranchPoint") -> None:
+    def _send_branch(self, run_id: int, point: BranchPoint) -> None:
         raise NotImplementedError
 
     def _branch_refusal(self) -> str | None:

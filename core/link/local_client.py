@@ -1,22 +1,23 @@
-"""`LocalClient`: the dashboard's engine client (core/link/client.py) for an engine in this process — a replay, the
-tests' scripted engine (`tui.config.EngineLike`). Its blocking `run()` / `branch()` iterators are stepped on one
-executor thread of the client's own: `next()` on them is the only blocking call, and a stopped run ends at the
-engine's next step. Each event is then handled on the event loop, as ProcessClient's are."""
+"""`LocalClient`: the dashboard's engine client (core/link/client.py) for an engine in this process — a replay, a
+served model's engine, the tests' scripted engine: any BaseEngine (core/interface.py). Its blocking `run()` /
+`branch()` iterators are stepped on one executor thread of the client's own: `next()` on them is the only blocking
+call, and a stopped run ends at the engine's next step. Each event is then handled on the event loop, as
+ProcessClient's are."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
-from .client import EngineClient, Progress
-from ..errors import TokentuiError
+from ..errors import ErrorKind
+from ..interface import BaseEngine
+from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress
 from ..runs.record_writer import RunRecorder
 from ..settings import RunOptions, SamplerSettings
-
-if TYPE_CHECKING:
-    from ..model.branch import BranchPoint
+from .client import EngineClient, Progress
 
 _END = object()  # next() on an exhausted run
 
@@ -25,46 +26,37 @@ class LocalClient(EngineClient):
     """An engine in this process, loaded by `loader(progress)` and run on one executor thread of its own, one run
     (or branch) after another."""
 
-    def __init__(self, loader: Callable[[Progress], object], sampler: SamplerSettings | None = None,
+    def __init__(self, loader: Callable[[Progress], BaseEngine], sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, recorder: RunRecorder | None = None) -> None:
         super().__init__(sampler, options, recorder)
         self._loader = loader
-        self.engine = None
+        self.engine: BaseEngine | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentui-engine")
         self._pump: asyncio.Task | None = None
 
     async def _load(self, progress: Progress):
         loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # the caller's (the app's): progress is handled as if it had called
 
         def threadsafe(p: LoadProgress) -> None:
-            loop.call_soon_threadsafe(progress, p)
+            loop.call_soon_threadsafe(progress, p, context=context)
 
         self.engine = None
         engine = await loop.run_in_executor(self._executor, self._loader, threadsafe)
-        if engine is None:
-            raise RuntimeError("the loader returned no engine")
+        if not isinstance(engine, BaseEngine):
+            raise TypeError(f"the loader returned {type(engine).__name__}, not an engine (core/interface.py)")
         self.engine = engine
         self._paused = engine.paused
         return engine.facts, engine.sampler, engine.options
 
     def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
-        self._start_pump(run_id, lambda: self.engine.run(prompt, system))
+        self._start_pump(run_id, lambda: self.engine.run(prompt, system, run_id=run_id))
 
-    def _send_branch(self, run_id: int, point: "BranchPoint") -> None:
-        self._start_pump(run_id, lambda: self.engine.branch(point))
+    def _send_branch(self, run_id: int, point: BranchPoint) -> None:
+        self._start_pump(run_id, lambda: self.engine.branch(point, run_id=run_id))
 
     def _branch_refusal(self) -> str | None:
-        if hasattr(self.engine, "branch"):
-            return None
-        refusal = getattr(self.engine, "cannot_branch", None)  # an engine that says why (core/server/engine.py)
-        if isinstance(refusal, str):
-            return refusal
-        from ..runs.replay import ReplayEngine
-
-        if isinstance(self.engine, ReplayEngine):
-            return ("a replay cannot branch: it plays a record back with no model loaded "
-                    "(branch a record with `tokentui branch RECORD --at STEP --token ID`)")
-        return "this engine cannot branch"
+        return self.engine.branch_refusal
 
     def _start_pump(self, run_id: int, events: Callable[[], Iterator[Event]]) -> None:
         previous = self._pump
@@ -91,13 +83,13 @@ class LocalClient(EngineClient):
                 if run_id not in self._records:
                     break  # it ended (done / error)
                 if not stopping and run_id != self._run_id:
-                    self.engine.stop()  # superseded while running: it ends at its next step
+                    self.engine.stop(run_id)  # superseded while running: it ends at its next step
                     stopping = True
         except asyncio.CancelledError:
-            self.engine.stop()
+            self.engine.stop(run_id)
             raise
-        except Exception as err:
-            self._failed(run_id, _one_line(err))
+        except Exception as err:  # the engine raised (a bug): its record ends with the error, then `done`
+            self._failed(run_id, f"{type(err).__name__}: {err}", ErrorKind.CRASH)
             return
         self._cut_off(run_id)  # no-op when it ended with done
 
@@ -108,7 +100,7 @@ class LocalClient(EngineClient):
 
     def _send_stop(self, run_id: int) -> None:
         if self.engine is not None:
-            self.engine.stop()
+            self.engine.stop(run_id)
 
     def _send_pause(self) -> None:
         if self.engine is not None:
@@ -123,19 +115,14 @@ class LocalClient(EngineClient):
             self.engine.step_once()
 
     def _send_sampler(self, sampler: SamplerSettings) -> None:
-        self.engine.update_sampler(**sampler.to_dict())
+        self.engine.set_sampler(sampler)
 
     def _send_options(self, options: RunOptions) -> None:
         self.engine.options = options
 
     def close(self) -> None:
+        """Close the engine (its run ends at its next step; nothing waits for it here) and the records."""
         if self.engine is not None:
-            self.engine.stop()
-            if self.engine.paused:
-                self.engine.resume()
-        self._executor.shutdown(wait=False)  # the run ends at its next step; nothing waits for it here
+            self.engine.close()
+        self._executor.shutdown(wait=False)
         super().close()
-
-
-def _one_line(err: BaseException) -> str:
-    return str(err) if isinstance(err, TokentuiError) else f"{type(err).__name__}: {err}"

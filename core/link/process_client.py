@@ -1,14 +1,14 @@
 """The engine in a child process, for the dashboard.
 
 Why a process and not a thread: the dashboard's Python work (Textual composing frames) and the engine's Python work
-(dispatching ~1,000 small torch operations per token) would share one GIL. Measured on the 2-core benchmark box:
-with the app and the model in one process, decode fell to 0.64x headless and the process used one core in all (a
-torch thread next to a busy Python thread ran 50x fewer small matrix products). In a child process the model keeps
-a core to itself and the dashboard only receives events. Headless mode keeps the in-process `Engine`.
+(dispatching ~1,000 small torch operations per token) would share one GIL: with the app and the model in one process
+decode was far slower than headless and the process used one core in all (BENCHMARKS.md, "Why the code is as it is"). In a child process
+the model keeps a core to itself and the dashboard only receives events. Headless mode keeps the in-process
+`Engine`.
 
 `ProcessClient` is the dashboard's engine client (core/link/client.py) for that child, read on the asyncio event loop.
 Importing this module does not import torch; the parent of a dashboard never loads it. The child's side is
-core/link/child.py.
+core/model/process_main.py.
 
 Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/link/protocol.py (the
 parent sends Load, then StartRun / StartBranch / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
@@ -18,75 +18,26 @@ child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Cr
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from .. import errors
+from ..errors import ErrorKind, ModelLoadError, ProtocolError, error_of_kind
 from .client import EngineClient
-from ..errors import ModelLoadError, TokentuiError
 from ..runs.events import LoadProgress
-from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, Load, Loading, Pause, ProtocolError, Quit, Ready, Resume,
+from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, EngineSpec, Load, Loading, Pause, Quit, Ready, Resume,
                        SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
 from ..paths import state_dir
 from ..settings import RunOptions, SamplerSettings
 
 Progress = Callable[[LoadProgress], None]
 MESSAGES_PER_WAKE = 64  # messages read per wake-up of the event loop, so a fast model cannot starve the UI
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """Everything needed to build an Engine: what the command line says about the model and the run."""
-
-    model: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    device_map: str | None = None
-    trust_remote_code: bool = False
-    allow_pickle: bool = False
-    compile: bool = False
-    threads: int | None = None
-    weight_layout: str = "auto"
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
-    options: RunOptions = field(default_factory=RunOptions)
-
-
-def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
-    """Load the model and build an Engine in this process (headless mode, and the child of a ProcessEngine).
-
-    `progress` gets the load stages in order, each in one stretch, and "ready" (fraction 1.0) once, last.
-
-    The cyclic garbage collector is off while the ~2,500 modules of torch and transformers are imported and the
-    model is built (it found nothing to free there and cost ~0.7 s of a 4-s start); the objects that survive are
-    then frozen out of later collections, so the dashboard's and the decode loop's collections stay short."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        from ..model.engine import Engine
-        from ..model.loader import STAGE_READY, load_model
-        from ..model.speed import SpeedOptions
-
-        loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
-                            trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
-                            progress=progress, ready=False)
-        engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
-                                                                                threads=spec.threads,
-                                                                                weight_layout=spec.weight_layout),
-                        progress=progress)
-        progress(LoadProgress(STAGE_READY, 1.0))  # the last load event: after the weight layout and any compile
-        return engine
-    finally:
-        if was_enabled:
-            gc.freeze()
-            gc.enable()
 
 
 def worker_log_path() -> Path:
@@ -112,7 +63,7 @@ def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> Start
     with open(log_path, "wb") as log:
         # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tokentui.core.link.child import _child; _child(int(sys.argv[1]))",
+            [sys.executable, "-c", "import sys; from tokentui.core.model.process_main import _child; _child(int(sys.argv[1]))",
              str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -198,18 +149,15 @@ class ProcessClient(EngineClient):
             elif isinstance(message, Ready):
                 loading.set_result(message)
             else:  # LoadFailed
-                error_type = getattr(errors, message.kind, None)
-                if not (isinstance(error_type, type) and issubclass(error_type, TokentuiError)):
-                    error_type = ModelLoadError
-                loading.set_exception(error_type(message.message))
+                loading.set_exception(error_of_kind(message.kind, message.message))
             return
         try:
             message = expect(message, RUN_REPLIES, "during a run")
         except ProtocolError as err:  # refused, not misread: the run in progress ends with it
-            self._failed(self.run_id, str(err))
+            self._failed(self.run_id, str(err), ErrorKind.PROTOCOL)
             return
         if isinstance(message, Crash):
-            self._failed(message.serial, message.message)
+            self._failed(message.serial, message.message, ErrorKind.CRASH)
         else:
             self._event(message.serial, message.event)
 
@@ -231,7 +179,7 @@ class ProcessClient(EngineClient):
                 self._cut_off(run_id)
             else:
                 self._failed(run_id, f"the model process ended unexpectedly ({self._ended_text()}); "
-                                     f"its output is in {self.log_path}")
+                                     f"its output is in {self.log_path}", ErrorKind.PROCESS)
 
     def _detach(self) -> None:
         if self._conn is not None and self._loop is not None:

@@ -12,20 +12,31 @@ program; nothing listens on a port.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass, field
+from typing import Union
 
-from ..errors import TokentuiError
+from ..errors import ErrorKind, ProtocolError
+from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress, ModelFacts
 from ..settings import RunOptions, SamplerSettings
 
-if TYPE_CHECKING:
-    from ..model.branch import BranchPoint
-    from .process_client import EngineSpec
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to build an engine (core/model/build.py): what the command line says about the model and
+    the run. Sent to the model process as its first message (Load)."""
 
-class ProtocolError(TokentuiError):
-    """A message that is not one the receiving side expects at this point (a bug, or not our peer)."""
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    device_map: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    compile: bool = False
+    threads: int | None = None
+    weight_layout: str = "auto"
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    options: RunOptions = field(default_factory=RunOptions)
 
 
 def _serial(value: object) -> None:
@@ -41,11 +52,9 @@ def _text(name: str, value: object, optional: bool = False) -> None:
 # ---- parent -> child -----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Load:
-    spec: "EngineSpec"
+    spec: EngineSpec
 
     def __post_init__(self) -> None:
-        from .process_client import EngineSpec  # the spec lives with the process code that builds engines from it
-
         if not isinstance(self.spec, EngineSpec):
             raise ProtocolError(f"Load needs an EngineSpec, got {type(self.spec).__name__}")
 
@@ -62,24 +71,16 @@ class StartRun:
         _text("the system prompt", self.system, optional=True)
 
 
-def is_branch_point(value: object) -> bool:
-    """Whether `value` is a BranchPoint (core/runs/branch_point.py: free of torch, so the dashboard's process can build
-    one and send it)."""
-    from ..runs.branch_point import BranchPoint
-
-    return isinstance(value, BranchPoint)
-
-
 @dataclass(frozen=True, slots=True)
 class StartBranch:
     """Run `Engine.branch(point)` as run `serial` (core/model/branch.py); its events come back as RunEvent like a run's."""
 
     serial: int
-    point: "BranchPoint"
+    point: BranchPoint
 
     def __post_init__(self) -> None:
         _serial(self.serial)
-        if not is_branch_point(self.point):
+        if not isinstance(self.point, BranchPoint):
             raise ProtocolError(f"StartBranch needs a BranchPoint, got {type(self.point).__name__}")
 
 
@@ -159,13 +160,14 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class LoadFailed:
-    """`kind`: the name of the TokentuiError subclass to raise in the parent (ModelLoadError when unknown)."""
+    """The load failed: `kind` says why (the parent raises that kind's error, core/errors.py's error_of_kind)."""
 
-    kind: str
+    kind: ErrorKind
     message: str
 
     def __post_init__(self) -> None:
-        _text("the error kind", self.kind)
+        if not isinstance(self.kind, ErrorKind):
+            raise ProtocolError(f"LoadFailed needs an ErrorKind, got {type(self.kind).__name__}")
         _text("the error message", self.message)
 
 

@@ -7,9 +7,11 @@ through here (and through core/model/compiled.py, the compiled fast path): when 
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 # The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
 # --max-new-tokens does not reserve gigabytes for a run that stops at the first end token.
@@ -116,47 +118,92 @@ def first_capacity(prompt_tokens: int, max_new_tokens: int, max_context: int = 0
     return min(wanted, max_context) if max_context else wanted
 
 
+_KEYWORDS: dict[type, str] = {}
+
+
+def cache_keyword(model) -> str:
+    """The forward's keyword for the cache (cached per model class): `past_key_values`, or `cache_params` for the
+    Mamba family, whose forward takes its recurrent state under that name."""
+    kind = type(model)
+    if kind not in _KEYWORDS:
+        params = inspect.signature(model.forward).parameters
+        _KEYWORDS[kind] = ("cache_params" if "cache_params" in params and "past_key_values" not in params
+                           else "past_key_values")
+    return _KEYWORDS[kind]
+
+
+def call_model(model, input_ids: torch.Tensor, cache, **extra):
+    """One forward of `input_ids` [1, T] extending `cache` (under the keyword the model takes), `logits_to_keep=1`
+    so the LM head runs for the last position only. Counts the positions fed on the cache (`fed_tokens`): a cache
+    of recurrent layers only (Mamba) has no layer that counts them."""
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache}, **extra)
+    cache.fed_tokens = getattr(cache, "fed_tokens", 0) + int(input_ids.shape[1])
+    return out
+
+
 @torch.inference_mode()
 def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """Run the model over `input_ids` extending `cache`; return the last position's scores.
 
     input_ids: [1, T] int64 on the model's input device  ->  logits: [V] (model dtype)
-    `logits_to_keep=1` skips the LM head for all positions but the last (the only one that is read).
     """
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1]
+    return call_model(model, input_ids, cache).logits[0, -1]
+
+
+def _states(layer) -> list[torch.Tensor]:
+    """A recurrent layer's fixed-size tensors (conv and SSM / recurrent states), as initialised so far."""
+    out = []
+    for name in ("conv_states", "recurrent_states"):
+        for tensor in (getattr(layer, name, None) or {}).values():
+            if isinstance(tensor, torch.Tensor):
+                out.append(tensor)
+    return out
 
 
 def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) per layer as the tensors that hold the cached tokens; keys/values: [batch, kv_heads, tokens,
-    head_dim]. For a static (preallocated, fixed-size) cache these are the used prefix of each buffer."""
+    """(keys, values) per layer that caches per position, as the tensors that hold the cached tokens; keys/values:
+    [batch, kv_heads, tokens, head_dim] (MLA: the latent [batch, 1, tokens, rank] and the rotary key). For a static
+    (preallocated, fixed-size) cache these are the used prefix of each buffer. Recurrent layers' fixed-size states
+    are `cache_states`."""
     tokens = getattr(cache, "host_tokens", None)  # static caches: the token count kept on the host (no sync)
     out = []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None:
-            continue
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.dim() != 4:
+            continue  # no K/V here (a recurrent or shared layer), or a dynamic layer before its first update
         if tokens is not None and getattr(layer, "is_compileable", False):
             keys, values = keys[..., :tokens, :], values[..., :tokens, :]
         out.append((keys, values))
     return out
 
 
+def cache_states(cache) -> list[list[torch.Tensor]]:
+    """Per layer, the fixed-size recurrent state tensors it holds (empty for an attention layer)."""
+    return [_states(layer) for layer in cache.layers]
+
+
 def cache_tokens(cache) -> int:
+    """Positions the cache has seen: the static cache's host count, else transformers' count off the first layer
+    that tracks one, else (a cache of recurrent layers only) the positions fed through `call_model`."""
     tokens = getattr(cache, "host_tokens", None)
-    return int(tokens) if tokens is not None else int(cache.get_seq_length())
+    if tokens is not None:
+        return int(tokens)
+    if any(isinstance(layer, CacheLayerMixin) for layer in cache.layers):
+        return int(cache.get_seq_length())
+    return int(getattr(cache, "fed_tokens", 0))
 
 
 def cache_nbytes(cache) -> int:
-    """Bytes held for the cached tokens, read off the tensors themselves (no formula)."""
-    return sum(k.nbytes + v.nbytes for k, v in cache_layers(cache))
+    """Bytes held for the cached tokens and any recurrent state, read off the tensors themselves (no formula)."""
+    kv = sum(k.nbytes + v.nbytes for k, v in cache_layers(cache))
+    return kv + sum(t.nbytes for states in cache_states(cache) for t in states)
 
 
 def cache_allocated_nbytes(cache) -> int:
     """Bytes reserved by the cache: >= cache_nbytes for preallocated caches (growable or static)."""
-    total = 0
+    total = sum(t.nbytes for states in cache_states(cache) for t in states)
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is None:
+        if not isinstance(getattr(layer, "keys", None), torch.Tensor):
             continue
         allocated = getattr(layer, "allocated_nbytes", None)
         total += allocated if allocated is not None else layer.keys.nbytes + layer.values.nbytes

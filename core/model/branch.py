@@ -42,6 +42,7 @@ from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..errors import PromptError, SettingsError
+from ..runs.ending import stopped_before_first_token
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
 from .kvcache import cache_nbytes, cache_tokens
 from .lens import lens_unavailable
@@ -164,12 +165,12 @@ def _check(engine, point: BranchPoint) -> None:
 
 def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
     """The branch's events (the module docstring has them), for `Engine.branch`, which runs this under the
-    engine's locks with serial `serial` (pause / stop act at step boundaries, as in a run). Uses and replaces the
-    engine's held cache."""
+    engine's locks as run `serial` (pause / stop act at step boundaries, as in a run). Uses and replaces the
+    engine's held cache; reads the engine through its public interface only."""
     _check(engine, point)
     opts, model = engine.options, engine.model
     prefix = point.prompt_ids + point.tokens
-    held = engine._held
+    held = engine.take_held_cache()
     reuse, why = reusable_positions(held, prefix)
     detok = IncrementalDetokenizer(engine.token_bytes)  # primed with the prefix: the branch's text goes on from it
     for token in point.tokens:
@@ -182,14 +183,15 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
                       parent=point.parent)
     if why:
         yield Notice(why)
-    go, paused_s = engine._timed_gate(serial)
+    go, paused_s = engine.timed_gate(serial)
     if not go:  # stopped before anything ran: the held cache stays as it was
-        yield engine._ended_before_first_token(len(point.prompt_ids), None, paused_s)
+        engine.hold_cache(held)
+        yield stopped_before_first_token(len(point.prompt_ids), paused_ms=paused_s * 1000.0)
         return
-    engine._held = None  # from here the cache is the branch's (a failed branch leaves none held)
+    # from here the cache is the branch's (a failed branch leaves none held)
     lens_states = None  # the logit lens, as in a run: each forward appends its hidden states here
     if opts.logit_lens:
-        lens_why = lens_unavailable(model, compiled=engine._compiled is not None)
+        lens_why = lens_unavailable(model, compiled=engine.compiled is not None)
         if lens_why:
             yield Notice(lens_why)
         else:
@@ -205,8 +207,8 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
     else:
         del held  # the old cache goes before the new one is allocated
         cache = None
-        if engine._compiled is not None:
-            cache, notice = engine._compiled.new_cache(len(prefix) + opts.max_new_tokens, engine.facts.max_context)
+        if engine.compiled is not None:
+            cache, notice = engine.compiled.new_cache(len(prefix) + opts.max_new_tokens, engine.facts.max_context)
             if notice:
                 yield Notice(notice)
         if cache is None:
@@ -217,13 +219,14 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
         for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
             if chunked:
                 yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
-                if logits is None and engine._stopping(serial):
-                    yield engine._ended_before_first_token(len(point.prompt_ids), cache, paused_s)
+                if logits is None and engine.stopping(serial):
+                    yield stopped_before_first_token(len(point.prompt_ids), cache_tokens(cache), cache_nbytes(cache),
+                                                     paused_s * 1000.0)
                     return
         use_threads(engine.device, engine.speed.decode_threads())
         yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))
-    steps = engine._generate(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
+    steps = engine.generate_from(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
                              prefix=point.tokens, detok=detok, choose=_ForceFirst(point.token),
                              fed=1 if reuse else len(prefix))
     for event in steps:

@@ -39,6 +39,14 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   frees the model object; the frozen weights, though, stay with torch's compiled code for the life of the process
   (even after torch._dynamo.reset()), which is one reason the dashboard runs each model in a process of its own.
 
+* Which models: those whose layers are all full attention (`compile_problem`, core/model/architecture.py). transformers'
+  static sliding-window layer keeps its length as a Python int, so a fixed-shape graph recompiled at every step
+  (~580 ms each on a tiny Mistral) until dynamo's recompile limit raised; recurrent (linear-attention, SSM, conv)
+  layers take another cache path. Such a model decodes eagerly, and each run says so first (a Notice), before any
+  compiling. As a guard for what no check foresees, every call after a bucket's first runs under
+  `torch.compiler.set_stance("fail_on_recompile")`: a graph that would compile again raises at once instead, and the
+  decoder falls back to eager decoding on the same static cache (`failure` says why; the engine's Notice).
+
 The compiled step gives the same token IDs as `generate(do_sample=False)` on the embedded model (checked by
 tests/unit/test_fastpaths.py and by the benchmark), but its scores are not bit-identical to eager ones (different
 summation order in the generated kernels), so ties at the 6th decimal could in principle pick another token.
@@ -46,6 +54,7 @@ summation order in the generated kernels), so ties at the 6th decimal could in p
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -56,13 +65,24 @@ import torch
 from transformers import StaticCache
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .architecture import compile_problem  # noqa: F401  (the engine asks it before building a decoder)
 from ..runs.events import LoadProgress
-from .kvcache import kv_bytes_per_token
+from .kvcache import kv_bytes_at, kv_groups
 
 MAX_COMPILED_TOKENS = 4096
 _BUCKET_MIN = 256
 _WARMUP_PROMPT = 8  # tokens of the throw-away prefill that triggers compilation
 _TICK_S = 5.0  # how often compile progress is reported
+
+
+def static_bytes(model, dtype: torch.dtype, bucket: int) -> int:
+    """What a static cache of `bucket` positions allocates for `model`: every position of its full-attention (and
+    MLA) layers, and the fixed-size states of its recurrent ones (core/runs/architecture.py's formula)."""
+    return kv_bytes_at(kv_groups(model), bucket, torch.empty((), dtype=dtype).element_size())
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def bucket_for(tokens: int, max_context: int = 0) -> int | None:
@@ -137,6 +157,7 @@ class CompiledDecoder:
         kwargs, self._inductor_config = compile_settings(self.device)
         self._step = torch.compile(self._forward, **kwargs)
         self.compile_seconds: dict[int, float] = {}
+        self.failure: str | None = None  # why compiled decoding stopped (then every step is eager); None: it runs
 
     @property
     def model(self):
@@ -161,8 +182,8 @@ class CompiledDecoder:
             return None, (f"--compile covers runs of up to {MAX_COMPILED_TOKENS} tokens (prompt + max new tokens); "
                           f"this one may need {tokens}: decoding eagerly")
         cache = self.cache(bucket)
-        allocated = bucket * kv_bytes_per_token(self.model.config, self._dtype)
-        notice = (f"static KV cache: {allocated / 2**20:.1f} MiB allocated for {bucket} tokens "
+        allocated = static_bytes(self.model, self._dtype, bucket)
+        notice = (f"static KV cache: {_size(allocated)} allocated for {bucket} tokens "
                   "(the KV figures shown count the tokens in use)")
         if bucket not in self._compiled:
             notice += "; compiling the decode step for it first (minutes on a small CPU, once per process)"
@@ -181,23 +202,44 @@ class CompiledDecoder:
         return logits
 
     def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:
-        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers)."""
+        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers). After a
+        failure (`failure`), an eager step on the same static cache."""
         if cache.host_tokens >= cache.capacity:
             raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
         self._ids.fill_(token_id)  # a fill kernel: no host-to-device copy, no sync
-        if cache.capacity in self._compiled:
-            with torch.inference_mode():
-                logits = self._step(self._ids, cache).clone()
-        else:  # this call compiles (or records CUDA graphs)
-            import torch._inductor.config as inductor_config
-
-            with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
-                logits = self._step(self._ids, cache).clone()
-            self._warm_calls[cache.capacity] = self._warm_calls.get(cache.capacity, 0) + 1
-            if self._warm_calls[cache.capacity] >= 3:  # CUDA graphs record on the third call
-                self._compiled.add(cache.capacity)
+        if self.failure is None:
+            try:
+                logits = self._compiled_step(cache)
+            except Exception as err:  # a recompile (the guard below) or a compile error: decode eagerly from here
+                text = (str(err).strip().splitlines() or [""])[0][:120]
+                if "fail_on_recompile" in text:
+                    why = "the decode step would compile again at every step"
+                else:
+                    why = f"the decode step could not be compiled whole: {type(err).__name__}: {text}"
+                self.failure = f"--compile stopped ({why}): decoding eagerly"
+        if self.failure is not None:
+            logits = forward_last_logits(self.model, self._ids, cache)
         cache.host_tokens += 1
+        return logits
+
+    def _compiled_step(self, cache: StaticKV) -> torch.Tensor:
+        capacity = cache.capacity
+        calls = self._warm_calls.get(capacity, 0)
+        # Only a bucket's first call may compile: a later one that would compile again raises instead of recompiling
+        # at every step (the module docstring)
+        stance = torch.compiler.set_stance("fail_on_recompile") if calls or capacity in self._compiled \
+            else contextlib.nullcontext()
+        if capacity in self._compiled:
+            with torch.inference_mode(), stance:
+                return self._step(self._ids, cache).clone()
+        import torch._inductor.config as inductor_config  # this call compiles (or records CUDA graphs)
+
+        with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings(), stance:
+            warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
+            logits = self._step(self._ids, cache).clone()
+        self._warm_calls[capacity] = calls + 1
+        if calls + 1 >= 3:  # CUDA graphs record on the third call
+            self._compiled.add(capacity)
         return logits
 
     def warm_up(self, bucket: int, progress: Callable[[LoadProgress], None] | None = None) -> float:
@@ -221,9 +263,17 @@ class CompiledDecoder:
             cache = self.cache(bucket)
             token = 0
             ids = torch.full((1, _WARMUP_PROMPT), token, dtype=torch.long, device=self.device)
-            self.prefill(ids, cache)
-            for _ in range(3):
+            try:
+                self.prefill(ids, cache)
+            except Exception as err:  # the model's eager forward does not take a static cache (e.g. Bloom's ALiBi
+                # in some transformers releases): decode eagerly, with the regular cache
+                text = (str(err).strip().splitlines() or [""])[0][:120]
+                self.failure = (f"--compile stopped (this model's forward does not take a static KV cache: "
+                                f"{type(err).__name__}: {text}): decoding eagerly")
+            for _ in range(3 if self.failure is None else 0):
                 self.step(token, cache)
+                if self.failure is not None:
+                    break
             synchronize(self.device)
             with torch.inference_mode():
                 cache.reset()
@@ -233,5 +283,6 @@ class CompiledDecoder:
             ticker.join()
         seconds = time.perf_counter() - started
         self.compile_seconds[bucket] = seconds
-        report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
+        if self.failure is None:
+            report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
         return seconds

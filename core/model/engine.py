@@ -1,11 +1,11 @@
 """The generation loop: the six steps run in order and reported as events.
 
-`Engine.run()` is a plain blocking iterator (headless mode, benchmarks; the dashboard reaches it through an engine
-client, core/link/client.py, which steps it off the event loop). Sampler settings, pause, single-step and stop are
-thread-safe and take effect at the next step boundary; each step event carries the settings it actually used (the
-engine's SamplerSettings object itself, shared by every step until they change). The latest finished run's KV cache
-stays with the engine: `Engine.branch()` goes back to one of its steps with another token and reuses it
-(core/model/branch.py).
+`Engine` is the local engine: it keeps core/interface.py's interface (`run()` / `branch()` are plain blocking
+iterators; headless mode and the benchmarks use them directly, the dashboard through an engine client,
+core/link/). Sampler settings, pause, single-step and stop are thread-safe and take effect at the next step
+boundary (core/controls.py); each step event carries the settings it actually used (the engine's SamplerSettings
+object itself, shared by every step until they change). The latest finished run's KV cache stays with the engine:
+`Engine.branch()` goes back to one of its steps with another token and reuses it (core/model/branch.py).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ import torch
 
 from .adapter import first_capacity, input_device, new_cache
 from .branch import BranchPoint, HeldCache, branch_events
-from ..controls import RunControls
+from ..interface import BaseEngine
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer, oneshot_text
 from ..steps.display import display_piece
 from ..steps.token_bytes import token_bytes
-from ..errors import GenerationError, PromptError, TokentuiError
-from ..runs.events import (Candidate, DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
+from ..errors import ErrorKind, GenerationError, PromptError
+from ..runs.ending import stopped_before_first_token
+from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
-from .kvcache import cache_nbytes, cache_tokens
+from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
@@ -56,7 +57,7 @@ def end_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-class Engine(RunControls):
+class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
         """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py,
@@ -75,7 +76,7 @@ class Engine(RunControls):
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
         self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
-        self.speed = (speed or SpeedOptions()).validated()
+        self.speed = speed or SpeedOptions()
         self.layout = LayoutReport()
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
             # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
@@ -85,14 +86,27 @@ class Engine(RunControls):
                 progress(LoadProgress(plan.describe_work(), None))
             self.layout = transpose_wide_weights(self.model)  # in place: see core/model/weight_layout.py
         self._compiled = None
+        self._compile_notice: str | None = None  # why --compile decodes eagerly: said first in every run
         if self.speed.compile:
-            from .compiled import CompiledDecoder, bucket_for
+            from .compiled import CompiledDecoder, bucket_for, compile_problem
 
-            self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
-            bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a typical chat prompt
-            if bucket is not None:
-                use_threads(self.device, self.speed.decode_threads())
-                self._compiled.warm_up(bucket, progress)
+            problem = compile_problem(self.model)  # sliding / recurrent layers: not compiled at all
+            if problem is not None:
+                self._compile_notice = f"{problem}: decoding eagerly"
+            else:
+                self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
+                bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a chat prompt
+                if bucket is not None:
+                    use_threads(self.device, self.speed.decode_threads())
+                    self._compiled.warm_up(bucket, progress)
+                self._drop_failed_decoder()
+
+    def _drop_failed_decoder(self) -> None:
+        """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
+        say why."""
+        if self._compiled is not None and self._compiled.failure is not None:
+            self._compile_notice = self._compiled.failure
+            self._compiled = None
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
@@ -100,27 +114,25 @@ class Engine(RunControls):
         text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
         if not self.options.logit_lens:
             return None, None
-        if states is not None:
-            return states, None
         why = lens_unavailable(self.model, compiled=self._compiled is not None)
+        if states is not None and why is None:
+            return states, None
         return ([], None) if why is None else (None, None if said else why)
 
     # ------------------------------------------------------------------------------------------- the run
-    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+    # `run(prompt, system, run_id=)` and `branch(point, run_id=)` are core/interface.py's: they turn a TokentuiError
+    # raised here into the run's error and done events.
+    def _run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         """One generation, as events: [Notice], PromptEvent, [PrefillProgress... for a long prompt], PrefillEvent,
-        StepEvent..., DoneEvent (also when stopped before the first token).
+        StepEvent..., DoneEvent (also when stopped before the first token)."""
+        yield from self._locked(lambda: self._generate_run(prompt, system, run_id))
 
-        A bad prompt or a fault mid-run ends the stream with an ErrorEvent (one actionable line) instead.
-        """
-        yield from self._guarded(lambda serial: self._run(prompt, system, serial))
-
-    def branch(self, point: BranchPoint) -> Iterator[Event]:
+    def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         """A branch of an earlier run (core/model/branch.py): the prefix `point` gives, `point.token` forced at step
         `point.at`, then generation as in `run` (same settings, pause, stop, limits). Events: BranchEvent,
         [Notice], [PrefillProgress...], PrefillEvent, StepEvent (index point.at, forced=True), StepEvent...,
-        DoneEvent; or an ErrorEvent, as in `run`. Reuses the KV cache of this engine's latest run (or branch) when
-        it holds the prefix."""
-        yield from self._guarded(lambda serial: branch_events(self, point, serial))
+        DoneEvent. Reuses the KV cache of this engine's latest run (or branch) when it holds the prefix."""
+        yield from self._locked(lambda: branch_events(self, point, run_id))
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -129,28 +141,40 @@ class Engine(RunControls):
         held = self._held
         return held.ids if held is not None else ()
 
+    def take_held_cache(self) -> HeldCache | None:
+        """The KV cache kept from the latest run, handed over to a branch (the engine holds none until that branch
+        ends and holds its own)."""
+        held, self._held = self._held, None
+        return held
+
+    def hold_cache(self, held: HeldCache | None) -> None:
+        """Keep `held` as the latest run's cache again (a branch stopped before it used the one it took)."""
+        self._held = held
+
     def release_cache(self) -> None:
         """Drop the KV cache kept from the latest run (its memory is freed once no branch uses it; a later branch
         prefills afresh). Does not wait: a run in progress keeps its own cache, and holds it when it ends."""
         self._held = None
 
-    def _guarded(self, start) -> Iterator[Event]:
-        """The events of `start(serial)` as one run: a new serial (retiring older runs), the model's locks, and
-        faults turned into an ErrorEvent."""
-        serial = self._new_run()
+    @property
+    def compiled(self):
+        """The --compile decode step (core/model/compiled.py), None without --compile."""
+        return self._compiled
+
+    def _locked(self, start) -> Iterator[Event]:
+        """The events of `start()` as one run on the model: its locks held, and out-of-memory turned into a
+        GenerationError of kind oom (the step where it happened, numbered as the events number them)."""
         # A compiled run also holds its decoder's lock: engines on one model share its static caches.
         with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
             step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
-            events = start(serial)
+            events = start()
             try:
                 for event in events:
                     if isinstance(event, StepEvent):
                         step = event.index + 1
                     yield event
-            except TokentuiError as err:
-                yield ErrorEvent(message=str(err), step=getattr(err, "step", -1), kind=type(err).__name__)
             except torch.cuda.OutOfMemoryError as err:
-                yield ErrorEvent(message=self._oom_message(err, step), step=step, kind="oom")
+                raise GenerationError(self._oom_message(err, step), step, ErrorKind.OOM) from None
             finally:
                 events.close()
 
@@ -172,9 +196,12 @@ class Engine(RunControls):
         return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
                 "or a smaller model")
 
-    def _run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
+    def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
         self._held = None  # a new run: the last one's KV cache goes
+        self._drop_failed_decoder()
+        if self._compile_notice:
+            yield Notice(self._compile_notice)
         # Step 1 — chat template.
         templated = apply_template(tok, prompt, system)
         if not templated.templated:
@@ -194,9 +221,9 @@ class Engine(RunControls):
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
                           user_prompt=prompt, system_prompt=system,
                           default_system_prompt=self.default_system_prompt)
-        go, paused_s = self._timed_gate(serial)
+        go, paused_s = self.timed_gate(serial)
         if not go:
-            yield self._ended_before_first_token(len(ids), None, paused_s)
+            yield stopped_before_first_token(len(ids), paused_ms=paused_s * 1000.0)
             return
         # Step 3 — prefill (a long prompt in chunks, with progress and a chance to stop between them).
         cache = None
@@ -217,15 +244,18 @@ class Engine(RunControls):
                                                             states_out=lens_states):
             if chunked:
                 yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
-                if logits is None and self._stopping(serial):
-                    yield self._ended_before_first_token(len(ids), cache, paused_s)
+                if logits is None and self.stopping(serial):
+                    yield stopped_before_first_token(len(ids), cache_tokens(cache), cache_nbytes(cache), paused_s * 1000.0)
                     return
         use_threads(self.device, self.speed.decode_threads())
-        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache),
-                           kv_bytes=cache_nbytes(cache))
-        yield from self._generate(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
+        kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)
+        yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=kv_tokens, kv_bytes=kv_bytes)
+        mismatch = kv_mismatch(facts, kv_tokens, kv_bytes)
+        if mismatch:
+            yield Notice(mismatch)
+        yield from self.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
 
-    def _generate(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
+    def generate_from(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
                   lens_said: bool | None = None, fed: int | None = None) -> Iterator[Event]:
@@ -243,7 +273,7 @@ class Engine(RunControls):
         facts, opts, tok = self.facts, self.options, self.tokenizer
         if lens_said is None:
             lens_said = lens_states is None and opts.logit_lens
-        ttft_ms = forward_ms
+        ttft_ms = None  # the run's time to its first token: its first step's latency (prefill + selecting it)
         generator = torch.Generator(device=logits.device)
         seed_in_use: int | None = None
         if detok is None:
@@ -256,24 +286,23 @@ class Engine(RunControls):
         step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
+        compile_said = False  # a compiled decoder that stopped mid-run: said once
         index = first
         while True:
             # Step 4 — selection, with the settings in force now.
-            settings, changed = self._take_settings()
+            settings, changed = self.take_settings()
             if settings.seed != seed_in_use:
                 generator.manual_seed(settings.seed)
                 seed_in_use = settings.seed
             try:
                 sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
             except GenerationError as err:
-                located = GenerationError(f"step {index + 1}: {err}")  # numbered from 1; .step is the index
-                located.step = index
-                raise located from err
+                raise GenerationError(f"step {index + 1}: {err}", index) from err  # numbered from 1; .step: the index
             clock.selected()
             vocab = self.token_bytes
             lens = None  # the logit lens of the forward that scored this token (core/model/lens.py)
             if lens_states:
-                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i))
+                lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i), logits)
                 clock.lensed()
             # Step 6 — detokenize as the token arrives.
             det = detok.push(sel.token_id)
@@ -285,6 +314,9 @@ class Engine(RunControls):
             kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)  # building the event counts as detok
             now = time.perf_counter()
             timing = clock.finish(now)
+            latency_ms = (now - step_start) * 1000.0
+            if index == first:
+                ttft_ms = latency_ms
             yield StepEvent(
                 index=index, id=sel.token_id, piece=piece, special=det.special,
                 text=det.text, pending_hex=det.pending.hex(" "), pending_needed=det.pending_needed,
@@ -292,7 +324,7 @@ class Engine(RunControls):
                 chosen_rank=sel.chosen_rank, chosen_raw_prob=sel.chosen_raw_prob, chosen_prob=sel.chosen_prob,
                 kept_count=sel.kept_count, kept_mass=sel.kept_mass, entropy_bits=sel.entropy_bits,
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
-                settings_changed=changed, latency_ms=(now - step_start) * 1000.0, forward_ms=clock.forward_ms,
+                settings_changed=changed, latency_ms=latency_ms, forward_ms=clock.forward_ms,
                 kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
                 top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
             )
@@ -307,7 +339,7 @@ class Engine(RunControls):
             if facts.max_context and cache_tokens(cache) >= facts.max_context:
                 reason = "context"
                 break
-            go, waited = self._timed_gate(serial)
+            go, waited = self.timed_gate(serial)
             paused_s += waited
             if decode_started is not None:
                 decode_paused_s += waited
@@ -325,6 +357,10 @@ class Engine(RunControls):
             logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states,
                                                   sync=clock.sync_forward)
             clock.forward_ends(forward_ms)
+            decoder = getattr(cache, "decoder", None)
+            if decoder is not None and decoder.failure is not None and not compile_said:
+                compile_said = True
+                yield Notice(decoder.failure)  # this step was eager, as the rest of the run will be
         end = time.perf_counter()
         taken = len(generated) - first  # the steps selected here
         decoded = taken - 1
@@ -343,10 +379,3 @@ class Engine(RunControls):
             kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), paused_ms=paused_s * 1000.0,
             dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed,
         )
-
-    def _ended_before_first_token(self, prompt_tokens: int, cache, paused_s: float) -> DoneEvent:
-        """The `done` of a run stopped before its first token (before or during prefill): no token, so no time to
-        first token and no decode speed (null, not 0); the KV figures are what the prefill chunks done hold."""
-        return DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
-                         prompt_tokens=prompt_tokens, kv_tokens=cache_tokens(cache) if cache is not None else 0,
-                         kv_bytes=cache_nbytes(cache) if cache is not None else 0, paused_ms=paused_s * 1000.0)

@@ -1,24 +1,21 @@
 """The logit lens: at which depth the model settles on its next token.
 
-For the current step, each decoder layer's output (the residual stream after layer i) is put through the model's
-own final norm and LM head, as if the model ended there; the top token of that distribution and its probability
-are one row. The last row is the model's own output distribution (its top id and probability equal those of
-softmax(the step's logits), which tests/unit/test_lens.py checks), so a reader sees at which layer the chosen token
-first appears on top.
+For the current step, each decoder block's output (the residual stream after block i, at the last position) is put
+through what the model itself does after its last block — its final norm (RMSNorm, LayerNorm, Gemma's (1 + weight)
+RMSNorm: the model's own module is called), OPT's projection where it has one, the LM head (tied or not, with its
+bias), then what the model does to the head's output (Gemma 2's soft-cap, Cohere's logit_scale, Granite's
+logits_scaling: core/model/architecture.py `logits_ops`) — as if the model ended there; the top token of that
+distribution and its probability are one row. The last row is therefore the model's own output distribution.
 
-Which tensor each row uses (transformers' `output_hidden_states`, last position only; L = decoder layers):
+Which parts: core/model/architecture.py finds them in the module tree for any decoder family (the blocks' list,
+the final norm under its many names, the output embeddings), and the block outputs are caught with forward hooks
+on the blocks, last position only, so the lens does not depend on how a family fills `output_hidden_states`.
 
-    hidden_states[0]          the token embeddings (the input of layer 1): no row (with tied embeddings its lens
-                              mostly names the input token itself, which says nothing about the next one)
-    hidden_states[i], i < L   the output of decoder layer i (pre-norm residual)  ->  row `layer=i`: norm, LM head
-    hidden_states[L]          transformers hands back `last_hidden_state` here, i.e. the output of layer L with the
-                              final norm already applied (`tie_last_hidden_states`, on for these families)  ->  row
-                              `layer=L`: the LM head alone, so the norm is not applied twice
-
-Supported: the Llama, Qwen2 and Qwen3 families (`model.model.norm`, `model.model.layers`, the output embeddings;
-tied or separate LM head alike, since the head is called as the module the model itself calls). Anything else is
-refused with a one-line reason (`lens_support`), and the engine then runs without the lens and says so once per run
-(a Notice); so does a run under --compile, whose compiled decode step returns no hidden states.
+Checked as it runs: the first time the lens runs on a model, its last row is compared with the step's own logits
+(`verify`); a model that does something after its last block that tokentui does not know (a multiplier, a cap)
+fails that comparison, and the run goes on without the lens, saying so once (a Notice), instead of showing rows
+that are not the model's. Also refused with a one-line reason: a model whose blocks or head are not where
+`model_parts` looks (`lens_support`), and a run under --compile, whose compiled decode step returns no states.
 
 Cost: one LM-head product per layer per step ([L, hidden] x [hidden, vocab], one matrix product for all layers), on
 top of the forward; the engine computes it after the forward, so it counts in a step's `latency_ms`, not its
@@ -27,30 +24,28 @@ top of the forward; the engine computes it after the forward, so it counts in a 
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
 
 from ..runs.events import LensRow
+from .adapter import call_model
+from .architecture import Parts, logits_ops, model_parts
 
-__all__ = ["LensRow", "SUPPORTED", "forward_last_states", "last_position_states", "lens_support", "lens_top",
-           "lens_unavailable", "logit_lens"]
+__all__ = ["LensRow", "forward_last_states", "lens_logits", "lens_support", "lens_top", "lens_unavailable",
+           "logit_lens", "verify"]
 
-SUPPORTED = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}  # config.model_type -> family
+# per model: None (the lens's last row reproduced the model's output), or why it did not
+_VERDICTS: "weakref.WeakKeyDictionary[object, str | None]" = weakref.WeakKeyDictionary()
 
 
 def lens_support(model) -> str | None:
-    """None when the logit lens works for `model`, else the reason, as one line."""
-    config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind not in SUPPORTED:
-        name = (getattr(config, "architectures", None) or [type(model).__name__])[0]
-        return f"the logit lens supports Llama, Qwen2 and Qwen3 models, not {name}"
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if getattr(inner, "norm", None) is None or not layers or model.get_output_embeddings() is None:
-        return f"the logit lens needs a final norm and an LM head where {SUPPORTED[kind]} models keep them"
-    return None
+    """None when the logit lens can run on `model`, else the reason, as one line."""
+    parts = model_parts(model)
+    if isinstance(parts, str):
+        return f"the logit lens needs the decoder blocks and the LM head, and {parts}"
+    return _VERDICTS.get(model)
 
 
 def lens_unavailable(model, compiled: bool) -> str | None:
@@ -63,56 +58,86 @@ def lens_unavailable(model, compiled: bool) -> str | None:
 
 @torch.inference_mode()
 def forward_last_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """core/model/adapter.py's `forward_last_logits` with the hidden states asked for; only the last position is kept.
+    """core/model/adapter.py's `forward_last_logits`, with each decoder block's output caught at the last position
+    by a forward hook (registered for this forward only).
 
-    input_ids: [1, T] int64 on the model's input device  ->  (logits [V], states [L + 1, H] in the model's dtype)
+    input_ids: [1, T] int64 on the model's input device  ->  (logits [V], states [L, H] in the model's dtype)
     """
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                output_hidden_states=True)
-    return out.logits[0, -1], last_position_states(out.hidden_states)
+    parts = model_parts(model)
+    if isinstance(parts, str):
+        raise ValueError(parts)
+    rows: list[torch.Tensor] = []
 
+    def keep(module, args, output):
+        hidden = output[0] if isinstance(output, (tuple, list)) else output  # [1, T, H]
+        rows.append(hidden[0, -1])
 
-def last_position_states(hidden_states) -> torch.Tensor:
-    """transformers' hidden_states, a tuple of L + 1 tensors [1, T, H], -> [L + 1, H] at the last position (a copy
-    of those rows only: the full per-layer states of a prefill chunk are not kept)."""
-    return torch.stack([h[0, -1] for h in hidden_states])
-
-
-def _last_is_normed(model) -> bool:
-    """Whether hidden_states[L] already has the final norm applied: transformers replaces the last one with
-    `last_hidden_state` unless a config sets `tie_last_hidden_states` to False."""
-    return getattr(model.config, "tie_last_hidden_states", None) is not False
+    handles = [block.register_forward_hook(keep) for block in parts.layers]
+    try:
+        out = call_model(model, input_ids, cache)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out.logits[0, -1], torch.stack(rows)  # the stack copies the rows: the blocks' outputs are not kept
 
 
 @torch.inference_mode()
-def lens_top(model, states: torch.Tensor) -> tuple[list[int], list[float]]:
-    """states [L + 1, H] (see `last_position_states`) -> (top id per layer 1..L, its probability), as Python lists.
+def lens_logits(model, states: torch.Tensor) -> torch.Tensor:
+    """states [L, H] (block outputs, `forward_last_states`) -> float32 logits [L, V]: each row through the final
+    norm, the projection, the LM head and the logits' post-processing (the module docstring)."""
+    parts: Parts = model_parts(model)  # type: ignore[assignment]  (lens_support said it is one)
+    layers = len(parts.layers)
+    if states.dim() != 2 or states.shape[0] != layers:
+        raise ValueError(f"the logit lens needs {layers} block outputs [L, H], got {tuple(states.shape)}")
+    x = states.to(parts.head.weight.device)[None]  # [1, L, H]: the batch, positions shape the modules expect
+    if parts.norm is not None:
+        x = parts.norm(x)
+    if parts.project is not None:
+        x = parts.project(x)
+    logits = parts.head(x.to(parts.head.weight.dtype))[0].float()  # [L, V]: one matrix product for every layer
+    for _, op in logits_ops(model):
+        logits = op(logits)
+    return logits
 
-    Row i < L: softmax(lm_head(norm(states[i]))); row L: softmax(lm_head(states[L])) when states[L] is already
-    normed (module docstring). Probabilities in float32, as selection computes the step's own (core/steps/select.py).
-    """
-    layers = len(model.model.layers)
-    if states.dim() != 2 or states.shape[0] != layers + 1:
-        raise ValueError(f"the logit lens needs {layers + 1} hidden states [L + 1, H], got {tuple(states.shape)}")
-    norm, head = model.model.norm, model.get_output_embeddings()
-    x = states[1:].to(head.weight.device)  # [L, H]: the output of layers 1..L
-    if _last_is_normed(model):
-        x = torch.cat([norm(x[:-1]), x[-1:]])  # [L, H]
-    else:
-        x = norm(x)
-    logits = head(x).float()  # [L, V]: one matrix product for every layer
+
+@torch.inference_mode()
+def lens_top(model, states: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
+    """states [L, H] -> (top id per layer 1..L, its probability, as Python lists; the last row's log-probabilities
+    [V], for `verify`). Probabilities in float32, as selection computes the step's own (core/steps/select.py)."""
+    logits = lens_logits(model, states)  # [L, V]
     top = logits.max(dim=-1)  # values, indices: [L]
-    probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1))  # softmax at the top: [L]
+    norm = torch.logsumexp(logits, dim=-1)  # [L]
+    probs = torch.exp(top.values - norm)  # softmax at the top: [L]
     packed = torch.stack([top.indices.to(torch.float64), probs.to(torch.float64)])  # [2, L]: one device->host copy
     ids, ps = packed.tolist()
-    return [int(i) for i in ids], ps
+    return [int(i) for i in ids], ps, logits[-1] - norm[-1]
 
 
-def logit_lens(model, states, piece: Callable[[int], str] = str) -> list[LensRow]:
-    """One LensRow per decoder layer (layer 1..L, top token and probability), for the step whose hidden states are
-    `states`: the stacked [L + 1, H] tensor from `forward_last_states`, or transformers' tuple of L + 1 [1, T, H].
-    `piece(id)` gives each token's display text (the engine passes core/steps/detokenize.py's `display_piece`)."""
-    if not isinstance(states, torch.Tensor):
-        states = last_position_states(states)
-    ids, probs = lens_top(model, states)
+def verify(model, last_logprobs: torch.Tensor, logits: torch.Tensor) -> str | None:
+    """Compare the lens's last row (log-probabilities [V]) with the step's own logits [V]: None when they are the
+    same distribution, else the reason. The measure is KL(model ‖ lens) in nats, which a scale or a cap on the
+    logits moves even where the distribution is near-uniform (where probabilities barely change); within rounding
+    it is ~1e-12 in float32 and below ~1e-2 in 16-bit floats, so the bounds are 1e-5 and 3e-2."""
+    ours = last_logprobs.double()
+    theirs = torch.log_softmax(logits.double().to(ours.device), dim=-1)
+    kl = float((theirs.exp() * (theirs - ours)).sum())
+    tol = 1e-5 if logits.dtype == torch.float32 else 3e-2
+    if kl <= tol:
+        return None
+    name = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
+    return (f"the logit lens could not reproduce {name}'s own output from its final norm and LM head (KL "
+            f"{kl:.2g} nats: the model does something after them that tokentui does not know)")
+
+
+def logit_lens(model, states: torch.Tensor, piece: Callable[[int], str] = str,
+               logits: torch.Tensor | None = None) -> list[LensRow] | None:
+    """One LensRow per decoder layer (layer 1..L, top token and probability) for the step whose block outputs are
+    `states` [L, H] (`forward_last_states`). `piece(id)` gives each token's display text (the engine passes
+    core/steps/detokenize.py's `display_piece`). With the step's own `logits`, the first call on a model checks the
+    last row against them (`verify`); None when that fails (and `lens_support` says why from then on)."""
+    ids, probs, last = lens_top(model, states)
+    if logits is not None and model not in _VERDICTS:
+        _VERDICTS[model] = verify(model, last, logits)
+    if _VERDICTS.get(model) is not None:
+        return None
     return [LensRow(layer=n, id=i, piece=piece(i), prob=p) for n, (i, p) in enumerate(zip(ids, probs), 1)]

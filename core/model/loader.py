@@ -291,8 +291,11 @@ def load_model(
     except Exception as err:
         raise ModelLoadError(_explain_load_error(name, err)) from err
     model.eval()
-    facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
-                        load_seconds=time.perf_counter() - started)
+    try:
+        facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
+                            load_seconds=time.perf_counter() - started)
+    except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
+        raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
@@ -329,13 +332,20 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     """Everything the model panel shows, read off the loaded objects (not from documentation)."""
     import torch
 
-    from .kvcache import kv_bytes_per_token, kv_shape
+    from .architecture import anatomy, decoder_config, kv_groups
     from .qlinear import quantized_parameters
+    from ..runs.architecture import kv_bytes_per_token
 
     config = model.config
-    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    layers, kv_heads, head_dim = kv_shape(config)
+    text_config = decoder_config(model)
     param = next(model.parameters())
+    bytes_per_value = torch.empty((), dtype=param.dtype).element_size()
+    try:  # read off the module tree and the cache's layer classes; a family they do not fit shows as not known
+        groups, parts = kv_groups(model), anatomy(model)
+    except Exception:  # never a traceback at load: the run still works, its KV figures come from the tensors
+        groups, parts = None, None
+    attention = next((b for b in parts.blocks if b.heads), None) if parts is not None else None
+    heads = getattr(text_config, "num_attention_heads", None)
     out_emb = model.get_output_embeddings()
     vocab_rows = int(out_emb.weight.shape[0]) if out_emb is not None else int(text_config.vocab_size)
     return ModelFacts(
@@ -343,14 +353,14 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         source=source,
         architecture=(config.architectures or [type(model).__name__])[0],
         parameters=sum(p.numel() for p in model.parameters()) + quantized_parameters(model),
-        layers=layers,
-        hidden_size=int(text_config.hidden_size),
+        layers=int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0) or 0),
+        hidden_size=int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "n_embd", 0) or 0),
         vocab_rows=vocab_rows,
-        attention_heads=int(text_config.num_attention_heads),
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        kv_bytes_per_token=kv_bytes_per_token(config, param.dtype),
-        kv_bytes_per_value=torch.empty((), dtype=param.dtype).element_size(),
+        attention_heads=attention.heads if attention is not None else (None if parts is not None else heads),
+        kv_heads=attention.kv_heads if attention is not None and attention.kv_heads else None,
+        head_dim=attention.head_dim if attention is not None and attention.head_dim else None,
+        kv_bytes_per_token=kv_bytes_per_token(groups, bytes_per_value) if groups is not None else None,
+        kv_bytes_per_value=bytes_per_value,
         max_context=int(getattr(text_config, "max_position_embeddings", 0) or 0),
         device=str(param.device),
         dtype=str(param.dtype).removeprefix("torch."),
@@ -358,6 +368,8 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         trust_remote_code=trust_remote_code,
         load_seconds=round(load_seconds, 3),
         tied_lm_head=tied_lm_head(model),
+        kv_groups=groups,
+        anatomy=parts,
     )
 
 

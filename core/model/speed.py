@@ -20,7 +20,7 @@ phases leave a core free, `cores - 1` threads (at least 1), unless --threads say
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -49,14 +49,15 @@ class SpeedOptions:
     prefill_threads: int | None = None
     weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/model/weight_layout.py); "stock"
 
-    def validated(self) -> "SpeedOptions":
+    def __post_init__(self) -> None:
+        """Checked here, once: an invalid SpeedOptions cannot exist."""
         if self.weight_layout not in LAYOUTS:
             raise SettingsError(f"weight-layout must be {' or '.join(LAYOUTS)}, got {self.weight_layout!r}")
         for name in ("threads", "prefill_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise SettingsError(f"{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        return replace(self, compile=bool(self.compile))
+        object.__setattr__(self, "compile", bool(self.compile))  # frozen: the one place a field is normalised
 
     def decode_threads(self) -> int:
         return self.threads or max(1, cpu_cores() - 1)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from ..errors import ErrorKind
 from ..settings import SamplerSettings
+from .architecture import BlockGroup, KVGroup, ModelAnatomy  # noqa: F401  (nested in ModelFacts; the reader's table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,10 @@ class ModelFacts(Event):
     attention_heads: int | None
     kv_heads: int | None
     head_dim: int | None
-    kv_bytes_per_token: int | None  # 2 * layers * kv_heads * head_dim * kv_bytes_per_value
+    # bytes one more cached position adds while no sliding window is full: the sum over the layers that cache per
+    # position (core/runs/architecture.py; 2 * layers * kv_heads * head_dim * kv_bytes_per_value for plain
+    # attention; 0 for a model with only a fixed-size recurrent state)
+    kv_bytes_per_token: int | None
     max_context: int | None
     device: str
     dtype: str
@@ -118,12 +123,16 @@ class ModelFacts(Event):
     tied_lm_head: bool | None = None
     server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
     quantization: QuantFacts | None = None  # weights kept as the file stores them (None: float weights)
+    # What the KV cache's layers hold, by kind (core/runs/architecture.py: full, sliding, latent, state...), and the
+    # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
+    kv_groups: list[KVGroup] | None = None
+    anatomy: ModelAnatomy | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for key in ("server", "quantization"):
-            if data[key] is None:
-                del data[key]  # written only when there is one (records stay as they were before these fields)
+        for name in ("server", "quantization", "kv_groups", "anatomy"):
+            if data[name] is None:
+                del data[name]  # written only where known: a record reads as before these fields existed
         return data
 
 
@@ -347,7 +356,9 @@ class DoneEvent(Event):
     tokens: int  # tokens selected, the end token included
     runs: int  # model runs; prefill counts as one
     scores: int | None  # vocab_rows * runs (None: the vocabulary's size is not known)
-    ttft_ms: float | None  # prefill time to the first token; None when the run ended before its first token
+    # time to the first token: from the prompt going in to the first token chosen (the first step's latency_ms, prefill
+    # included; a branch: its forced step's); None when the run ended before its first token
+    ttft_ms: float | None
     decode_tok_s: float | None  # tokens after the first / decode time (paused time excluded); None: no decode step
     text: str  # the answer: a one-shot decode of the ids, less what the dropped bytes decode to (U+FFFD)
     prompt_tokens: int = 0
@@ -361,56 +372,47 @@ class DoneEvent(Event):
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent(Event):
-    """A run ended by a fault. `message` is one actionable line; `step` where it happened (-1 before decode)."""
+    """A run ended by a fault. `message` is one actionable line; `step` where it happened (-1 before decode);
+    `kind` why (core/errors.py's ErrorKind; written as its value, e.g. "prompt", "server", "oom"). A `done` with
+    reason "error" always follows it (core/runs/ending.py)."""
 
     event: ClassVar[str] = "error"
     message: str
     step: int = -1
-    kind: str = "error"
+    kind: ErrorKind = ErrorKind.OTHER
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ErrorKind.of(self.kind))  # a record's string (or an older class name)
+
+    def to_dict(self) -> dict:
+        data = Event.to_dict(self)
+        data["kind"] = self.kind.value
+        return data
 
 
-class StepTally:
-    """What a "stopped" `done` needs from the steps a run reported, kept as they pass instead of the steps themselves
-    (a long run in the dashboard would otherwise hold every step twice): the count, the first step's latency, the
-    decode latencies' sum, the text, and the last step."""
 
-    __slots__ = ("count", "first_ms", "decode_ms", "text", "last")
+def _install_fast_pickling() -> None:
+    """Pickling for the frozen slots dataclasses above, by field position. The dashboard's model process sends every
+    event pickled (core/link/protocol.py), a step with its ten candidates a dozen objects; the dataclasses module's
+    own `__getstate__` / `__setstate__` for slots classes look their fields up again for every object, which made
+    unpickling a step several tens of microseconds slower (BENCHMARKS.md, "the dashboard at GPU speed"). Same
+    fields, same values, same types: only the lookup is done once per class, here."""
+    from dataclasses import fields, is_dataclass
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.first_ms: float | None = None
-        self.decode_ms = 0.0
-        self.text: list[str] = []
-        self.last: StepEvent | None = None
+    for cls in list(globals().values()):
+        if not (isinstance(cls, type) and is_dataclass(cls) and "__slots__" in cls.__dict__):
+            continue
+        names = tuple(f.name for f in fields(cls))
 
-    def add(self, step: StepEvent) -> None:
-        if self.count == 0:
-            self.first_ms = step.latency_ms
-        else:
-            self.decode_ms += step.latency_ms
-        self.count += 1
-        if step.text:
-            self.text.append(step.text)
-        self.last = step
+        def getstate(self, _names=names):
+            return tuple([getattr(self, name) for name in _names])
 
-    def stopped_done(self, prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
-        """The `done` event for a run cut off from outside (a signal, a quit during prefill, the model process ended
-        on purpose), so a record always ends with one. Time to first token and decode speed come from the steps' own
-        latencies (None without a first token / a decode step); bytes the last step still held are reported as
-        dropped."""
-        n, last = self.count, self.last
-        return DoneEvent(reason="stopped", tokens=n, runs=n, scores=n * vocab_rows if vocab_rows else None,
-                         ttft_ms=self.first_ms,
-                         decode_tok_s=(n - 1) / (self.decode_ms / 1000.0) if self.decode_ms > 0 else None,
-                         text="".join(self.text), prompt_tokens=prompt_tokens,
-                         kv_tokens=last.kv_tokens if last else 0, kv_bytes=last.kv_bytes if last else 0,
-                         dropped_hex=last.pending_hex if last else "",
-                         dropped_needed=last.pending_needed if last else 0)
+        def setstate(self, state, _names=names):
+            for name, value in zip(_names, state):
+                object.__setattr__(self, name, value)
+
+        cls.__getstate__ = getstate
+        cls.__setstate__ = setstate
 
 
-def stopped_done(steps: "list[StepEvent]", prompt_tokens: int, vocab_rows: int | None) -> DoneEvent:
-    """`StepTally.stopped_done` for steps at hand as a list."""
-    tally = StepTally()
-    for step in steps:
-        tally.add(step)
-    return tally.stopped_done(prompt_tokens, vocab_rows)
+_install_fast_pickling()

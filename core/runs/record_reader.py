@@ -14,7 +14,7 @@ import json
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ..errors import TokentuiError
+from ..errors import ErrorKind, RecordError, RunError
 from .events import (
     BranchEvent,
     Candidate,
@@ -36,18 +36,16 @@ from .events import (
     StepTiming,
 )
 from ..settings import SamplerSettings
+from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts, "QuantFacts": QuantFacts}
+          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
+          "QuantFacts": QuantFacts}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
-
-
-class RecordError(TokentuiError):
-    """A file that is not a run record this version can read. `str(err)` starts with the file's path."""
 
 
 def _value(value, annotation: str, where: str):
@@ -62,6 +60,10 @@ def _value(value, annotation: str, where: str):
         return [_value(v, inner, f"{where}[{n}]") for n, v in enumerate(value)]
     if annotation in NESTED:
         return build(NESTED[annotation], value, where)
+    if annotation == "ErrorKind":
+        if not isinstance(value, str):
+            raise ValueError(f"{where} should be an error kind, got {json.dumps(value, ensure_ascii=False)[:40]}")
+        return ErrorKind.of(value)  # an older record's class name, or a newer kind: read, never refused
     kinds = _SCALARS.get(annotation)
     if kinds is None:
         return value  # an annotation this reader does not check
@@ -136,8 +138,6 @@ def read_lines(path: Path) -> tuple[list[tuple[int, Event]], int | None]:
 
 def read_run(path: str | Path, run_class):
     """The run a record holds (`Run.from_record`): one run, its `model` event first."""
-    from .run import RunError
-
     path = Path(path)
     events, cut = read_lines(path)
     run = run_class()
@@ -154,7 +154,7 @@ def read_run(path: str | Path, run_class):
             started = True
         elif isinstance(event, ModelFacts):
             raise RecordError(f"{where}: a second model event (a record holds one run)")
-        elif run.end is not None:
+        elif run.end is not None and not (isinstance(run.end, ErrorEvent) and isinstance(event, DoneEvent)):
             raise RecordError(f"{where}: a {event.event!r} event after the run's end")
         elif isinstance(event, PromptEvent) and run.prompt is not None:
             raise RecordError(f"{where}: a second prompt event (a record holds one run)")

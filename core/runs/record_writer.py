@@ -24,6 +24,10 @@ class RunRecorder:
         self.path: Path | None = None
         self._fh = None
 
+    def fresh(self) -> "RunRecorder":
+        """Another recorder writing to the same folder (one per run: each holds one file)."""
+        return RunRecorder(self.directory)
+
     def open_run(self) -> Path:
         self.close()
         self.directory.mkdir(parents=True, exist_ok=True)

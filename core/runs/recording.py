@@ -1,51 +1,56 @@
-"""One run of an engine, recorded as it happens: the bookkeeping `--headless` and the dashboard share.
+"""One run of an engine, recorded as it happens: the bookkeeping `--headless`, `tokentui branch` and the dashboard
+share.
 
-`RecordedRun` opens the run's record and writes the model's facts first, writes every event the engine yields
-before passing it on, and closes the record when the run ends. A record ends with `done` (or `error`): when the
-engine's stream stops without one — a signal interrupted it (KeyboardInterrupt), the caller stopped reading, or
-the engine returned early — the `done` (reason "stopped") is built from the steps seen so far
-(`events.StepTally`), written, and kept in `cut_off` for the caller to report. A crash (any other exception
-from the engine) is passed on as is; its record ends with the last event before it.
+`RecordedRun` opens the run's record and writes the model's facts first, writes every event before passing it on,
+and closes the record when the run ends. Every record ends with `done`: an engine's own stream always does
+(core/interface.py), and for the ends an engine never reports this writes it, from the steps seen so far
+(core/runs/ending.py's StepTally):
+- cut off from outside (a signal interrupted it, the caller stopped reading, the model process was closed on
+  purpose): a `done` with reason "stopped", kept in `cut_off` for the caller to report;
+- a failure outside the engine's own events (an exception in the engine, the model process killed, a message that
+  is not the protocol's): `fail(message, kind)` writes an `error` event and a `done` with reason "error" and returns
+  them, so the caller shows them as it would an engine's own.
 
 Recording never ends a run: a record that cannot be opened or written is said once through `on_note` and the
-run goes on unrecorded.
+run goes on unrecorded (`cut_short` then names the record that stopped early).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, StepEvent, StepTally
+from ..errors import ErrorKind, TokentuiError
+from .ending import StepTally
+from .events import DoneEvent, ErrorEvent, Event, ModelFacts
 from .record_writer import RunRecorder
 
 
 class RecordedRun:
-    """Use as a context manager around `events()` (or `feed()` for events received elsewhere), so the record is
+    """Use as a context manager around `record(events)` (or `feed()` for events received elsewhere), so the record is
     finished however the caller leaves:
 
-        with RecordedRun(engine, recorder, on_note=say) as run:
+        with RecordedRun(engine.facts, recorder, on_note=say) as run:
             path = run.open()
-            for event in run.events(prompt, system):
+            for event in run.record(engine.run(prompt, system)):
                 ...
         if run.cut_off is not None: ...  # the `done` the engine did not send
 
-    `engine` needs `facts` (a ModelFacts) and `run(prompt, system)`; `recorder` None records nothing.
+    `recorder` None records nothing.
     """
 
-    def __init__(self, engine, recorder: RunRecorder | None, *, on_note: Callable[[str], None]):
-        self.engine = engine
+    def __init__(self, facts: ModelFacts, recorder: RunRecorder | None, *, on_note: Callable[[str], None]):
+        self.facts = facts
         self._recorder = recorder
         self._on_note = on_note
         self.path: Path | None = None  # the record, once opened
-        self.finished = False  # the engine sent `done` or `error`
-        self.cut_off: DoneEvent | None = None  # the `done` written for a run that ended without one
-        self._steps = StepTally()  # what a "stopped" done needs, not the steps themselves
-        self._prompt_tokens = 0
-        self._prefix_text = ""  # a branch's answer before its branch point (its `done` text starts with it)
+        self.cut_short = False  # the record could not be written to the end (said through on_note)
+        self.finished = False  # the run's own events ended with their `done`
+        self.ended = False  # a `done` has been recorded (the run's own, or one written here)
+        self.cut_off: DoneEvent | None = None  # the `done` written for a run cut off from outside
+        self.error: ErrorEvent | None = None  # the run's error, when it failed
+        self._tally = StepTally()
         self._stream: Iterator[Event] | None = None
-        self._crashed = False  # the engine raised: passed on, no `done` made up for it
 
     # ---- the record ----------------------------------------------------------------------------------------
     def open(self) -> Path | None:
@@ -56,7 +61,7 @@ class RecordedRun:
             return None
         try:
             self.path = recorder.open_run()
-            recorder.write(self.engine.facts)
+            recorder.write(self.facts)
         except OSError as err:
             self._drop_recorder()
             self.path = None
@@ -70,7 +75,8 @@ class RecordedRun:
             self._recorder.write(event)
         except OSError as err:
             self._drop_recorder()
-            self._on_note(f"recording stopped: {err}")
+            self.cut_short = self.path is not None
+            self._on_note(f"recording stopped: {err}" + (f"; {self.path} ends early" if self.path else ""))
 
     def _drop_recorder(self) -> None:
         recorder, self._recorder = self._recorder, None
@@ -81,47 +87,68 @@ class RecordedRun:
                 pass
 
     # ---- the run -------------------------------------------------------------------------------------------
-    def events(self, prompt: str, system: str | None) -> Iterator[Event]:
-        """The engine's events for one run, each recorded before it is passed on."""
+    def record(self, events: Iterator[Event]) -> Iterator[Event]:
+        """`events` (an engine's run or branch, or any stream of one run's events), each recorded before it is passed
+        on."""
         if self._stream is not None:
-            raise RuntimeError("a RecordedRun runs once")
-        self._stream = self._run(prompt, system)
+            raise RuntimeError("a RecordedRun records one run")
+        self._stream = self._recorded(events)
         return self._stream
 
-    def _run(self, prompt: str, system: str | None) -> Iterator[Event]:
+    def _recorded(self, events: Iterator[Event]) -> Iterator[Event]:
         try:
-            for event in self.engine.run(prompt, system):
+            for event in events:
                 self.feed(event)
                 yield event
-        except Exception:
-            self.crashed()
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except TokentuiError as err:  # a stream that raised its error instead of reporting it: recorded as one
+            self.fail(str(err), err.kind, err.step)
+            raise
+        except Exception as err:  # an engine's bug: the record still ends, then the caller sees the exception
+            self.fail(f"{type(err).__name__}: {err}", ErrorKind.CRASH)
             raise
         finally:  # also on KeyboardInterrupt and when the caller stops reading (GeneratorExit)
             self._end()
 
     def feed(self, event: Event) -> None:
         """Record one event of the run (for a caller that receives the events itself: the dashboard's client)."""
-        self._write(event)
-        if isinstance(event, StepEvent):
-            self._steps.add(event)
-        elif isinstance(event, PromptEvent):
-            self._prompt_tokens = len(event.ids)
-        elif isinstance(event, BranchEvent):
-            self._prompt_tokens = len(event.prompt_ids)
-            self._prefix_text = event.prefix_text
-        elif isinstance(event, (DoneEvent, ErrorEvent)):
+        self._add(event)
+        if isinstance(event, DoneEvent):
             self.finished = True
 
-    def crashed(self) -> None:
-        """The engine failed (an exception, not an `error` event): the record ends with the last event before it,
-        with no `done` made up for it."""
-        self._crashed = True
+    def _add(self, event: Event) -> None:
+        if self.ended:
+            return  # nothing follows a run's `done`
+        self._write(event)
+        self._tally.see(event)
+        if isinstance(event, ErrorEvent):
+            self.error = event
+        elif isinstance(event, DoneEvent):
+            self.ended = True
+            self._drop_recorder()
+
+    def fail(self, message: str, kind: ErrorKind, step: int = -1) -> list[Event]:
+        """The run failed outside its own events: its `error` and `done` (reason "error"), recorded and returned
+        (none when it had ended already)."""
+        if self.ended:
+            return []
+        ending: list[Event] = []
+        if self.error is None:
+            error = ErrorEvent(message=message, step=step, kind=kind)
+            self._add(error)
+            ending.append(error)
+        done = self._tally.done("error", self.facts.vocab_rows)
+        self._add(done)
+        return ending + [done]
 
     def _end(self) -> None:
-        if not self.finished and not self._crashed and self.cut_off is None:
-            done = self._steps.stopped_done(self._prompt_tokens, self.engine.facts.vocab_rows)
-            self.cut_off = replace(done, text=self._prefix_text + done.text) if self._prefix_text else done
-            self._write(self.cut_off)
+        if not self.ended:
+            if self.error is not None:
+                self.fail("", self.error.kind)  # an error without its done: the done follows it
+            else:
+                self.cut_off = self._tally.done("stopped", self.facts.vocab_rows)
+                self._add(self.cut_off)
         self._drop_recorder()
 
     def close(self) -> None:
@@ -136,3 +163,6 @@ class RecordedRun:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+__all__ = ["RecordedRun"]

@@ -1,9 +1,13 @@
-"""A recorded run played back through the engine's interface, so the dashboard (and headless mode) can show a
-record as if a model were writing it: `tokentui replay FILE.jsonl`. No torch, no model.
+"""A recorded run — or a tree of runs (core/runs/tree.py) — played back through the engine interface, so the
+dashboard (and headless mode) can show a record as if a model were writing it: `tokentui replay FILE.jsonl` (or
+`FILE.tree.jsonl`). No torch, no model. A tree's first run plays as `run()`; each of its branches plays as
+`branch(point)` with the point it was recorded at (the dashboard asks for them in order, as they were taken), and
+any other point is refused in one line.
 
 Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
 (2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
-in the engine. The sampler cannot change a recorded run: `update_sampler` refuses with a SettingsError.
+in the engine. The sampler cannot change a recorded run: `set_sampler` refuses with a SettingsError; nor can a
+replay branch (`branch_refusal` says how to branch a record instead).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import SettingsError
-from ..controls import RunControls
-from .events import (DoneEvent, ErrorEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress,
-                     PromptEvent, StepEvent, stopped_done)
+from ..interface import BaseEngine
+from .ending import stopped_done
+from .events import (DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress, PromptEvent,
+                     StepEvent)
+from ..errors import RecordError
 from .run import Run
+from .tree import RunTree, TreeNode, is_tree_file
 from ..settings import RunOptions, SamplerSettings
 
 
@@ -46,13 +53,15 @@ def _options_of(run: Run) -> RunOptions:
                       top_candidates=max(1, len(first.candidates)) if first is not None else 10)
 
 
-class ReplayEngine(RunControls):
-    """Plays a `Run` (usually `Run.from_record(path)`) with the engine's interface (tui/config.py EngineLike)."""
+class ReplayEngine(BaseEngine):
+    """Plays a `Run` (usually `Run.from_record(path)`), or the runs of a tree, with the engine interface
+    (core/interface.py)."""
 
-    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None) -> None:
+    def __init__(self, run: Run, speed: float = 1.0, name: str | None = None, tree: RunTree | None = None) -> None:
         if run.facts is None:
             raise ValueError("a replay needs the run's model facts")
         self.source = run
+        self.tree = tree
         self.speed = check_speed(speed)
         label = name or (run.record_path.name if run.record_path is not None else "a run")
         # the model panel says where the run comes from; the load time was the recorded model's, not this one's
@@ -64,22 +73,65 @@ class ReplayEngine(RunControls):
     def from_record(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
         return cls(Run.from_record(path), speed=speed)
 
+    @classmethod
+    def from_file(cls, path: str | Path, speed: float = 1.0) -> "ReplayEngine":
+        """A record or a tree file (told apart by its first line); RecordError (one line) when it is neither."""
+        if is_tree_file(path):
+            tree = RunTree.read(path)
+            if 1 not in tree.runs:
+                raise RecordError(f"{path}: the tree's first run was not recorded: nothing to replay")
+            return cls(tree.runs[1], speed=speed, name=Path(path).name, tree=tree)
+        return cls.from_record(path, speed=speed)
+
+    @property
+    def as_tree(self) -> RunTree:
+        """What the replay holds, as a tree (a lone record: a tree of one run)."""
+        if self.tree is not None:
+            return self.tree
+        return RunTree(prompt=self.source.prompt.user_prompt if self.source.prompt else "",
+                       model=self.source.facts.name, nodes=[TreeNode(1)], runs={1: self.source})
+
     # ---- settings: fixed by the record (pause, step and stop: core/controls.py's, at step boundaries) --------
-    def update_sampler(self, **changes) -> SamplerSettings:
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
         raise SettingsError("a replay cannot change the sampler: it plays the steps as they were recorded")
+
+    @property
+    def branch_refusal(self) -> str | None:
+        if self.tree is not None and len(self.tree) > 1:
+            return None  # its recorded branches (any other point is refused)
+        return ("a replay cannot branch: it plays a record back with no model loaded (branch the record with "
+                "`tokentui branch RECORD --at STEP --token ID`)")
+
+    def _branch(self, point, serial: int) -> Iterator[Event]:
+        """The recorded branch that left at `point` (the tree's, in order); another point is refused."""
+        for node in self.tree.nodes[1:]:
+            run = self.tree.runs.get(node.number)
+            if run is None or run.branch is None or (node.at, node.token) != (point.at, point.token):
+                continue
+            if tuple(run.branch.tokens) == tuple(point.tokens):
+                yield from self._play(run, None, None, serial)
+                return
+        raise SettingsError(f"a replay plays only the branches it recorded; step {point.at + 1} with token "
+                            f"{point.token} is not one of them (branch the record with `tokentui branch`)")
 
     def _wait(self, ms: float, serial: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
         seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
-        return self._steps.sleep(seconds, lambda: self._stopping(serial))
+        return self.sleep_at_gate(seconds, serial)
 
     # ---- the run -------------------------------------------------------------------------------------------
-    def run(self, prompt: str | None = None, system: str | None = None) -> Iterator[Event]:
+    def run(self, prompt: str | None = None, system: str | None = None, *, run_id: int | None = None
+            ) -> Iterator[Event]:
         """The recorded run's events from its prompt on (the prompt and system given are not run: a note says
         so when they differ from the recorded ones). Ends with the recorded end, or — stopped, or a record cut
         short — with a `done` event (reason "stopped") for the steps played."""
-        serial = self._new_run()  # like the engine's, a step granted before the run (pause + step) carries into it
-        source = self.source
+        return super().run(prompt, system, run_id=run_id)
+
+    def _run(self, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
+        yield from self._play(self.source, prompt, system, serial)
+
+    def _play(self, source: Run, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
+        # like the engine's, a step granted before the run (pause + step) carries into it
         recorded = source.prompt
         if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
                                                                                 recorded.system_prompt):
@@ -104,12 +156,12 @@ class ReplayEngine(RunControls):
                 # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
                 # of which the prefill has been waited for already
                 wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
-                if not self._wait(wait, serial) or not self._gate(serial):
+                if not self._wait(wait, serial) or not self.wait_at_gate(serial):
                     break
                 played += 1
             yield event
-            if isinstance(event, (DoneEvent, ErrorEvent)):
+            if isinstance(event, DoneEvent):
                 return
-        if source.record_notice is not None and not self._stopping(serial):
+        if source.record_notice is not None and not self.stopping(serial):
             yield Notice(f"{source.record_notice}: replayed up to there")
         yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

@@ -6,7 +6,8 @@ notices, the prompt, the prefill (and its progress), every step and the end (don
 `run[i]` / `run.step(i)`, `run[a:b]`, `run.first`, `run.last` and a `Cursor` navigate the steps.
 
 Steps are stored column by column (core arrays of numbers, shared strings), not as one object each: a step with
-ten candidates takes ~0.5 KiB instead of ~3 KiB, so a 10,000-step run stays a few MiB. `run[i]` rebuilds the
+ten candidates takes a fraction of what its objects would, so a 10,000-step run stays a few MiB (BENCHMARKS.md, "Why the code is as it is";
+tests/unit/test_run_model.py holds it under 50 MiB). `run[i]` rebuilds the
 `StepEvent` (equal to the one applied); the latest one applied is kept as it came.
 
 A branch run (core/model/branch.py: `Engine.branch`, `tokentui branch`) starts with a `branch` event and its steps start
@@ -40,15 +41,12 @@ from .events import (
     StepEvent,
     StepTiming,
 )
+from ..errors import RunError
 from ..settings import SamplerSettings
 
 _ARRAY_CODES = {"int": "q", "float": "d", "bool": "b"}  # field annotation -> array type code
 # optional numbers: arrays too, None kept as a value such a field never takes (NaN, the smallest int64)
 _OPTIONAL_CODES = {"int | None": ("q", -(2**63)), "float | None": ("d", float("nan"))}
-
-
-class RunError(ValueError):
-    """An event that cannot be part of this run (a step out of order)."""
 
 
 class _Columns:
@@ -189,7 +187,8 @@ class Run:
         self.prefill: PrefillEvent | None = None
         self.prefill_progress: list[PrefillProgress] = []
         self.notices: list[Notice] = []
-        self.end: DoneEvent | ErrorEvent | None = None
+        self.end: DoneEvent | ErrorEvent | None = None  # the last `done` (an older record: `error` without one)
+        self._error: ErrorEvent | None = None
         self.branch: BranchEvent | None = None  # set for a branch run (see the module docstring)
         self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
         self._steps = _Steps()
@@ -222,7 +221,10 @@ class Run:
             self.prefill_progress.append(event)
         elif isinstance(event, PrefillEvent):
             self.prefill = event
-        elif isinstance(event, (DoneEvent, ErrorEvent)):
+        elif isinstance(event, ErrorEvent):
+            self._error = event
+            self.end = event  # until its `done` follows it
+        elif isinstance(event, DoneEvent):
             self.end = event
         elif isinstance(event, BranchEvent):
             if self.branch is not None or len(self):
@@ -240,7 +242,8 @@ class Run:
 
     @property
     def error(self) -> ErrorEvent | None:
-        return self.end if isinstance(self.end, ErrorEvent) else None
+        """The error the run failed with (its `done`, reason "error", follows it)."""
+        return self._error
 
     @property
     def ended(self) -> bool:

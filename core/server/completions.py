@@ -1,5 +1,7 @@
 """One run (or branch) of a served model: the requests it makes one after another, each streamed token turned
-into a StepEvent, and its end (core/server/engine.py's docstring says what a run is)."""
+into a StepEvent, and its end (core/server/engine.py's docstring says what a run is). It reads the engine through
+its public interface (the controls of core/controls.py, the connection, the dialect, the vocabulary, the request
+body); a server fault is raised as a ServerError, which the engine interface turns into the run's error and done."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..runs.events import BranchEvent, Candidate, DoneEvent, Event, Notice, PrefillEvent, StepEvent
 from ..settings import SamplerSettings
-from .http import ServerError
+from ..errors import ServerError
 from .kv import KvPoller
 from .probe import QUIET
 from .prompt import build_prompt
@@ -43,12 +45,7 @@ class ServerRun:
 
     def events(self, prompt: str, system: str | None) -> Iterator[Event]:
         e = self.e
-        try:
-            notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, prompt, system)
-        except ServerError as err:
-            yield Notice(str(err))
-            yield self._done("error")
-            return
+        notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, prompt, system)
         yield from notices
         self.prompt_ids = list(prompt_event.ids)
         yield prompt_event
@@ -60,21 +57,16 @@ class ServerRun:
         e = self.e
         self.prompt_ids = list(point.prompt_ids)
         self.first = self.index = point.at
-        try:
-            for token in point.tokens:  # the prefix's text, as the parent showed it (bytes asked of the server)
-                self.detok.push(token)
-            prefix_text = self.detok.text
-            self.generated = list(point.tokens)
-            parent_piece = self._piece(point.parent_token) if point.parent_token is not None else None
-            yield BranchEvent(at=point.at, id=point.token, piece=self._piece(point.token), parent_id=point.parent_token,
-                              parent_piece=parent_piece, kv_reused_tokens=0, prompt_ids=list(point.prompt_ids),
-                              tokens=list(point.tokens), prefix_text=prefix_text, parent=point.parent)
-            settings, changed = e._take_settings()
-            scored, ttft = self._score(self.prompt_ids + self.generated, settings)
-        except ServerError as err:
-            yield Notice(str(err))
-            yield self._done("error")
-            return
+        for token in point.tokens:  # the prefix's text, as the parent showed it (bytes asked of the server)
+            self.detok.push(token)
+        prefix_text = self.detok.text
+        self.generated = list(point.tokens)
+        parent_piece = self._piece(point.parent_token) if point.parent_token is not None else None
+        yield BranchEvent(at=point.at, id=point.token, piece=self._piece(point.token), parent_id=point.parent_token,
+                          parent_piece=parent_piece, kv_reused_tokens=0, prompt_ids=list(point.prompt_ids),
+                          tokens=list(point.tokens), prefix_text=prefix_text, parent=point.parent)
+        settings, changed = e.take_settings()
+        scored, ttft = self._score(self.prompt_ids + self.generated, settings)
         self.ttft_ms = ttft
         prefix = len(self.prompt_ids) + len(self.generated)
         yield PrefillEvent(tokens=prefix, ms=ttft, kv_tokens=prefix, kv_bytes=None)
@@ -123,28 +115,23 @@ class ServerRun:
         while reason is None:
             if not first_request:
                 started = time.perf_counter()
-                go = e._steps.wait(lambda: e._stopping(self.serial))
+                go = e.wait_at_gate(self.serial)
                 self.paused_s += time.perf_counter() - started
                 if not go:
                     reason = "stopped"
                     break
-            if e._stopping(self.serial):
+            if e.stopping(self.serial):
                 reason = "stopped"
                 break
-            settings, changed = e._take_settings()
+            settings, changed = e.take_settings()
             changed_next = changed_next or changed
             remaining = e.options.max_new_tokens - (len(self.generated) - self.first)
             # A granted single step asks for one token; from llama-server, for up to the 4 a character can take
             # (it streams the tokens of a split character only once the character is whole) and reads one entry.
-            single = e._steps.paused
+            single = e.paused
             ask = (min(4, remaining) if e.dialect.llama_cpp else 1) if single else remaining
             path, body = e.request_body(self.prompt_ids + self.generated, settings, ask)
-            try:
-                outcome = yield from self._request(path, body, settings, changed_next, first_request, single)
-            except ServerError as err:
-                yield Notice(str(err))
-                reason = "error"
-                break
+            outcome = yield from self._request(path, body, settings, changed_next, first_request, single)
             first_request = False
             changed_next = False
             reason = outcome
@@ -202,11 +189,11 @@ class ServerRun:
                 last = now
                 if chunk.finish_reason is not None:
                     finish = chunk.finish_reason
-                if e._stopping(self.serial) or e._steps.paused or e._settings_pending() or (single and streamed):
+                if e.stopping(self.serial) or e.paused or e.settings_pending() or (single and streamed):
                     break  # leaving the `with` closes the stream: the server stops generating
-        if e.conn.cancelled or e._stopping(self.serial):
-            return "stopped" if e._stopping(self.serial) else None
-        if e._steps.paused or e._settings_pending() or (single and streamed):
+        if e.conn.cancelled or e.stopping(self.serial):
+            return "stopped" if e.stopping(self.serial) else None
+        if e.paused or e.settings_pending() or (single and streamed):
             return None
         if finish in ("eos", "stop", "word") and not e.options.ignore_eos:
             return "eos"

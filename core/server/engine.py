@@ -7,8 +7,9 @@ when its client goes) and re-issues the request from the current prefix with the
 request's first step carries its time to first token (`reissue_ttft_ms`). Every time is measured here, between the
 request's send and each token's arrival, with the network inside it. What the server does not report is None.
 
-A fault (the server gone, a refused request, a stream cut short, a read timeout) ends the run with a Notice that
-says it in one line and a `done` with reason "error", so the record keeps what came before and ends with `done`.
+A fault (the server gone, a refused request, a stream cut short, a read timeout) is a ServerError: it ends the run
+with an `error` event that says it in one line (kind "server") and a `done` with reason "error", as every engine's
+failure does (core/interface.py), so the record keeps what came before and ends with `done`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Callable, Iterator
 
 from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress, ModelFacts, Notice
-from ..controls import RunControls
+from ..interface import BaseEngine
 from ..settings import RunOptions, SamplerSettings
-from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, ServerError, api_key
+from ..errors import ServerError
+from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key
 from .probe import QUIET, Dialect, probe, served_model
 from .completions import ServerRun
 from .vocab import ServerVocab
@@ -46,8 +48,8 @@ class ServerOptions:
         ServerAddress.parse(self.url)  # a bad URL is refused here, before anything connects
 
 
-class ServerEngine(RunControls):
-    """The engine interface (tui/config.py EngineLike; `run` as core/model/engine.py's) over a served model."""
+class ServerEngine(BaseEngine):
+    """The engine interface (core/interface.py) over a served model."""
 
     def __init__(self, conn: Connection, facts: ModelFacts, dialect: Dialect, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None) -> None:
@@ -90,10 +92,10 @@ class ServerEngine(RunControls):
     # ------------------------------------------------------------------------------------------- controls
     # core/controls.py's, and each closes the stream in progress: the server stops when its client goes, and the
     # run re-issues its request from the prefix (new settings, a resume, a single step) or ends (stop)
-    def update_sampler(self, **changes) -> SamplerSettings:
-        """New settings (validated); the stream in progress is closed and re-issued from the prefix with them."""
+    def set_sampler(self, settings: SamplerSettings) -> SamplerSettings:
+        """New settings; the stream in progress is closed and re-issued from the prefix with them."""
         before = self.sampler
-        new = super().update_sampler(**changes)
+        new = super().set_sampler(settings)
         if new != before:
             self.conn.cancel()
         return new
@@ -104,32 +106,30 @@ class ServerEngine(RunControls):
         super().pause()
         self.conn.cancel()
 
-    def stop(self) -> None:
-        super().stop()
+    def stop(self, run_id: int | None = None) -> None:
+        super().stop(run_id)
         self.conn.cancel()
 
     def close(self) -> None:
-        self.stop()
+        super().close()
         self.conn.close()
 
     # ------------------------------------------------------------------------------------------- the run
-    def run(self, prompt: str, system: str | None = None) -> Iterator[Event]:
+    def _run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         """Events as the local engine's: [Notice], PromptEvent, PrefillEvent, StepEvent..., DoneEvent; a server
-        fault: Notice (one line) + DoneEvent(reason "error")."""
-        serial = self._new_run()
+        fault raises ServerError (the interface's error and done events)."""
         with self._model_lock:
             if self._warning:
                 yield Notice(self._warning)
                 self._warning = None
-            yield from ServerRun(self, serial).events(prompt, system)
+            yield from ServerRun(self, run_id).events(prompt, system)
 
-    def branch(self, point: BranchPoint) -> Iterator[Event]:
+    def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         """A branch of an earlier run of this server (core/model/branch.py's events: BranchEvent, PrefillEvent, the forced
         StepEvent at `point.at`, steps, done): the prefix is sent as ids with the forced token after it, so the
         server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
-        serial = self._new_run()
         with self._model_lock:
-            yield from ServerRun(self, serial).branch(point)
+            yield from ServerRun(self, run_id).branch(point)
 
     def _lookup(self, token_id: int) -> tuple[bytes | None, str, bool]:
         """A token the stream did not spell out, asked of the server: (its bytes when whole UTF-8, the text the

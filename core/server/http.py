@@ -19,18 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..errors import TokentuiError
+from ..errors import ServerError
 
 DEFAULT_KEY_ENV = "TOKENTUI_API_KEY"
-
-
-class ServerError(TokentuiError):
-    """The server could not be reached, refused a request, or broke a stream. One line; `status` is the HTTP
-    status when the server answered (None otherwise)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import threading
 
-from .http import Connection, ServerError
+from ..errors import ServerError
+from .http import Connection
 
 _QUIET = (400, 401, 403, 404, 405, 422, 501, 503)
 

@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass
 
 from ..runs.events import ModelFacts, ServerFacts
-from .http import Connection, ServerError
+from ..errors import ServerError
+from .http import Connection
 from .kv import read_slots
 
 QUIET = (400, 401, 403, 404, 405, 422, 501)  # an endpoint this server does not have (or does not let us use)

@@ -8,7 +8,8 @@ import re
 
 from ..steps.display import display_bytes, display_text
 from ..runs.events import Notice, PromptEvent, PromptPiece
-from .http import Connection, ServerError
+from ..errors import ServerError
+from .http import Connection
 from .probe import QUIET, Dialect
 
 # Pieces worth asking whether they are special: a special token's text is a bracketed name (<|im_start|>, <s>,

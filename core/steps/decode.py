@@ -19,8 +19,8 @@ def decode_one_token(model, token_id: int, cache, states_out: list | None = None
     The timed span ends with a device sync on GPUs, so `forward_ms` is real; selection syncs right after anyway
     (it has to read the chosen token). `sync=False` leaves the forward queued on the device (the milliseconds are
     then only the host's time to queue it): the engine does so when CUDA events time the step (core/model/timing.py).
-    `states_out`: when a list, the forward also asks for the hidden states and appends them, [L + 1, H] at this
-    position, for the logit lens (core/model/lens.py; eager only). None: the forward is exactly the plain one.
+    `states_out`: when a list, the forward also catches each decoder block's output at this position and appends
+    them, [L, H], for the logit lens (core/model/lens.py; eager only). None: the forward is exactly the plain one.
     """
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache (core/model/compiled.py)
     if decoder is not None and states_out is not None:
@@ -37,7 +37,7 @@ def decode_one_token(model, token_id: int, cache, states_out: list | None = None
         if states_out is None:
             logits = forward_last_logits(model, ids, cache)  # [V]
         else:
-            logits, states = forward_last_states(model, ids, cache)  # [V], [L + 1, H]
+            logits, states = forward_last_states(model, ids, cache)  # [V], [L, H]
             states_out.append(states)
     if sync:
         synchronize(logits.device)

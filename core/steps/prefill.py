@@ -31,8 +31,8 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     milliseconds of prefill so far incl. device sync: since prefill began, less any time the caller kept this
     generator suspended between chunks). A caller may stop iterating between chunks; the cache
     then holds the chunks done.
-    `states_out`: when a list, the last chunk's forward also asks for the hidden states and appends them at the
-    last prompt position, [L + 1, H], for the logit lens (core/model/lens.py; eager only, earlier chunks unchanged).
+    `states_out`: when a list, the last chunk's forward also catches each decoder block's output at the last prompt
+    position and appends them, [L, H], for the logit lens (core/model/lens.py; eager only, earlier chunks unchanged).
     """
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")
@@ -51,7 +51,7 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
         if decoder is not None:
             logits = decoder.prefill(part, cache, first=(done == 0))
         elif states_out is not None and done + part.shape[1] == total:
-            logits, states = forward_last_states(model, part, cache)  # [V], [L + 1, H]
+            logits, states = forward_last_states(model, part, cache)  # [V], [L, H]
             states_out.append(states)
         else:
             logits = forward_last_logits(model, part, cache)  # [V]

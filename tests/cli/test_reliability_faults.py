@@ -17,6 +17,8 @@ import torch
 
 from tiny_models import tiny_model
 from cli_run import tokentui
+from run_checks import failure_of
+from tokentui.core.errors import ErrorKind
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import ErrorEvent, StepEvent
 from tokentui.core.model.loader import LoadedModel, model_facts
@@ -60,8 +62,8 @@ def test_out_of_memory_ends_the_run_with_numbers_and_a_suggestion(tiny, monkeypa
         events = list(engine.run("Hi"))
     finally:
         restore()
-    error = events[-1]
-    assert isinstance(error, ErrorEvent) and error.kind == "oom"
+    error = failure_of(events)
+    assert error.kind == ErrorKind.OOM and events[-1].tokens == runs  # the done after it counts the steps
     assert sum(isinstance(e, StepEvent) for e in events) == runs  # every step before the fault was reported
     assert error.step == (runs if runs else -1)
     message = error.message
@@ -113,8 +115,9 @@ def test_headless_out_of_memory_is_one_line_and_a_failed_exit(embedded, isolated
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("tokentui: out of GPU memory at step 4 (tried to allocate 2.00 GiB)"), lines[0]
     (record,) = tmp_path.glob("*.jsonl")
-    last = json.loads(record.read_text(encoding="utf-8").splitlines()[-1])
-    assert last["event"] == "error" and last["kind"] == "oom" and last["step"] == 3
+    error, last = (json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()[-2:])
+    assert error["event"] == "error" and error["kind"] == "oom" and error["step"] == 3
+    assert last["event"] == "done" and last["reason"] == "error" and last["tokens"] == 3
 
 
 def test_bfloat16_on_a_gpu_that_cannot_do_it(monkeypatch):

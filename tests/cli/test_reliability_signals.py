@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import record_files
 from tmux_pane import assert_terminal_restored
 from tmux_pane import Pane, have_tmux, listening_sockets, read_pid, wait_gone
 
@@ -26,10 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="need
 LONG_RUN = ["--ignore-eos", "--max-new-tokens", "2000"]
 EXIT_LIMIT_S = 15.0
 EXIT_TIMES: dict[str, float] = {}  # reported at the end of the session (see test_report_exit_times)
-
-
-def record_files(runs: Path) -> list[Path]:
-    return sorted(runs.glob("*.jsonl")) if runs.exists() else []
 
 
 def record_lines(runs: Path) -> list[dict]:
@@ -108,7 +105,7 @@ def test_dashboard_signal_while_decoding(embedded, isolated_dirs, tmp_path, how)
         if how != "pane-closed":
             assert pane.exit_status() == 0
             after = pane.capture()
-            assert "Traceback" not in after and "run recorded in" in after
+            assert "Traceback" not in after and "of one prompt recorded in" in after
             assert_terminal_restored(pane)
     _, steps, done = complete_record(runs)
     assert steps[-1]["index"] >= shown  # everything that was on screen is in the record

@@ -102,7 +102,7 @@ async def test_at_80x24_it_takes_the_candidates_place_and_shares_it_with_the_len
         assert app.anatomy_on() and not app.client.options.time_stages
         await pilot.press("a")  # on but waiting: a brings it forward
         await pilot.pause(0.05)
-        assert shown(app, "anatomy-side") and not shown(app, "lens") and app.lens_on
+        assert shown(app, "anatomy-side") and not shown(app, "lens") and app.controller.lens_on
         assert app.client.options.time_stages
         await pilot.press("l")  # the lens off: the panel keeps the place
         await pilot.pause(0.05)

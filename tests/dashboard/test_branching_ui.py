@@ -112,8 +112,8 @@ class LensEngine(ScriptedEngine):
     """The scripted engine with a made-up lens on each step while `options.logit_lens` is on: 4 layers, the last
     one the step's own choice (as the model's output is)."""
 
-    def run(self, prompt, system=None):
-        for event in super().run(prompt, system):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, StepEvent) and self.options.logit_lens:
                 alt = event.candidates[-1]
                 event = replace(event, lens=[LensRow(1, alt.id, alt.piece, 0.01), LensRow(2, alt.id, alt.piece, 0.05),

@@ -148,7 +148,7 @@ async def test_space_while_loading_pauses_at_the_first_token():
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "loading", what="loading")
         await pilot.press("space")
-        assert app.pause_armed
+        assert app.controller.pause_armed
         release.set()
         await wait_for(pilot, lambda: app.state.steps == 1, what="the first token")
         await pilot.pause(0.3)

@@ -94,7 +94,7 @@ def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, 
         assert pane.exit_status(timeout=60) == 0
         wait_gone(pid, timeout=30)
         after = pane.capture()
-        assert "Traceback" not in after and "run recorded in" in after
+        assert "Traceback" not in after and "of one prompt recorded in" in after
         assert_terminal_restored(pane)
 
     lines = record_of(pid, runs_dir)

@@ -75,6 +75,7 @@ def test_a_branch_follows_the_toggle_too(llama, smol_tokenizer):
 
 def test_an_unsupported_model_says_so_once_when_the_lens_is_first_wanted(smol_tokenizer):
     model = tiny_gpt2(smol_tokenizer)
+    model.get_output_embeddings = lambda: None  # an LM head the lens cannot call (GPT-2 itself is supported)
     engine = engine_for(model, smol_tokenizer)
     events = toggled(engine, engine.run("Hi"), {1: True, 3: False, 4: True})
     notices = [e for e in events if isinstance(e, Notice)]

@@ -41,20 +41,6 @@ def make_app(engine: ScriptedEngine, **config) -> TravelApp:
     return TravelApp(DashboardConfig(load=make_loader(engine), **config))
 
 
-class PausingEngine(ScriptedEngine):
-    """The scripted engine, pausing itself before step `pause_at` (0-based; so a test can act mid-run)."""
-
-    def __init__(self, pause_at: int, **kwargs):
-        super().__init__(**kwargs)
-        self.pause_at = pause_at
-
-    def _gate(self) -> bool:
-        if self._taken == self.pause_at and self.pause_at >= 0:
-            self.pause_at = -1  # once: `n` then lets single steps through
-            self.pause()
-        return super()._gate()
-
-
 def flat(text) -> str:
     return " ".join(text.plain.split())
 
@@ -180,10 +166,12 @@ async def test_keys_clamp_at_both_ends_after_the_run_ended():
         assert app.state.cursor == 0
         await pilot.press(FORWARD_10)
         assert app.state.cursor == 10
-        await pilot.press(FORWARD_10, FORWARD)
-        assert app.state.cursor == 13 and not app.state.live  # the newest step, held
+        await pilot.press(FORWARD, FORWARD)
+        assert app.state.cursor == 12 and not app.state.live
         await settle(pilot)
-        assert "viewing step 14 of 14 — run ended" in status(app)
+        assert "viewing step 13 of 14 — run ended" in status(app)
+        await pilot.press(FORWARD)  # onto the newest step: back to live, not a view of it
+        assert app.state.live and app.state.view_index == 13
         await pilot.press(BACK_10)
         assert app.state.cursor == 3
         await pilot.press(LIVE)
@@ -194,11 +182,11 @@ async def test_keys_clamp_at_both_ends_after_the_run_ended():
 # ---- every panel shows the cursor's step exactly -----------------------------------------------------------------
 
 async def test_every_panel_shows_the_cursor_step_as_it_was():
-    engine = PausingEngine(pause_at=5)  # the settings change from step 6 on (index 5)
+    engine = ScriptedEngine(pause_before={5})  # the settings change from step 6 on (index 5)
     app = make_app(engine)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.steps == 5 and engine.paused, what="the pause before step 6")
-        app.client.update_sampler(temperature=1.2, top_k=5)
+        app.client.set_sampler(app.client.sampler.with_changes(temperature=1.2, top_k=5))
         await pilot.press("space")
         await wait_for(pilot, lambda: app.state.phase == "done", what="the end")
         steps = list(app.state.run)

@@ -108,7 +108,7 @@ async def test_keys_before_the_model_is_loaded():
     app = make_app(load, options=engine.options)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("T", "space", "n", "x")  # sampler keys work; run keys say why not
-        assert app.sampler_settings.temperature == 0.8
+        assert app.controller.sampler.temperature == 0.8
         release.set()
         await wait_for(pilot, lambda: len(engine.steps) >= 1, what="the run")
         assert engine.sampler.temperature == 0.8  # applied to the engine once loaded
@@ -282,7 +282,7 @@ async def test_command_palette_runs_actions():
         await pilot.press(*"heat map")
         await pilot.pause(0.3)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.heat, what="heat map on")
+        await wait_for(pilot, lambda: app.controller.heat, what="heat map on")
 
 
 async def test_command_palette_lists_every_action_and_the_themes():
@@ -324,8 +324,10 @@ def test_run_dashboard_runs_the_app_and_returns_its_exit_code(monkeypatch, tmp_p
     while engine.active and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.active == 0, "the generation thread is still running"
-    (record,) = tmp_path.glob("*.jsonl")
+    (record,) = [p for p in tmp_path.glob("*.jsonl") if not p.name.endswith(".tree.jsonl")]
     assert '"reason": "stopped"' in record.read_text(encoding="utf-8").splitlines()[-1]
+    (tree,) = tmp_path.glob("*.tree.jsonl")  # the tree of this prompt's runs names the record
+    assert record.name in tree.read_text(encoding="utf-8")
 
 
 async def test_every_available_theme_renders():

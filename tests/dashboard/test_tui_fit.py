@@ -40,19 +40,6 @@ def make_app(engine=None, loader=None, **config) -> FitApp:
     return FitApp(DashboardConfig(load=loader or make_loader(engine or ScriptedEngine()), **config))
 
 
-class PausingEngine(ScriptedEngine):
-    """The scripted engine, pausing itself before step `pause_at` (so a mid-run screen can be read)."""
-
-    def __init__(self, pause_at: int, **kwargs):
-        super().__init__(**kwargs)
-        self.pause_at = pause_at
-
-    def _gate(self) -> bool:
-        if self._taken == self.pause_at:
-            self.pause()
-        return super()._gate()
-
-
 def status(app) -> str:
     return app.query_one(StatusLine).last_text.plain
 
@@ -73,7 +60,7 @@ def lines_of(app) -> list[str]:
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30)])
 async def test_the_five_readings_are_on_screen_mid_run_with_numbers_from_the_state(size):
-    engine = PausingEngine(pause_at=10)  # after step 9: 开's first two bytes (e5 bc) are held
+    engine = ScriptedEngine(pause_before={10})  # after step 9: 开's first two bytes (e5 bc) are held
     app = make_app(engine)
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.state.steps == 10 and engine.paused, what="the pause at step 10")
@@ -347,7 +334,7 @@ class SlowPrefillEngine(ScriptedEngine):
         self.release = threading.Event()
         self.progressed = threading.Event()
 
-    def _run(self, prompt, system):
+    def _run(self, prompt, system, run_id):
         pieces = [PromptPiece(i, "␣w", False) for i in range(6985)]
         yield PromptEvent(text="w " * 6985, ids=[p.id for p in pieces], pieces=pieces, templated=True,
                           user_prompt=prompt)
@@ -376,8 +363,8 @@ async def test_a_prefill_without_progress_still_ticks():
     engine = SlowPrefillEngine()
     engine_run = engine._run
 
-    def no_progress(prompt, system):
-        for event in engine_run(prompt, system):
+    def no_progress(prompt, system, run_id):
+        for event in engine_run(prompt, system, run_id):
             if not isinstance(event, PrefillProgress):
                 yield event
 
@@ -430,8 +417,8 @@ async def _export_and_look(size):
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="done")
         await pilot.press("x")
-        await wait_for(pilot, lambda: app.last_export is not None, what="the export")
+        await wait_for(pilot, lambda: app.controller.last_export is not None, what="the export")
         await pilot.pause(0.2)
-        path = str(app.last_export)
+        path = str(app.controller.last_export)
         assert len(path) < 76, "the test needs a path that fits the screen"
         assert any(path in line for line in lines_of(app)), screen_text(app)

@@ -106,7 +106,7 @@ async def test_clamps_do_not_touch_the_engine():
         assert engine.sampler == SamplerSettings(temperature=0.0, top_p=1.0, top_k=100)
         await pilot.press("p")
         assert engine.sampler.top_p == 0.95
-        app.client.update_sampler(top_p=0.05)  # the client is the settings' one owner: the keys read it there
+        app.client.set_sampler(app.client.sampler.with_changes(top_p=0.05))  # the client is the settings' one owner: the keys read it there
         await pilot.press("p")
         assert app.client.sampler.top_p == engine.sampler.top_p == 0.05
 
@@ -219,7 +219,7 @@ async def test_edit_prompt_and_system_then_run():
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: len(engine.runs) == 2, what="the new run")
         assert engine.runs[-1] == ("Why is the sky blue?", "Be brief.")
-        assert app.prompt == "Why is the sky blue?" and app.system == "Be brief."
+        assert app.controller.prompt == "Why is the sky blue?" and app.controller.system == "Be brief."
         await wait_for(pilot, lambda: app.state.prompt is not None, what="the new prompt event")
         await pilot.pause(0.05)
         assert "sky" in app.query_one(PromptPanel).last_text.plain

@@ -59,54 +59,22 @@ def served_facts(probs: str, prefix_caching: bool | None = False, kv_source: str
                       device="llama.cpp server", chat_template=True, server=server, **fields)
 
 
-class ServedEngine:
+class ServedEngine(ScriptedEngine):
     """The scripted engine's run as a server would report it (tests/fakes.py plays it; this reshapes its events):
     one probability per candidate (`probs` says which), the top TOP_N only, nothing the server does not measure."""
 
     def __init__(self, probs: str, prefix_caching: bool | None = False, delay: float = 0.0,
                  options: RunOptions | None = None, **facts) -> None:
-        self.inner = ScriptedEngine(delay=delay, options=options, sampler=SamplerSettings(temperature=0.7))
-        self.facts = served_facts(probs, prefix_caching, **facts)
+        super().__init__(delay=delay, options=options, sampler=SamplerSettings(temperature=0.7),
+                         facts=served_facts(probs, prefix_caching, **facts))
         self.probs = probs
 
-    # the engine interface LocalClient uses (tui/config.py EngineLike), the scripted engine's
-    @property
-    def options(self) -> RunOptions:
-        return self.inner.options
-
-    @options.setter
-    def options(self, options: RunOptions) -> None:
-        self.inner.options = options
-
-    @property
-    def sampler(self) -> SamplerSettings:
-        return self.inner.sampler
-
-    def update_sampler(self, **changes) -> SamplerSettings:
-        return self.inner.update_sampler(**changes)
-
-    @property
-    def paused(self) -> bool:
-        return self.inner.paused
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
-    def step_once(self) -> None:
-        self.inner.step_once()
-
-    def stop(self) -> None:
-        self.inner.stop()
-
-    def run(self, prompt: str, system: str | None = None):
-        for event in self.inner.run(prompt, system):
+    def _run(self, prompt: str, system: str | None, run_id: int):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, PrefillEvent):
                 event = replace(event, kv_bytes=None)
             elif isinstance(event, StepEvent):
-                event = self._step(event)
+                event = self._served(event)
             elif isinstance(event, DoneEvent):
                 event = replace(event, kv_bytes=None, scores=None)
             yield event
@@ -114,7 +82,7 @@ class ServedEngine:
     def _one(self, raw: float, post: float) -> tuple[float | None, float | None]:
         return (raw, None) if self.probs == "raw" else (None, post)
 
-    def _step(self, step: StepEvent) -> StepEvent:
+    def _served(self, step: StepEvent) -> StepEvent:
         cands = [Candidate(c.id, c.piece, *self._one(c.raw_prob, c.prob), special=c.special)
                  for c in step.candidates[:TOP_N]]
         rank = step.chosen_rank if step.chosen_rank < TOP_N else None

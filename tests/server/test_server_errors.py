@@ -13,21 +13,24 @@ import time
 import pytest
 
 from fake_openai_server import ANSWER, FakeServer
+from run_checks import failure_of
+from tokentui.core.errors import ErrorKind
 from tokentui.core.runs.events import DoneEvent, Notice, PromptEvent, StepEvent
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.record_reader import read_lines
 from tokentui.core.runs.recording import RecordedRun
 from tokentui.core.server.engine import ServerEngine, ServerOptions
-from tokentui.core.server.http import ServerAddress, ServerError
+from tokentui.core.errors import ServerError
+from tokentui.core.server.http import ServerAddress
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0, greedy=True)
 
 
 def run_recorded(engine, tmp_path, prompt="hello"):
-    with RecordedRun(engine, RunRecorder(tmp_path), on_note=lambda m: None) as run:
+    with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=lambda m: None) as run:
         run.open()
-        events = list(run.events(prompt, None))
+        events = list(run.record(engine.run(prompt)))
     lines = [event for _, event in read_lines(run.path)[0]]
     return events, lines
 
@@ -69,10 +72,9 @@ def test_openai_compatible_stream_gives_ids_text_and_pending_bytes(tmp_path):
 def test_a_fault_ends_the_run_with_one_line_and_a_whole_record(tmp_path, mode, says):
     with FakeServer(mode) as server:
         events, lines = run_recorded(connect(server), tmp_path)
-    notices = [e.message for e in events if isinstance(e, Notice)]
-    assert len(notices) == 1 and says in notices[0] and "\n" not in notices[0]
-    assert isinstance(events[-1], DoneEvent) and events[-1].reason == "error"
-    assert isinstance(lines[-1], DoneEvent) and lines[-1].reason == "error"
+    error = failure_of(events)
+    assert says in error.message and "\n" not in error.message and error.kind == ErrorKind.SERVER
+    assert failure_of(lines) == error  # the record ends the same way
     if mode == "cut":  # what came before the cut is kept
         assert events[-1].tokens == 3 and len([e for e in lines if isinstance(e, StepEvent)]) == 3
 
@@ -80,9 +82,8 @@ def test_a_fault_ends_the_run_with_one_line_and_a_whole_record(tmp_path, mode, s
 def test_a_slow_server_times_out_with_one_line(tmp_path):
     with FakeServer("slow", slow_s=2.0) as server:
         events, _ = run_recorded(connect(server, timeout=0.5), tmp_path)
-    notice = next(e.message for e in events if isinstance(e, Notice))
-    assert "sent nothing for 0.5 s" in notice and "--server-timeout" in notice
-    assert events[-1].reason == "error"
+    error = failure_of(events).message
+    assert "sent nothing for 0.5 s" in error and "--server-timeout" in error
 
 
 def test_unreachable_server_and_unknown_model_are_one_line_errors():

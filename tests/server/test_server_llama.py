@@ -13,6 +13,8 @@ import threading
 import httpx
 import pytest
 
+from run_checks import failure_of
+from tokentui.core.errors import ErrorKind
 from tokentui.core.steps.detokenize import IncrementalDetokenizer
 from tokentui.core.runs.events import DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent
 from tokentui.core.runs.record_writer import RunRecorder
@@ -132,15 +134,14 @@ def test_server_killed_mid_stream_ends_the_run_with_a_whole_record(llama_server_
     server = llama_server_factory()
     engine = connect(server, max_new_tokens=400, ignore_eos=True)
     events = []
-    with RecordedRun(engine, RunRecorder(tmp_path), on_note=lambda m: None) as run:
+    with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=lambda m: None) as run:
         run.open()
-        for event in run.events("Write a long story.", None):
+        for event in run.record(engine.run("Write a long story.")):
             events.append(event)
             if isinstance(event, StepEvent) and event.index == 3:
                 server.process.kill()
-    notices = [e.message for e in events if isinstance(e, Notice)]
-    assert len(notices) == 1 and "\n" not in notices[0]
-    assert isinstance(events[-1], DoneEvent) and events[-1].reason == "error" and events[-1].tokens >= 4
+    error = failure_of(events)
+    assert "\n" not in error.message and error.kind == ErrorKind.SERVER and events[-1].tokens >= 4
     lines = [event for _, event in read_lines(run.path)[0]]
     assert isinstance(lines[-1], DoneEvent) and len(steps_of(lines)) == events[-1].tokens
 
@@ -148,9 +149,8 @@ def test_server_killed_mid_stream_ends_the_run_with_a_whole_record(llama_server_
 def test_a_refused_request_shows_the_servers_message(llama_server_factory):
     server = llama_server_factory(extra_args=("-c", "64"))
     events = list(connect(server).run("word " * 600))  # the server rounds -c up to 256
-    notice = next(e.message for e in events if isinstance(e, Notice))
-    assert "answered 400" in notice and "context" in notice
-    assert events[-1].reason == "error"
+    error = failure_of(events).message
+    assert "answered 400" in error and "context" in error
 
 
 def test_headless_json_record_replays(llama_server, tmp_path):

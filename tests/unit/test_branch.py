@@ -16,6 +16,8 @@ import torch
 from tiny_models import tiny_model
 from tiny_models import generate_ids
 from cli_run import tokentui
+from run_checks import failure_of
+from tokentui.core.errors import ErrorKind
 from tokentui.core.model import branch as branch_module
 from tokentui.core.model.adapter import new_cache
 from tokentui.core.model.branch import BranchPoint, HeldCache, crop_cache, crop_problem
@@ -276,8 +278,9 @@ def test_a_token_outside_the_vocabulary_is_one_line_and_keeps_the_held_cache(tin
     prompt_ids, steps = parent_run(engine)
     held = engine.held_ids
     events = list(engine.branch(point_at(prompt_ids, steps, 2, tiny_llama.facts.vocab_rows)))
-    assert len(events) == 1 and isinstance(events[0], ErrorEvent) and events[0].kind == "SettingsError"
-    assert "vocabulary" in events[0].message and "\n" not in events[0].message
+    error = failure_of(events)
+    assert len(events) == 2 and error.kind == ErrorKind.SETTINGS
+    assert "vocabulary" in error.message and "\n" not in error.message
     assert engine.held_ids == held
 
 

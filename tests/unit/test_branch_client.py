@@ -12,14 +12,14 @@ import pytest_asyncio
 
 from client_replies import Replies
 from fakes import ScriptedEngine, make_loader, slow_engine
-from tokentui.core.model.branch import BranchPoint
-from tokentui.core.link.client import RunEnded, RunOpened
+from tokentui.core.runs.branch_point import BranchPoint
+from tokentui.core.link.client import RunEnded, RunOpened, RunUpdate
 from tokentui.core.link.local_client import LocalClient
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import BranchEvent, DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent
-from tokentui.core.link.process_client import EngineSpec, ProcessClient
-from tokentui.core.link.protocol import RunEvent
+from tokentui.core.link.process_client import ProcessClient
+from tokentui.core.link.protocol import EngineSpec
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.run import Run
@@ -37,7 +37,7 @@ def of(kind, events) -> list:
 
 
 def run_id_of(reply) -> int:
-    return reply.serial if isinstance(reply, RunEvent) else reply.run_id  # RunEvent is the wire message itself
+    return reply.run_id
 
 
 def run_of(facts, events) -> Run:
@@ -73,7 +73,7 @@ async def test_a_branch_after_a_run_is_a_new_run_with_its_own_id_and_record(tmp_
         got = []
         while not got or not isinstance(got[-1].event, DoneEvent):
             got.append(await asyncio.wait_for(replies.queue.get(), 10))
-        assert all(isinstance(r, RunEvent) and r.serial == branch_id for r in got)
+        assert all(isinstance(r, RunUpdate) and r.run_id == branch_id for r in got)
         events = [r.event for r in got]
         assert events[0] == parent.prompt  # given first, for the record; not run by the engine
         assert engine.branches == [point] and len(engine.runs) == 1
@@ -118,7 +118,7 @@ async def test_a_branch_supersedes_the_current_run_whose_events_never_arrive_aft
         second = client.branch(point)
         assert second == first + 1
         arrived = []
-        while not arrived or not (isinstance(arrived[-1], RunEvent) and isinstance(arrived[-1].event, BranchEvent)):
+        while not arrived or not (isinstance(arrived[-1], RunUpdate) and isinstance(arrived[-1].event, BranchEvent)):
             arrived.append(await asyncio.wait_for(replies.queue.get(), 10))
         assert isinstance(arrived[0], RunOpened) and arrived[0].run_id == second
         # nothing of the first run after the branch began, but how it ended (RunEnded: the branch's parent keeps it)
@@ -144,7 +144,7 @@ async def test_a_replay_cannot_branch_and_nothing_changes(tmp_path):
     replay = ReplayEngine(recorded, speed=1.0)
     client = LocalClient(make_loader(replay, stages=0), replay.sampler, replay.options)
     assert not client.can_branch  # not known before loading
-    with pytest.raises(RuntimeError):
+    with pytest.raises(SettingsError, match="not loaded yet"):
         client.branch(BranchPoint.of_run(recorded, 2, 13))
     await client.load()
     try:

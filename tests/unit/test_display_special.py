@@ -76,8 +76,8 @@ class RenamedCandidates(ScriptedEngine):
 
     RENAMED = {5264: ("<file_sep>", True), 2753: ("<|lookalike|>", False)}
 
-    def run(self, prompt, system=None):
-        for event in super().run(prompt, system):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, StepEvent):
                 event = replace(event, candidates=[
                     replace(c, piece=self.RENAMED[c.id][0], special=self.RENAMED[c.id][1]) if c.id in self.RENAMED

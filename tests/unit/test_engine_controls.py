@@ -12,6 +12,8 @@ import pytest
 
 from client_replies import Replies
 from tiny_models import tiny_model
+from run_checks import failure_of
+from tokentui.core.errors import ErrorKind
 from tokentui.core.link.client import RunOpened
 from tokentui.core.link.local_client import LocalClient
 from tokentui.core.model.engine import Engine
@@ -244,10 +246,10 @@ async def test_a_superseded_or_stopped_run_ends_and_its_record_ends_with_done(ti
 
 def test_empty_and_too_long_prompts_end_with_an_error_event(tiny):
     engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=3))
-    err = list(engine.run("   "))[-1]
-    assert isinstance(err, ErrorEvent) and "empty" in err.message
-    err = list(engine.run("word " * 600))[-1]  # tiny model context: 512
-    assert isinstance(err, ErrorEvent) and "over this model's context of 512" in err.message
+    err = failure_of(engine.run("   "))
+    assert "empty" in err.message and err.kind == ErrorKind.PROMPT
+    err = failure_of(engine.run("word " * 600))  # tiny model context: 512
+    assert "over this model's context of 512" in err.message and err.kind == ErrorKind.PROMPT
 
 
 def test_nan_logits_stop_the_run_naming_the_step(tiny):
@@ -263,8 +265,8 @@ def test_nan_logits_stop_the_run_naming_the_step(tiny):
         events = list(engine.run("Hi"))
     finally:
         handle.remove()
-    err = events[-1]
-    assert isinstance(err, ErrorEvent) and "step 3" in err.message and "NaN" in err.message
+    err = failure_of(events)
+    assert "step 3" in err.message and "NaN" in err.message and err.kind == ErrorKind.GENERATION and err.step == 2
     assert len(_steps(events)) == 2  # two tokens out; the third (step 3, numbered from 1) failed
 
 

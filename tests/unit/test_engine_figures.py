@@ -25,10 +25,11 @@ from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.runs.events import DoneEvent, LoadProgress, PrefillEvent, PrefillProgress, PromptEvent, StepEvent
-from tokentui.core.runs.events import stopped_done
+from tokentui.core.runs.ending import stopped_done
 from tokentui.core.model.loader import LoadedModel, model_facts, resolve_device
 from tokentui.core.steps.prefill import prefill, prefill_chunks
-from tokentui.core.link.process_client import EngineSpec, load_engine
+from tokentui.core.link.protocol import EngineSpec
+from tokentui.core.model.build import load_engine
 from tokentui.core.model import precheck
 from tokentui.core.settings import RunOptions, SamplerSettings
 
@@ -295,7 +296,7 @@ def test_prefill_progress_is_validated():
     with pytest.raises(ValueError):
         PrefillProgress(tokens_done=5, tokens=4, elapsed_ms=1.0)
     with pytest.raises(SettingsError, match="prefill chunk"):
-        RunOptions(prefill_chunk=0).validated()
+        RunOptions(prefill_chunk=0)
 
 
 def test_headless_json_reports_prefill_progress_and_the_load_stages(embedded, isolated_dirs):
@@ -399,7 +400,7 @@ def test_run_dashboard_hands_the_app_model_device_and_a_relaunch(monkeypatch):
     assert (config.model, config.device) == ("/m", "cpu")
     assert [(spec.model, spec.device) for spec in started] == [("/m", "cpu")]  # started before the app
     again = config.relaunch("other/model", "cuda:0")
-    assert isinstance(again, cli.ProcessSource) and isinstance(again.args, argparse.Namespace)
+    assert isinstance(again, dashboard.ProcessSource) and isinstance(again.args, argparse.Namespace)
     assert (again.spec.model, again.spec.device, again.spec.sampler.temperature) == ("other/model", "cuda:0", 0.3)
     assert (args.model, args.device) == ("/m", "cpu")  # a copy: the original flags are untouched
 

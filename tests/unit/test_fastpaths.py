@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from tiny_models import tiny_model
 from tiny_models import generate_ids
 from tokentui.core.model.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache
-from tokentui.core.model.compiled import MAX_COMPILED_TOKENS, bucket_for
+from tokentui.core.model.compiled import MAX_COMPILED_TOKENS, CompiledDecoder, bucket_for
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent
@@ -88,8 +88,8 @@ def test_default_engine_matches_generate_with_the_growable_cache(tiny):
 def test_speed_options_validate():
     for bad in (dict(threads=0), dict(threads=-2), dict(prefill_threads=0), dict(threads=True)):
         with pytest.raises(SettingsError):
-            SpeedOptions(**bad).validated()
-    assert SpeedOptions(threads=3).validated().decode_threads() == 3
+            SpeedOptions(**bad)
+    assert SpeedOptions(threads=3).decode_threads() == 3
 
 
 def test_thread_policy():
@@ -139,7 +139,10 @@ def test_compiled_tiny_matches_generate_and_reports_kv_truthfully(tiny, compiled
         prompt_event = next(e for e in events if isinstance(e, PromptEvent))
         assert [s.id for s in steps] == generate_ids(tiny.model, prompt_event.ids, 40, stop_at_eos=False)
         notices = [e.message for e in events if isinstance(e, Notice)]
-        assert any("static KV cache" in n and "MiB allocated for 256 tokens" in n for n in notices)
+        allocated = cache_allocated_nbytes(CompiledDecoder.for_model(tiny.model, engine.speed.decode_threads())
+                                           .cache(256))
+        said = f"static KV cache: {allocated / 2**10:.1f} KiB allocated for 256 tokens"  # the real allocation
+        assert any(n.startswith(said) for n in notices)
         assert not any("compiling" in n for n in notices)  # compiled at construction
         per_token = tiny.facts.kv_bytes_per_token
         prefill = next(e for e in events if isinstance(e, PrefillEvent))
@@ -231,3 +234,111 @@ def test_compiled_embedded_128_tokens_identical_to_generate(embedded, embedded_s
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     assert [s.id for s in steps] == generate_ids(embedded_stock.model, prompt.ids, 128, stop_at_eos=False)
     assert steps[-1].kv_bytes == embedded.facts.kv_bytes_per_token * steps[-1].kv_tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --compile on architectures beyond Llama (issue 24): sliding windows, hybrids, the recompile guard.
+
+
+def _compiled_run(name, tokenizer, n=12, **speed):
+    from arch_matrix import build
+
+    model = build(name, tokenizer)
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, facts=model_facts(model, tokenizer, name=name))
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=n, ignore_eos=True),
+                        speed=SpeedOptions(compile=True, **speed))
+        events = list(engine.run("Hi"))
+    finally:
+        torch.set_num_threads(before)
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    return model, events, prompt, steps
+
+
+def test_compile_on_a_sliding_window_model_says_so_before_the_run_and_decodes_eagerly(smol_tokenizer):
+    """Mistral's static sliding layer counts its positions in a Python int: compiled, every step compiled again
+    (~580 ms each) until dynamo's limit raised a traceback. Now nothing is compiled and the run says why first."""
+    model, events, prompt, steps = _compiled_run("mistral", smol_tokenizer, n=24)
+    first = events.index(prompt)
+    notices = [e.message for e in events[:first] if isinstance(e, Notice)]
+    assert len(notices) == 1 and "sliding-window attention layers" in notices[0]
+    assert notices[0].endswith("decoding eagerly") and "\n" not in notices[0]
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    assert isinstance(events[-1], DoneEvent) and not any("static KV cache" in e.message for e in events
+                                                          if isinstance(e, Notice))
+
+
+def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokenizer, monkeypatch):
+    """What no check foresees: were a sliding layer compiled after all, the warm-up's second call would compile
+    again; under fail_on_recompile it raises at once, and the model decodes eagerly, said before the run."""
+    import tokentui.core.model.compiled as compiled
+
+    monkeypatch.setattr(compiled, "compile_problem", lambda model: None)
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("mistral", smol_tokenizer, n=24)
+    notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
+    assert notices == ["--compile stopped (the decode step would compile again at every step): decoding eagerly"]
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    assert isinstance(events[-1], DoneEvent)
+
+
+def test_a_compile_failure_mid_run_goes_on_eagerly_on_the_same_cache(smol_tokenizer, monkeypatch):
+    import tokentui.core.model.compiled as compiled
+
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    calls = []
+    real = compiled.CompiledDecoder._compiled_step
+
+    def flaky(self, cache):
+        calls.append(1)
+        if len(calls) == 6:  # the warm-up made three; the run's third decode step fails
+            raise RuntimeError("simulated compile failure")
+        return real(self, cache)
+
+    monkeypatch.setattr(compiled.CompiledDecoder, "_compiled_step", flaky)
+    model, events, prompt, steps = _compiled_run("llama", smol_tokenizer, n=12)
+    notices = [(i, e.message) for i, e in enumerate(events) if isinstance(e, Notice)]
+    failed = [(i, m) for i, m in notices if m.startswith("--compile stopped")]
+    assert len(failed) == 1 and "RuntimeError: simulated compile failure" in failed[0][1]
+    assert events.index(steps[3]) > failed[0][0] > events.index(steps[2])  # said with the step that fell back
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 12, stop_at_eos=False)
+    assert all(s.kv_tokens == len(prompt.ids) + s.index for s in steps) and isinstance(events[-1], DoneEvent)
+
+
+@pytest.mark.slow
+def test_compiled_hybrid_lfm2_with_inductor_matches_generate(smol_tokenizer):
+    """A hybrid (LFM2: short-conv layers with a fixed-size state, attention layers with a static KV cache) compiled
+    for real, as --compile does it on a CPU (inductor, freezing, autotuning: ~45 s on 2 cores)."""
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("lfm2", smol_tokenizer, n=24)
+    notices = [e.message for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and notices[0].startswith("static KV cache")
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 24, stop_at_eos=False)
+    facts = model_facts(model, smol_tokenizer, name="lfm2")
+    from tokentui.core.runs.architecture import kv_bytes_at
+
+    assert all(s.kv_bytes == kv_bytes_at(facts.kv_groups, s.kv_tokens, 4) for s in steps)
+
+
+def test_a_model_whose_forward_refuses_the_static_cache_decodes_eagerly_with_a_notice(smol_tokenizer, monkeypatch):
+    """Bloom's ALiBi forward raised on a static cache in transformers 5.15, at load: a traceback then, a notice now."""
+    import tokentui.core.model.compiled as compiled
+
+    def refuse(self, ids, cache, first=True):
+        raise RuntimeError("The expanded size of the tensor (256) must match the existing size (8)")
+
+    monkeypatch.setattr(compiled.CompiledDecoder, "prefill", refuse)
+    monkeypatch.setattr(compiled, "compile_settings",
+                        lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
+    torch._dynamo.reset()
+    model, events, prompt, steps = _compiled_run("bloom", smol_tokenizer, n=8)
+    notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
+    assert len(notices) == 1 and "does not take a static KV cache" in notices[0]
+    assert notices[0].endswith("decoding eagerly")
+    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 8, stop_at_eos=False)

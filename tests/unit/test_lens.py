@@ -1,7 +1,8 @@
 """The logit lens (core/model/lens.py), each number against an oracle: the last layer's row against the step's own
 logits, every row against the final norm and LM head applied by hand to each decoder layer's output (caught with
-forward hooks, not transformers' output_hidden_states), records and headless JSON carrying it, and a run without it
-asking the model for nothing more."""
+forward hooks of the test's own), records and headless JSON carrying it, a run without it asking the model for
+nothing more, and a model whose output it cannot reproduce refused rather than shown. Every other decoder family:
+tests/unit/test_architecture_matrix.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import transformers
 
 import tokentui.core.model.engine as engine_module
 from tiny_models import tiny_gpt2, tiny_model
@@ -20,7 +22,8 @@ from cli_run import tokentui
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import LensRow, Notice, PromptEvent, StepEvent
-from tokentui.core.model.lens import lens_support, lens_unavailable, logit_lens
+from tokentui.core.model.adapter import new_cache
+from tokentui.core.model.lens import forward_last_states, lens_support, lens_unavailable, logit_lens
 from tokentui.core.model.loader import LoadedModel, model_facts
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -133,24 +136,28 @@ def test_bfloat16_lens_runs_and_matches_the_output(smol_tokenizer, monkeypatch):
         assert step.lens[-1].prob == pytest.approx(float(torch.softmax(scores.float(), -1).max()), rel=2e-2)
 
 
-def test_logit_lens_takes_transformers_hidden_states_tuple(smol_tokenizer):
+def test_logit_lens_takes_the_block_outputs_forward_last_states_caught(smol_tokenizer):
     model = tiny_model("llama", smol_tokenizer)
     ids = torch.tensor([[1, 2, 3, 4]])
+    logits, states = forward_last_states(model, ids, new_cache(model))
+    assert states.shape == (2, 64)  # [L, H]: each block's output at the last position
     with torch.inference_mode():
         out = model(input_ids=ids, output_hidden_states=True)
-    rows = logit_lens(model, out.hidden_states, piece=lambda i: f"<{i}>")
+    assert torch.allclose(states[0], out.hidden_states[1][0, -1])  # block 1's output, before any norm
+    rows = logit_lens(model, states, piece=lambda i: f"<{i}>", logits=logits)
     probs = torch.softmax(out.logits[0, -1].float(), -1)
     assert [r.layer for r in rows] == [1, 2] and rows[-1].id == int(probs.argmax())
     assert rows[-1].piece == f"<{rows[-1].id}>" and rows[-1].prob == pytest.approx(float(probs.max()), rel=1e-5)
-    with pytest.raises(ValueError, match="3 hidden states"):
-        logit_lens(model, out.hidden_states[1:])
+    with pytest.raises(ValueError, match="2 block outputs"):
+        logit_lens(model, states[1:])
 
 
 # ---------------------------------------------------------------------------------------------- refused
-def test_unsupported_architecture_is_refused_in_one_line_and_the_run_goes_on(smol_tokenizer):
+def test_a_model_without_an_lm_head_is_refused_in_one_line_and_the_run_goes_on(smol_tokenizer):
     model = tiny_gpt2(smol_tokenizer)
+    model.get_output_embeddings = lambda: None  # a head tokentui cannot call
     reason = lens_support(model)
-    assert reason is not None and "\n" not in reason and "GPT2LMHeadModel" in reason
+    assert reason is not None and "\n" not in reason and "GPT2LMHeadModel" in reason and "LM head" in reason
     events = list(engine_for(model, smol_tokenizer, max_new_tokens=3, logit_lens=True).run("Hi"))
     notices = [e.message for e in events if isinstance(e, Notice)]
     assert notices == [f"{reason}: running without it"]
@@ -158,6 +165,29 @@ def test_unsupported_architecture_is_refused_in_one_line_and_the_run_goes_on(smo
         next(e for e in events if isinstance(e, PromptEvent)))
     steps = steps_of(events)
     assert len(steps) == 3 and all(s.lens is None and "lens" not in s.to_dict() for s in steps)
+
+
+class _ScaledLlama(transformers.LlamaForCausalLM):
+    """A family that does something to its logits after the LM head that tokentui does not know (× 3)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * 3.0
+        return out
+
+
+def test_a_model_whose_output_the_lens_cannot_reproduce_runs_without_it_and_says_so_once(smol_tokenizer):
+    torch.manual_seed(0)
+    reference = tiny_model("llama", smol_tokenizer)
+    model = _ScaledLlama(reference.config).eval()
+    model.load_state_dict(reference.state_dict())
+    assert lens_support(model) is None  # its parts are where a Llama keeps them
+    events = list(engine_for(model, smol_tokenizer, max_new_tokens=4, logit_lens=True).run("Hi"))
+    notices = [e.message for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and "could not reproduce" in notices[0] and notices[0].endswith("running without it")
+    steps = steps_of(events)
+    assert len(steps) == 4 and all(s.lens is None for s in steps)  # not one row that is not the model's
+    assert "could not reproduce" in lens_support(model)
 
 
 def test_compiled_runs_are_refused_without_compiling(smol_tokenizer):
@@ -179,33 +209,38 @@ def test_option_is_validated_and_off_by_default():
 
 
 # ---------------------------------------------------------------------------------------------- what the model is asked
-def spy_forward_kwargs(model) -> tuple[list[dict], object]:
+def spy_block_hooks(model) -> tuple[list[dict], object]:
+    """Per forward: how many ids it read and whether forward hooks sat on the blocks (the lens's way of reading the
+    residual stream) while it ran."""
     calls: list[dict] = []
+    blocks = model.model.layers
 
     def pre(module, args, kwargs):
-        calls.append({"output_hidden_states": kwargs.get("output_hidden_states"),
-                      "tokens": kwargs["input_ids"].shape[1]})
+        calls.append({"hooked": all(len(b._forward_hooks) for b in blocks), "tokens": kwargs["input_ids"].shape[1],
+                      "output_hidden_states": kwargs.get("output_hidden_states")})
 
     return calls, model.register_forward_pre_hook(pre, with_kwargs=True)
 
 
-def test_lens_off_asks_for_no_hidden_states_and_on_asks_only_where_it_is_read(smol_tokenizer):
+def test_lens_off_hooks_nothing_and_on_hooks_only_the_forwards_it_reads(smol_tokenizer):
     model = tiny_model("llama", smol_tokenizer)
-    calls, handle = spy_forward_kwargs(model)
+    calls, handle = spy_block_hooks(model)
     try:
         off = list(engine_for(model, smol_tokenizer, max_new_tokens=3, prefill_chunk=8).run("Is OpenAI open?"))
         prompt_tokens = len(next(e for e in off if isinstance(e, PromptEvent)).ids)
         chunks = -(-prompt_tokens // 8)
         assert chunks >= 2 and len(calls) == chunks + 2
-        assert all(not c["output_hidden_states"] for c in calls)
+        assert not any(c["hooked"] or c["output_hidden_states"] for c in calls)
         assert all(s.lens is None and "lens" not in s.to_dict() for s in steps_of(off))
         calls.clear()
         on = list(engine_for(model, smol_tokenizer, max_new_tokens=3, prefill_chunk=8, logit_lens=True)
                   .run("Is OpenAI open?"))
     finally:
         handle.remove()
-    # prefill: only the last chunk's forward asks (its last position scores the first token); then every decode
-    assert [bool(c["output_hidden_states"]) for c in calls] == [False] * (chunks - 1) + [True] * 3
+    # prefill: only the last chunk's forward is read (its last position scores the first token); then every decode
+    assert [c["hooked"] for c in calls] == [False] * (chunks - 1) + [True] * 3
+    assert not any(c["output_hidden_states"] for c in calls)
+    assert all(not len(b._forward_hooks) for b in model.model.layers)  # none left behind
     assert [s.id for s in steps_of(on)] == [s.id for s in steps_of(off)]
     assert all(len(s.lens) == 2 for s in steps_of(on))
 

@@ -15,12 +15,14 @@ import threading
 import pytest
 import pytest_asyncio
 
-from client_replies import Replies
+from client_replies import Replies, RunFailure
+from tokentui.core.errors import ErrorKind
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import GenerationError, ModelLoadError, SettingsError
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, PromptEvent, StepEvent
 from tokentui.core.model.loader import load_model
-from tokentui.core.link.process_client import EngineSpec, ProcessClient
+from tokentui.core.link.process_client import ProcessClient
+from tokentui.core.link.protocol import EngineSpec
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tmux_pane import alive, wait_gone
 
@@ -63,13 +65,13 @@ async def test_the_child_reports_what_the_in_process_engine_reports(embedded, ch
 async def test_live_settings_pause_step_and_stop_reach_the_child(child):
     child.set_options(LONG)
     with pytest.raises(SettingsError):  # checked in the parent, at once, and nothing changes
-        child.update_sampler(top_p=1.5)
+        child.set_sampler(child.sampler.with_changes(top_p=1.5))
     assert child.sampler == GREEDY
     replies = Replies(child)
     run_id = child.start("Tell me a story.")
     assert child.run_id == run_id
     steps = [await replies.next_step() for _ in range(4)]
-    child.update_sampler(temperature=0.9, top_k=7, seed=3)
+    child.set_sampler(child.sampler.with_changes(temperature=0.9, top_k=7, seed=3))
     steps += [await replies.next_step() for _ in range(4)]
     assert [s.settings.temperature for s in steps[:4]] == [0.0] * 4
     assert steps[-1].settings.temperature == 0.9 and steps[-1].settings.top_k == 7
@@ -90,7 +92,7 @@ async def test_live_settings_pause_step_and_stop_reach_the_child(child):
     rest = await replies.rest(10.0)
     assert isinstance(rest[-1], DoneEvent) and rest[-1].reason == "stopped" and len(rest) < 10
     child.set_options(SHORT)
-    child.update_sampler(**GREEDY.to_dict())
+    child.set_sampler(GREEDY)
 
 
 async def test_a_new_run_supersedes_the_current_one_whose_events_never_arrive(child):
@@ -110,8 +112,9 @@ async def test_a_new_run_supersedes_the_current_one_whose_events_never_arrive(ch
 
 async def test_a_bad_prompt_is_an_error_event_not_a_crash(child):
     replies = Replies(child)
-    events = await replies.run("word " * 9000)
-    assert isinstance(events[-1], ErrorEvent) and "over this model's context" in events[-1].message
+    with pytest.raises(RunFailure, match="over this model's context") as failed:
+        await replies.run("word " * 9000)
+    assert failed.value.kind == ErrorKind.PROMPT
     assert steps_of(await replies.run("Hi"))  # the child is still serving
 
 
@@ -139,7 +142,7 @@ async def test_a_child_killed_mid_run_is_a_failure_naming_its_log(embedded):
         client.start("Is OpenAI open?")
         await replies.next_step()
         os.kill(client.pid, signal.SIGKILL)
-        with pytest.raises(GenerationError) as err:
+        with pytest.raises(RunFailure) as err:
             await replies.rest(30.0)
         assert "ended unexpectedly (killed by SIGKILL)" in str(err.value) and str(client.log_path) in str(err.value)
     finally:
@@ -168,7 +171,8 @@ async def test_closing_mid_run_ends_the_run_stopped_and_the_child(embedded, tmp_
 async def test_the_child_does_not_outlive_a_killed_parent(embedded, tmp_path):
     script = textwrap.dedent("""
         import asyncio
-        from tokentui.core.link.process_client import EngineSpec, ProcessClient
+        from tokentui.core.link.process_client import ProcessClient
+        from tokentui.core.link.protocol import EngineSpec
 
         async def main():
             client = ProcessClient(EngineSpec())

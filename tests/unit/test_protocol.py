@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from client_replies import Replies
+from client_replies import Replies, RunFailure
 from fakes import FACTS, ScriptedEngine
 from tokentui.core.model.branch import BranchPoint
 from tokentui.core.errors import GenerationError, SettingsError
 from tokentui.core.runs.events import BranchEvent, DoneEvent, StepEvent
-from tokentui.core.link.child import _Child
+from tokentui.core.model.process_main import _Child
 from tokentui.core.link.process_client import ProcessClient, StartedProcess
 from tokentui.core.link.protocol import (COMMANDS, LOADING_REPLIES, RUN_REPLIES, Crash, Load, LoadFailed, ProtocolError,
                                     Ready, RunEvent, SetSampler, StartBranch, StartRun, Stop, expect)
@@ -129,7 +129,7 @@ def stand_in_child(conn: Connection, proc: FakeProc, reply) -> None:
 
 
 async def process_client(reply) -> ProcessClient:
-    from tokentui.core.link.process_client import EngineSpec
+    from tokentui.core.link.protocol import EngineSpec
 
     parent_end, child_end = socket.socketpair()
     parent, child = Connection(parent_end.detach()), Connection(child_end.detach())
@@ -177,7 +177,7 @@ async def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_m
         replies = Replies(client)
         client.start("Is OpenAI open?")
         got = [await replies.next_event()]
-        with pytest.raises(GenerationError, match="expected RunEvent, Crash, got tuple"):
+        with pytest.raises(RunFailure, match="expected RunEvent, Crash, got tuple"):
             got.append(await replies.next_event())
         assert got == events[:1] and not any(isinstance(e, StepEvent) for e in got[1:])
     finally:
@@ -190,7 +190,7 @@ async def test_a_crash_message_ends_its_run_with_the_child_s_words():
 
     client = await process_client(reply)
     try:
-        with pytest.raises(GenerationError, match="RuntimeError: boom"):
+        with pytest.raises(RunFailure, match="RuntimeError: boom"):
             await Replies(client).run("hi")
     finally:
         client.close()
@@ -207,9 +207,9 @@ async def test_a_child_that_goes_away_mid_run_ends_the_run_at_once():
     client = await process_client(reply)
     try:
         replies = Replies(client)
-        with pytest.raises(GenerationError, match="ended unexpectedly"):
+        with pytest.raises(RunFailure, match="ended unexpectedly"):
             await replies.run("hi")
-        with pytest.raises(GenerationError, match="ended unexpectedly"):  # and so does any later run, at once
+        with pytest.raises(RunFailure, match="ended unexpectedly"):  # and so does any later run, at once
             await replies.run("hi")
     finally:
         client.close()
@@ -249,7 +249,7 @@ async def test_a_branch_sent_back_to_the_parent_is_refused():
 
     client = await process_client(reply)
     try:
-        with pytest.raises(GenerationError, match="expected RunEvent, Crash, got StartBranch"):
+        with pytest.raises(RunFailure, match="expected RunEvent, Crash, got StartBranch"):
             await Replies(client).run("hi")
     finally:
         client.close()

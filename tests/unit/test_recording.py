@@ -48,8 +48,8 @@ class InterruptedAt(ScriptedEngine):
         super().__init__(**kwargs)
         self.at = at
 
-    def run(self, prompt, system=None):
-        for event in super().run(prompt, system):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if isinstance(event, StepEvent) and event.index == self.at:
                 raise KeyboardInterrupt
             yield event
@@ -58,9 +58,9 @@ class InterruptedAt(ScriptedEngine):
 def test_every_event_is_recorded_after_the_facts(tmp_path):
     notes: list[str] = []
     engine = ScriptedEngine()
-    with RecordedRun(engine, RunRecorder(tmp_path), on_note=notes.append) as run:
+    with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=notes.append) as run:
         path = run.open()
-        events = list(run.events("Is OpenAI open?", None))
+        events = list(run.record(engine.run("Is OpenAI open?")))
     assert path is not None and path.parent == tmp_path
     assert read_record(path) == [as_json(FACTS)] + [as_json(e) for e in events]
     assert events == engine.events and isinstance(events[-1], DoneEvent) and events[-1].reason == "eos"
@@ -71,10 +71,11 @@ def test_a_write_error_mid_run_stops_recording_with_one_note_and_the_run_goes_on
     notes: list[str] = []
     engine = ScriptedEngine()
     recorder = DiskFills(tmp_path, room=5)  # the facts and four events
-    with RecordedRun(engine, recorder, on_note=notes.append) as run:
+    with RecordedRun(engine.facts, recorder, on_note=notes.append) as run:
         path = run.open()
-        events = list(run.events("Is OpenAI open?", None))
-    assert notes == ["recording stopped: [Errno 28] No space left on device"]
+        events = list(run.record(engine.run("Is OpenAI open?")))
+    assert notes == [f"recording stopped: [Errno 28] No space left on device; {path} ends early"]
+    assert run.cut_short
     assert len(events) == len(engine.events) > 5 and isinstance(events[-1], DoneEvent)  # the run went on
     assert read_record(path) == [as_json(FACTS)] + [as_json(e) for e in events[:4]]
     assert recorder.lines == 5  # nothing was tried after the failure
@@ -84,9 +85,10 @@ def test_a_record_that_cannot_be_opened_is_one_note_and_the_run_goes_on(tmp_path
     blocked = tmp_path / "runs"
     blocked.write_text("a file where the folder should be")
     notes: list[str] = []
-    with RecordedRun(ScriptedEngine(), RunRecorder(blocked), on_note=notes.append) as run:
+    engine = ScriptedEngine()
+    with RecordedRun(engine.facts, RunRecorder(blocked), on_note=notes.append) as run:
         assert run.open() is None
-        events = list(run.events("Is OpenAI open?", None))
+        events = list(run.record(engine.run("Is OpenAI open?")))
     assert len(notes) == 1 and notes[0].startswith("run not recorded: ")
     assert isinstance(events[-1], DoneEvent) and run.path is None
 
@@ -94,9 +96,10 @@ def test_a_record_that_cannot_be_opened_is_one_note_and_the_run_goes_on(tmp_path
 def test_an_interrupted_runs_record_ends_with_done_stopped(tmp_path):
     events = []
     with pytest.raises(KeyboardInterrupt):
-        with RecordedRun(InterruptedAt(3), RunRecorder(tmp_path), on_note=pytest.fail) as run:
+        engine = InterruptedAt(3)
+        with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=pytest.fail) as run:
             path = run.open()
-            for event in run.events("Is OpenAI open?", None):
+            for event in run.record(engine.run("Is OpenAI open?")):
                 events.append(event)
     lines = read_record(path)
     steps = [e for e in events if isinstance(e, StepEvent)]
@@ -112,9 +115,10 @@ def test_an_interrupted_runs_record_ends_with_done_stopped(tmp_path):
 def test_a_run_the_caller_stops_reading_still_ends_with_done(tmp_path):
     """The caller leaves the loop (its output is gone, it was interrupted between events): leaving the `with`
     finishes the record."""
-    with RecordedRun(ScriptedEngine(), RunRecorder(tmp_path), on_note=pytest.fail) as run:
+    engine = ScriptedEngine()
+    with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=pytest.fail) as run:
         path = run.open()
-        for event in run.events("Is OpenAI open?", None):
+        for event in run.record(engine.run("Is OpenAI open?")):
             if isinstance(event, StepEvent) and event.index == 1:
                 break
     lines = read_record(path)
@@ -125,7 +129,7 @@ def test_a_run_the_caller_stops_reading_still_ends_with_done(tmp_path):
 
 def test_cut_off_before_the_run_started(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        with RecordedRun(ScriptedEngine(), RunRecorder(tmp_path), on_note=pytest.fail) as run:
+        with RecordedRun(FACTS, RunRecorder(tmp_path), on_note=pytest.fail) as run:
             path = run.open()
             raise KeyboardInterrupt  # a signal before the first event
     lines = read_record(path)
@@ -133,23 +137,25 @@ def test_cut_off_before_the_run_started(tmp_path):
     assert lines[-1]["tokens"] == 0 and lines[-1]["ttft_ms"] is None and lines[-1]["reason"] == "stopped"
 
 
-def test_a_crash_is_passed_on_without_a_made_up_done(tmp_path):
+def test_a_crash_ends_the_record_with_an_error_and_done_then_is_passed_on(tmp_path):
     engine = ScriptedEngine(raise_at=2)
     with pytest.raises(RuntimeError, match="scripted crash at step 3"):
-        with RecordedRun(engine, RunRecorder(tmp_path), on_note=pytest.fail) as run:
+        with RecordedRun(engine.facts, RunRecorder(tmp_path), on_note=pytest.fail) as run:
             path = run.open()
-            for _ in run.events("Is OpenAI open?", None):
+            for _ in run.record(engine.run("Is OpenAI open?")):
                 pass
     lines = read_record(path)
-    assert [e["event"] for e in lines] == ["model", "prompt", "prefill", "step", "step"]
-    assert run.cut_off is None
+    assert [e["event"] for e in lines] == ["model", "prompt", "prefill", "step", "step", "error", "done"]
+    assert lines[-2]["kind"] == "crash" and "RuntimeError: scripted crash at step 3" in lines[-2]["message"]
+    assert lines[-1]["reason"] == "error" and lines[-1]["tokens"] == 2
+    assert run.cut_off is None and run.error is not None
 
 
 def test_without_a_recorder_the_run_is_passed_through():
     engine = ScriptedEngine()
-    with RecordedRun(engine, None, on_note=pytest.fail) as run:
+    with RecordedRun(engine.facts, None, on_note=pytest.fail) as run:
         assert run.open() is None
-        events = list(run.events("Is OpenAI open?", None))
+        events = list(run.record(engine.run("Is OpenAI open?")))
     assert events == engine.events and run.cut_off is None
 
 
@@ -164,16 +170,14 @@ def test_the_runner_keeps_no_steps_of_its_own(tmp_path):
     class Streaming:
         """Makes each step fresh and forgets it: only what the runner keeps can stay alive."""
 
-        facts = FACTS
-
-        def run(self, prompt, system=None):
+        def run(self):
             for i in range(2000):
                 yield replace(template, index=i)
 
     alive = []
-    with RecordedRun(Streaming(), RunRecorder(tmp_path), on_note=lambda note: None) as run:
+    with RecordedRun(FACTS, RunRecorder(tmp_path), on_note=lambda note: None) as run:
         run.open()
-        for n, event in enumerate(run.events("Is OpenAI open?", None)):
+        for n, event in enumerate(run.record(Streaming().run())):
             if n == 1500:
                 del event
                 gc.collect()
@@ -182,13 +186,14 @@ def test_the_runner_keeps_no_steps_of_its_own(tmp_path):
 
 
 def test_a_tally_gives_the_same_stopped_done_as_the_steps(tmp_path):
-    from tokentui.core.runs.events import StepTally, stopped_done
+    from tokentui.core.runs.ending import StepTally, stopped_done
 
     steps = [e for e in ScriptedEngine().run("Is OpenAI open?") if isinstance(e, StepEvent)][:10]
     tally = StepTally()
     for step in steps:
         tally.add(step)
-    done = tally.stopped_done(13, FACTS.vocab_rows)
+    tally.prompt_tokens = 13
+    done = tally.done("stopped", FACTS.vocab_rows)
     assert done == stopped_done(steps, 13, FACTS.vocab_rows)
     assert done.tokens == 10 and done.ttft_ms == steps[0].latency_ms
     assert done.text == "".join(s.text for s in steps)

@@ -200,10 +200,10 @@ async def test_the_dashboard_replays_a_record_writes_none_and_refuses_sampler_ke
         assert app.state.facts.source == f"replay of {path.name}" and "source       replay of 2" in screen_text(app)
         await pilot.press("t")  # temperature up: a replay cannot
         await pilot.pause(0.1)
-        assert any("a replay cannot change the sampler" in str(n.message) for n in app._notifications)
-        assert app.sampler_settings == engine.sampler
+        assert any("A replay plays the recorded settings" in str(n.message) for n in app._notifications)
+        assert app.controller.sampler == engine.sampler
         await pilot.press("q")
-    assert app.record_paths == [] and not recorder_dir.exists()
+    assert app.controller.tree_paths == [] and not recorder_dir.exists()
 
 
 async def test_the_dashboard_pauses_and_steps_a_replay(tmp_path):

@@ -17,7 +17,8 @@ from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.record_reader import RecordError, event_from_dict
 from tokentui.core.runs.run import Cursor, Run, RunError
 from tokentui.core.settings import RunOptions, SamplerSettings
-from tokentui.tui.state import PLOT_POINTS, RunState
+from tokentui.tui.state import RunState
+from tokentui.tui.state_readings import PLOT_POINTS
 
 
 def scripted_events(**kwargs) -> list:

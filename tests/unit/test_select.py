@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def sampler(temperature: float = 0.7, top_k: int = 0, top_p: float = 0.9, greedy: bool = False) -> SamplerSettings:
-    return SamplerSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy).validated()
+    return SamplerSettings(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
 
 
 def gen(seed: int = 0) -> torch.Generator:

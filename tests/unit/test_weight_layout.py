@@ -83,7 +83,7 @@ def test_engine_relays_on_cpu_by_default_and_stock_opts_out(smol_tokenizer):
     finally:
         torch.set_num_threads(before)
     with pytest.raises(SettingsError, match="weight-layout must be auto or stock"):
-        SpeedOptions(weight_layout="sideways").validated()
+        SpeedOptions(weight_layout="sideways")
 
 
 def test_engine_greedy_on_relaid_weights_equals_generate_on_stock(smol_tokenizer):

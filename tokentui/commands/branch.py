@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, bad_input, integer, interrupted, make_loader, number
+from .common import EXIT_BAD_INPUT, bad_input, integer, interrupted, make_loader, number
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLER_FLAGS = ("temperature", "top_k", "top_p", "greedy", "seed")
@@ -169,18 +169,12 @@ def prepare(args) -> dict:
             "parent": args.name or args.file.name}
 
 
-class _BranchSource:
-    """The engine as `RecordedRun` sees it: a "run" that is the parent's prompt event (when the record has one),
-    then the engine's branch."""
-
-    def __init__(self, engine, point, prompt) -> None:
-        self.engine, self.point, self.prompt = engine, point, prompt
-        self.facts = engine.facts
-
-    def run(self, prompt=None, system=None):
-        if self.prompt is not None:
-            yield self.prompt
-        yield from self.engine.branch(self.point)
+def _branch_events(engine, point, prompt):
+    """What the branch's record holds: the parent's prompt event (when the record has one: a branch's record then
+    says what was asked and replays on its own), then the engine's branch."""
+    if prompt is not None:
+        yield prompt
+    yield from engine.branch(point)
 
 
 def _check_model(engine, run) -> None:
@@ -195,7 +189,8 @@ def _check_model(engine, run) -> None:
 
 
 def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
-    from tokentui.core.model.branch import BranchPoint
+    from tokentui.core.errors import exit_status
+    from tokentui.core.runs.branch_point import BranchPoint
     from tokentui.core.runs.events import BranchEvent, DoneEvent, ErrorEvent, Notice, StepEvent
     from tokentui.core.runs.record_writer import RunRecorder
     from tokentui.core.runs.recording import RecordedRun
@@ -223,13 +218,12 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
     status = 0
     wrote_text = False
     recorder = None if args.no_record else RunRecorder(args.record_dir)
-    with RecordedRun(_BranchSource(engine, point, run.prompt), recorder,
-                     on_note=lambda message: emit(f"tokentui: {message}\n", err)) as recorded:
+    with RecordedRun(engine.facts, recorder, on_note=lambda message: emit(f"tokentui: {message}\n", err)) as recorded:
         recorded.open()
         if args.json:
             line(engine.facts)
         try:
-            for event in recorded.events("", None):
+            for event in recorded.record(_branch_events(engine, point, run.prompt)):
                 if stopped_by:
                     engine.stop()
                 if isinstance(event, StepEvent):
@@ -249,12 +243,12 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
                     wrote_text = True
                 elif isinstance(event, Notice):
                     emit(f"tokentui: {event.message}\n", err)
-                elif isinstance(event, DoneEvent):
+                elif isinstance(event, DoneEvent) and event.reason != "error":  # after an error: its line said it
                     emit(event.flushed + "\n")
                 if isinstance(event, ErrorEvent):
                     if not args.json:
                         emit(("\n" if wrote_text else "") + f"tokentui: {event.message}\n", err)
-                    status = EXIT_BAD_INPUT if event.kind in ("PromptError", "SettingsError") else EXIT_RUN_FAILED
+                    status = exit_status(event.kind)  # core/errors.py's one table
         except KeyboardInterrupt:  # in prefill, or a second signal
             engine.stop()
             if not stopped_by:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED  # noqa: F401  (the commands read them here)
+
 DEFAULT_PROMPT = "Is OpenAI open?"
-EXIT_BAD_INPUT = 2
-EXIT_RUN_FAILED = 1
 
 
 def number(name: str):
@@ -65,7 +65,7 @@ def settings_from_args(args):
 
 
 def engine_spec(args):
-    from tokentui.core.link.process_client import EngineSpec
+    from tokentui.core.link.protocol import EngineSpec
 
     sampler, options = settings_from_args(args)
     return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
@@ -108,7 +108,7 @@ def make_loader(args):
     spec = engine_spec(args)
 
     def load(progress):
-        from tokentui.core.link.process_client import load_engine
+        from tokentui.core.model.build import load_engine
 
         return load_engine(spec, progress)
 

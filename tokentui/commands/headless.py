@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 
-from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, make_loader, silence_stdio
+from .common import EXIT_RUN_FAILED, make_loader, silence_stdio
 
 
 def run_headless(args, prompt: str) -> int:
@@ -60,6 +60,7 @@ def run_headless(args, prompt: str) -> int:
 
 
 def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
+    from tokentui.core.errors import exit_status
     from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, StepEvent
     from tokentui.core.runs.record_writer import RunRecorder
     from tokentui.core.runs.recording import RecordedRun
@@ -71,12 +72,12 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
     wrote_text = False
     if getattr(args, "logit_lens", False) and not args.json:
         note("--logit-lens: each step's lens goes to --json output and the run record, not to the text stream")
-    with RecordedRun(engine, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
+    with RecordedRun(engine.facts, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
         run.open()
         if args.json:
             emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
         try:
-            for event in run.events(prompt, args.system):
+            for event in run.record(engine.run(prompt, args.system)):
                 if stopped_by or not output_ok():
                     engine.stop()  # also when the signal came before the run had started
                 if isinstance(event, StepEvent):
@@ -89,19 +90,17 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                         wrote_text = True
                 elif isinstance(event, Notice):
                     emit(f"tokentui: {event.message}\n", sys.stderr)
-                elif isinstance(event, DoneEvent):
+                elif isinstance(event, DoneEvent) and event.reason != "error":  # after an error: its line said it
                     emit(event.flushed + "\n")
                     if event.dropped_hex:  # not printed as U+FFFD: said here, once
                         emit(f"tokentui: an incomplete character {_WHERE_DROPPED.get(event.reason, 'at the end')} "
                              f"was dropped (bytes {event.dropped_hex})\n", sys.stderr)
-                if isinstance(event, DoneEvent) and event.reason == "error":
-                    status = EXIT_RUN_FAILED  # a served model's fault: the Notice before it said what (core/server/)
                 if isinstance(event, ErrorEvent):
                     if not args.json:
                         if wrote_text:
                             emit("\n")
                         emit(f"tokentui: {event.message}\n", sys.stderr)
-                    status = EXIT_RUN_FAILED if event.kind not in ("PromptError", "SettingsError") else EXIT_BAD_INPUT
+                    status = exit_status(event.kind)  # core/errors.py's one table
         except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
             engine.stop()
             if not stopped_by:

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
-                           head_words, shape_text, timing_sum, waited, wrap)
+                           head_words, shape_text, stage_shapes, timing_sum, waited, wrap)  # noqa: F401
 from .base import Panel
 
 TWO_COLUMNS = 132  # content width from which the stages flow into two columns (else: grouped under their parts)
@@ -117,7 +117,7 @@ class AnatomyPanel(Panel):
         line.append(set_cell_size("host" if host else device, 4) + " ",
                     self.style_of("anatomy--host" if host else "anatomy--device"))
         line.append(set_cell_size(stage.name, name_w) + " ", self.style_of("anatomy--name"))
-        line.append(set_cell_size(shape_text(stage.shape), shape_w), self.style_of("anatomy--shape"))
+        line.append(set_cell_size(stage_shapes(stage), shape_w), self.style_of("anatomy--shape"))
         if time_w:
             line.append(f" {mark} ", self.style_of("anatomy--rule"))
             line.append(set_cell_size(time, time_w), self.style_of("anatomy--time"))
@@ -163,7 +163,7 @@ class AnatomyPanel(Panel):
 
     def _fixed_width(self, stages, timing) -> int:
         name_w = max(cell_len(s.name) for s in stages)
-        shape_w = max(cell_len(shape_text(s.shape)) for s in stages)
+        shape_w = max(cell_len(stage_shapes(s)) for s in stages)
         time_w = max((cell_len(t) for t in part_times(stages, timing)), default=0) if timing is not None else 0
         return 5 + name_w + 1 + shape_w + (3 + time_w if time_w else 0)
 
@@ -174,7 +174,7 @@ class AnatomyPanel(Panel):
         times = part_times(stages, timing)[offset:offset + len(some)]
         marks = part_marks(stages)[offset:offset + len(some)]
         name_w = max(cell_len(s.name) for s in some)
-        shape_w = max(cell_len(shape_text(s.shape)) for s in some)
+        shape_w = max(cell_len(stage_shapes(s)) for s in some)
         time_w = max((cell_len(t) for t in times), default=0) if timing is not None else 0
         fixed = 5 + name_w + 1 + shape_w + (3 + time_w if time_w else 0)
         if fixed > width:  # the name gives way first
@@ -187,7 +187,7 @@ class AnatomyPanel(Panel):
         the sampler stages' notes indented under them. When the stages do not fit `room` lines, parts fold into
         their one line (`── forward 19.5 ms · 6 stages → [1, 151936]`), the longest first."""
         timing = step.timing
-        shape_w = max(cell_len(shape_text(s.shape)) for s in stages)
+        shape_w = max(cell_len(stage_shapes(s)) for s in stages)
         name_w = max(8, min(max(cell_len(s.name) for s in stages), width - 5 - 1 - shape_w))
         blocks: list[tuple[str | None, list]] = []  # runs of one part, in order
         for stage in stages:
@@ -225,7 +225,7 @@ class AnatomyPanel(Panel):
                 if n in folded:
                     what = f" · {len(run)} stages → " if len(run) > 1 else f" · {run[0].name} "
                     head.append(what, self.style_of("anatomy--note"))
-                    head.append(shape_text(run[-1].shape), self.style_of("anatomy--shape"))
+                    head.append(stage_shapes(run[-1]), self.style_of("anatomy--shape"))
                 head.append(" " + "─" * max(0, width - head.cell_len - 1), self.style_of("anatomy--rule"))
                 lines.append(Line(head))
             if n in folded:
@@ -236,7 +236,7 @@ class AnatomyPanel(Panel):
                 row.append(set_cell_size("host" if host else device, 4) + " ",
                            self.style_of("anatomy--host" if host else "anatomy--device"))
                 row.append(set_cell_size(stage.name, name_w) + " ", self.style_of("anatomy--name"))
-                row.append(shape_text(stage.shape), self.style_of("anatomy--shape"))
+                row.append(stage_shapes(stage), self.style_of("anatomy--shape"))
                 lines.append(Line(row, KEEP if part is not None else EXTRA))  # the id alone goes first
                 if part == "select" and stage.note:  # the distribution's shape change, stage by stage
                     note = Text("     " + stage.note, style=self.style_of("anatomy--note"))

@@ -21,6 +21,13 @@ def shape_text(shape) -> str:
     return "[" + ", ".join(str(n) for n in shape) + "]"
 
 
+def stage_shapes(stage) -> str:
+    """A stage's shape column: its tensor's shape, and the second tensor's where it makes two of different shapes
+    (V unlike K, MLA's rotary key, a recurrent layer's second state): `[1, 128, 4] + [1, 4, 16, 16]`."""
+    also = getattr(stage, "also", None)
+    return shape_text(stage.shape) + (f" + {shape_text(also)}" if also is not None else "")
+
+
 def device_label(device: str | None) -> str:
     """What the device column says: GPU for CUDA (ROCm too, which torch calls cuda), MPS, else the CPU itself."""
     kind = (device or "cpu").split(":")[0].lower()

@@ -1,8 +1,11 @@
-"""The KV cache: what prefill stored and every decode step adds (keys and values for each layer)."""
+"""The KV cache: what prefill stored and every decode step adds (keys and values for each layer that caches per
+position; a recurrent layer's fixed-size state), with the formula per kind of layer (core/runs/architecture.py)."""
 
 from __future__ import annotations
 
 from rich.text import Text
+
+from tokentui.core.runs.architecture import formula_terms, kv_bytes_at, state_bytes
 
 from ..format import human_bytes
 from ..served import DASH, LEGEND, kv_usage_text, server_of
@@ -17,6 +20,46 @@ def kv_bytes_per_value(facts) -> int:
         return given
     values = 2 * facts.layers * facts.kv_heads * facts.head_dim
     return facts.kv_bytes_per_token // values if values and facts.kv_bytes_per_token % values == 0 else 0
+
+
+def per_token_detail(groups, per_value: int) -> str:
+    """After the per-token figure: what it becomes once the windows fill (`, 256 B past 15`), or that the model
+    keeps a fixed-size state (` + 12.0 KiB fixed`)."""
+    capped = [g for g in groups if g.cap is not None and g.per_position]
+    state = state_bytes(groups, per_value) if per_value else None
+    if capped and per_value:
+        first = min(g.cap for g in capped)
+        after = sum(len(g.layers) * g.per_position for g in groups if g.cap is None) * per_value
+        return f", {human_bytes(after)} past {first:,}"
+    if state:
+        return f" + {human_bytes(state)} fixed"
+    return ""
+
+
+def formula_lines(facts, groups, per_value: int, width: int, room: int) -> list[str]:
+    """The per-token formula, per kind of layer (core/runs/architecture.py `formula_terms`): one line when the
+    terms fit (long words, else short), else a line per term while `room` lines allow."""
+    value_part = f"×{per_value} B" if per_value else "×? B"
+    if not groups:  # facts from before the layer kinds: plain attention in every layer
+        formula = f"= 2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}{value_part}"
+        if len(formula) > width:
+            formula = f"= 2×{facts.layers}L×{facts.kv_heads}h×{facts.head_dim}{value_part}"
+        return [formula]
+    terms = formula_terms(groups, per_value)
+    if not terms:
+        return ["= nothing cached per position"]
+    for which in (0, 1):
+        line = "= " + " + ".join(t[which] for t in terms)
+        if len(line) <= width:
+            return [line]
+    lines = [("= " if n == 0 else "+ ") + (t[1] if len(t[1]) + 2 <= width else t[2]) for n, t in enumerate(terms)]
+    if len(lines) > room:
+        keep = max(1, room - 1)
+        lines = lines[:keep] + ([f"+ {len(lines) - keep} more kinds of layer"] if room >= 2 else [])
+    return lines
+
+
+STILL = " (full windows / a fixed state)"  # a step that adds nothing, by the formula
 
 
 class KVPanel(Panel):
@@ -56,19 +99,32 @@ class KVPanel(Panel):
         self._tokens_row(out, kv_tokens, prompt_tokens, width)
         out.append("\nsize       ", label)
         out.append(human_bytes(kv_bytes), value)
-        out.append("\nper token  ", label)
-        out.append(human_bytes(facts.kv_bytes_per_token), value)
+        groups = getattr(facts, "kv_groups", None)
         per_value = kv_bytes_per_value(facts)
-        value_part = f"×{per_value} B" if per_value else "×? B"
-        formula = f"= 2×{facts.layers} layers×{facts.kv_heads} heads×{facts.head_dim}{value_part}"
-        if len(formula) > width:
-            formula = f"= 2×{facts.layers}L×{facts.kv_heads}h×{facts.head_dim}{value_part}"
-        out.append("\n" + formula, muted)
-        out.append("\ngrowth     ", label)
-        out.append(f"+{human_bytes(growth)}" if growth else "—", value)
-        out.append(" / step", muted)
-        fill = (kv_tokens / facts.max_context) if facts.max_context else 0.0
+        out.append("\nper token  ", label)
+        per_token = facts.kv_bytes_per_token
+        out.append(human_bytes(per_token) if per_token is not None else "?", value)
+        detail = per_token_detail(groups, per_value) if groups else ""
+        if detail and 11 + len(human_bytes(per_token or 0)) + len(detail) <= width:
+            out.append(detail, muted)
+        height = max(1, self.content_size.height or 7)
+        formula = formula_lines(facts, groups, per_value, width, room=max(1, height - 6))
+        for line in formula:
+            out.append("\n" + line, muted)
+        if 6 + len(formula) <= height:  # the measured growth goes first when the formula needs the rows
+            out.append("\ngrowth     ", label)
+            still = bool(groups) and kv_tokens > 0 and per_value and kv_bytes_at(
+                groups, kv_tokens, per_value) == kv_bytes_at(groups, kv_tokens - 1, per_value)
+            out.append(f"+{human_bytes(growth)}" if growth or still else "—", value)
+            out.append(" / step", muted)
+            if still and not growth and 22 + len(STILL) <= width:
+                out.append(STILL, muted)
         out.append("\ncontext    ", label)
+        if not facts.max_context:  # the config sets no limit (ALiBi, a recurrent model): nothing to fill
+            out.append("—", value)
+            out.append(" no limit in the config", muted)
+            return out
+        fill = kv_tokens / facts.max_context
         out.append(f"{fill * 100:.2f}%", value)
         out.append(f" of {facts.max_context:,}", muted)
         out.append("\n")

@@ -16,6 +16,35 @@ SERVED_NUMBERS = (("parameters", "parameters"), ("layers", "layers"), ("hidden_s
                   ("vocab_rows", "vocab rows"))
 
 
+def block_rows(facts) -> list[tuple[str, str, str]]:
+    """What the blocks are where they are not all alike attention + MLP (core/runs/architecture.py): the kinds of
+    mixer (`3 linear attention + 1 attention`), the experts, the windows."""
+    anatomy, groups = getattr(facts, "anatomy", None), getattr(facts, "kv_groups", None) or []
+    if anatomy is None:
+        return []
+    rows = []
+    counts: dict[str, int] = {}
+    for block in anatomy.blocks:
+        counts[block.mixer] = counts.get(block.mixer, 0) + len(block.layers)
+    if set(counts) != {"attention"}:
+        names = {b.mixer: b.mixer_name for b in anatomy.blocks}
+        extra = f"({names[next(iter(counts))]})" if len(counts) == 1 and names[next(iter(counts))] else ""
+        short = {"linear attention": "linear attn", "latent attention": "MLA attention"}
+        rows.append(("blocks", " + ".join(f"{n} {short.get(kind, kind)}" for kind, n in counts.items()), extra))
+    moe = [b for b in anatomy.blocks if b.mlp == "MoE"]
+    if moe:
+        b = moe[0]
+        layers = sum(len(m.layers) for m in moe)
+        shared = f" + {b.shared_experts} shared" if b.shared_experts else ""
+        rows.append(("experts", f"top-{b.top_k} of {b.experts}{shared}",
+                     f"in {layers} of {facts.layers} layers" if layers != facts.layers else ""))
+    for g in groups:
+        if g.window is not None:
+            rows.append(("window", f"{g.kind} {g.window:,}",
+                         f"in {len(g.layers)} of {facts.layers} layers" if len(g.layers) != facts.layers else ""))
+    return rows
+
+
 class ModelPanel(Panel):
     TITLE = "model · totals"
 
@@ -43,12 +72,15 @@ class ModelPanel(Panel):
                             style=self.style_of("model--warning"))
             return Text("loading…", style=muted)
 
-        def row(name: str, val: str, extra: str = "") -> None:
+        width = max(20, self.content_size.width or 40)
+
+        def row(name: str, val: str, extra: str = "", optional: bool = False) -> None:
+            """One row; an `optional` extra goes where it does not fit (a cut word would mislead)."""
             if out:
                 out.append("\n")
             out.append(f"{name:<13}", label)
             out.append(val, value)
-            if extra:
+            if extra and not (optional and 13 + len(val) + 1 + len(extra) > width):
                 out.append(f" {extra}", muted)
 
         out.append(facts.name, self.style_of("model--name"))
@@ -59,9 +91,16 @@ class ModelPanel(Panel):
         row("architecture", facts.architecture)
         row("parameters", human_count(facts.parameters), f"({facts.parameters:,})")
         row("layers", f"{facts.layers}", f"· hidden {facts.hidden_size:,}")
-        row("attention", f"{facts.attention_heads} heads", f"· {facts.kv_heads} kv · dim {facts.head_dim}")
+        if facts.attention_heads:
+            kv = f"· {facts.kv_heads} kv · dim {facts.head_dim}" if facts.kv_heads else "· a latent KV (MLA)"
+            row("attention", f"{facts.attention_heads} heads", kv)
+        for name, val, extra in block_rows(facts):
+            row(name, val, extra, optional=True)
         row("vocab rows", f"{facts.vocab_rows:,}")
-        row("context", f"{facts.max_context:,}", "tokens")
+        if facts.max_context:
+            row("context", f"{facts.max_context:,}", "tokens")
+        else:
+            row("context", "—", "no limit in the config")
         row("device", facts.device, f"· {facts.dtype}")
         quant = facts.quantization
         if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded

@@ -88,6 +88,9 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self.pending_marker = ""
         self.placeholder = ""
         self.tail_count = 0  # text appended after the tokens (DoneEvent.flushed)
+        # text before the tokens: a branch played back alone starts with its prefix, whose steps its record does
+        # not carry (one entry, not clickable: no step of this run is behind it)
+        self.head_count = 0
         self._palette_cache: dict | None = None
         self._follow = True  # keep the newest line in view; off while the reader has scrolled up
         self.cursor: int | None = None  # the time-travel cursor's token (None: live, nothing marked)
@@ -121,6 +124,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self._probs.clear()
         self._special.clear()
         self.tail_count = 0
+        self.head_count = 0
         self.pending_marker = ""
         self._follow = True
         self.cursor = None
@@ -164,10 +168,9 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
 
     def _update_size(self) -> None:
         """Tell Textual the new scroll range. Assigning `virtual_size` re-lays out the whole screen, and then every
-        panel renders again (at ~100 tok/s on the 2-core box: a layout per frame, the model panel alone 4.5 ms
-        each time). A longer answer only changes this view's scroll range and its scrollbar's thumb, so that is
-        what is updated; a real layout happens only when the scrollbar appears, the width changes or the text
-        shrinks."""
+        panel renders again (a layout per frame at a fast model's rate: BENCHMARKS.md, "Why the code is as it is").
+        A longer answer only changes this view's scroll range and its scrollbar's thumb, so that is what is
+        updated; a real layout happens only when the scrollbar appears, the width changes or the text shrinks."""
         size, old = Size(self._wrap, len(self._lines)), self.virtual_size
         if size == old:
             return
@@ -247,8 +250,8 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         if offset is None:
             return
         index = self.token_at(offset.x, offset.y)
-        if index is not None and index < self.token_count - self.tail_count:
-            self.post_message(self.TokenClicked(index))
+        if index is not None and self.head_count <= index < self.token_count - self.tail_count:
+            self.post_message(self.TokenClicked(index - self.head_count))
 
     # ---- drawing -----------------------------------------------------------------------------------------
     def notify_style_update(self) -> None:
@@ -372,9 +375,13 @@ class OutputPanel(Vertical):
         if label != self.heat_label:
             self.heat_label = label
             self.set_heat(self.heat)
-        if len(state.tokens) < view.token_count - view.tail_count:
+        if len(state.tokens) < view.token_count - view.tail_count - view.head_count:
             view.clear()
-        new = state.tokens[view.token_count - view.tail_count:]
+        head = state.inherited_text
+        if head and not view.token_count:
+            view.append([(head, None)])
+            view.head_count = 1
+        new = state.tokens[view.token_count - view.tail_count - view.head_count:]
         if new and not view.tail_count:
             # With --ignore-eos the end token does not end the run: it is part of the answer the model goes on
             # from, so it is shown, marked, instead of vanishing (its text is empty: special tokens decode to "").
@@ -388,7 +395,8 @@ class OutputPanel(Vertical):
             view.tail_count = 1
         hex_, _need = state.pending
         view.set_pending("▒" if hex_ else "")
-        view.set_cursor(state.cursor)  # the time-travel cursor's token, marked and kept in view
+        cursor = state.cursor
+        view.set_cursor(None if cursor is None else cursor + view.head_count)  # marked and kept in view
         if state.phase == "error" and not state.tokens:
             view.placeholder = "no answer: the run failed"
         elif state.phase == "loading":

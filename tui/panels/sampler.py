@@ -69,9 +69,17 @@ class SamplerPanel(Panel):
     }
     """
 
+    def __init__(self, *args, asked=None, replaying: bool = False, **kwargs) -> None:
+        """`asked()`: the settings asked for, read from their owner (the engine's client, through the controller)
+        at each paint, never copied here. A replay (`replaying`) has none: it shows the recorded ones."""
+        super().__init__(*args, **kwargs)
+        self._asked = asked or SamplerSettings
+        self.replaying = replaying
+
     def build(self, state) -> Text:
-        # the settings asked for, read from their owner (the engine's client, via the app), never copied here
-        settings = getattr(self.app, "sampler_settings", None) or SamplerSettings()
+        if self.replaying:
+            return self._recorded(state)
+        settings = self._asked()
         label = self.style_of("sampler--label")
         value = self.style_of("sampler--value")
         changed = self.style_of("sampler--changed")
@@ -129,6 +137,52 @@ class SamplerPanel(Panel):
                 out.append("\n")
                 out.append(line, changed)
         elif not history and not pending and in_force is not None and rows_left > 0:
+            out.append("\n")
+            out.append("unchanged since step 1", muted)
+        return out
+
+    def _recorded(self, state) -> Text:
+        """A replay: the settings the step in view was taken with (the record's), and the changes the record
+        holds up to it — nothing about a next run, which a replay does not have."""
+        label = self.style_of("sampler--label")
+        value = self.style_of("sampler--value")
+        changed = self.style_of("sampler--changed")
+        muted = self.style_of("sampler--muted")
+        step = state.view_step
+        height = self.content_size.height or 1
+        if step is None:
+            return Text("recorded settings: from the first step", style=muted)
+        values = describe(step.settings)
+        upto = step.index + 1
+        history = [line for change in state.settings_changes if change.step <= upto
+                   for line in describe_change(change)]
+        out = Text()
+        if height < 4:
+            out.append("recorded ", label)
+            for n, (key, val) in enumerate(values.items()):
+                if n:
+                    out.append(" · ", muted)
+                out.append(("temp" if key == "temperature" else key) + " ", label)
+                out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
+            if history:
+                out.append(" · ", muted)
+                out.append(history[-1], changed)
+            return out
+        for n, (key, val) in enumerate(values.items()):
+            if n:
+                out.append("\n")
+            out.append(f"{key:<12}", label)
+            out.append(val, value)
+        rows_left = height - len(values)
+        if rows_left > 0:
+            out.append("\n")
+            out.append(f"as recorded at step {upto}", muted)
+            rows_left -= 1
+        if history and rows_left > 0:
+            for line in history[-rows_left:]:
+                out.append("\n")
+                out.append(line, changed)
+        elif rows_left > 0:
             out.append("\n")
             out.append("unchanged since step 1", muted)
         return out

@@ -6,7 +6,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widget import Widget
 
-from ..format import short_path
+from ..format import short_path, token_count
 from ..served import reissue_forms, server_of
 from .base import component_style, forget_styles
 
@@ -40,8 +40,9 @@ class StatusLine(Widget):
     }
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, replaying: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.replaying = replaying  # a record played back: said at every size, first
         self._last = None
         self.last_text = None
         self.paused = False
@@ -108,6 +109,9 @@ class StatusLine(Widget):
         cursor, whether the run goes on)."""
         s = lambda name: component_style(self, f"status--{name}")  # noqa: E731
         left = Text()
+        if self.replaying:
+            left.append("▶ replay ", s("travel"))
+            left.append(" ")
         phase = state.phase
         viewed = state.view_step if not state.live else None
         if viewed is not None:  # the time-travel cursor holds a past step
@@ -164,7 +168,7 @@ class StatusLine(Widget):
                 words += f" ({self.max_new_tokens})"
             left.append("✓ done: ", s("ok"))
             left.append(words, s("ok"))
-            left.append(f" · {state.done.tokens:,} tokens", s("muted"))
+            left.append(f" · {token_count(state)}", s("muted"))
         elif phase == "error":
             left.append("✗ error", s("error"))
             if state.error is not None and state.error.step >= 0:

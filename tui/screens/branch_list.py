@@ -11,6 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from ..branches import BranchTree
+from ..format import token_count
 from ..served import server_of
 from .modal import ListDialog, list_dialog_css
 
@@ -38,9 +39,7 @@ class BranchList(ListDialog):
                 line = Text()
                 line.append("▶ " if branch is tree.shown_branch else "  ")
                 line.append(branch.label)
-                status = "live" if branch is tree.live_branch and state.running else state.phase
-                own = len(state.run) - branch.inherited
-                line.append(f"  · {own} token{'s' if own != 1 else ''} of its own · {status}", style="dim")
+                line.append(f"  · {token_count(state)} · {branch.ending}", style="dim")
                 if branch.event is not None and server_of(state.facts) is not None:
                     # a served model's branch: what the server's prefix cache reused, it does not say
                     line.append(" · KV the server's prefix cache", style="dim")

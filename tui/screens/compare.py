@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from ..branches import Branch, first_difference
+from ..format import token_count
 
 
 def answer_text(branch: Branch, differ: int | None) -> Text:
@@ -73,7 +74,8 @@ class CompareScreen(Screen[None]):
             for branch in (self.left, self.right):
                 with VerticalScroll() as pane:
                     pane.border_title = branch.label
-                    pane.border_subtitle = f"{len(branch.state.run)} tokens · {branch.state.phase}"
+                    ending = "done" if branch.ending.startswith("done") else branch.ending
+                    pane.border_subtitle = f"{token_count(branch.state, short=True)} · {ending}"
                     yield Static(answer_text(branch, self.differ), id=f"compare-{branch.number}")
 
     def action_quit_app(self) -> None:

@@ -1,7 +1,12 @@
-"""The model process's side of core/link/process_client.py: it loads the engine on its main thread, runs one generation (a run
-or a branch) at a time there, and applies commands (stop, pause, step, settings) from a reader thread at once — the
-engine takes them at its next step. It ends when the parent says quit or its end of the socket closes (the parent
-exited or was killed)."""
+"""The model process, for the dashboard (core/link/process_client.py is the dashboard's side): it loads the engine on
+its main thread, runs one generation (a run or a branch) at a time there, and applies commands (stop, pause, step,
+settings) from a reader thread at once — the engine takes them at its next step. It ends when the parent says quit
+or its end of the socket closes (the parent exited or was killed).
+
+It lives with the model-side code because it is where the model runs (it imports the engine, and so torch); the
+link's own modules never do. Runs are named by the dashboard's run ids, which the engine uses as its own (a Stop
+of run N stops N and every earlier run, queued or running): there is no second count of runs here.
+"""
 
 from __future__ import annotations
 
@@ -12,24 +17,19 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from ..errors import TokentuiError
-from ..runs.events import LoadProgress, stopped_done
-from .protocol import (COMMANDS, Crash, Load, LoadFailed, Loading, Pause, ProtocolError, Quit, Ready, Resume,
-                       RunEvent, SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
+from ..errors import ErrorKind, ProtocolError, TokentuiError
+from ..link.protocol import (COMMANDS, Crash, Load, LoadFailed, Loading, Pause, Quit, Ready, Resume, RunEvent,
+                             SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
+from ..runs.events import LoadProgress
 
 
 class _Child:
-    """The model process: loads the engine on the main thread, runs one generation at a time there (StartRun:
-    `engine.run`, StartBranch: `engine.branch`, in the order asked), and applies commands (stop, pause, step,
-    settings) from a reader thread at once — the engine takes them at its next step."""
-
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.send_lock = threading.Lock()
         self.runs: queue.Queue[StartRun | StartBranch] = queue.Queue()
         self.engine = None  # set once loaded
-        self.stop_serial = 0  # every run up to this one is stopped
-        self.running_serial = 0
+        self.stopped_up_to = 0  # a Stop that came while loading, handed to the engine once it exists
 
     def send(self, message) -> None:
         with self.send_lock:
@@ -54,12 +54,12 @@ class _Child:
             self.runs.put(command)
             return
         engine = self.engine
-        if engine is None:
-            return  # still loading: nothing to stop, pause or set yet (the spec carried the settings)
+        if engine is None:  # still loading: a stop is kept for the engine, the rest came with the spec
+            if isinstance(command, Stop):
+                self.stopped_up_to = max(self.stopped_up_to, command.serial)
+            return
         if isinstance(command, Stop):
-            self.stop_serial = max(self.stop_serial, command.serial)
-            if self.running_serial <= command.serial:
-                engine.stop()
+            engine.stop(command.serial)
         elif isinstance(command, Pause):
             engine.pause()
         elif isinstance(command, Resume):
@@ -67,7 +67,7 @@ class _Child:
         elif isinstance(command, Step):
             engine.step_once()
         elif isinstance(command, SetSampler):
-            engine.update_sampler(**command.settings.to_dict())
+            engine.set_sampler(command.settings)
         elif isinstance(command, SetOptions):
             engine.options = command.options
 
@@ -82,33 +82,30 @@ class _Child:
         # `import torch` the process once failed to exit; that case was not looked into further.)
         self.send(Loading(LoadProgress("importing torch and transformers", None)))
         try:
-            from .process_client import load_engine
+            from .build import load_engine
 
             engine = load_engine(first.spec, lambda p: self.send(Loading(p)))
         except TokentuiError as err:
-            self.send(LoadFailed(type(err).__name__, str(err)))
+            self.send(LoadFailed(err.kind, str(err)))
             return
         except Exception as err:  # shown in the dashboard's dialog as one line; the log has the traceback
             traceback.print_exc()
-            self.send(LoadFailed("ModelLoadError", f"could not load the model ({type(err).__name__}: {err})"))
+            self.send(LoadFailed(ErrorKind.MODEL_LOAD, f"could not load the model ({type(err).__name__}: {err})"))
             return
+        if self.stopped_up_to:
+            engine.stop(self.stopped_up_to)
         self.engine = engine
         self.send(Ready(engine.facts, engine.sampler, engine.options))
         while True:
             run = self.runs.get()
-            self.running_serial = run.serial
-            if run.serial <= self.stop_serial:  # stopped before it started
-                prompt_tokens = len(run.point.prompt_ids) if isinstance(run, StartBranch) else 0
-                self.send(RunEvent(run.serial, stopped_done([], prompt_tokens, engine.facts.vocab_rows)))
-                continue
             try:
                 if isinstance(run, StartBranch):
-                    events = engine.branch(run.point)
+                    events = engine.branch(run.point, run_id=run.serial)
                 else:
-                    events = engine.run(run.prompt, run.system)
+                    events = engine.run(run.prompt, run.system, run_id=run.serial)
                 for event in events:
                     self.send(RunEvent(run.serial, event))
-            except Exception as err:
+            except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
                 traceback.print_exc()
                 self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
 

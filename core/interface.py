@@ -1,0 +1,71 @@
+"""The one engine interface. Every engine keeps it: the local engine (core/model/engine.py), the served-model
+engine (core/server/engine.py), the replay (core/runs/replay.py) and the tests' scripted engine (tests/fakes.py).
+The dashboard's engine clients (core/link/) and the commands (tokentui/commands/) use nothing else.
+
+    facts      ModelFacts of the model (read off it, or what its server reports)
+    options    RunOptions (assignable: a run reads them at its next step)
+    run(prompt, system, run_id=None)   the events of one generation
+    branch(point, run_id=None)         the events of a branch of an earlier run (core/runs/branch_point.py)
+    branch_refusal                     why this engine cannot branch, one line (None: it can)
+    close()                            end the run in progress and free what the engine holds
+    + the controls of core/controls.py: sampler / set_sampler, pause, resume, step_once, stop(run_id)
+
+The stream of a run or a branch, whatever the engine: [Notice...], PromptEvent (a branch: BranchEvent first),
+[PrefillProgress...], PrefillEvent, StepEvent..., and always a DoneEvent last. A failure is one ErrorEvent (a line
+and a kind, core/errors.py) followed by that DoneEvent with reason "error" — the one error path: an engine raises a
+TokentuiError (or yields an ErrorEvent) and `run` / `branch` here turn it into those two events.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Iterator
+
+from .controls import RunControls
+from .errors import SettingsError
+from .runs.ending import finish_run
+
+if TYPE_CHECKING:
+    from .runs.branch_point import BranchPoint
+    from .runs.events import Event, ModelFacts
+    from .settings import RunOptions
+
+
+class BaseEngine(RunControls, ABC):
+    facts: "ModelFacts"
+    options: "RunOptions"
+
+    def run(self, prompt: str, system: str | None = None, *, run_id: int | None = None) -> Iterator["Event"]:
+        """One generation of `prompt` (see the module docstring for its events), as run `run_id`."""
+        run_id = self.begin_run(run_id)
+        return finish_run(self._run(prompt, system, run_id), self.facts.vocab_rows)
+
+    def branch(self, point: "BranchPoint", *, run_id: int | None = None) -> Iterator["Event"]:
+        """A branch of an earlier run at `point`; an engine that cannot branch ends it with one error line."""
+        run_id = self.begin_run(run_id)
+        return finish_run(self._branch_or_refuse(point, run_id), self.facts.vocab_rows)
+
+    def _branch_or_refuse(self, point: "BranchPoint", run_id: int) -> Iterator["Event"]:
+        refusal = self.branch_refusal
+        if refusal is not None:
+            raise SettingsError(refusal)
+        yield from self._branch(point, run_id)
+
+    @property
+    def branch_refusal(self) -> str | None:
+        """Why `branch` cannot run on this engine, as one line a user can act on (None: it can)."""
+        return None
+
+    def close(self) -> None:
+        """End the run in progress (at its next step) and let go of what the engine holds."""
+        self.stop()
+        if self.paused:
+            self.resume()
+
+    # ---- what an engine implements --------------------------------------------------------------------------
+    @abstractmethod
+    def _run(self, prompt: str, system: str | None, run_id: int) -> Iterator["Event"]:
+        """The run's events; may raise TokentuiError (turned into the error and done events)."""
+
+    def _branch(self, point: "BranchPoint", run_id: int) -> Iterator["Event"]:
+        raise SettingsError("this engine cannot branch")

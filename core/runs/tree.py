@@ -1,0 +1,286 @@
+"""The runs of one prompt as a tree, and the file that keeps it.
+
+A tree is the first run of a prompt and every branch taken from it (core/runs/branch_point.py): each branch names
+its parent, the step it left at and the token it took there instead of the parent's. The dashboard keeps one tree
+per prompt (a restart or a new prompt starts another) and writes it as it grows, next to the runs' records:
+
+    {"event": "tree", "version": 1, "prompt": "Is OpenAI open?", "system": null, "model": "SmolLM2-135M-Instruct"}
+    {"event": "tree_run", "number": 1, "record": "20261201-101500-4242.jsonl"}
+    {"event": "tree_run", "number": 2, "parent": 1, "at": 48, "token": 262, "piece": "␣the", "parent_token": 253,
+     "parent_piece": "␣a", "record": "20261201-101500-4242-1.jsonl"}
+    {"event": "tree_end", "number": 1, "reason": "stopped", "steps": 61, "superseded_by": 2}
+    {"event": "tree_end", "number": 2, "reason": "eos", "steps": 40}
+
+One JSON object a line, appended and flushed as each thing happens, so the file is whole after any crash (a last
+line cut short is ignored by the reader; a run without a `tree_end` is one whose end its record tells, or that
+was cut). Records are named relative to the tree file's folder; each record stands alone (a branch's record carries
+its prompt and its prefix), so any of them also replays by itself. `at` is the 0-based step index (the dashboard
+shows at + 1); `steps` counts the run's own steps (a branch's: from its branch point on; the run's total from the
+prompt is at + steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import RecordError
+from .run import Run
+
+TREE_VERSION = 1
+TREE_SUFFIX = ".tree.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class TreeNode:
+    """One run of the tree: `number` 1 is the first run; a branch names its parent's number, the step index it left
+    at and the token it took there (with the parent's own token at that step, when it had one)."""
+
+    number: int
+    parent: int | None = None
+    at: int | None = None
+    token: int | None = None
+    piece: str = ""
+    parent_token: int | None = None
+    parent_piece: str | None = None
+    record: str | None = None  # the run's record, relative to the tree file's folder (None: not recorded)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
+            raise ValueError(f"a run's number is an integer >= 1, got {self.number!r}")
+        branch = (self.parent, self.at, self.token)
+        if any(v is None for v in branch) and any(v is not None for v in branch):
+            raise ValueError("a branch names its parent, its step and its token (a first run none of them)")
+        if self.parent is not None:
+            for name in ("parent", "at", "token"):
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "parent" else 0):
+                    raise ValueError(f"a branch's {name} must be an integer, got {value!r}")
+            if self.parent >= self.number:
+                raise ValueError(f"run {self.number} cannot branch from run {self.parent}, which came after it")
+
+    @property
+    def is_branch(self) -> bool:
+        return self.parent is not None
+
+    def to_dict(self) -> dict:
+        data = {"event": "tree_run", **{k: v for k, v in asdict(self).items() if v is not None and v != ""}}
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class TreeEnd:
+    """How a run of the tree ended: its `done` reason, its own steps, and the run that took over from it when a
+    newer one stopped it (a branch started while it was going: it ended "stopped" by that branch, not by the user)."""
+
+    number: int
+    reason: str
+    steps: int
+    superseded_by: int | None = None
+
+    def to_dict(self) -> dict:
+        data = {"event": "tree_end", "number": self.number, "reason": self.reason, "steps": self.steps}
+        if self.superseded_by is not None:
+            data["superseded_by"] = self.superseded_by
+        return data
+
+
+@dataclass
+class RunTree:
+    """The tree's nodes in the order they were made, and how each ended; `runs` holds each run's Run once read (a
+    tree read back from its file) or as the caller keeps it."""
+
+    prompt: str = ""
+    system: str | None = None
+    model: str = ""
+    nodes: list[TreeNode] = field(default_factory=list)
+    ends: dict[int, TreeEnd] = field(default_factory=dict)
+    runs: dict[int, Run] = field(default_factory=dict)
+    path: Path | None = None  # the tree file, when it was read from one
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, number: int) -> TreeNode:
+        if not 1 <= number <= len(self.nodes):
+            raise KeyError(f"the tree has runs 1..{len(self.nodes)}, not {number}")
+        return self.nodes[number - 1]
+
+    def add(self, node: TreeNode) -> TreeNode:
+        """The next run of the tree (its number must be the next one; a branch's parent must be in the tree)."""
+        if node.number != len(self.nodes) + 1:
+            raise ValueError(f"the next run of this tree is {len(self.nodes) + 1}, not {node.number}")
+        if node.parent is not None and node.parent > len(self.nodes):
+            raise ValueError(f"run {node.number}'s parent {node.parent} is not in the tree")
+        self.nodes.append(node)
+        return node
+
+    def end(self, end: TreeEnd) -> None:
+        self.node(end.number)
+        self.ends[end.number] = end
+
+    def children(self, number: int) -> list[TreeNode]:
+        return [n for n in self.nodes if n.parent == number]
+
+    def path_to(self, number: int) -> list[TreeNode]:
+        """The nodes from the first run down to run `number`."""
+        chain = [self.node(number)]
+        while chain[-1].parent is not None:
+            chain.append(self.node(chain[-1].parent))
+        return chain[::-1]
+
+    # ---- the file ----------------------------------------------------------------------------------------
+    def header(self) -> dict:
+        return {"event": "tree", "version": TREE_VERSION, "prompt": self.prompt, "system": self.system,
+                "model": self.model}
+
+    @classmethod
+    def read(cls, path: str | Path, *, with_runs: bool = True) -> "RunTree":
+        """A tree file read back (and, `with_runs`, each run's record next to it: Run.from_record). RecordError,
+        one line naming the file and the line, when it is not a tree this version can read or a record it names
+        is missing."""
+        path = Path(path)
+        tree = cls(path=path)
+        for number, data in _tree_lines(path):
+            where = f"{path}: line {number}"
+            kind = data.get("event")
+            try:
+                if number == 1:
+                    if kind != "tree":
+                        raise ValueError("not a tokentui run tree (its first line is not the tree event)")
+                    version = data.get("version")
+                    if not isinstance(version, int) or version > TREE_VERSION:
+                        raise ValueError(f"tree version {version!r}: from a newer tokentui")
+                    tree.prompt = _text(data.get("prompt"), "prompt")
+                    tree.system = _text(data.get("system"), "system", optional=True)
+                    tree.model = _text(data.get("model", ""), "model")
+                elif kind == "tree_run":
+                    tree.add(TreeNode(**_fields(data, TreeNode)))
+                elif kind == "tree_end":
+                    tree.end(TreeEnd(**_fields(data, TreeEnd)))
+                else:
+                    raise ValueError(f"unknown tree line {kind!r} (from a newer tokentui?)")
+            except (TypeError, ValueError, KeyError) as err:
+                raise RecordError(f"{where}: {err}") from None
+        if not tree.nodes:
+            raise RecordError(f"{path}: the tree has no run")
+        if with_runs:
+            for node in tree.nodes:
+                if node.record is None:
+                    continue
+                record = path.parent / node.record
+                if not record.is_file():
+                    raise RecordError(f"{path}: run {node.number}'s record {node.record} is not in {path.parent}")
+                tree.runs[node.number] = Run.from_record(record)
+        return tree
+
+
+def is_tree_file(path: str | Path) -> bool:
+    """Whether `path` starts like a tree file (its first line the tree event), without reading the rest."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(64 * 1024)
+    except OSError:
+        return False
+    try:
+        data = json.loads(first.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("event") == "tree"
+
+
+def _tree_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise RecordError(f"{path}: is a folder, not a run tree") from None
+    except OSError as err:
+        raise RecordError(f"{path}: {err.strerror or err}") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            if number == len(lines) and number > 1:  # a crash mid-write: the lines before it are whole
+                return
+            raise RecordError(f"{path}: line {number} is not JSON: not a tokentui run tree") from None
+        if not isinstance(data, dict):
+            raise RecordError(f"{path}: line {number} is not a JSON object")
+        yield number, data
+
+
+def _text(value, name: str, optional: bool = False):
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"the tree's {name} should be text")
+    return value
+
+
+def _fields(data: dict, cls) -> dict:
+    names = set(cls.__dataclass_fields__)
+    return {k: v for k, v in data.items() if k in names}
+
+
+class TreeWriter:
+    """Appends a tree's lines to its file, each flushed as it is written (the file is private: 0600, as records
+    are). Opened with the tree's header; `add` and `end` follow the tree as it grows. Never overwrites a file."""
+
+    def __init__(self, path: Path, tree: RunTree) -> None:
+        self.path = path
+        # created, never replaced (O_EXCL), readable by its owner alone: it names what was asked and answered
+        self._fh = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8")
+        self._write(tree.header())
+
+    @classmethod
+    def beside(cls, record: Path, tree: RunTree) -> "TreeWriter":
+        """A tree file next to its first run's record, named after it (`<record>.tree.jsonl`... without the record's
+        own `.jsonl`)."""
+        stem = record.name.removesuffix(".jsonl")
+        for n in range(1000):
+            path = record.parent / f"{stem}{'-' + str(n) if n else ''}{TREE_SUFFIX}"
+            try:
+                return cls(path, tree)
+            except FileExistsError:
+                continue
+        raise OSError(f"could not create a run tree file in {record.parent}")
+
+    def _write(self, data: dict) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def add(self, node: TreeNode) -> None:
+        self._write(node.to_dict())
+
+    def end(self, end: TreeEnd) -> None:
+        self._write(end.to_dict())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError:
+                pass
+            self._fh.close()
+            self._fh = None
+
+
+def relative_record(tree_path: Path, record: Path | None) -> str | None:
+    """How the tree file names a record: relative to its folder when the record is in it, else the full path."""
+    if record is None:
+        return None
+    try:
+        return str(record.resolve().relative_to(tree_path.resolve().parent))
+    except ValueError:
+        return str(record)

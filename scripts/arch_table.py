@@ -1,0 +1,46 @@
+"""Write the README's table of architectures × features from the architecture matrix (tests/arch_matrix.py): each
+tiny model is built and checked as tests/unit/test_architecture_matrix.py checks it (a minute or two on 2 cores),
+and the table between the README's markers is replaced by what was measured. The test fails when the README's table
+is not the matrix's.
+
+    .venv/bin/python scripts/arch_table.py          # rewrite the README's table
+    .venv/bin/python scripts/arch_table.py --check  # exit 1 when it differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the README differs")
+    args = parser.parse_args()
+    import torch
+
+    from arch_matrix import BEGIN, END, SPECS, observe, readme_section, render
+    from tokentui.core.model.loader import load_model
+
+    torch.set_num_threads(1)
+    tokenizer = load_model(None, device="cpu", dtype="float32").tokenizer  # the embedded model's
+    table = render([observe(name, tokenizer) for name in SPECS])
+    readme = REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    current = readme_section(text)
+    if args.check:
+        print("the README's table is the matrix's" if current == table else "the README's table differs")
+        return 0 if current == table else 1
+    if not current:
+        raise SystemExit(f"README.md has no table markers: put {BEGIN} and {END} where it goes")
+    readme.write_text(text.replace(current, table), encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""The dashboard's dialogs, opened for the app (tui/app.py): each pauses the run it covers where it should, and ends
+in one call to the controller (tui/controller.py) with what was chosen."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .format import short_path
+from .screens import ErrorDialog, HelpScreen, ModelPicker, PromptEditor
+from .screens.branch_list import BranchList
+from .screens.branch_picker import BranchPicker
+from .screens.compare import CompareScreen
+from .screens.exported import ExportedDialog
+
+if TYPE_CHECKING:
+    from .app import TokentuiApp
+
+
+def run_failed(app: "TokentuiApp", title: str, message: str) -> None:
+    """A run ended by a fault or bad input: say so; retry, edit the prompt, or carry on."""
+    if isinstance(app.screen, ErrorDialog):
+        app.pop_screen()
+    controller = app.controller
+
+    def chosen(choice: str | None) -> None:
+        if choice == "retry":
+            controller.start_run()
+        elif choice == "edit":
+            edit_prompt(app)
+        elif choice == "quit":
+            app.action_quit()
+
+    app.push_screen(ErrorDialog(title, message, retry=not controller.replaying, edit=not controller.replaying),
+                    chosen)
+
+
+def load_failed(app: "TokentuiApp", message: str) -> None:
+    """The model could not be loaded: retry, another model or device, or quit (the exit status says why)."""
+
+    def chosen(choice: str | None) -> None:
+        if choice == "retry":
+            app.start_load()
+        elif choice == "change":
+            change_model(app)
+        elif choice == "quit":
+            app.action_quit()
+
+    app.push_screen(ErrorDialog("The model could not be loaded", message, retry=True,
+                                change=app.config.relaunch is not None), chosen)
+
+
+def change_model(app: "TokentuiApp") -> None:
+    """Pick another model / device (checked first, like the command line does) and load it."""
+    controller = app.controller
+    config = controller.config
+    if config.relaunch is None or isinstance(app.screen, ModelPicker):
+        return
+
+    def chosen(result) -> None:
+        if result is None:
+            if not controller.loaded:  # still nothing loaded: the error stays on screen
+                app.repaint()
+            return
+        controller.switch_model(*result)
+        app.start_load()
+
+    app.push_screen(ModelPicker(config.model, config.device, check=config.check), chosen)
+
+
+def edit_prompt(app: "TokentuiApp") -> None:
+    controller = app.controller
+    if isinstance(app.screen, PromptEditor):
+        return
+    if controller.replaying:
+        app.notify("A replay plays the recorded prompt: run `tokentui --prompt …` to ask another", timeout=5)
+        return
+    paused = controller.pause_for_dialog()
+
+    def done(result) -> None:
+        if result is None:
+            controller.resume_after_dialog()
+            return
+        controller.set_prompt(*result)
+
+    prompt_event = controller.state.prompt
+    app.push_screen(PromptEditor(controller.prompt, controller.system, cursor_blink=app.CURSOR_BLINK,
+                                 default_system=prompt_event.default_system_prompt if prompt_event else None,
+                                 default_known=prompt_event is not None, run_paused=paused), done)
+
+
+def help(app: "TokentuiApp") -> None:  # noqa: A001 - the key's name
+    if isinstance(app.screen, HelpScreen):
+        return
+    controller = app.controller
+    paused = controller.pause_for_dialog()
+    app.push_screen(HelpScreen(run_paused=paused), lambda _result: controller.resume_after_dialog())
+
+
+def export(app: "TokentuiApp") -> None:
+    controller = app.controller
+    path = controller.export()
+    if path is None:
+        return
+    state = controller.state
+    # the full paths in a dialog of their own, one per line, never wrapped (a toast broke them mid-name)
+    if isinstance(app.screen, ExportedDialog):
+        app.pop_screen()
+    app.push_screen(ExportedDialog(path, state.record_path, running=state.running))
+    app.status_message(f"exported {short_path(path)}")
+
+
+def branch(app: "TokentuiApp") -> None:
+    """`b`: pick another candidate at the step in view; the model goes on from it."""
+    controller = app.controller
+    step = controller.step_to_branch()
+    if step is None:
+        return
+    parent = controller.tree.shown_branch
+    controller.pause_for_dialog()  # the picker covers the panels: the run waits (resumed if nothing is picked)
+
+    def chosen(token: int | None) -> None:
+        if token is None:
+            controller.resume_after_dialog()
+            return
+        controller.branch_at(parent, step, token)
+
+    label = f"#{parent.number}" if len(controller.tree) > 1 else ""
+    app.push_screen(BranchPicker(step, label), chosen)
+
+
+def runs(app: "TokentuiApp") -> None:
+    """`B`: the runs of this prompt — switch to one, or compare two side by side."""
+    controller = app.controller
+    tree = controller.tree
+    if len(tree) < 2:
+        app.notify("One run so far — b branches at the step in view" if not controller.replaying
+                   else "This record holds one run", timeout=4)
+        return
+
+    def chosen(result) -> None:
+        if result is None:
+            return
+        if result[0] == "show":
+            controller.show_run(result[1])
+        elif result[0] == "compare":
+            app.push_screen(CompareScreen(tree.number(result[1]), tree.number(result[2])))
+
+    app.push_screen(BranchList(tree), chosen)
