@@ -89,7 +89,7 @@ def resolve_dtype(dtype: str, device):
 
 # ---------------------------------------------------------------------------------------------- GGUF cache
 @contextlib.contextmanager
-def _gguf_progress(progress: Progress):
+def _gguf_progress(progress: Progress, block_types: set[str] | None = None):
     """Route transformers' GGUF de-quantization progress bar to our callback instead of the terminal.
 
     transformers prints it with tqdm straight to stderr, which would scribble over the dashboard; its module
@@ -110,6 +110,8 @@ def _gguf_progress(progress: Progress):
         total = max(sum(sizes), 1)
         done = 0
         sent = -1.0
+        if block_types is not None:  # what the file stores, read off the tensors transformers de-quantizes
+            block_types.update(t.name for t in (getattr(item, "tensor_type", None) for item in items) if t)
         for item, size in zip(items, sizes):
             fraction = done / total
             if fraction - sent >= 0.01:
@@ -153,7 +155,8 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         progress(LoadProgress(STAGE_GGUF_READ, None))
-        with _gguf_progress(progress):
+        block_types: set[str] = set()
+        with _gguf_progress(progress, block_types):
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ModelLoadError:
         raise
@@ -170,9 +173,35 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / BLOCKS_FILE).write_text(json.dumps(sorted(block_types)))
 
     write_cache(target, write, source=path)
     return target, model, tokenizer
+
+
+BLOCKS_FILE = "gguf_block_types.json"  # in a converted folder: the GGUF block types its weights were stored as
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def dequantized_from(folder: Path, gguf_file: Path) -> str | None:
+    """The quantized block types of the GGUF a converted `folder` was de-quantized from (ModelFacts.dequantized_from),
+    e.g. "Q4_1+Q8_0"; None when the file holds only float tensors or cannot be read. Written at conversion; a folder
+    converted before that gets it from the file's tensor table once (gguf-py: a few seconds, no tensor data read)."""
+    saved = folder / BLOCKS_FILE
+    try:
+        types = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        try:
+            from gguf import GGUFReader
+
+            types = sorted({t.tensor_type.name for t in GGUFReader(str(gguf_file)).tensors})
+            tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(types))
+            os.replace(tmp, saved)
+        except Exception:  # an unreadable file or a read-only cache: not known, shown as nothing
+            return None
+    quantized = sorted(str(t) for t in types if t not in FLOAT_TYPES) if isinstance(types, list) else []
+    return "+".join(quantized) or None
 
 
 def write_cache(target: Path, write: Callable[[Path], None], source: Path) -> None:
@@ -296,6 +325,8 @@ def load_model(
                             load_seconds=time.perf_counter() - started)
     except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
         raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
+    if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
+        facts = replace(facts, dequantized_from=dequantized_from(Path(folder), where.gguf_file))
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)

@@ -123,6 +123,9 @@ class ModelFacts(Event):
     tied_lm_head: bool | None = None
     server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
     quantization: QuantFacts | None = None  # weights kept as the file stores them (None: float weights)
+    # a GGUF de-quantized at load to `dtype` (the float32 reference, or on a GPU): the block types its weights were
+    # stored as, e.g. "Q4_1+Q8_0"; None: the weights run as stored (see `quantization`) or are not a GGUF's
+    dequantized_from: str | None = None
     # What the KV cache's layers hold, by kind (core/runs/architecture.py: full, sliding, latent, state...), and the
     # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
     kv_groups: list[KVGroup] | None = None
@@ -130,7 +133,7 @@ class ModelFacts(Event):
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "quantization", "kv_groups", "anatomy"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

@@ -166,6 +166,7 @@ def test_the_model_event_says_how_the_weights_run(embedded_quantized, embedded):
     assert held < q.weight_bytes < held + 2 * 2**20  # the 4-bit matrices, norms, a row in, 256 head rows
     data = json.loads(json.dumps(facts.to_dict()))
     assert data["quantization"]["blocks"] == "Q4_1" and "quantization" not in embedded.facts.to_dict()
+    assert facts.dequantized_from is None and "dequantized_from" not in data  # the 4-bit values are not a copy
     assert build(ModelFacts, {k: v for k, v in data.items() if k != "event"}, "model") == facts
 
 
@@ -196,3 +197,24 @@ def test_float32_asks_for_the_de_quantized_reference(embedded):
     assert embedded.facts.quantization is None
     assert not [m for m in embedded.model.modules() if isinstance(m, QLinear)]
     assert np.isclose(embedded.facts.parameters, 134_515_008)
+
+
+def test_the_reference_says_it_is_the_files_blocks_de_quantized(embedded_cold, embedded, isolated_dirs):
+    from gguf import GGUFReader
+
+    from tokentui.core.model.loader import BLOCKS_FILE, load_model
+
+    stored = {t.tensor_type.name for t in GGUFReader(str(embedded_gguf())).tensors}  # the file's own tensor table
+    expected = "+".join(sorted(stored - {"F32", "F16", "BF16"}))
+    assert expected == "Q4_1+Q8_0"
+    cold, _ = embedded_cold
+    assert cold.facts.dequantized_from == embedded.facts.dequantized_from == expected  # first start and later ones
+    assert cold.facts.dtype == "float32" and cold.facts.quantization is None
+    data = json.loads(json.dumps(embedded.facts.to_dict()))
+    assert data["dequantized_from"] == expected and build(ModelFacts, {k: v for k, v in data.items()
+                                                                        if k != "event"}, "model") == embedded.facts
+    # a folder converted before the block types were saved beside it: read from the file once, then saved
+    saved = next((isolated_dirs["TOKENTUI_CACHE_DIR"] / "converted").glob(f"*/{BLOCKS_FILE}"))
+    saved.unlink()
+    assert load_model(None, device="cpu", dtype="float32").facts.dequantized_from == expected
+    assert saved.is_file()

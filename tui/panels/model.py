@@ -103,15 +103,18 @@ class ModelPanel(Panel):
             row("context", "—", "no limit in the config")
         row("device", facts.device, f"· {facts.dtype}")
         quant = facts.quantization
+        dequantized = facts.dequantized_from
         if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded
             self._weights(quant, row)
         else:
             self.border_subtitle = ""
+            if dequantized:  # a GGUF's blocks de-quantized at load to the device row's dtype (float32: the reference)
+                row("weights", f"{dequantized} de-quantized")
         row("source", facts.source, f"· loaded {facts.load_seconds:.1f} s" if facts.load_seconds else "")
         if facts.trust_remote_code:
             out.append("\n")
             out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
-        if quant is None:  # (the weights row takes this line: the totals below stay in the panel at 160x48)
+        if quant is None and not dequantized:  # (a weights row takes this line: the totals stay in view at 160x48)
             out.append("\n")
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         answer_tokens = state.done.tokens if state.done else state.steps
