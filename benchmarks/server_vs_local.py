@@ -298,6 +298,8 @@ def main(argv=None) -> int:
         local_load_s = time.perf_counter() - t0
         local_threads = SpeedOptions(threads=args.local_threads).decode_threads()
         local_dtype = local_engine.facts.dtype
+        quant = local_engine.facts.quantization  # tokentui's default on CPU: the 4-bit path (issue 25)
+        local_weights = quant.summary() if quant is not None else None
         log(f"  loaded in {local_load_s:.1f} s; decode threads {local_threads}")
 
         server_engine = ServerEngine.connect(ServerOptions(server.url), greedy, options)
@@ -376,7 +378,7 @@ def main(argv=None) -> int:
         "machine": {"cores": len(os.sched_getaffinity(0)), "cpu": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "torch_threads_local_decode": local_threads,
                     "local_threads": args.local_threads,
-                    "local_dtype": local_dtype,
+                    "local_dtype": local_dtype, "local_weights": local_weights,
                     "server_threads": args.server_threads,
                     "loadavg_1_5_15_before_free_runs": load_before, "loadavg_1_5_15_after_free_runs": load_after},
         "llama_server": {"binary": str(exe), "build_info": build_info, "start_s": server_start_s,
@@ -432,8 +434,8 @@ def render(res: dict, pieces: dict) -> str:
                  + (" - the same for both" if threads_l == threads_s else " - NOT the same") + ". Steps are numbered "
                  "from 1, as the dashboard numbers them.")
     lines.append("")
-    lines.append(f"| | local engine (transformers, de-quantized to {res['machine']['local_dtype']}) | "
-                 "llama-server (Q4_1 kernels) |")
+    local_words = res["machine"].get("local_weights") or f"transformers, de-quantized to {res['machine']['local_dtype']}"
+    lines.append(f"| | local engine ({local_words}) | llama-server (Q4_1 kernels) |")
     lines.append("|---|---|---|")
     lines.append(f"| decode tok/s, tokentui's DoneEvent (median of {res['repeats']}) | "
                  f"{loc['decode_tok_s']:.1f} ({threads_l} thread{'s' if threads_l != 1 else ''}) | "

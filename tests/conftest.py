@@ -53,6 +53,26 @@ def embedded_stock(embedded_cold):
 
 
 @pytest.fixture(scope="session")
+def embedded_quantized_cold(isolated_dirs):
+    """The embedded model as tokentui runs it by default on CPU, the first time: its 4-bit matrices read from the
+    GGUF as stored, packed for the int4 kernel and cached (core/model/gguf_load.py)."""
+    from tokentui.core.model.loader import load_model
+
+    stages = []
+    loaded = load_model(None, device="cpu", progress=stages.append)
+    return loaded, stages
+
+
+@pytest.fixture(scope="session")
+def embedded_quantized(embedded_quantized_cold):
+    """The default CPU model as every later start loads it: the packed 4-bit tensors from the cache. The float32
+    `embedded` fixture is its reference (the same file de-quantized)."""
+    from tokentui.core.model.loader import load_model
+
+    return load_model(None, device="cpu")
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer(embedded):
     return embedded.tokenizer
 

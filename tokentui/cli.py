@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "final norm and LM head applied after each layer; every decoder family, not with --compile; "
                         "costs time per step; in --json output and the run record)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: a 4-bit GGUF on CPU "
+                   "runs as stored, 4-bit weights and bf16 activations into them; else bf16 on CUDA, fp32 on CPU; "
+                   "float32: a GGUF de-quantized, the exact reference)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
     p.add_argument("--threads", type=integer("threads"), default=None,
                    help="CPU threads for the model (default: all cores but one, which the dashboard needs)")

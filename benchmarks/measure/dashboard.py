@@ -45,7 +45,9 @@ def bench_dashboard(engine: Engine, reps: int) -> dict:
     (core/link/process_client.py) built from the same settings, a fresh one per rep; headless is the in-process engine."""
     from tokentui.core.link.protocol import EngineSpec
 
-    spec = EngineSpec(sampler=engine.sampler, options=engine.options)
+    # the child loads what this engine runs: the float32 model, or the default (the 4-bit path on CPU)
+    spec = EngineSpec(sampler=engine.sampler, options=engine.options,
+                      dtype="auto" if engine.facts.quantization is not None else engine.facts.dtype)
     series: dict[str, list[float]] = {"headless": [], "dashboard": []}
     for rep in range(reps):
         series["headless"].append(run_engine(engine)[1].decode_tok_s)

@@ -1,6 +1,8 @@
 """Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
 from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
 
+On CPU a GGUF with 4-bit blocks runs them as stored by default (core/model/gguf_load.py: converted once into packed
+4-bit tensors, cached, `runs_as_stored`). Otherwise, and with --dtype float32 (the exact de-quantized reference),
 GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
 first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
 seconds.
@@ -14,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -87,7 +89,7 @@ def resolve_dtype(dtype: str, device):
 
 # ---------------------------------------------------------------------------------------------- GGUF cache
 @contextlib.contextmanager
-def _gguf_progress(progress: Progress):
+def _gguf_progress(progress: Progress, block_types: set[str] | None = None):
     """Route transformers' GGUF de-quantization progress bar to our callback instead of the terminal.
 
     transformers prints it with tqdm straight to stderr, which would scribble over the dashboard; its module
@@ -108,6 +110,8 @@ def _gguf_progress(progress: Progress):
         total = max(sum(sizes), 1)
         done = 0
         sent = -1.0
+        if block_types is not None:  # what the file stores, read off the tensors transformers de-quantizes
+            block_types.update(t.name for t in (getattr(item, "tensor_type", None) for item in items) if t)
         for item, size in zip(items, sizes):
             fraction = done / total
             if fraction - sent >= 0.01:
@@ -151,7 +155,8 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         progress(LoadProgress(STAGE_GGUF_READ, None))
-        with _gguf_progress(progress):
+        block_types: set[str] = set()
+        with _gguf_progress(progress, block_types):
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ModelLoadError:
         raise
@@ -164,21 +169,58 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     progress(LoadProgress(STAGE_GGUF_SAVE, None))
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / BLOCKS_FILE).write_text(json.dumps(sorted(block_types)))
+
+    write_cache(target, write, source=path)
+    return target, model, tokenizer
+
+
+BLOCKS_FILE = "gguf_block_types.json"  # in a converted folder: the GGUF block types its weights were stored as
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def dequantized_from(folder: Path, gguf_file: Path) -> str | None:
+    """The quantized block types of the GGUF a converted `folder` was de-quantized from (ModelFacts.dequantized_from),
+    e.g. "Q4_1+Q8_0"; None when the file holds only float tensors or cannot be read. Written at conversion; a folder
+    converted before that gets it from the file's tensor table once (gguf-py: a few seconds, no tensor data read)."""
+    saved = folder / BLOCKS_FILE
+    try:
+        types = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        try:
+            from gguf import GGUFReader
+
+            types = sorted({t.tensor_type.name for t in GGUFReader(str(gguf_file)).tensors})
+            tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(types))
+            os.replace(tmp, saved)
+        except Exception:  # an unreadable file or a read-only cache: not known, shown as nothing
+            return None
+    quantized = sorted(str(t) for t in types if t not in FLOAT_TYPES) if isinstance(types, list) else []
+    return "+".join(quantized) or None
+
+
+def write_cache(target: Path, write: Callable[[Path], None], source: Path) -> None:
+    """Fill the cache folder `target` atomically: `write(tmp)` fills a fresh folder beside it, marked complete and
+    then renamed into place, so a killed process never leaves a half-written cache in use."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _remove_abandoned(target)
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / ".complete").write_text(json.dumps({"source": str(path), "time": time.time()}))
+        tmp.mkdir()
+        write(tmp)
+        (tmp / ".complete").write_text(json.dumps({"source": str(source), "time": time.time()}))
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
                              "set TOKENTUI_CACHE_DIR to a writable folder") from err
-    return target, model, tokenizer
 
 
 def _remove_abandoned(target: Path) -> None:
@@ -234,6 +276,16 @@ def load_model(
     source, name = where.source, where.name
     folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
+    if where.gguf_file is not None and runs_as_stored(dtype, dev, device_map, where.gguf_file):
+        from .gguf_load import load_quantized, quant_facts
+
+        loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/gguf_load.py)
+        facts = replace(model_facts(loaded.model, loaded.tokenizer, name=name, source=source,
+                                    load_seconds=time.perf_counter() - started),
+                        quantization=quant_facts(loaded.model, loaded.manifest))
+        if ready:
+            progress(LoadProgress(STAGE_READY, 1.0))
+        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts)
     if where.gguf_file is not None:
         folder, model, tokenizer = converted_gguf_dir(where.gguf_file, progress)
         if device_map:  # let accelerate place the weights from the cached files
@@ -272,9 +324,22 @@ def load_model(
                             load_seconds=time.perf_counter() - started)
     except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
         raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
+    if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
+        facts = replace(facts, dequantized_from=dequantized_from(Path(folder), where.gguf_file))
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
+
+
+def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:
+    """Whether a GGUF runs with its 4-bit matrices as stored (core/model/gguf_load.py): the default (--dtype auto)
+    on CPU, when this torch has the int4 CPU kernel and the file has 4-bit tensors. --dtype float32 is the exact
+    de-quantized reference; on a GPU and with a device map the file is de-quantized as before."""
+    from .gguf_load import quantizable_gguf
+    from .qlinear import kernel_available
+
+    return ((dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
+            and kernel_available() and quantizable_gguf(gguf_file))
 
 
 def _explain_load_error(name: str, err: BaseException) -> str:
@@ -298,6 +363,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     import torch
 
     from .architecture import anatomy, decoder_config, kv_groups
+    from .qlinear import quantized_parameters
     from ..runs.architecture import kv_bytes_per_token
 
     config = model.config
@@ -316,7 +382,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         name=name,
         source=source,
         architecture=(config.architectures or [type(model).__name__])[0],
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=sum(p.numel() for p in model.parameters()) + quantized_parameters(model),
         layers=int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0) or 0),
         hidden_size=int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "n_embd", 0) or 0),
         vocab_rows=vocab_rows,

@@ -58,6 +58,39 @@ class ServerFacts:
             raise ValueError(f"ServerFacts.probs must be raw, post-sampler or unknown, got {self.probs!r}")
 
 
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # how QuantFacts.summary() names them
+
+
+@dataclass(frozen=True, slots=True)
+class QuantFacts:
+    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/gguf_quant.py, core/model/qlinear.py):
+    what is the file's and what is rounded. `blocks`: the GGUF block types kept (e.g. "Q4_1"); their 4-bit values
+    are the file's, in groups of `group` along the input with one scale and one zero each, the scales rounded to
+    `scale_dtype`; `activation_dtype`: what the activations are rounded to going into those products (the rest of
+    the model computes in ModelFacts.dtype); `head`: how the LM head is computed; `exact_scores`: the highest scores
+    of each position recomputed in float32 from the file's de-quantized head (0: none); `matrices`: weight matrices
+    kept quantized (a fused q/k/v counts as three); `dequantized`: other matrices, de-quantized to ModelFacts.dtype
+    (their block types in `dequantized_blocks`); `weight_bytes`: bytes of weights one decode step reads."""
+
+    blocks: str
+    bits: int
+    group: int
+    scale_dtype: str
+    activation_dtype: str
+    head: str
+    exact_scores: int
+    matrices: int
+    dequantized: int = 0
+    dequantized_blocks: str = ""
+    weight_bytes: int = 0
+
+    def summary(self) -> str:
+        """One line, e.g. "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"."""
+        return (f"{self.blocks} weights as stored ({self.bits}-bit, group {self.group}, "
+                f"{SHORT_DTYPES.get(self.scale_dtype, self.scale_dtype)} scales) · "
+                f"{SHORT_DTYPES.get(self.activation_dtype, self.activation_dtype)} activations")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFacts(Event):
     """What the dashboard's model panel shows; all numbers read off the loaded model. A served model (`server`
@@ -89,6 +122,10 @@ class ModelFacts(Event):
     # known (a model without output embeddings, or a record from before this field)
     tied_lm_head: bool | None = None
     server: ServerFacts | None = None  # a model watched on a server (--server): where its numbers come from
+    quantization: QuantFacts | None = None  # weights kept as the file stores them (None: float weights)
+    # a GGUF de-quantized at load to `dtype` (the float32 reference, or on a GPU): the block types its weights were
+    # stored as, e.g. "Q4_1+Q8_0"; None: the weights run as stored (see `quantization`) or are not a GGUF's
+    dequantized_from: str | None = None
     # What the KV cache's layers hold, by kind (core/runs/architecture.py: full, sliding, latent, state...), and the
     # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
     kv_groups: list[KVGroup] | None = None
@@ -96,7 +133,7 @@ class ModelFacts(Event):
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "kv_groups", "anatomy"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

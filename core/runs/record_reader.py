@@ -38,8 +38,9 @@ from .events import (
     PrefillProgress,
     PromptEvent,
     PromptPiece,
-    StepEvent,
+    QuantFacts,
     ServerFacts,
+    StepEvent,
     StepTiming,
 )
 from ..settings import SamplerSettings
@@ -50,7 +51,8 @@ EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     BranchEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy}
+          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
+          "QuantFacts": QuantFacts}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near

@@ -25,9 +25,12 @@ def decode_one_token(model, token_id: int, cache, states_out: list | None = None
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache (core/model/compiled.py)
     if decoder is not None and states_out is not None:
         raise ValueError("the compiled decode step returns no hidden states (the logit lens is eager only)")
+    lean = getattr(cache, "lean_step", None) if states_out is None else None  # core/model/lean_step.py
     start = time.perf_counter()
     if decoder is not None:
         logits = decoder.step(token_id, cache)  # [V]
+    elif lean is not None:  # the same scores as the model's forward, with fewer host operations
+        logits = lean.step(token_id, cache)  # [V]
     else:
         # torch.full, not torch.tensor: filling on the device needs no host-to-device copy (a sync on CUDA).
         ids = torch.full((1, 1), token_id, dtype=torch.long, device=input_device(model))  # [1, 1]

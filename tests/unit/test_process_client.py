@@ -35,7 +35,7 @@ LONG = RunOptions(max_new_tokens=400, ignore_eos=True)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def child(embedded):
-    client = ProcessClient(EngineSpec(sampler=GREEDY, options=SHORT))
+    client = ProcessClient(EngineSpec(sampler=GREEDY, options=SHORT, dtype="float32"))  # the `embedded` model's path
     await client.load()
     yield client
     client.close()
@@ -201,12 +201,13 @@ async def test_the_dashboard_parent_never_imports_torch():
 
 
 async def test_the_weight_layout_flag_reaches_the_child(embedded):
-    """`--weight-layout` travels in the spec: the child reports the re-laid matrices while loading, or none."""
+    """`--weight-layout` travels in the spec: the child reports the re-laid matrices while loading, or none (float32
+    weights: the 4-bit path has no wide float matrices to re-lay)."""
     from tokentui.cli import build_parser
     from tokentui.commands.common import engine_spec
 
     for flag, expect in (("auto", True), ("stock", False)):
-        spec = engine_spec(build_parser().parse_args(["--weight-layout", flag]))
+        spec = engine_spec(build_parser().parse_args(["--weight-layout", flag, "--dtype", "float32"]))
         assert spec.weight_layout == flag
         stages = []
         client = ProcessClient(spec)

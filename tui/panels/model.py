@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from tokentui.core.runs.events import SHORT_DTYPES
 from ..format import human_count
 from ..served import (CLIENT_MEASURED, DASH, LEGEND, NOT_REPORTED, prefix_caching, prob_detail, prob_name,
                       server_of, wrap)
@@ -101,11 +102,20 @@ class ModelPanel(Panel):
         else:
             row("context", "—", "no limit in the config")
         row("device", facts.device, f"· {facts.dtype}")
+        quant = facts.quantization
+        dequantized = facts.dequantized_from
+        if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded
+            self._weights(quant, row)
+        else:
+            self.border_subtitle = ""
+            if dequantized:  # a GGUF's blocks de-quantized at load to the device row's dtype (float32: the reference)
+                row("weights", f"{dequantized} de-quantized")
         row("source", facts.source, f"· loaded {facts.load_seconds:.1f} s" if facts.load_seconds else "")
         if facts.trust_remote_code:
             out.append("\n")
             out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
-        out.append("\n")
+        if quant is None and not dequantized:  # (a weights row takes this line: the totals stay in view at 160x48)
+            out.append("\n")
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         answer_tokens = state.done.tokens if state.done else state.steps
         runs = state.model_runs
@@ -122,6 +132,13 @@ class ModelPanel(Panel):
         if state.runs_started > 1:
             row("answers", f"{state.runs_started:,}", "this session")
         return out
+
+    def _weights(self, quant, row) -> None:
+        """The record's QuantFacts.summary() in the panel's width: "weights  Q4_1 as stored · 4-bit g32" and, in the
+        bottom border, "bf16 scales · bf16 activations"."""
+        row("weights", f"{quant.blocks} as stored", f"· {quant.bits}-bit g{quant.group}")
+        self.border_subtitle = (f"{SHORT_DTYPES.get(quant.scale_dtype, quant.scale_dtype)} scales · "
+                                f"{SHORT_DTYPES.get(quant.activation_dtype, quant.activation_dtype)} activations")
 
     def _served(self, state, facts, server, row, out: Text) -> None:
         """A model watched on a server (`--server`): the engine, its URL, the served model, the context if the

@@ -1,0 +1,380 @@
+"""A GGUF model with its 4-bit matrices kept as stored (core/model/gguf_quant.py, core/model/qlinear.py): converted
+once per file, torch build and CPU kind, then loaded from the cache in about a second.
+
+First start: the tokenizer and config come from transformers' GGUF reader (as for the float32 path); the tensors
+are read here, one by one, following transformers' own GGUF loop (`load_gguf_checkpoint`: its name map and tensor
+processor for the architecture): a 4-bit matrix of an `nn.Linear` (and a 4-bit or Q8_0 LM head) is read as 4-bit
+values and scales and packed for the kernel; every other tensor is de-quantized exactly as transformers does. The
+model is built with its parameters on the meta device (accelerate's init_empty_weights; buffers such as rotary
+frequencies are made for real), the 4-bit modules put in place of the Linear layers, the float tensors assigned.
+The packed tensors, the float tensors, the config, the tokenizer and a manifest are saved together; later starts
+read those and build the same modules with no GGUF parsing.
+
+Why a cache of packed tensors rather than the file: reading the blocks and packing them takes ~1.5 s for
+SmolLM2-135M on this machine, and transformers' GGUF tokenizer and config conversion ~3 s more, every start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from ..paths import cache_dir
+from ..runs.events import LoadProgress
+from .gguf_quant import FOUR_BIT, GROUP, KERNEL_SCALE_DTYPE, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
+from .loader import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, _first_line, write_cache
+from .lean_step import lean_decoder
+from .qlinear import FusedQLinear, QLinear, QLMHead, kernel_available
+
+FORMAT = 1  # bump when the cached layout changes
+FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
+STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
+STAGE_PACK = "packing {matrices} 4-bit matrices for the int4 kernel (first start only)"
+STAGE_SAVE = "saving the packed weights (first start only)"
+
+
+@dataclass
+class Plan:
+    """What the conversion found: per module name the 4-bit matrix, the float tensors by parameter name, the fused
+    groups (lists of module names), the head's module name if it is 4-bit, and the matrices left de-quantized."""
+
+    matrices: dict[str, GroupedInt4] = field(default_factory=dict)
+    floats: dict[str, torch.Tensor] = field(default_factory=dict)
+    groups: list[list[str]] = field(default_factory=list)
+    head: str | None = None
+    tied_head: bool = False
+    dequantized: dict[str, str] = field(default_factory=dict)  # weight name -> block type, 2-D weights only
+
+
+def quantizable_gguf(path: Path) -> bool:
+    """Whether the file has any 4-bit tensor: yes when its 4-bit cache is there (a later start), else a look at its
+    tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary)."""
+    from gguf import GGUFReader
+
+    if (cached_folder(path) / ".complete").is_file():
+        return True
+    try:
+        return any(t.tensor_type.name in FOUR_BIT for t in GGUFReader(str(path)).tensors)
+    except Exception:  # unreadable: the float path reports it with its own message
+        return False
+
+
+def cache_key(path: Path) -> str:
+    import transformers
+
+    st = path.stat()
+    ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}|"
+             f"{torch.backends.cpu.get_cpu_capability()}|{FORMAT}")
+    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def cached_folder(path: Path) -> Path:
+    return cache_dir() / "quantized" / cache_key(path)
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+def _skeleton(config):
+    """The model with its parameters on the meta device and its buffers real (computed from the config)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def _module_name(model: nn.Module, module: nn.Module | None) -> str | None:
+    if module is None:
+        return None
+    return next((name for name, m in model.named_modules() if m is module), None)
+
+
+def plan_gguf(path: Path, skeleton: nn.Module, progress: Progress = lambda _: None) -> Plan:
+    """Read every tensor of `path` for `skeleton` (see the module docstring)."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map, load_gguf_checkpoint, read_field)
+
+    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
+    reader = GGUFReader(str(path))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    plan = Plan()
+    parsed["tensors"] = plan.floats  # processors that split tensors (MoE experts) write there, as in transformers
+    embed = _module_name(skeleton, skeleton.get_input_embeddings())
+    head = _module_name(skeleton, skeleton.get_output_embeddings())
+    tied = bool(getattr(skeleton.config, "tie_word_embeddings", False))
+    total = max(sum(int(t.n_bytes) for t in reader.tensors), 1)
+    done, sent = 0, -1.0
+    for tensor in reader.tensors:
+        if done / total - sent >= 0.01:
+            sent = done / total
+            progress(LoadProgress(STAGE_READ, sent))
+        done += int(tensor.n_bytes)
+        kind, name = tensor.tensor_type.name, tensor.name
+        hf = mapping.get(name, "")
+        module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
+        as_head = head is not None and module is not None and (module == head or (tied and module == embed))
+        matrix = _four_bit(tensor, kind, module, skeleton, processor, as_head, mapping, parsed)
+        if matrix is not None and module == embed:  # a tied head: the table is also needed as floats
+            plan.matrices[head], plan.head, plan.tied_head = matrix, head, True
+        elif matrix is not None:
+            plan.matrices[module] = matrix
+            if module == head:
+                plan.head = head
+            if module != head:
+                continue
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters=parsed)
+        if result.name in mapping:
+            target = mapping[result.name]
+            plan.floats[target] = torch.from_numpy(np.copy(result.weights)).to(torch.float32)
+            if result.weights.ndim == 2 and kind not in ("F32", "F16", "BF16"):
+                plan.dequantized[target] = kind
+    progress(LoadProgress(STAGE_READ, 1.0))
+    plan.groups = _groups(skeleton, plan)
+    return plan
+
+
+def _four_bit(tensor, kind: str, module: str | None, skeleton, processor, as_head: bool, mapping,
+              parsed) -> GroupedInt4 | None:
+    """The tensor as a 4-bit matrix for `module`, or None when it must be de-quantized (see gguf_quant.py)."""
+    if module is None or not (kind in FOUR_BIT or (as_head and kind in SPLIT_EIGHT_BIT)):
+        return None
+    target = skeleton.get_submodule(module)
+    if not as_head and type(target) is not nn.Linear:
+        return None
+    cols, rows = (int(n) for n in tensor.shape[:2])  # gguf lists dimensions innermost first
+    if len(tensor.shape) != 2 or rows % 16 or cols % GROUP or target.weight.shape != (rows, cols):
+        return None
+    order = row_order(processor, tensor.name, rows, tensor_key_mapping=mapping, parsed_parameters=parsed)
+    if order is None:
+        return None
+    matrix = read_blocks(kind, tensor.data, rows, cols)
+    return matrix if np.array_equal(order, np.arange(rows)) else matrix.rows(order)
+
+
+def _groups(skeleton: nn.Module, plan: Plan) -> list[list[str]]:
+    """Sibling 4-bit projections that read one input (FUSE), same input size and block type."""
+    groups = []
+    for parent, _ in skeleton.named_modules():
+        for names in FUSE:
+            members = [f"{parent}.{n}" if parent else n for n in names]
+            found = [plan.matrices.get(m) for m in members]
+            if all(m is not None for m in found) and len({(m.in_features, m.source, m.halves) for m in found}) == 1:
+                groups.append(members)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def _bias(floats: dict, module: str):
+    return floats.pop(f"{module}.bias", None)
+
+
+def assemble(skeleton: nn.Module, modules: dict[str, nn.Module], floats: dict[str, torch.Tensor]) -> nn.Module:
+    """Put the 4-bit modules in place and assign the float tensors; every parameter must then be real."""
+    for name, module in modules.items():
+        _set(skeleton, name, module)
+    skeleton.load_state_dict(floats, strict=False, assign=True)
+    still_meta = [n for n, p in skeleton.named_parameters() if p.is_meta]
+    if still_meta:
+        raise ModelLoadError(f"the GGUF file has no tensor for {still_meta[0]} (and {len(still_meta) - 1} more): "
+                             "it does not match its own architecture; pass --dtype float32 to load it as "
+                             "transformers does")
+    head = skeleton.get_output_embeddings()
+    if isinstance(head, QLMHead) and head.tied:
+        head.tie(skeleton.get_input_embeddings().weight)  # the same Parameter: the model stays tied
+    skeleton.eval()
+    return skeleton
+
+
+def build_modules(plan: Plan, *, fuse: bool = True) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
+    """(the 4-bit modules for `plan` by the name of the module each replaces, fused parts included; the float
+    tensors left for the rest of the model: the 4-bit modules' biases and a separate head's float rows are theirs).
+    `plan` is not changed, so one plan can build several models (benchmarks/bench_quant.py: fused and not)."""
+    modules: dict[str, nn.Module] = {}
+    floats = dict(plan.floats)
+    grouped = {name for group in plan.groups for name in group} if fuse else set()
+    for group in (plan.groups if fuse else []):
+        fused = FusedQLinear.from_matrices([plan.matrices[name] for name in group])
+        parent = group[0].rpartition(".")[0]
+        modules[f"{parent}.fused_{'_'.join(n.rpartition('.')[2] for n in group)}"] = fused
+        for name, part in zip(group, fused.parts([_bias(floats, n) for n in group])):
+            modules[name] = part
+    for name, matrix in plan.matrices.items():
+        if name in grouped:
+            continue
+        if name == plan.head:
+            weight = None if plan.tied_head else nn.Parameter(floats.pop(f"{name}.weight"), requires_grad=False)
+            modules[name] = QLMHead.from_matrix(matrix, bias=_bias(floats, name), weight=weight)
+        else:
+            modules[name] = QLinear.from_matrix(matrix, bias=_bias(floats, name))
+    return modules, floats
+
+
+# ---------------------------------------------------------------------------------------------- the cache
+def _manifest(modules: dict[str, nn.Module], plan: Plan) -> dict:
+    """What `_modules_from` needs to rebuild `modules` from the saved tensors (and what the model facts say)."""
+    entries = []
+    for name, module in modules.items():
+        if isinstance(module, FusedQLinear):
+            parts = [n for n, m in modules.items() if getattr(m, "fused", None) is module]
+            entries.append({"kind": "fused", "name": name, "parts": parts, "widths": module.widths,
+                            "in": module.in_features, "source": module.source,
+                            "bias": [modules[p].bias is not None for p in parts]})
+        elif isinstance(module, QLinear):
+            entries.append({"kind": "head" if isinstance(module, QLMHead) else "linear", "name": name,
+                            "in": module.in_features, "out": module.out_features, "source": module.source,
+                            "halves": module.halves, "bias": module.bias is not None,
+                            "tied": bool(getattr(module, "tied", False))})
+    return {"format": FORMAT, "modules": entries, "dequantized": plan.dequantized}
+
+
+def _tensors(modules: dict[str, nn.Module], floats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {f"float.{name}": tensor.contiguous() for name, tensor in floats.items()}
+    for name, module in modules.items():
+        if isinstance(module, (QLinear, FusedQLinear)):
+            out[f"packed.{name}"], out[f"scale_zeros.{name}"] = module.packed, module.scale_zeros
+        if getattr(module, "bias", None) is not None:
+            out[f"bias.{name}"] = module.bias.data
+        if isinstance(module, QLMHead) and not module.tied:
+            out[f"rows.{name}"] = module.weight.data
+    return out
+
+
+def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str, nn.Module]:
+    modules: dict[str, nn.Module] = {}
+    for entry in manifest["modules"]:
+        name = entry["name"]
+        packed, scale_zeros = tensors[f"packed.{name}"], tensors[f"scale_zeros.{name}"]
+        if entry["kind"] == "fused":
+            fused = FusedQLinear(packed, scale_zeros, entry["in"], entry["widths"], entry["source"])
+            modules[name] = fused
+            biases = [tensors.get(f"bias.{part}") for part in entry["parts"]]
+            for part_name, part in zip(entry["parts"], fused.parts(biases)):
+                modules[part_name] = part
+        else:
+            kwargs = dict(source=entry["source"], halves=entry["halves"], bias=tensors.get(f"bias.{name}"))
+            if entry["kind"] == "head":
+                rows = tensors.get(f"rows.{name}")
+                weight = None if entry["tied"] else nn.Parameter(rows, requires_grad=False)
+                modules[name] = QLMHead(entry["in"], entry["out"], packed, scale_zeros, weight=weight, **kwargs)
+            else:
+                modules[name] = QLinear(entry["in"], entry["out"], packed, scale_zeros, **kwargs)
+    return modules
+
+
+def _save(target: Path, source: Path, config, generation_config, tokenizer, manifest: dict, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    def write(tmp: Path) -> None:
+        config.save_pretrained(tmp)
+        if generation_config is not None:
+            generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "weights.safetensors"))
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+
+    write_cache(target, write, source)
+
+
+@dataclass
+class QuantizedLoad:
+    model: nn.Module
+    tokenizer: object
+    manifest: dict
+    converted: bool  # True on the first start (the GGUF was read here), False from the cache
+
+
+def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: bool = True) -> QuantizedLoad:
+    """The GGUF at `path` with its 4-bit matrices as stored (see the module docstring); CPU only."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not kernel_available():
+        raise ModelLoadError(f"this torch ({torch.__version__}) has no int4 CPU kernel; pass --dtype float32 "
+                             "to de-quantize the GGUF instead")
+    target = cached_folder(path)
+    if (target / ".complete").is_file() and (target / "manifest.json").is_file():
+        progress(LoadProgress(STAGE_WEIGHTS, None))
+        try:
+            manifest = json.loads((target / "manifest.json").read_text())
+            tensors = load_file(str(target / "weights.safetensors"))
+            model = _skeleton(AutoConfig.from_pretrained(target))
+            floats = {k.removeprefix("float."): v for k, v in tensors.items() if k.startswith("float.")}
+            model = assemble(model, _modules_from(manifest, tensors), floats)
+            tokenizer = AutoTokenizer.from_pretrained(target)
+            lean_decoder(model)  # checked now, while loading, rather than before the first run's prefill
+            return QuantizedLoad(model, tokenizer, manifest, converted=False)
+        except ModelLoadError:
+            raise
+        except Exception:  # a damaged cache: convert again below
+            shutil.rmtree(target, ignore_errors=True)
+    folder, name = str(path.parent), path.name
+    try:
+        progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        model = _skeleton(config)
+        plan = plan_gguf(path, model, progress)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({_first_line(err)}); "
+                             "download it again or pass another --model") from err
+    progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices)), None))
+    modules, floats = build_modules(plan, fuse=fuse)
+    manifest = _manifest(modules, plan)
+    progress(LoadProgress(STAGE_SAVE, None))
+    _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
+          _tensors(modules, floats))
+    model = assemble(model, modules, floats)
+    lean_decoder(model)
+    return QuantizedLoad(model, tokenizer, manifest, converted=True)
+
+
+def quant_facts(model: nn.Module, manifest: dict):
+    """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
+    from ..runs.events import QuantFacts
+    from .qlinear import ACTIVATION_DTYPE, EXACT_SCORES, quantized_modules
+
+    entries = manifest["modules"]
+    sources = sorted({part for e in entries if e["kind"] != "head" for part in e["source"].split("+")})
+    head = next((e for e in entries if e["kind"] == "head"), None)
+    if head is None:
+        head_words = "float (its block type is not 4-bit)"
+    elif head["halves"]:
+        head_words = f"{head['source']} as two 4-bit halves"
+    else:
+        head_words = f"{head['source']} 4-bit"
+    exact = 0
+    out = model.get_output_embeddings()
+    if isinstance(out, QLMHead):
+        exact = out.exact_scores
+        head_words += f"; its {exact} highest scores recomputed in float32"
+    count = sum(len(e["parts"]) if e["kind"] == "fused" else 1 for e in entries)
+    embed = model.get_input_embeddings().weight
+    tables = {id(embed), id(getattr(out, "weight", None))}  # read a row at a time, not whole
+    read = sum(m.weight_nbytes for m in quantized_modules(model))
+    read += sum(p.nbytes for p in model.parameters() if id(p) not in tables)
+    read += embed[0].nbytes * (1 + exact)  # one embedding row in; the head's recomputed rows
+    return QuantFacts(blocks="+".join(sources) or (head["source"] if head else ""), bits=4, group=GROUP,
+                      scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
+                      activation_dtype=str(ACTIVATION_DTYPE).removeprefix("torch."), head=head_words,
+                      exact_scores=exact, matrices=count, dequantized=len(manifest.get("dequantized", {})),
+                      dequantized_blocks="+".join(sorted(set(manifest.get("dequantized", {}).values()))),
+                      weight_bytes=int(read))

@@ -1,0 +1,206 @@
+"""A decode step with fewer host operations, for Llama-family models whose matrices are 4-bit (core/model/qlinear.py).
+
+Why: with the weights 4-bit, a SmolLM2 decode step reads ~100 MB instead of 538, and the host work around the
+kernels becomes a large share of it: transformers' forward runs ~2,400 tensor operations and ~400 module calls for
+one token (its masks, cache positions, output containers and per-module hooks), where the arithmetic needs about
+half of those. This step calls the same modules and the same functions the model's own forward calls, in the same
+order (the model's own `apply_rotary_pos_emb`, its attention interface, its norms, its 4-bit projections; q/k/v and
+gate/up as one fused product each), and leaves out the rest. It writes into the same KV cache, so a run can switch
+between it and the model's forward at any step (the logit lens asks the forward for hidden states).
+
+It is used only where it gives the model's own scores: `lean_decoder(model)` runs three tokens through both on a
+scratch cache and keeps the lean step only if every score is bit-identical (torch.equal); else decode stays the
+model's forward. Supported: decoder-only Llama, Mistral, Qwen2 and Qwen3 models with full attention (no sliding
+window) and transformers' sdpa attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .gguf_quant import GROUP
+from .qlinear import ACTIVATION_DTYPE, FusedQLinear, QLinear, QLinearPart, quantized_modules
+
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_DECODERS: "weakref.WeakKeyDictionary[object, LeanDecoder | None]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()  # re-entered by the check's own caches (adapter.new_cache asks for the decoder)
+
+
+def _fused_of(*parts) -> FusedQLinear | None:
+    """The FusedQLinear behind `parts` when they are exactly its parts, in order."""
+    fused = getattr(parts[0], "fused", None)
+    if not all(isinstance(p, QLinearPart) and p.fused is fused for p in parts):
+        return None
+    return fused if [p.index for p in parts] == list(range(len(fused.widths))) else None
+
+
+def _joined_bias(parts) -> torch.Tensor | None:
+    """One bias for a fused product (Qwen2's q/k/v), or None when no part has one."""
+    if all(p.bias is None for p in parts):
+        return None
+    return torch.cat([p.bias if p.bias is not None else p.bias.new_zeros(p.out_features) for p in parts])
+
+
+@dataclass(frozen=True)
+class _Layer:
+    norm1: nn.Module
+    qkv: FusedQLinear
+    qkv_bias: torch.Tensor | None
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    attn: nn.Module
+    o_proj: QLinear
+    norm2: nn.Module
+    gate_up: FusedQLinear
+    act: nn.Module
+    down: QLinear
+
+
+class LeanDecoder:
+    """One model's lean decode step (see the module docstring): `step(token_id, cache) -> logits [V]`. A cache made
+    by core/model/adapter.py's new_cache carries it as `cache.lean_step`, which core/steps/decode.py calls.
+
+    `fused_norms`: RMSNorm as torch's one-op `F.rms_norm` instead of the model's module (eight operations); used
+    only when that, too, gives bit-identical scores."""
+
+    def __init__(self, model, fused_norms: bool = True):
+        inner = model.model
+        self.fused_norms = fused_norms
+        self.embed, self.rotary, self.norm, self.head = inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head
+        self.device = self.embed.weight.device
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, gate_up = _fused_of(attn.q_proj, attn.k_proj, attn.v_proj), _fused_of(mlp.gate_proj, mlp.up_proj)
+            if qkv is None or gate_up is None or not isinstance(attn.o_proj, QLinear) \
+                    or not isinstance(mlp.down_proj, QLinear) or attn.o_proj.halves or mlp.down_proj.halves:
+                raise ValueError("not fused 4-bit q/k/v and gate/up")
+            if _joined_bias((mlp.gate_proj, mlp.up_proj)) is not None or attn.o_proj.bias is not None \
+                    or mlp.down_proj.bias is not None:
+                raise ValueError("biases outside q/k/v")
+            self.layers.append(_Layer(layer.input_layernorm, qkv, _joined_bias((attn.q_proj, attn.k_proj, attn.v_proj)),
+                                      getattr(attn, "q_norm", None), getattr(attn, "k_norm", None), attn,
+                                      attn.o_proj, layer.post_attention_layernorm, gate_up, mlp.act_fn,
+                                      mlp.down_proj))
+        first = self.layers[0].attn
+        self.head_dim, self.heads = first.head_dim, first.config.num_attention_heads
+        self.kv_heads = first.config.num_key_value_heads
+        self.gqa = self.heads != self.kv_heads
+
+    @staticmethod
+    def supports(model) -> bool:
+        config = getattr(model, "config", None)
+        if type(model).__name__ not in SUPPORTED or config is None or not quantized_modules(model):
+            return False
+        if getattr(config, "_attn_implementation", None) != "sdpa":
+            return False
+        types = getattr(config, "layer_types", None) or ["full_attention"]
+        sliding = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        return all(t == "full_attention" for t in types) and not sliding
+
+    # -------------------------------------------------------------------------------------------- the step
+    def _norm(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_norms:
+            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+        return module(x)
+
+    @staticmethod
+    def _product(weights, x: torch.Tensor) -> torch.Tensor:
+        """x [1, in] float32 -> [1, out] float32 through the 4-bit kernel (QLinear's arithmetic, 2-D throughout)."""
+        y = torch._weight_int4pack_mm_for_cpu(x.to(ACTIVATION_DTYPE), weights.packed, GROUP, weights.scale_zeros)
+        return y.to(x.dtype)
+
+    @torch.inference_mode()
+    def step(self, token_id: int, cache) -> torch.Tensor:
+        """One token through the model, extending `cache` (a transformers DynamicCache) -> logits [V].
+
+        Shapes: x [1, H]; q/k rotated together as [1, heads + kv_heads, 1, D]; attention as transformers' sdpa
+        path calls it for one query (enable_gqa, no mask, not causal)."""
+        position = cache.get_seq_length()
+        ids = torch.full((1,), token_id, dtype=torch.long, device=self.device)  # [1]
+        x = F.embedding(ids, self.embed.weight)  # [1, H]
+        cos, sin = self.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=self.device))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, 1, D]
+        heads, kv_heads, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
+        q_width, k_width = heads * dim, kv_heads * dim
+        for index, layer in enumerate(self.layers):
+            qkv = self._product(layer.qkv, self._norm(layer.norm1, x))  # [1, q + k + v]
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
+            qk = qkv[:, :q_width + k_width].view(1, heads + kv_heads, 1, dim)
+            if layer.q_norm is not None:  # Qwen3: a norm per head before the rotation
+                qk = torch.cat([self._norm(layer.q_norm, qk[:, :heads]), self._norm(layer.k_norm, qk[:, heads:])], 1)
+            # transformers' apply_rotary_pos_emb, once for q and k: x * cos + rotate_half(x) * sin
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            v = qkv[:, q_width + k_width:].view(1, kv_heads, 1, dim)
+            k, v = cache.update(qk[:, heads:], v, index)
+            out = F.scaled_dot_product_attention(qk[:, :heads], k, v, attn_mask=None, dropout_p=0.0,
+                                                 scale=layer.attn.scaling, is_causal=False, enable_gqa=self.gqa)
+            x = x + self._product(layer.o_proj, out.reshape(1, q_width))
+            gate_up = self._product(layer.gate_up, self._norm(layer.norm2, x))
+            width = layer.gate_up.widths[0]
+            x = x + self._product(layer.down, layer.act(gate_up[:, :width]) * gate_up[:, width:])
+        return self.head(self._norm(self.norm, x))[0]
+
+
+def _bit_identical(model, decoder: LeanDecoder) -> bool:
+    """Three tokens after a four-token prompt, through the model's forward and through `decoder`, on scratch caches:
+    every score equal."""
+    from .adapter import forward_last_logits, new_cache
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a few small forwards: on a busy 2-core machine two threads only wait on each other
+    try:
+        return _same_scores(model, decoder, forward_last_logits, new_cache)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _same_scores(model, decoder: LeanDecoder, forward_last_logits, new_cache) -> bool:
+    prompt = torch.tensor([[1, 2, 3, 4]], device=decoder.device)
+    ours, theirs = new_cache(model, 8), new_cache(model, 8)
+    forward_last_logits(model, prompt, ours)
+    forward_last_logits(model, prompt, theirs)
+    for token in (5, 6, 7):
+        expected = forward_last_logits(model, torch.full((1, 1), token, device=decoder.device), theirs)
+        if not torch.equal(decoder.step(token, ours), expected):
+            return False
+    return True
+
+
+def lean_decoder(model) -> LeanDecoder | None:
+    """The lean step for `model` (made and checked once per model), or None where the model's forward is used."""
+    with _LOCK:
+        if model not in _DECODERS:
+            _DECODERS[model] = decoder = None  # while it is checked, its own scratch caches get no lean step
+            for fused_norms in ((True, False) if LeanDecoder.supports(model) else ()):
+                try:
+                    candidate = LeanDecoder(model, fused_norms)
+                    if _bit_identical(model, candidate):
+                        decoder = candidate
+                        break
+                except Exception:  # a structure this step does not know after all: the forward it is
+                    break
+            _DECODERS[model] = decoder
+        return _DECODERS[model]
+
+
+@contextlib.contextmanager
+def disabled(model):
+    """Caches made for `model` meanwhile get no lean step: decode goes through the model's forward (for measuring
+    one against the other: benchmarks/bench_quant.py)."""
+    saved = lean_decoder(model)
+    with _LOCK:
+        _DECODERS[model] = None
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DECODERS[model] = saved

@@ -1,0 +1,43 @@
+"""The model panel says how a GGUF's weights run (issue 25): the 4-bit blocks as stored, with what is rounded, or
+the file's blocks de-quantized (the float32 reference); float weights get no weights row."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fakes import FACTS, ScriptedEngine, make_loader, wait_for
+from tokentui.core.runs.events import QuantFacts
+from tokentui.tui import DashboardConfig, TokentuiApp
+from tokentui.tui.panels import ModelPanel
+
+QUANT = QuantFacts(blocks="Q4_1", bits=4, group=32, scale_dtype="bfloat16", activation_dtype="bfloat16",
+                   head="Q8_0 as two 4-bit halves; its 256 highest scores recomputed in float32", exact_scores=256,
+                   matrices=211, dequantized=1, dequantized_blocks="Q8_0", weight_bytes=102_477_312)
+
+
+async def panel_of(facts, size):
+    app = TokentuiApp(DashboardConfig(load=make_loader(ScriptedEngine(facts=facts)), user_theme_dir=None))
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.state.done is not None, what="the run's end")
+        await pilot.pause()
+        panel = app.query_one(ModelPanel)
+        text, subtitle = panel.last_text.plain, str(panel.border_subtitle)
+        await pilot.press("q")
+    return text, subtitle
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_four_bit_weights_say_they_are_the_files_and_what_is_rounded(size):
+    text, subtitle = await panel_of(replace(FACTS, quantization=QUANT), size)
+    assert "weights      Q4_1 as stored · 4-bit g32" in text
+    assert subtitle == "bf16 scales · bf16 activations"
+
+
+async def test_a_de_quantized_gguf_says_so_and_float_weights_say_nothing():
+    text, subtitle = await panel_of(replace(FACTS, dequantized_from="Q4_1+Q8_0", dtype="float32"), (160, 48))
+    assert "device       cpu · float32\nweights      Q4_1+Q8_0 de-quantized\n" in text and "as stored" not in text
+    assert subtitle == ""
+    text, subtitle = await panel_of(FACTS, (160, 48))
+    assert "weights" not in text and subtitle == ""
