@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import bench_dashboard  # noqa: E402
+from measure.dashboard import bench_dashboard  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.model.loader import load_model  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
