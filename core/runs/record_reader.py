@@ -21,6 +21,7 @@ from .events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    FanoutEvent,
     LensRow,
     LoadProgress,
     ModelFacts,
@@ -30,6 +31,10 @@ from .events import (
     PrefillProgress,
     PromptEvent,
     PromptPiece,
+    SampleEvent,
+    ScoredToken,
+    ScoreEvent,
+    ScoreSummary,
     StepEvent,
     ServerFacts,
     StepTiming,
@@ -39,10 +44,11 @@ from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
-    BranchEvent)}
+    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, SampleEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
-          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy}
+          "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
+          "ScoredToken": ScoredToken}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 
 
@@ -162,7 +168,8 @@ def read_run(path: str | Path, run_class):
             raise RecordError(f"{where}: {err}") from None
     if not started:
         raise RecordError(f"{path}: not a tokentui run record (no model event)")
-    if run.prompt is None and run.branch is None and run.end is None:  # a branch's record may have no prompt
+    if run.prompt is None and run.branch is None and run.fanout is None and run.end is None:  # a branch's (or a
+        # fan-out's) record may have no prompt
         raise RecordError(f"{path}: not a tokentui run record (no prompt event)" if cut is None else
                           f"{path}: the record was cut before its prompt (line {cut}): nothing to replay")
     return run
