@@ -6,7 +6,8 @@ step under the sampler settings in force, in one batched decode that shares the 
 The prefix (prompt + the run's tokens before the step) is in the KV cache once: the engine's held cache cut back
 to it (core/model/branch.py's reuse rule: one decode recomputes the step's scores), or a fresh prefill. That cache
 is then copied to batch N (`expand_cache`: each full-attention layer's keys and values repeated into a buffer of
-its own, other layers by transformers' `batch_repeat_interleave` on a copy) — one copy, not N prefills — and every
+its own, other layers by transformers' `batch_repeat_interleave` on a copy, a recurrent layer's states repeated
+along their batch dimension) — one copy, not N prefills — and every
 step after the first feeds the N rows' newest tokens as one [N, 1] forward (all rows the same length: no padding,
 no mask).
 
@@ -61,16 +62,32 @@ def expand_cache(model, cache, n: int, capacity: int):
                 fresh.update(keys.expand(n, -1, -1, -1), source.values.expand(n, -1, -1, -1))  # copied into its buffer
             layers.append(fresh)
             continue
-        layer = copy.deepcopy(source)
-        try:
-            layer.batch_repeat_interleave(n)
-        except (NotImplementedError, AttributeError) as err:
-            raise SettingsError(f"fan-out cannot batch this model's {type(source).__name__} cache layers ({err})"
-                                ) from None
-        layers.append(layer)
+        layers.append(_repeated(source, n))
     out.layers = layers
     out.fed_tokens = getattr(cache, "fed_tokens", 0)
     return out
+
+
+def _repeated(source, n: int):
+    """A copy of one (non-growable) cache layer at batch `n`: its keys and values by transformers' own
+    `batch_repeat_interleave` (sliding windows, chunked attention, MLA's latent), a recurrent layer's conv and
+    recurrent states (which that method does not know) repeated along their batch dimension here."""
+    layer = copy.deepcopy(source)
+    handled = False
+    if isinstance(layer, DynamicLayer):
+        layer.batch_repeat_interleave(n)
+        handled = True
+    for name in ("conv_states", "recurrent_states"):
+        states = getattr(layer, name, None)
+        if isinstance(states, dict):
+            handled = True
+            for key, tensor in states.items():
+                if isinstance(tensor, torch.Tensor):
+                    states[key] = tensor.repeat_interleave(n, dim=0)  # [batch, ...] -> [n * batch, ...]
+    if not handled:
+        raise SettingsError(f"fan-out cannot batch this model's {type(source).__name__} cache layers (a kind "
+                            "tokentui does not know how to copy per sample)")
+    return layer
 
 
 def _check(engine, request: FanoutRequest) -> None:
