@@ -27,6 +27,7 @@ from tokentui.core.settings import SamplerSettings
 
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
+from .explore import Explore
 from .export import export_answer
 from .keys import next_top_k
 from .served import server_of
@@ -54,6 +55,15 @@ class View(Protocol):
     def load_failed(self, message: str) -> None:
         """The model could not be loaded: the load error dialog (retry, another model, quit)."""
 
+    def show_fanout(self, fanout) -> None:
+        """A fan-out began (tui/explore.py's FanoutState): show its list."""
+
+    def fanout_changed(self) -> None:
+        """The fan-out shown got a sample, or ended: paint its list again."""
+
+    def scored(self, summary) -> None:
+        """A scored text's summary came (its ScoreSummary event): show it."""
+
 
 class DashboardController:
     def __init__(self, config: DashboardConfig, view: View) -> None:
@@ -79,6 +89,8 @@ class DashboardController:
         self.last_export: Path | None = None
         self.tree_paths: list[Path] = []  # every tree file this session wrote
         self._replay_queue: list[int] = []  # a tree played back: the recorded branches still to play
+        self.explore = Explore(self)  # forcing a phrase, fanning out, a scored text's summary (tui/explore.py)
+        self.score_request = config.score  # `tokentui score`: the first run scores this text (None: generates)
 
     # ---- what the panels read ----------------------------------------------------------------------------
     @property
@@ -178,6 +190,9 @@ class DashboardController:
             client.pause()
             client.step_once()
         self.view.repaint()
+        if self.score_request is not None:  # `tokentui score`: the text is scored (again, on `r`)
+            self.tree.live_branch.run_id = client.score(self.score_request)
+            return
         self.tree.live_branch.run_id = client.start(self.prompt, self.system)
         if self.config.replay is not None:
             self._replay_queue = [node.number for node in self.config.replay.nodes[1:]]
@@ -197,6 +212,7 @@ class DashboardController:
         """A prompt from the editor: it runs at once (once the model is loaded, when it is not yet)."""
         self.dialog_paused = False  # the new run replaces the paused one
         self.prompt, self.system = prompt, system
+        self.score_request = None  # a prompt typed is asked, not scored
         if self.client.loaded:
             self.start_run()
         else:
@@ -204,6 +220,8 @@ class DashboardController:
 
     def on_reply(self, reply: Reply) -> None:
         """The client's replies, on the event loop; only the current run's reach here (and earlier runs' ends)."""
+        if self.explore.takes(reply):  # a fan-out's: not a run of the tree
+            return
         if isinstance(reply, RunUpdate):
             self._on_event(reply.event)
         elif isinstance(reply, RunOpened):
@@ -229,6 +247,7 @@ class DashboardController:
             return
         if isinstance(event, Notice):
             self.view.notify(event.message, severity="warning", timeout=8)
+        self.explore.on_event(event)
         if shown:
             self.view.repaint()
         if isinstance(event, ErrorEvent):
@@ -409,7 +428,8 @@ class DashboardController:
 
     def _start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
         self.client.halt()
-        branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token)
+        branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token,
+                                      phrase=point.phrase or None, phrase_text=point.phrase_text, sample=point.sample)
         self.view.clear_answer()
         self.view.repaint()
         try:

@@ -98,11 +98,11 @@ def check_phrase(facts, options, prompt_tokens: int, at: int, phrase: tuple[int,
     than the branch's length limit, past the model's context)."""
     if not phrase:
         raise SettingsError("the phrase is empty: type the text the model is to say")
-    if len(phrase) > options.max_new_tokens:
-        raise SettingsError(f"the phrase is {len(phrase)} tokens, more than the length limit of "
-                            f"{options.max_new_tokens} (--max-new-tokens): shorten it or raise the limit")
     needed = prompt_tokens + at + len(phrase)
     if facts.max_context and needed > facts.max_context:
         over = needed - facts.max_context
         raise PromptError(f"the phrase's {len(phrase)} tokens from step {at + 1} need {needed} positions, past this "
                           f"model's context of {facts.max_context}; shorten it by at least {over} tokens")
+    if len(phrase) > options.max_new_tokens:
+        raise SettingsError(f"the phrase is {len(phrase)} tokens, more than the length limit of "
+                            f"{options.max_new_tokens} (--max-new-tokens): shorten it or raise the limit")
