@@ -392,9 +392,9 @@ class DashboardController:
             self.view.repaint()
 
     # ---- branching -----------------------------------------------------------------------------------------
-    def step_to_branch(self) -> StepEvent | None:
-        """The step a branch would leave from: the cursor's step; live, the newest step once paused or ended.
-        None (said why, in words for a user) when there is none."""
+    def step_to_branch(self, verb: str = "branch") -> StepEvent | None:
+        """The step a branch (or a fan-out: `verb` "fan out") would leave from: the cursor's step; live, the newest
+        step once paused or ended. None (said why, in words for a user) when there is none."""
         state = self.state
         if self.replaying:
             where = f" --at {state.view_step.index + 1}" if state.view_step is not None else " --at STEP"
@@ -406,12 +406,12 @@ class DashboardController:
             self.view.notify(refusal[0].upper() + refusal[1:], severity="warning", timeout=5)
             return None
         if state.cursor is None and state.running and not self.client.paused:
-            self.view.notify("Pause (space) to branch at the newest step, or go back to a step first ([ / ])",
+            self.view.notify(f"Pause (space) to {verb} at the newest step, or go back to a step first ([ / ])",
                              severity="warning", timeout=5)
             return None
         step = state.view_step
         if step is None:
-            self.view.notify("No step yet to branch from", severity="warning", timeout=4)
+            self.view.notify(f"No step yet to {verb} from", severity="warning", timeout=4)
         return step
 
     def branch_at(self, parent: Branch, step: StepEvent, token: int) -> bool:

@@ -138,7 +138,7 @@ class Explore:
         if refusal is not None:
             controller.view.notify(refusal[0].upper() + refusal[1:], severity="warning", timeout=6)
             return None
-        step = controller.step_to_branch()
+        step = controller.step_to_branch("fan out")
         if step is None:
             return None
         parent = controller.tree.shown_branch

@@ -4,10 +4,12 @@ the first tokens drawn against the step's post-sampler probabilities."""
 
 from __future__ import annotations
 
+import codecs
+import re
 from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["FirstToken", "first_difference", "first_tokens", "ranked", "split_from_others"]
+__all__ = ["FirstToken", "first_difference", "first_tokens", "piece_texts", "ranked", "split_from_others"]
 
 
 def ranked(samples) -> list:
@@ -52,3 +54,21 @@ def first_tokens(samples, candidates) -> list[FirstToken]:
     pieces = {s.ids[0]: s.pieces[0] for s in drawn}
     return [FirstToken(token, pieces[token], count, count / len(drawn), probs.get(token))
             for token, count in counts.most_common()]
+
+
+_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def piece_texts(pieces) -> list[str]:
+    """Each token's text as written (for a list that dims part of a sample): a piece's `␣` a space, `↵` a newline
+    shown as ⏎; a character split over byte tokens (`<0xE5><0xBC>`, `<0x80>`) is written by the token that
+    completes it (those before it write nothing), as the answer panel writes it."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    out = []
+    for piece in pieces:
+        raw = _BYTE.findall(piece)
+        if raw and _BYTE.sub("", piece) == "":
+            out.append(decoder.decode(bytes(int(b, 16) for b in raw)))
+        else:
+            out.append(decoder.decode(b"", final=True) + piece.replace("␣", " ").replace("↵", "⏎"))
+    return out

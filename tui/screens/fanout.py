@@ -19,7 +19,7 @@ from textual.containers import Vertical
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tokentui.core.runs.fanout_view import first_difference, first_tokens, ranked, split_from_others
+from tokentui.core.runs.fanout_view import first_difference, first_tokens, piece_texts, ranked, split_from_others
 
 from .modal import ListDialog, list_dialog_css
 
@@ -49,8 +49,8 @@ def sample_line(sample, run_after: tuple[int, ...], samples, width: int) -> Text
     room = max(width - cell_len(line.plain), 8)
     shared = len(sample.ids) if leaves is None else leaves
     body = Text()
-    for k, (piece, token) in enumerate(zip(sample.pieces, sample.ids)):
-        body.append(piece.replace("\n", "↵"), style="dim" if k < shared else "bold")
+    for k, text in enumerate(piece_texts(sample.pieces)):
+        body.append(text, style="dim" if k < shared else "bold")
     if cell_len(body.plain) > room:
         body.truncate(room - 1)
         body.append("…", style="dim")

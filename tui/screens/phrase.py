@@ -25,14 +25,15 @@ from tokentui.core.runs.events import PromptPiece, StepEvent
 Tokenize = Callable[[str], Awaitable[list[PromptPiece]]]
 
 
-def pieces_text(pieces: list[PromptPiece]) -> Text:
-    """The pieces as chips: `␣Lyon│,│␣and` with their count."""
+def pieces_text(pieces: list[PromptPiece], at: int) -> Text:
+    """The pieces as chips, `␣Lyon│,│␣and`, their count and the steps they are forced at (`at`: the first)."""
     line = Text()
     for n, piece in enumerate(pieces):
         if n:
             line.append("│", style="dim")
         line.append(piece.piece, style="bold reverse" if piece.special else "bold")
-    line.append(f"   {len(pieces)} token{'s' if len(pieces) != 1 else ''}", style="dim")
+    where = f"step {at + 1}" if len(pieces) == 1 else f"steps {at + 1}–{at + len(pieces)}"
+    line.append(f"   {len(pieces)} token{'s' if len(pieces) != 1 else ''}, forced at {where}", style="dim")
     return line
 
 
@@ -95,7 +96,7 @@ class PhraseDialog(ModalScreen):
             shown.update(Text(str(err), style="bold red"))
             return False
         self.pieces, self.pieces_of = pieces, text
-        shown.update(pieces_text(pieces) if pieces else Text("no tokens", style="dim"))
+        shown.update(pieces_text(pieces, self.step.index) if pieces else Text("no tokens", style="dim"))
         return bool(pieces)
 
     async def on_input_submitted(self, event: Input.Submitted) -> None:
