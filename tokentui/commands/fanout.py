@@ -82,18 +82,19 @@ def _show(event, emit, samples: list, run_after: tuple[int, ...]) -> None:
 
 
 def fanout_text(fanout, samples, run_after: tuple[int, ...]) -> str:
-    """The samples, most likely first, where each differs from the run (`run_after`: the run's own tokens from the
-    step on) and from the others, and the first tokens against the step's probabilities."""
+    """The samples, most likely first; where each leaves the run (`run +k`: its k-th token is the first the run did
+    not take; `run_after`: the run's own tokens from the step on) and the other samples (`split +k`; `twin`: another
+    is the same throughout); and the first tokens against the step's probabilities."""
     from tokentui.core.runs.fanout_view import first_difference, first_tokens, ranked, split_from_others
 
     lines = []
     for sample in ranked(samples):
         lp = f"{sample.logprob:9.3f}" if sample.logprob is not None else "        ?"
         run = first_difference(sample.ids, run_after[:len(sample.ids)])
-        run = "as the run" if run is None else f"run +{run + 1}"
-        other = split_from_others(sample, samples)
-        other = "a twin" if other is None else f"others +{other + 1}"
-        lines.append(f"#{sample.n:<3} seed {sample.seed:<6} logprob {lp}  {run:<10} {other:<10} {sample.text!r}")
+        run = "= run" if run is None else f"run +{run + 1}"
+        split = split_from_others(sample, samples)
+        split = "twin" if split is None else f"split +{split + 1}"
+        lines.append(f"#{sample.n:<3} seed {sample.seed:<6} logprob {lp}  {run:<7} {split:<9} {sample.text!r}")
     counted = first_tokens(samples, fanout.candidates)
     total = sum(t.count for t in counted)
     lines.append(f"first tokens of {total} samples (share drawn, and the step's post-sampler probability):")
