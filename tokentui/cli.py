@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["score"]:  # `tokentui score --prompt P --answer A`: a text scored (tokentui/commands/score.py)
         from tokentui.commands.score import score_main
 
-        return score_main(argv[1:])
+        return score_main(argv[1:], build_parser)
     if argv[:1] == ["fanout"]:  # `tokentui fanout FILE --at STEP -n N`: samples from a step (commands/fanout.py)
         from tokentui.commands.fanout import fanout_main
 

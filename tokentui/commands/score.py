@@ -18,9 +18,9 @@ from pathlib import Path
 from .common import bad_input, interrupted, make_loader, read_prompt, settings_from_args
 
 
-def build_score_parser():
-    from tokentui.cli import build_parser
-
+def build_score_parser(build_parser):
+    """`tokentui`'s own parser (`build_parser`, handed in by tokentui/cli.py: every flag of a run applies) with the
+    answer's flags."""
     p = build_parser()
     p.prog = "tokentui score"
     p.description = ("Score a text: the answer is teacher-forced after the prompt, and each of its tokens is shown "
@@ -53,13 +53,13 @@ def read_answer(args) -> str:
     return args.answer
 
 
-def score_main(argv: list[str]) -> int:
+def score_main(argv: list[str], build_parser) -> int:
     import signal
 
     from tokentui.core.errors import TokentuiError
 
     try:
-        args = build_score_parser().parse_args(argv)
+        args = build_score_parser(build_parser).parse_args(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 2
     try:
