@@ -13,7 +13,7 @@ from typing import Iterable
 
 from .events import ScoredToken, ScoreSummary, StepEvent
 
-__all__ = ["LEAST_LIKELY", "scored_tokens", "score_summary", "surprisal_bits"]
+__all__ = ["LEAST_LIKELY", "percent", "scored_tokens", "score_summary", "surprisal_bits"]
 
 LEAST_LIKELY = 5  # tokens a summary lists
 
@@ -23,6 +23,11 @@ def surprisal_bits(p: float | None) -> float | None:
     if p is None:
         return None
     return math.inf if p <= 0 else -math.log2(p)
+
+
+def percent(p: float) -> str:
+    """A probability as a percentage, its leading digits shown however small it is (5.0e-06%, not 0.00%)."""
+    return f"{p:.2%}" if p >= 1e-4 or p == 0 else f"{p * 100:.1e}%"
 
 
 def scored_tokens(steps: Iterable[StepEvent]) -> list[ScoredToken]:

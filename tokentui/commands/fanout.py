@@ -40,7 +40,6 @@ def fanout_main(argv: list[str]) -> int:
         args = build_fanout_parser().parse_args(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 2
-    args.text = None
     try:
         from tokentui.core.runs.requests import FanoutRequest
 

@@ -106,7 +106,7 @@ def _show(event, emit) -> None:
 
 
 def summary_text(summary) -> str:
-    from .stream import percent
+    from tokentui.core.runs.scoring import percent
 
     least = ", ".join(f"{t.piece!r} at step {t.index + 1} ({percent(t.raw_prob)})" for t in summary.least_likely[:5])
     return (f"{summary.tokens} tokens: log-probability {summary.logprob:.3f} nats, perplexity "

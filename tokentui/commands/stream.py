@@ -90,23 +90,16 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
             signal.signal(sig, handler)
 
 
-def surprisal_bits(p: float) -> float | None:
-    import math
-
-    return -math.log2(p) if p > 0 else None
-
-
-def percent(p: float) -> str:
-    """A probability as a percentage, with its leading digits shown however small it is."""
-    return f"{p:.2%}" if p >= 1e-4 or p == 0 else f"{p * 100:.1e}%"
-
-
 def forced_line(step) -> str:
     """One forced step as a person reads it: the token given, the model's raw probability and rank for it, its
     surprisal, and the token the model itself preferred there."""
+    import math
+
+    from tokentui.core.runs.scoring import percent, surprisal_bits
+
     bits = surprisal_bits(step.chosen_raw_prob)
     top = max(step.candidates, key=lambda c: c.raw_prob) if step.candidates else None
-    said = f"{bits:5.1f} bits" if bits is not None else "  inf bits"
+    said = f"{bits:5.1f} bits" if bits is not None and bits != math.inf else "  inf bits"
     rank = f"rank {step.chosen_rank + 1}" if step.chosen_rank is not None else "rank ?"
     line = f"step {step.index + 1:>4}  {step.piece!r:<16} p {percent(step.chosen_raw_prob):>9}  {rank:<9} {said}"
     if top is not None and top.id != step.id:

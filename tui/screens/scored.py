@@ -14,11 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tokentui.core.runs.scoring import surprisal_bits
-
-
-def percent(p: float) -> str:
-    return f"{p:.2%}" if p >= 1e-4 or p == 0 else f"{p * 100:.1e}%"
+from tokentui.core.runs.scoring import percent, surprisal_bits
 
 
 def summary_text(summary) -> Text:
