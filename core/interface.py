@@ -5,13 +5,19 @@ The dashboard's engine clients (core/link/) and the commands (tokentui/commands/
     facts      ModelFacts of the model (read off it, or what its server reports)
     options    RunOptions (assignable: a run reads them at its next step)
     run(prompt, system, run_id=None)   the events of one generation
-    branch(point, run_id=None)         the events of a branch of an earlier run (core/runs/branch_point.py)
-    branch_refusal                     why this engine cannot branch, one line (None: it can)
+    branch(point, run_id=None)         the events of a branch of an earlier run (core/runs/branch_point.py); a
+                                       point with a phrase forces each of its tokens (core/model/forcing.py)
+    score(request, run_id=None)        the events of a scored text (core/runs/requests.py, core/model/scoring.py)
+    fanout(request, run_id=None)       the events of a fan-out: many samples at once (core/model/fanout.py)
+    phrase_pieces(text)                a phrase's tokens, tokenized on its own (PromptPiece list)
+    branch_refusal, phrase_refusal, score_refusal, fanout_refusal
+                                       why this engine cannot do that, one line (None: it can)
     close()                            end the run in progress and free what the engine holds
     + the controls of core/controls.py: sampler / set_sampler, pause, resume, step_once, stop(run_id)
 
 The stream of a run or a branch, whatever the engine: [Notice...], PromptEvent (a branch: BranchEvent first),
-[PrefillProgress...], PrefillEvent, StepEvent..., and always a DoneEvent last. A failure is one ErrorEvent (a line
+[PrefillProgress...], PrefillEvent, StepEvent..., and always a DoneEvent last (a scored text: PromptEvent, ScoreEvent,
+PrefillEvent, StepEvent..., ScoreSummary, DoneEvent; a fan-out: FanoutEvent, PrefillEvent, SampleEvent..., DoneEvent). A failure is one ErrorEvent (a line
 and a kind, core/errors.py) followed by that DoneEvent with reason "error" — the one error path: an engine raises a
 TokentuiError (or yields an ErrorEvent) and `run` / `branch` here turn it into those two events.
 """
@@ -27,7 +33,8 @@ from .runs.ending import finish_run
 
 if TYPE_CHECKING:
     from .runs.branch_point import BranchPoint
-    from .runs.events import Event, ModelFacts
+    from .runs.events import Event, ModelFacts, PromptPiece
+    from .runs.requests import FanoutRequest, ScoreRequest
     from .settings import RunOptions
 
 
@@ -45,16 +52,54 @@ class BaseEngine(RunControls, ABC):
         run_id = self.begin_run(run_id)
         return finish_run(self._branch_or_refuse(point, run_id), self.facts.vocab_rows)
 
+    def score(self, request: "ScoreRequest", *, run_id: int | None = None) -> Iterator["Event"]:
+        """A scored text: `request.answer` teacher-forced after its prompt (core/model/scoring.py)."""
+        run_id = self.begin_run(run_id)
+        return finish_run(self._refusing(self.score_refusal, lambda: self._score(request, run_id)),
+                          self.facts.vocab_rows)
+
+    def fanout(self, request: "FanoutRequest", *, run_id: int | None = None) -> Iterator["Event"]:
+        """A fan-out: `request.n` samples of `request.m` tokens from one step, in one batched decode."""
+        run_id = self.begin_run(run_id)
+        return finish_run(self._refusing(self.fanout_refusal, lambda: self._fanout(request, run_id)),
+                          self.facts.vocab_rows)
+
+    def phrase_pieces(self, text: str) -> list["PromptPiece"]:
+        """The tokens of `text` tokenized on its own (no special tokens added), for a phrase to force; SettingsError
+        (one line) when this engine cannot."""
+        raise SettingsError(self.phrase_refusal or "this engine cannot tokenize a phrase")
+
     def _branch_or_refuse(self, point: "BranchPoint", run_id: int) -> Iterator["Event"]:
         refusal = self.branch_refusal
+        if refusal is None and point.phrase:
+            refusal = self.phrase_refusal
+        yield from self._refusing(refusal, lambda: self._branch(point, run_id))
+
+    @staticmethod
+    def _refusing(refusal: str | None, events) -> Iterator["Event"]:
         if refusal is not None:
             raise SettingsError(refusal)
-        yield from self._branch(point, run_id)
+        yield from events()
 
     @property
     def branch_refusal(self) -> str | None:
         """Why `branch` cannot run on this engine, as one line a user can act on (None: it can)."""
         return None
+
+    @property
+    def phrase_refusal(self) -> str | None:
+        """Why this engine cannot force a phrase (a branch point with `phrase`), one line (None: it can)."""
+        return "this engine cannot force a phrase"
+
+    @property
+    def score_refusal(self) -> str | None:
+        """Why `score` cannot run on this engine, one line (None: it can)."""
+        return "this engine cannot score a text"
+
+    @property
+    def fanout_refusal(self) -> str | None:
+        """Why `fanout` cannot run on this engine, one line (None: it can)."""
+        return "fan-out needs the local engine"
 
     def close(self) -> None:
         """End the run in progress (at its next step) and let go of what the engine holds."""
@@ -69,3 +114,9 @@ class BaseEngine(RunControls, ABC):
 
     def _branch(self, point: "BranchPoint", run_id: int) -> Iterator["Event"]:
         raise SettingsError("this engine cannot branch")
+
+    def _score(self, request: "ScoreRequest", run_id: int) -> Iterator["Event"]:
+        raise SettingsError(self.score_refusal or "this engine cannot score a text")
+
+    def _fanout(self, request: "FanoutRequest", run_id: int) -> Iterator["Event"]:
+        raise SettingsError(self.fanout_refusal or "fan-out needs the local engine")

@@ -11,11 +11,19 @@ candidate, a cut token is never chosen, and a change made with `set_sampler` sho
 `branch(point)` follows core/model/branch.py's event order: BranchEvent (KV reused when the engine's latest run or branch
 held the prefix, as the real engine's held cache), PrefillEvent, the forced step at `point.at` (that step's own
 scripted candidates, `point.token` chosen, forced=True; a Notice when the sampler gives it probability 0), then the
-script from `point.at + 1` on, and `done` whose text is the prefix's text + the branch's.
+script from `point.at + 1` on, and `done` whose text is the prefix's text + the branch's. A branch point with a
+phrase forces each of its ids in turn (`phrase_pieces`: words, a known piece's id where the script has one).
+
+`score(request)` plays core/model/scoring.py's events (the answer's words forced step by step over the script's
+candidates, a `score_summary` from core/runs/scoring.py, `done` "scored"); `fanout(request)` plays
+core/model/fanout.py's (`fanout`, `prefill`, N samples drawn from the script's distributions under the settings
+with random.Random(seed + i), `done`).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import re
 import time
 from dataclasses import replace
@@ -36,8 +44,12 @@ from tokentui.core.runs.events import (
     PrefillEvent,
     PromptEvent,
     PromptPiece,
+    SampleEvent,
+    ScoreEvent,
+    FanoutEvent,
     StepEvent,
 )
+from tokentui.core.runs.scoring import score_summary
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 from fake_script import (ANSWER, ANSWER_TEXT, ARTICLE_PROMPT, EOS_ID, FACTS, KV_BYTES_PER_TOKEN, PIECES, SPECIAL_IDS,
@@ -100,6 +112,23 @@ class ScriptedEngine(BaseEngine):
         if self.delay:
             self.sleep_at_gate(self.delay, run_id)
 
+    phrase_refusal = score_refusal = fanout_refusal = None  # it plays all three (the module docstring)
+
+    def phrase_pieces(self, text: str) -> list[PromptPiece]:
+        """The script's own tokens where the text has them (longest first; 开 is its two byte tokens), any other
+        character a token of its own."""
+        pieces, at = [], 0
+        while at < len(text):
+            match = next((t for t in _VOCAB if text.startswith(t, at)), None)
+            if match is None:
+                char = text[at]
+                pieces.append(PromptPiece(1000 + ord(char) % 9000, char.replace(" ", "␣"), False))
+                at += 1
+                continue
+            pieces.extend(PromptPiece(i, piece_of(i), False) for i in _VOCAB[match])
+            at += len(match)
+        return pieces
+
     # ---- the run ---------------------------------------------------------------------------------------------
     def _run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         self.runs.append((prompt, system))
@@ -110,6 +139,76 @@ class ScriptedEngine(BaseEngine):
         as in `run`."""
         self.branches.append(point)
         yield from self._tracked(lambda: self._play_branch(point, run_id))
+
+    def _score(self, request, run_id: int) -> Iterator[Event]:
+        yield from self._tracked(lambda: self._play_score(request, run_id))
+
+    def _fanout(self, request, run_id: int) -> Iterator[Event]:
+        yield from self._tracked(lambda: self._play_fanout(request, run_id))
+
+    def _play_score(self, request, run_id: int) -> Iterator[Event]:
+        text, pieces, templated = tokenize(request.prompt, request.system)
+        ids = [p.id for p in pieces]
+        yield PromptEvent(text=text, ids=ids, pieces=pieces, templated=templated, user_prompt=request.prompt,
+                          system_prompt=request.system, default_system_prompt=self.default_system)
+        answer = self.phrase_pieces(request.answer)
+        forced = tuple(p.id for p in answer)
+        yield ScoreEvent(answer=request.answer, ids=list(forced), pieces=answer)
+        n_prompt = len(ids)
+        yield PrefillEvent(tokens=n_prompt, ms=42.0, kv_tokens=n_prompt, kv_bytes=n_prompt * KV_BYTES_PER_TOKEN)
+        script = self._script(len(forced))[:len(forced)]
+        steps: list[StepEvent] = []
+        played = yield from self._collect(self._play(script, 0, n_prompt, run_id, force=forced), steps)
+        if played is None:
+            return
+        reason, chosen, texts, _, first_ms = played
+        yield score_summary(steps, forward_ms=12.0)
+        kv = n_prompt + max(0, len(chosen) - 1)
+        yield DoneEvent(reason="scored" if reason != "stopped" else reason, tokens=len(chosen), runs=2,
+                        scores=len(chosen) * self.facts.vocab_rows, ttft_ms=first_ms, decode_tok_s=None,
+                        text="".join(texts), prompt_tokens=n_prompt, kv_tokens=kv, kv_bytes=kv * KV_BYTES_PER_TOKEN)
+
+    @staticmethod
+    def _collect(events, into: list):
+        result = yield from _gather(events, into)
+        return result
+
+    def _play_fanout(self, request, run_id: int) -> Iterator[Event]:
+        s, at, n_prompt = self.sampler, request.at, len(request.prompt_ids)
+        script = self._script(at + request.m + 1)
+        first = self._step(at, script[at], s, False, n_prompt)
+        prefix_text = "".join(piece_text(piece_of(t), t in SPECIAL_IDS) for t in request.tokens)
+        yield FanoutEvent(at=at, n=request.n, m=request.m, seed=request.seed, prompt_ids=list(request.prompt_ids),
+                          tokens=list(request.tokens), prefix_text=prefix_text, kv_reused_tokens=0, settings=s,
+                          candidates=first.candidates, parent=request.parent, parent_id=request.parent_token)
+        kv = n_prompt + at
+        yield PrefillEvent(tokens=kv, ms=42.0, kv_tokens=kv, kv_bytes=kv * KV_BYTES_PER_TOKEN)
+        if not self._gate(run_id):
+            yield DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
+                            prompt_tokens=n_prompt)
+            return
+        for i in range(request.n):
+            rng = random.Random(request.seed_of(i))
+            ids, pieces, texts, raws, probs = [], [], [], [], []
+            for k in range(request.m):
+                step = self._step(at + k, script[at + k], s, False, n_prompt)
+                weights = [c.prob for c in step.candidates]
+                pick = max(range(len(weights)), key=weights.__getitem__) if s.is_greedy else \
+                    rng.choices(range(len(weights)), weights)[0]
+                c = step.candidates[pick]
+                ids.append(c.id)
+                pieces.append(c.piece)
+                texts.append(piece_text(c.piece, c.special))
+                raws.append(c.raw_prob)
+                probs.append(c.prob)
+                if c.id == EOS_ID and not self.options.ignore_eos:
+                    break
+            yield SampleEvent(n=i, seed=request.seed_of(i), ids=ids, pieces=pieces, text="".join(texts),
+                              raw_probs=raws, probs=probs, logprob=sum(math.log(p) for p in probs),
+                              reason="eos" if ids[-1] == EOS_ID and not self.options.ignore_eos else "length")
+        drawn = request.n * request.m
+        yield DoneEvent(reason="length", tokens=drawn, runs=request.m, scores=None, ttft_ms=None, decode_tok_s=None,
+                        text="", prompt_tokens=n_prompt)
 
     def _tracked(self, start: Callable[[], Iterator[Event]]) -> Iterator[Event]:
         self.active += 1
@@ -168,13 +267,15 @@ class ScriptedEngine(BaseEngine):
             script.extend(body)
         return script
 
-    def _play(self, script: list[ScriptStep], first: int, n_prompt: int, run_id: int, force: int | None = None,
-              gate_first: bool = True):
+    def _play(self, script: list[ScriptStep], first: int, n_prompt: int, run_id: int,
+              force: int | tuple[int, ...] | None = None, gate_first: bool = True):
         """Steps `first`, `first` + 1, ... of `script` as StepEvents, honouring the settings in force, pause, stop,
-        max_new_tokens (counted from `first`) and the end token; `force`: the first step's token (a branch).
+        max_new_tokens (counted from `first`) and the end token; `force`: the first step's token (a branch), or the
+        tokens of the first steps (a phrase, a scored text).
         Returns (reason, the ids chosen, their texts, the decode steps' latency, the first step's latency) — None
         when it ended with an error event."""
         opts = self.options
+        forced = (force,) if isinstance(force, int) else tuple(force or ())
         decode_ms = 0.0
         first_ms = None
         texts: list[str] = []
@@ -197,7 +298,7 @@ class ScriptedEngine(BaseEngine):
                 raise RuntimeError(f"scripted crash at step {index + 1}")
             settings, changed = self.take_settings()
             self.steps_taken += 1
-            step = self._step(index, scripted, settings, changed, n_prompt, force if k == 0 else None)
+            step = self._step(index, scripted, settings, changed, n_prompt, forced[k] if k < len(forced) else None)
             if k:
                 decode_ms += step.latency_ms
             else:
@@ -209,7 +310,7 @@ class ScriptedEngine(BaseEngine):
                 cut = "greedy takes only the top token" if step.greedy else "the sampler settings cut it"
                 yield Notice(f"step {index + 1}: the forced token {step.piece!r} has probability 0 after "
                              f"sampling ({cut}); its raw probability is {step.chosen_raw_prob:.2%}")
-            if step.id == EOS_ID and not opts.ignore_eos:
+            if step.id == EOS_ID and not opts.ignore_eos and k + 1 >= len(forced):
                 reason = "eos"
                 break
         return reason, chosen, texts, decode_ms, first_ms
@@ -230,7 +331,9 @@ class ScriptedEngine(BaseEngine):
         yield BranchEvent(at=at, id=point.token, piece=piece_of(point.token), parent_id=point.parent_token,
                           parent_piece=None if point.parent_token is None else piece_of(point.parent_token),
                           kv_reused_tokens=reuse, prompt_ids=list(point.prompt_ids), tokens=list(point.tokens),
-                          prefix_text=prefix_text, parent=point.parent)
+                          prefix_text=prefix_text, parent=point.parent,
+                          phrase_ids=list(point.phrase) if point.phrase else None, phrase_text=point.phrase_text,
+                          sample=point.sample)
         if not self._gate(run_id):  # stopped before anything ran: the held ids stay
             yield DoneEvent(reason="stopped", tokens=0, runs=0, scores=0, ttft_ms=None, decode_tok_s=None, text="",
                             prompt_tokens=n_prompt)
@@ -239,7 +342,7 @@ class ScriptedEngine(BaseEngine):
         kv, prefill_ms = n_prompt + at, 12.0 if reuse else 42.0
         yield PrefillEvent(tokens=1 if reuse else kv, ms=prefill_ms, kv_tokens=kv, kv_bytes=kv * KV_BYTES_PER_TOKEN,
                            reused_tokens=reuse)
-        played = yield from self._play(script, at, n_prompt, run_id, force=point.token, gate_first=False)
+        played = yield from self._play(script, at, n_prompt, run_id, force=point.forced_ids, gate_first=False)
         if played is None:
             return
         reason, chosen, texts, decode_ms, first_ms = played
@@ -291,6 +394,40 @@ class ScriptedEngine(BaseEngine):
             latency_ms=latency, forward_ms=latency - 0.5,
             kv_tokens=kv_tokens, kv_bytes=kv_tokens * KV_BYTES_PER_TOKEN, forced=force is not None,
         )
+
+
+def _vocabulary() -> dict[str, tuple[int, ...]]:
+    """Text -> the script's ids for it: the answer's own tokens first (byte tokens joined to the character they
+    complete), then every other piece of the script, longest first."""
+    own: dict[str, tuple[int, ...]] = {}
+    held: list[int] = []
+    for step in ANSWER:
+        held.append(step.id)
+        if step.text:
+            own[step.text] = tuple(held)
+            held = []
+    others = {piece_text(piece, False): (i,) for i, piece in PIECES.items()
+              if i not in SPECIAL_IDS and not piece.startswith("<")}
+    ordered = sorted(own.items(), key=lambda kv: -len(kv[0])) + sorted(others.items(), key=lambda kv: -len(kv[0]))
+    vocab: dict[str, tuple[int, ...]] = {}
+    for text, ids in ordered:
+        vocab.setdefault(text, ids)
+    return vocab
+
+
+_VOCAB = _vocabulary()
+
+
+def _gather(events, into: list):
+    """Pass `events` on, keeping their steps in `into`; returns what the generator returned."""
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as end:
+            return end.value
+        if isinstance(event, StepEvent):
+            into.append(event)
+        yield event
 
 
 def make_loader(engine: ScriptedEngine | None = None, *, error: Exception | None = None,

@@ -1,6 +1,7 @@
 """`tokentui` command line: it parses the arguments, checks them before any slow import, and dispatches to a command
 of tokentui/commands/: the dashboard (dashboard.py), the headless stream (headless.py), `tokentui replay`
-(replay.py) or `tokentui branch` (branch.py); what they share is commands/common.py.
+(replay.py), `tokentui branch` (branch.py), `tokentui score` (score.py) or `tokentui fanout` (fanout.py); what they
+share is commands/common.py (and stream.py, score's and fanout's run streamed).
 
 Argument errors and every TokentuiError end with one line on stderr and exit status 2 (bad input) or 1 (a run
 that failed); never a traceback. torch/transformers are imported only after the arguments are checked, so a
@@ -28,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokentui", description="Watch a language model write, one token at a time.",
                 epilog="tokentui replay FILE.jsonl [--speed N] [--theme T] [--headless [--json]]: play a run "
                        "record back, no model needed (see tokentui replay --help); tokentui branch FILE.jsonl --at "
-                       "STEP --token ID [--json]: force another token at one step of a record and let the model go "
-                       "on (see tokentui branch --help)")
+                       "STEP --token ID | --text PHRASE [--json]: force another token (or a phrase) at one step of "
+                       "a record and let the model go on (see tokentui branch --help); tokentui score --prompt P "
+                       "--answer A [--headless [--json]]: how likely is this answer, token by token; tokentui "
+                       "fanout FILE.jsonl --at STEP -n N --tokens M [--json]: N samples from one step at once")
     p.add_argument("--model", "-m", default=None,
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")
@@ -127,6 +130,14 @@ def _main(argv: list[str]) -> int:
         from tokentui.commands.branch import branch_main
 
         return branch_main(argv[1:])
+    if argv[:1] == ["score"]:  # `tokentui score --prompt P --answer A`: a text scored (tokentui/commands/score.py)
+        from tokentui.commands.score import score_main
+
+        return score_main(argv[1:], build_parser)
+    if argv[:1] == ["fanout"]:  # `tokentui fanout FILE --at STEP -n N`: samples from a step (commands/fanout.py)
+        from tokentui.commands.fanout import fanout_main
+
+        return fanout_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         prompt = read_prompt(args)

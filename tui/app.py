@@ -431,6 +431,19 @@ class TokentuiApp(App[int]):
     def action_branches(self) -> None:
         dialogs.runs(self)
 
+    def action_fanout(self) -> None:
+        self.controller.explore.fanout()
+
+    # the View's side of tui/explore.py: the fan-out list and a scored text's summary (tui/dialogs.py opens them)
+    def show_fanout(self, fanout) -> None:
+        dialogs.show_fanout(self, fanout)
+
+    def fanout_changed(self) -> None:
+        dialogs.fanout_changed(self)
+
+    def scored(self, summary) -> None:
+        dialogs.scored(self, summary)
+
     def action_change_model(self) -> None:
         dialogs.change_model(self)
 

@@ -38,6 +38,10 @@ class Branch:
     run_id: int | None = None  # the engine client's id for this run
     token: int | None = None
     superseded_by: int | None = None  # the branch that stopped this run when it began
+    # a forced phrase or an adopted fan-out sample (core/runs/branch_point.py): every id forced from `at` on
+    phrase: tuple[int, ...] | None = None
+    phrase_text: str | None = None
+    sample: int | None = None
 
     @property
     def inherited(self) -> int:
@@ -126,10 +130,10 @@ class BranchTree:
         self.tree = RunTree(prompt=prompt, system=system, model=state.facts.name if state.facts else "")
         return self.branches[0]
 
-    def add_branch(self, parent: Branch, at: int, token_piece: str, state: RunState, token: int | None = None
-                   ) -> Branch:
+    def add_branch(self, parent: Branch, at: int, token_piece: str, state: RunState, token: int | None = None,
+                   **phrase) -> Branch:
         """A branch of `parent` at step `at` (0-based): its state gets the parent's prompt, prefill and steps
-        before `at`; it becomes the live and the shown branch."""
+        before `at`; it becomes the live and the shown branch. `phrase`: Branch's phrase fields."""
         source = parent.state
         run = source.run
         state.own_from = at  # the steps before `at` are the parent's: not in the branch's own speed figures
@@ -143,7 +147,7 @@ class BranchTree:
             state.apply(step)
         parent_piece = run.step(at).piece if at < len(run) else None
         branch = Branch(len(self.branches) + 1, state, parent=parent.number, at=at, token_piece=token_piece,
-                        parent_piece=parent_piece, token=token)
+                        parent_piece=parent_piece, token=token, **phrase)
         self.branches.append(branch)
         if self.live is not None and self.branches[self.live].state.running:
             self.branches[self.live].superseded_by = branch.number
@@ -167,7 +171,8 @@ class BranchTree:
         node = TreeNode(branch.number, branch.parent, branch.at, branch.token if branch.parent else None,
                         branch.token_piece if branch.parent else "",
                         self._parent_token(branch), branch.parent_piece if branch.parent else None,
-                        relative_record(self._writer.path, record))
+                        relative_record(self._writer.path, record), phrase=branch.phrase,
+                        phrase_text=branch.phrase_text, sample=branch.sample)
         if node.number == len(self.tree) + 1:
             self.tree.add(node)
             self._write(lambda w: w.add(node))

@@ -10,6 +10,7 @@ from tokentui.core.interface import BaseEngine
 from tokentui.core.link.client import EngineClient
 from tokentui.core.link.local_client import LocalClient
 from tokentui.core.runs.events import LoadProgress
+from tokentui.core.runs.requests import ScoreRequest
 from tokentui.core.runs.tree import RunTree
 from tokentui.core.paths import config_dir
 from tokentui.core.runs.record_writer import RunRecorder
@@ -59,6 +60,8 @@ class DashboardConfig:
     # a record (or a tree of runs) played back: what it holds, so the dashboard plays its branches as they were
     # taken and offers nothing a replay cannot do (None: a live model)
     replay: RunTree | None = None
+    # `tokentui score`: the first run scores this text instead of generating (core/runs/requests.py)
+    score: ScoreRequest | None = None
 
     def new_client(self, sampler: SamplerSettings) -> EngineClient:
         """An engine client for `self.load`, starting from `sampler` (the settings asked for so far)."""

@@ -28,6 +28,7 @@ from tokentui.core.steps.display import printable_copy
 
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
+from .explore import Explore
 from .export import export_answer
 from .keys import next_top_k
 from .served import server_of
@@ -55,6 +56,15 @@ class View(Protocol):
     def load_failed(self, message: str) -> None:
         """The model could not be loaded: the load error dialog (retry, another model, quit)."""
 
+    def show_fanout(self, fanout) -> None:
+        """A fan-out began (tui/explore.py's FanoutState): show its list."""
+
+    def fanout_changed(self) -> None:
+        """The fan-out shown got a sample, or ended: paint its list again."""
+
+    def scored(self, summary) -> None:
+        """A scored text's summary came (its ScoreSummary event): show it."""
+
 
 class DashboardController:
     def __init__(self, config: DashboardConfig, view: View) -> None:
@@ -81,6 +91,8 @@ class DashboardController:
         self.tree_paths: list[Path] = []  # every tree file this session wrote
         self.record_paths: list[Path] = []  # every run record this session opened (a cut one is named at quit)
         self._replay_queue: list[int] = []  # a tree played back: the recorded branches still to play
+        self.explore = Explore(self)  # forcing a phrase, fanning out, a scored text's summary (tui/explore.py)
+        self.score_request = config.score  # `tokentui score`: the first run scores this text (None: generates)
 
     # ---- what the panels read ----------------------------------------------------------------------------
     @property
@@ -180,6 +192,9 @@ class DashboardController:
             client.pause()
             client.step_once()
         self.view.repaint()
+        if self.score_request is not None:  # `tokentui score`: the text is scored (again, on `r`)
+            self.tree.live_branch.run_id = client.score(self.score_request)
+            return
         self.tree.live_branch.run_id = client.start(self.prompt, self.system)
         if self.config.replay is not None:
             self._replay_queue = [node.number for node in self.config.replay.nodes[1:]]
@@ -199,6 +214,7 @@ class DashboardController:
         """A prompt from the editor: it runs at once (once the model is loaded, when it is not yet)."""
         self.dialog_paused = False  # the new run replaces the paused one
         self.prompt, self.system = prompt, system
+        self.score_request = None  # a prompt typed is asked, not scored
         if self.client.loaded:
             self.start_run()
         else:
@@ -209,6 +225,8 @@ class DashboardController:
         What they carry is drawn as it is, so their strings are made printable first (a record's or a server's
         escape sequence is shown, never sent to the terminal); the record has them as they came."""
         reply = printable_copy(reply)
+        if self.explore.takes(reply):  # a fan-out's: not a run of the tree
+            return
         if isinstance(reply, RunUpdate):
             self._on_event(reply.event)
         elif isinstance(reply, RunOpened):
@@ -236,6 +254,7 @@ class DashboardController:
             return
         if isinstance(event, Notice):
             self.view.notify(event.message, severity="warning", timeout=8)
+        self.explore.on_event(event)
         if shown:
             self.view.repaint()
         if isinstance(event, ErrorEvent):
@@ -380,9 +399,9 @@ class DashboardController:
             self.view.repaint()
 
     # ---- branching -----------------------------------------------------------------------------------------
-    def step_to_branch(self) -> StepEvent | None:
-        """The step a branch would leave from: the cursor's step; live, the newest step once paused or ended.
-        None (said why, in words for a user) when there is none."""
+    def step_to_branch(self, verb: str = "branch") -> StepEvent | None:
+        """The step a branch (or a fan-out: `verb` "fan out") would leave from: the cursor's step; live, the newest
+        step once paused or ended. None (said why, in words for a user) when there is none."""
         state = self.state
         if self.replaying:
             where = f" --at {state.view_step.index + 1}" if state.view_step is not None else " --at STEP"
@@ -394,12 +413,12 @@ class DashboardController:
             self.view.notify(refusal[0].upper() + refusal[1:], severity="warning", timeout=5)
             return None
         if state.cursor is None and state.running and not self.client.paused:
-            self.view.notify("Pause (space) to branch at the newest step, or go back to a step first ([ / ])",
+            self.view.notify(f"Pause (space) to {verb} at the newest step, or go back to a step first ([ / ])",
                              severity="warning", timeout=5)
             return None
         step = state.view_step
         if step is None:
-            self.view.notify("No step yet to branch from", severity="warning", timeout=4)
+            self.view.notify(f"No step yet to {verb} from", severity="warning", timeout=4)
         return step
 
     def branch_at(self, parent: Branch, step: StepEvent, token: int) -> bool:
@@ -416,7 +435,8 @@ class DashboardController:
 
     def _start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
         self.client.halt()
-        branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token)
+        branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token,
+                                      phrase=point.phrase or None, phrase_text=point.phrase_text, sample=point.sample)
         self.view.clear_answer()
         self.view.repaint()
         try:

@@ -11,6 +11,9 @@ from .screens.branch_list import BranchList
 from .screens.branch_picker import BranchPicker
 from .screens.compare import CompareScreen
 from .screens.exported import ExportedDialog
+from .screens.fanout import FanoutScreen
+from .screens.phrase import PhraseDialog
+from .screens.scored import ScoredDialog
 
 if TYPE_CHECKING:
     from .app import TokentuiApp
@@ -118,14 +121,62 @@ def branch(app: "TokentuiApp") -> None:
     parent = controller.tree.shown_branch
     controller.pause_for_dialog()  # the picker covers the panels: the run waits (resumed if nothing is picked)
 
-    def chosen(token: int | None) -> None:
+    label = f"#{parent.number}" if len(controller.tree) > 1 else ""
+
+    def chosen(token: int | str | None) -> None:
         if token is None:
             controller.resume_after_dialog()
-            return
-        controller.branch_at(parent, step, token)
+        elif token == "phrase":
+            phrase(app, parent, step, label)
+        else:
+            controller.branch_at(parent, step, token)
 
-    label = f"#{parent.number}" if len(controller.tree) > 1 else ""
     app.push_screen(BranchPicker(step, label), chosen)
+
+
+def phrase(app: "TokentuiApp", parent, step, label: str) -> None:
+    """`t` in the branch dialog: type a phrase to force at the step (the run stays paused while it is typed)."""
+    controller = app.controller
+    refusal = controller.client.refusal("phrase")
+    if refusal is not None:
+        app.notify(refusal[0].upper() + refusal[1:], severity="warning", timeout=6)
+        controller.resume_after_dialog()
+        return
+
+    def chosen(result) -> None:
+        if result is None:
+            controller.resume_after_dialog()
+            return
+        text, ids = result
+        controller.explore.force_phrase(parent, step, text, ids)
+
+    app.push_screen(PhraseDialog(step, controller.explore.phrase_pieces, label, cursor_blink=app.CURSOR_BLINK),
+                    chosen)
+
+
+def show_fanout(app: "TokentuiApp", fanout) -> None:
+    """A fan-out began (`f`): its list, filled as the samples come; enter adopts one as a branch."""
+    controller = app.controller
+    if isinstance(app.screen, FanoutScreen):
+        app.pop_screen()
+    label = f"#{fanout.parent.number}" if len(controller.tree) > 1 else ""
+
+    def chosen(sample: int | None) -> None:
+        if sample is not None:
+            controller.explore.adopt(sample)
+
+    app.push_screen(FanoutScreen(fanout, label), chosen)
+
+
+def fanout_changed(app: "TokentuiApp") -> None:
+    if isinstance(app.screen, FanoutScreen):
+        app.screen.refresh_state()
+
+
+def scored(app: "TokentuiApp", summary) -> None:
+    """A scored text's summary, over its heat-coloured answer."""
+    app.repaint()
+    app.push_screen(ScoredDialog(summary))
 
 
 def runs(app: "TokentuiApp") -> None:

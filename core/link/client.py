@@ -4,7 +4,8 @@ The client is the one owner, in the dashboard's process, of the run ids and of t
 asked for (before the model is loaded too: they are handed to the engine when it is ready). Each run (or branch)
 gets the next run id here; the id travels to the engine, which uses it as its own (core/controls.py), so there is
 one count of runs. Commands are method calls that take effect at the engine's next step boundary (`start` a run,
-`branch` an earlier one at a step, stop, pause, step, settings); replies come back as typed dataclasses through one
+`branch` an earlier one at a step, `score` a text, `fanout` from a step, stop, pause, step, settings; `tokenize` a
+phrase is answered at once, also while a run is paused); replies come back as typed dataclasses through one
 `listener`, called on the event loop:
 
     RunOpened(run_id, record_path)  a run (or a branch) started (its record, if recorded)
@@ -32,9 +33,10 @@ from typing import Callable, Union
 
 from ..errors import ErrorKind, SettingsError
 from ..runs.branch_point import BranchPoint
-from ..runs.events import DoneEvent, Event, LoadProgress, ModelFacts, PromptEvent
+from ..runs.events import DoneEvent, Event, LoadProgress, ModelFacts, PromptEvent, PromptPiece
 from ..runs.record_writer import RunRecorder
 from ..runs.recording import RecordedRun
+from ..runs.requests import FanoutRequest, ScoreRequest
 from ..settings import RunOptions, SamplerSettings
 
 Progress = Callable[[LoadProgress], None]
@@ -136,6 +138,13 @@ class EngineClient:
     def can_branch(self) -> bool:
         return self.branch_refusal is None
 
+    def refusal(self, what: str) -> str | None:
+        """Why this engine cannot do `what` ("phrase", "score", "fanout"; core/interface.py's refusals), one line;
+        None when it can (before loading: not loaded yet)."""
+        if not self.loaded:
+            return "the model is not loaded yet"
+        return self._refusal(what)
+
     # ---- loading ------------------------------------------------------------------------------------------
     async def load(self, progress: Progress = lambda p: None) -> ModelFacts:
         """Load the model (raises TokentuiError with one line when it cannot); then the settings asked for so far
@@ -183,6 +192,37 @@ class EngineClient:
             self._event(run_id, prompt)
         self._send_branch(run_id, point)
         return run_id
+
+    def score(self, request: ScoreRequest) -> int:
+        """Stop the current run and score `request`'s text as a new run (core/model/scoring.py); returns its id.
+        SettingsError (one line) before anything changes when the engine cannot score."""
+        if not isinstance(request, ScoreRequest):
+            raise TypeError(f"score() needs a ScoreRequest, got {type(request).__name__}")
+        self._check("score")
+        run_id = self._open()
+        self._send_score(run_id, request)
+        return run_id
+
+    def fanout(self, request: FanoutRequest) -> int:
+        """Stop the current run and draw `request.n` samples from its step as a new run (core/model/fanout.py);
+        returns its id. SettingsError (one line) before anything changes when the engine cannot fan out."""
+        if not isinstance(request, FanoutRequest):
+            raise TypeError(f"fanout() needs a FanoutRequest, got {type(request).__name__}")
+        self._check("fanout")
+        run_id = self._open()
+        self._send_fanout(run_id, request)
+        return run_id
+
+    async def tokenize(self, text: str) -> list[PromptPiece]:
+        """The pieces of `text` tokenized on its own, as a forced phrase's (SettingsError, one line, when they
+        cannot be had); answered while a run is paused too."""
+        self._check("phrase")
+        return await self._tokenize(text)
+
+    def _check(self, what: str) -> None:
+        refusal = self.refusal(what)
+        if refusal is not None:
+            raise SettingsError(refusal)
 
     def _open(self) -> int:
         """Stop the current run and open the next one: its id, its record, its RunOpened reply."""
@@ -301,6 +341,19 @@ class EngineClient:
     def _branch_refusal(self) -> str | None:
         """Why this (loaded) engine cannot branch, as one line; None when it can."""
         return None
+
+    def _refusal(self, what: str) -> str | None:
+        """Why this (loaded) engine cannot do `what` (see `refusal`); None when it can."""
+        return None
+
+    def _send_score(self, run_id: int, request: ScoreRequest) -> None:
+        raise NotImplementedError
+
+    def _send_fanout(self, run_id: int, request: FanoutRequest) -> None:
+        raise NotImplementedError
+
+    async def _tokenize(self, text: str) -> list[PromptPiece]:
+        raise NotImplementedError
 
     def _send_stop(self, run_id: int) -> None:
         raise NotImplementedError

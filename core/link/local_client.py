@@ -58,6 +58,19 @@ class LocalClient(EngineClient):
     def _branch_refusal(self) -> str | None:
         return self.engine.branch_refusal
 
+    def _refusal(self, what: str) -> str | None:
+        return getattr(self.engine, f"{what}_refusal")
+
+    def _send_score(self, run_id: int, request) -> None:
+        self._start_pump(run_id, lambda: self.engine.score(request, run_id=run_id))
+
+    def _send_fanout(self, run_id: int, request) -> None:
+        self._start_pump(run_id, lambda: self.engine.fanout(request, run_id=run_id))
+
+    async def _tokenize(self, text: str):
+        # on the loop's default executor, not the run's own thread: that one may be waiting at a paused step
+        return await asyncio.get_running_loop().run_in_executor(None, self.engine.phrase_pieces, text)
+
     def _start_pump(self, run_id: int, events: Callable[[], Iterator[Event]]) -> None:
         previous = self._pump
         self._pump = asyncio.get_running_loop().create_task(self._pump_events(run_id, events, previous))

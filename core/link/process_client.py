@@ -11,8 +11,9 @@ Importing this module does not import torch; the parent of a dashboard never loa
 core/model/process_main.py.
 
 Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/link/protocol.py (the
-parent sends Load, then StartRun / StartBranch / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
-child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id).
+parent sends Load, then StartRun / StartBranch / StartScore / StartFanout / Tokenize / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
+child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id,
+and Tokenized for each Tokenize).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ErrorKind, ModelLoadError, ProtocolError, error_of_kind
+from ..errors import ErrorKind, ModelLoadError, ProtocolError, SettingsError, error_of_kind
 from .client import EngineClient
 from ..runs.events import LoadProgress
 from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, EngineSpec, Load, Loading, Pause, Quit, Ready, Resume,
-                       SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
+                       SetOptions, SetSampler, StartBranch, StartFanout, StartRun, StartScore, Step, Stop, Tokenize,
+                       Tokenized, expect)
 from ..paths import open_private_log, private_dir, state_dir
 from ..settings import RunOptions, SamplerSettings
 
@@ -119,6 +121,8 @@ class ProcessClient(EngineClient):
         self._progress: Callable[[LoadProgress], None] = lambda p: None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._asked: dict[int, asyncio.Future] = {}  # Tokenize questions not yet answered, by number
+        self._tokenize_count = 0
 
     @property
     def pid(self) -> int | None:
@@ -180,7 +184,14 @@ class ProcessClient(EngineClient):
         except ProtocolError as err:  # refused, not misread: the run in progress ends with it
             self._failed(self.run_id, str(err), ErrorKind.PROTOCOL)
             return
-        if isinstance(message, Crash):
+        if isinstance(message, Tokenized):
+            asked = self._asked.pop(message.asked, None)
+            if asked is not None and not asked.done():
+                if message.error is not None:
+                    asked.set_exception(SettingsError(message.error))
+                else:
+                    asked.set_result(list(message.pieces))
+        elif isinstance(message, Crash):
             self._failed(message.serial, message.message, ErrorKind.CRASH)
         else:
             self._event(message.serial, message.event)
@@ -188,6 +199,10 @@ class ProcessClient(EngineClient):
     def _gone(self) -> None:
         """The child's end closed: it exited or was ended."""
         self._detach()
+        for asked in self._asked.values():  # questions it can no longer answer
+            if not asked.done():
+                asked.set_exception(SettingsError("the model process has ended"))
+        self._asked.clear()
         if self._proc is not None and not self._closing:
             try:  # its end closed because it is exiting: its exit status says how (a moment, not a poll)
                 self._proc.wait(timeout=2)
@@ -250,6 +265,25 @@ class ProcessClient(EngineClient):
         self._post(StartBranch(run_id, point))
         if self._conn is None:
             self._loop.call_soon(self._gone)
+
+    def _send_score(self, run_id: int, request) -> None:
+        self._post(StartScore(run_id, request))
+        if self._conn is None:
+            self._loop.call_soon(self._gone)
+
+    def _send_fanout(self, run_id: int, request) -> None:
+        self._post(StartFanout(run_id, request))
+        if self._conn is None:
+            self._loop.call_soon(self._gone)
+
+    async def _tokenize(self, text: str):
+        if self._conn is None:
+            raise SettingsError("the model process has ended")
+        self._tokenize_count += 1
+        future = self._loop.create_future()
+        self._asked[self._tokenize_count] = future
+        self._post(Tokenize(self._tokenize_count, text))
+        return await future
 
     def _send_stop(self, run_id: int) -> None:
         self._post(Stop(run_id))

@@ -2,9 +2,11 @@
 checked where it is built, so a malformed one cannot be sent, and checked again where it is received, so one that
 is not what that side expects is refused with `ProtocolError` instead of being read as something else.
 
-    parent -> child   Load first; then StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit
+    parent -> child   Load first; then StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step,
+                      SetSampler, SetOptions, Tokenize, Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
-                      serial of the run it belongs to (a newer run's serial retires an older run's messages)
+                      serial of the run it belongs to (a newer run's serial retires an older run's messages), and
+                      Tokenized, the answer to a Tokenize (a phrase's pieces while it is typed)
 
 They travel pickled over a private socket pair (`multiprocessing.connection`) between two processes of the same
 program; nothing listens on a port.
@@ -17,7 +19,8 @@ from typing import Union
 
 from ..errors import ErrorKind, ProtocolError
 from ..runs.branch_point import BranchPoint
-from ..runs.events import Event, LoadProgress, ModelFacts
+from ..runs.events import Event, LoadProgress, ModelFacts, PromptPiece
+from ..runs.requests import FanoutRequest, ScoreRequest
 from ..settings import RunOptions, SamplerSettings
 
 
@@ -85,6 +88,45 @@ class StartBranch:
 
 
 @dataclass(frozen=True, slots=True)
+class StartScore:
+    """Run `Engine.score(request)` as run `serial` (core/model/scoring.py)."""
+
+    serial: int
+    request: ScoreRequest
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        if not isinstance(self.request, ScoreRequest):
+            raise ProtocolError(f"StartScore needs a ScoreRequest, got {type(self.request).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class StartFanout:
+    """Run `Engine.fanout(request)` as run `serial` (core/model/fanout.py)."""
+
+    serial: int
+    request: FanoutRequest
+
+    def __post_init__(self) -> None:
+        _serial(self.serial)
+        if not isinstance(self.request, FanoutRequest):
+            raise ProtocolError(f"StartFanout needs a FanoutRequest, got {type(self.request).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    """The pieces of `text` tokenized on its own (a phrase being typed); answered at once with Tokenized, also while
+    a run is in progress or paused."""
+
+    asked: int  # the parent's number for this question, echoed in the answer
+    text: str
+
+    def __post_init__(self) -> None:
+        _serial(self.asked)
+        _text("the phrase", self.text)
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Stop every run up to and including `serial` (at its next step boundary)."""
 
@@ -132,8 +174,11 @@ class Quit:
     pass
 
 
-Command = Union[StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit]
-COMMANDS: tuple[type, ...] = (StartRun, StartBranch, Stop, Pause, Resume, Step, SetSampler, SetOptions, Quit)
+Command = Union[StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step, SetSampler, SetOptions,
+                Tokenize, Quit]
+COMMANDS: tuple[type, ...] = (StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step, SetSampler,
+                              SetOptions, Tokenize, Quit)
+RUN_STARTS: tuple[type, ...] = (StartRun, StartBranch, StartScore, StartFanout)  # queued: one run at a time
 
 
 # ---- child -> parent -----------------------------------------------------------------------------------------
@@ -194,8 +239,23 @@ class Crash:
         _text("the crash message", self.message)
 
 
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """The answer to Tokenize `asked`: the pieces, or the one line that says why there are none."""
+
+    asked: int
+    pieces: tuple[PromptPiece, ...] = ()
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _serial(self.asked)
+        if not isinstance(self.pieces, tuple) or not all(isinstance(p, PromptPiece) for p in self.pieces):
+            raise ProtocolError("Tokenized needs a tuple of PromptPiece")
+        _text("the tokenize error", self.error, optional=True)
+
+
 LOADING_REPLIES: tuple[type, ...] = (Loading, Ready, LoadFailed)
-RUN_REPLIES: tuple[type, ...] = (RunEvent, Crash)
+RUN_REPLIES: tuple[type, ...] = (RunEvent, Crash, Tokenized)
 
 
 def expect(message: object, kinds: tuple[type, ...], where: str) -> object:

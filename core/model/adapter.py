@@ -150,6 +150,28 @@ def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> 
     return call_model(model, input_ids, cache).logits[0, -1]
 
 
+@torch.inference_mode()
+def forward_all_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Run the model over `input_ids` extending `cache`; return every position's scores (a scored text's one
+    forward, core/model/scoring.py). Counts the positions fed, as `call_model` does.
+
+    input_ids: [1, T] int64 on the model's input device  ->  logits: [T, V] (model dtype)
+    """
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=0, **{cache_keyword(model): cache})
+    cache.fed_tokens = getattr(cache, "fed_tokens", 0) + int(input_ids.shape[1])
+    return out.logits[0]
+
+
+@torch.inference_mode()
+def forward_batch_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """One decode step of a batch (a fan-out's rows, core/model/fanout.py): each row's next token extending its row
+    of `cache`; every row the same length, so no padding and no attention mask.
+
+    input_ids: [N, 1] int64 on the model's input device  ->  logits: [N, V] (model dtype)
+    """
+    return call_model(model, input_ids, cache).logits[:, -1]
+
+
 def _states(layer) -> list[torch.Tensor]:
     """A recurrent layer's fixed-size tensors (conv and SSM / recurrent states), as initialised so far."""
     out = []

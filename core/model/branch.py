@@ -3,7 +3,9 @@
 A run's step k (0-based `StepEvent.index`) is selected from the scores the model gives after reading the prompt
 (L ids) and the tokens t0..t(k-1): at that selection the KV cache holds L + k - 1 positions plus the one being fed
 (the prompt's last id for k = 0, else t(k-1)). A branch at step k with token x keeps t0..t(k-1), takes x at step
-k instead of t(k), then generates on with the sampler settings in force, exactly like a run:
+k instead of t(k), then generates on with the sampler settings in force, exactly like a run. A branch point with a
+phrase (core/model/forcing.py) forces each of its tokens at steps k, k + 1, ... in turn (each step `forced`), then
+generates on:
 
     BranchEvent, [Notice], [PrefillProgress...], PrefillEvent, StepEvent(index=k, forced=True), StepEvent(k+1)...,
     DoneEvent (or ErrorEvent)
@@ -34,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-import torch
 from transformers.cache_utils import DynamicLayer
 
 from .adapter import GrowableLayer, first_capacity, new_cache
@@ -45,9 +46,9 @@ from ..errors import PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
 from .kvcache import cache_nbytes, cache_tokens
+from .forcing import ForcePhrase, check_phrase, forced_selection
 from .lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
-from ..steps.select import Selection, reference_probs, select
 from ..runs.branch_point import BranchPoint
 from .speed import use_threads
 
@@ -110,44 +111,6 @@ def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple
     return keep, None
 
 
-# --------------------------------------------------------------------------------------------- selection
-def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator | None, top_n: int,
-                     token: int, to_host=None) -> Selection:
-    """`select` on these scores with the same settings, its choice replaced by `token`: the candidates and the
-    distribution's figures are the step's own; chosen_rank / chosen_raw_prob / chosen_prob are `token`'s
-    (chosen_prob 0 when the sampler cut it). Draws from a copy of `generator`, not from it. `to_host`: as
-    `select`'s (the engine's timed copy)."""
-    scratch = None
-    if generator is not None:
-        scratch = torch.Generator(device=generator.device)
-        scratch.set_state(generator.get_state())
-    sel = select(logits, settings, scratch, top_n, to_host)  # also the NaN/inf check
-    scores = logits.reshape(-1).to(torch.float32)
-    rank = int((scores > scores[token]).sum())
-    if token in sel.top_ids:
-        at = sel.top_ids.index(token)
-        raw, prob = sel.top_raw_probs[at], sel.top_probs[at]
-    else:
-        p = torch.softmax(scores, dim=-1)
-        raw = float(p[token] / p.sum())
-        prob = 0.0 if sel.greedy else float(reference_probs(logits, settings)[token])
-    return replace(sel, token_id=token, chosen_rank=rank, chosen_raw_prob=raw, chosen_prob=prob)
-
-
-class _ForceFirst:
-    """The engine's `choose` for a branch: the first call forces the token, every later one is `select`."""
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-        self.done = False
-
-    def __call__(self, logits, settings, generator, top_n, to_host=None) -> Selection:
-        if self.done:
-            return select(logits, settings, generator, top_n, to_host)
-        self.done = True
-        return forced_selection(logits, settings, generator, top_n, self.token, to_host)
-
-
 # --------------------------------------------------------------------------------------------- the branch
 def _check(engine, point: BranchPoint) -> None:
     facts = engine.facts
@@ -161,6 +124,11 @@ def _check(engine, point: BranchPoint) -> None:
     if facts.max_context and n >= facts.max_context:
         raise PromptError(f"the branch's prefix is {n} tokens: step {point.at + 1} lies past this model's context "
                           f"of {facts.max_context}")
+    if point.phrase:
+        bad = next((i for i in point.phrase if i >= rows), None)
+        if bad is not None:
+            raise SettingsError(f"the phrase's token id {bad} is not in this model's vocabulary (ids 0..{rows - 1})")
+        check_phrase(facts, engine.options, len(point.prompt_ids), point.at, point.phrase)
 
 
 def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
@@ -180,7 +148,8 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
     yield BranchEvent(at=point.at, id=point.token, piece=display_piece(vocab, point.token),
                       parent_id=point.parent_token, parent_piece=parent_piece, kv_reused_tokens=reuse,
                       prompt_ids=list(point.prompt_ids), tokens=list(point.tokens), prefix_text=detok.text,
-                      parent=point.parent)
+                      parent=point.parent, phrase_ids=list(point.phrase) if point.phrase else None,
+                      phrase_text=point.phrase_text, sample=point.sample)
     if why:
         yield Notice(why)
     go, paused_s = engine.timed_gate(serial)
@@ -226,16 +195,30 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
         use_threads(engine.device, engine.speed.decode_threads())
         yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache_tokens(cache),
                            kv_bytes=cache_nbytes(cache))
+    forced = point.forced_ids
     steps = engine.generate_from(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
-                             prefix=point.tokens, detok=detok, choose=_ForceFirst(point.token),
+                             prefix=point.tokens, detok=detok, choose=ForcePhrase(forced),
                              fed=1 if reuse else len(prefix))
+    cut_steps = []  # a phrase's forced steps the sampler gave probability 0
     for event in steps:
-        if isinstance(event, StepEvent) and event.index == point.at:
+        if isinstance(event, StepEvent) and event.index < point.at + len(forced):
             event = replace(event, forced=True)
             yield event
             if event.chosen_prob == 0.0:
-                cut = "greedy takes only the top token" if event.greedy else "the sampler settings cut it"
-                yield Notice(f"step {point.at + 1}: the forced token {event.piece!r} has probability 0 after "
-                             f"sampling ({cut}); its raw probability is {event.chosen_raw_prob:.2%}")
+                cut_steps.append(event)
+            if event.index == point.at + len(forced) - 1 and cut_steps:
+                yield _cut_notice(cut_steps)
             continue
         yield event
+
+
+def _cut_notice(cut: list[StepEvent]) -> Notice:
+    """What a forced step the sampler would never have taken is told: one Notice for the token (or the phrase)."""
+    first = cut[0]
+    why = "greedy takes only the top token" if first.greedy else "the sampler settings cut it"
+    if len(cut) == 1:
+        return Notice(f"step {first.index + 1}: the forced token {first.piece!r} has probability 0 after sampling "
+                      f"({why}); its raw probability is {first.chosen_raw_prob:.2%}")
+    steps = ", ".join(str(s.index + 1) for s in cut)
+    return Notice(f"steps {steps}: {len(cut)} forced tokens of the phrase have probability 0 after sampling ({why}); "
+                  "their raw probabilities are in the steps")

@@ -20,6 +20,9 @@ import torch
 
 from .adapter import first_capacity, input_device, new_cache
 from .branch import BranchPoint, HeldCache, branch_events
+from .fanout import fanout_events
+from .forcing import phrase_pieces
+from .scoring import score_events
 from ..interface import BaseEngine
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer, oneshot_text
@@ -133,6 +136,23 @@ class Engine(BaseEngine):
         [Notice], [PrefillProgress...], PrefillEvent, StepEvent (index point.at, forced=True), StepEvent...,
         DoneEvent. Reuses the KV cache of this engine's latest run (or branch) when it holds the prefix."""
         yield from self._locked(lambda: branch_events(self, point, run_id))
+
+    def _score(self, request, run_id: int) -> Iterator[Event]:
+        """A scored text (core/model/scoring.py): PromptEvent, ScoreEvent, PrefillEvent, forced StepEvents,
+        ScoreSummary, DoneEvent. Its KV cache is held afterwards, as a run's, for branches."""
+        yield from self._locked(lambda: score_events(self, request, run_id))
+
+    def _fanout(self, request, run_id: int) -> Iterator[Event]:
+        """A fan-out (core/model/fanout.py): FanoutEvent, PrefillEvent, SampleEvent × N, DoneEvent. Reuses the held
+        KV cache when it holds the prefix, and holds the prefix's afterwards."""
+        yield from self._locked(lambda: fanout_events(self, request, run_id))
+
+    def phrase_pieces(self, text: str) -> list:
+        """A phrase's tokens, tokenized on its own with no special tokens (core/model/forcing.py); safe to call
+        while a run waits at its step gate."""
+        return phrase_pieces(self.tokenizer, self.token_bytes, text)
+
+    phrase_refusal = score_refusal = fanout_refusal = None  # the local engine does all three
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -258,7 +278,8 @@ class Engine(BaseEngine):
     def generate_from(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
-                  lens_said: bool | None = None, fed: int | None = None) -> Iterator[Event]:
+                  lens_said: bool | None = None, fed: int | None = None, decode=None,
+                  limit: int | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
         forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
         a branch (core/model/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
@@ -269,7 +290,12 @@ class Engine(BaseEngine):
         what the caller's forward filled (None: no lens). `lens_said`: the caller already said the lens is not
         available (None, from core/model/branch.py: taken as said when the lens is wanted now and the caller ran without
         it), so that Notice comes once per run. `fed`: the ids the forward that scored the first step read (default
-        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/model/timing.py)."""
+        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/model/timing.py).
+
+        `choose` may force tokens (core/model/forcing.py's ForcePhrase): while its `pending` ids remain, an end token
+        does not end the run. `decode`: step 5 in place of decode_one_token, with its signature (a scored text's
+        one forward, core/model/scoring.py; its `fed` attribute: the ids its latest call read). `limit`: the steps
+        to take at most (default `options.max_new_tokens`)."""
         facts, opts, tok = self.facts, self.options, self.tokenizer
         if lens_said is None:
             lens_said = lens_states is None and opts.logit_lens
@@ -279,6 +305,8 @@ class Engine(BaseEngine):
         if detok is None:
             detok = IncrementalDetokenizer(self.token_bytes)
         choose = choose or select  # step 4's selection (looked up now, so a test can patch `select`)
+        decode = decode or decode_one_token  # step 5 (looked up now, likewise)
+        limit = opts.max_new_tokens if limit is None else limit
         first = len(prefix)
         generated: list[int] = list(prefix)
         reason = "length"
@@ -329,10 +357,10 @@ class Engine(BaseEngine):
                 top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
             )
             index += 1
-            if sel.token_id in self.end_ids and not opts.ignore_eos:
+            if sel.token_id in self.end_ids and not opts.ignore_eos and not getattr(choose, "pending", 0):
                 reason = "eos"
                 break
-            if index - first >= opts.max_new_tokens:
+            if index - first >= limit:
                 reason = "length"
                 break
             # The next token would sit at position cache_tokens: it must be inside the context.
@@ -354,9 +382,9 @@ class Engine(BaseEngine):
             step_start = clock.forward_begins(self.options.time_stages, waited)
             if decode_started is None:
                 decode_started = step_start
-            logits, forward_ms = decode_one_token(self.model, sel.token_id, cache, states_out=lens_states,
-                                                  sync=clock.sync_forward)
-            clock.forward_ends(forward_ms)
+            logits, forward_ms = decode(self.model, sel.token_id, cache, states_out=lens_states,
+                                        sync=clock.sync_forward)
+            clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
             decoder = getattr(cache, "decoder", None)
             if decoder is not None and decoder.failure is not None and not compile_said:
                 compile_said = True

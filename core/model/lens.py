@@ -30,10 +30,10 @@ from typing import Callable
 import torch
 
 from ..runs.events import LensRow
-from .adapter import call_model
+from .adapter import call_model, forward_all_logits
 from .architecture import Parts, logits_ops, model_parts
 
-__all__ = ["LensRow", "forward_last_states", "lens_logits", "lens_support", "lens_top", "lens_unavailable",
+__all__ = ["LensRow", "forward_all_states", "forward_last_states", "lens_logits", "lens_support", "lens_top", "lens_unavailable",
            "logit_lens", "verify"]
 
 # per model: None (the lens's last row reproduced the model's output), or why it did not
@@ -63,6 +63,25 @@ def forward_last_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Te
 
     input_ids: [1, T] int64 on the model's input device  ->  (logits [V], states [L, H] in the model's dtype)
     """
+    rows, logits = _with_block_outputs(model, lambda hidden: hidden[0, -1],  # [H] of [1, T, H]
+                                       lambda: call_model(model, input_ids, cache).logits[0, -1])
+    return logits, torch.stack(rows)  # the stack copies the rows: the blocks' outputs are not kept
+
+
+@torch.inference_mode()
+def forward_all_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """core/model/adapter.py's `forward_all_logits` (every position's scores: a scored text's one forward), with each
+    decoder block's output caught at every position.
+
+    input_ids: [1, T] int64 on the model's input device  ->  (logits [T, V], states [T, L, H] in the model's dtype)
+    """
+    rows, logits = _with_block_outputs(model, lambda hidden: hidden[0],  # [T, H] of [1, T, H]
+                                       lambda: forward_all_logits(model, input_ids, cache))
+    return logits, torch.stack(rows, dim=1)  # [T, L, H]
+
+
+def _with_block_outputs(model, pick, forward):
+    """(what `pick` takes of each decoder block's output during `forward()`, in block order; forward's result)."""
     parts = model_parts(model)
     if isinstance(parts, str):
         raise ValueError(parts)
@@ -70,15 +89,15 @@ def forward_last_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Te
 
     def keep(module, args, output):
         hidden = output[0] if isinstance(output, (tuple, list)) else output  # [1, T, H]
-        rows.append(hidden[0, -1])
+        rows.append(pick(hidden))
 
     handles = [block.register_forward_hook(keep) for block in parts.layers]
     try:
-        out = call_model(model, input_ids, cache)
+        result = forward()
     finally:
         for handle in handles:
             handle.remove()
-    return out.logits[0, -1], torch.stack(rows)  # the stack copies the rows: the blocks' outputs are not kept
+    return rows, result
 
 
 @torch.inference_mode()

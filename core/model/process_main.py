@@ -18,8 +18,9 @@ import traceback
 from multiprocessing.connection import Connection
 
 from ..errors import ErrorKind, ProtocolError, TokentuiError
-from ..link.protocol import (COMMANDS, Crash, Load, LoadFailed, Loading, Pause, Quit, Ready, Resume, RunEvent,
-                             SetOptions, SetSampler, StartBranch, StartRun, Step, Stop, expect)
+from ..link.protocol import (COMMANDS, RUN_STARTS, Crash, Load, LoadFailed, Loading, Pause, Quit, Ready, Resume,
+                             RunEvent, SetOptions, SetSampler, StartBranch, StartFanout, StartRun, StartScore, Step,
+                             Stop, Tokenize, Tokenized, expect)
 from ..runs.events import LoadProgress
 
 
@@ -27,7 +28,7 @@ class _Child:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.send_lock = threading.Lock()
-        self.runs: queue.Queue[StartRun | StartBranch] = queue.Queue()
+        self.runs: queue.Queue[StartRun | StartBranch | StartScore | StartFanout] = queue.Queue()
         self.engine = None  # set once loaded
         self.stopped_up_to = 0  # a Stop that came while loading, handed to the engine once it exists
 
@@ -50,10 +51,13 @@ class _Child:
     def apply(self, command) -> None:
         if isinstance(command, Quit):
             os._exit(0)
-        if isinstance(command, (StartRun, StartBranch)):
+        if isinstance(command, RUN_STARTS):
             self.runs.put(command)
             return
         engine = self.engine
+        if isinstance(command, Tokenize):  # answered here, at once: the main thread may be in a paused run
+            self.send(self.tokenized(engine, command))
+            return
         if engine is None:  # still loading: a stop is kept for the engine, the rest came with the spec
             if isinstance(command, Stop):
                 self.stopped_up_to = max(self.stopped_up_to, command.serial)
@@ -70,6 +74,18 @@ class _Child:
             engine.set_sampler(command.settings)
         elif isinstance(command, SetOptions):
             engine.options = command.options
+
+    @staticmethod
+    def tokenized(engine, command: Tokenize) -> Tokenized:
+        if engine is None:
+            return Tokenized(command.asked, error="the model is not loaded yet")
+        try:
+            return Tokenized(command.asked, tuple(engine.phrase_pieces(command.text)))
+        except TokentuiError as err:
+            return Tokenized(command.asked, error=str(err))
+        except Exception as err:  # a tokenizer's own failure: one line, the log has the rest
+            traceback.print_exc()
+            return Tokenized(command.asked, error=f"could not tokenize the phrase ({type(err).__name__}: {err})")
 
     def serve(self) -> None:
         try:
@@ -101,6 +117,10 @@ class _Child:
             try:
                 if isinstance(run, StartBranch):
                     events = engine.branch(run.point, run_id=run.serial)
+                elif isinstance(run, StartScore):
+                    events = engine.score(run.request, run_id=run.serial)
+                elif isinstance(run, StartFanout):
+                    events = engine.fanout(run.request, run_id=run.serial)
                 else:
                     events = engine.run(run.prompt, run.system, run_id=run.serial)
                 for event in events:

@@ -110,10 +110,12 @@ class StepClock:
             self._f0 = _event(self.device)
         return now
 
-    def forward_ends(self, forward_ms: float) -> None:
-        """core/steps/decode.py returned after `forward_ms` (synced, or only queued under events)."""
+    def forward_ends(self, forward_ms: float, fed: int = 1) -> None:
+        """core/steps/decode.py returned after `forward_ms` (synced, or only queued under events), having read `fed`
+        ids (one; a scored text's one forward reads the answer)."""
         self._t_forward_end = time.perf_counter()
         self._forward_s = forward_ms / 1000.0
+        self._h2d = fed * ID_BYTES
         if self.events:
             self._f1 = _event(self.device)
 

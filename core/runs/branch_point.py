@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from ..errors import SettingsError
 
-__all__ = ["BranchPoint"]
+__all__ = ["BranchPoint", "check_ids", "run_ids"]
 
 
-def _ids(value, name: str) -> tuple[int, ...]:
+def check_ids(value, name: str) -> tuple[int, ...]:
+    """`value` as a tuple of token ids (ints >= 0); SettingsError (one line naming `name`) when it is not one."""
     try:
         ids = tuple(value)
     except TypeError:
@@ -26,7 +27,11 @@ class BranchPoint:
     """Where a branch leaves its parent: the parent's prompt ids, its tokens before step `at` (so `at` ==
     len(tokens)), and the token forced at step `at`. `parent` names the parent run (for the UI; optional);
     `parent_token` is the parent's own token at step `at` when known. Checked as built (SettingsError, one line);
-    the engine checks the ids against its vocabulary."""
+    the engine checks the ids against its vocabulary.
+
+    A forced phrase (core/model/forcing.py): `phrase` holds all its ids, forced at steps at, at + 1, ... (`token`
+    is its first), `phrase_text` what was typed; an adopted fan-out sample is a phrase too, `sample` its number.
+    `forced_ids` is what the branch forces: the phrase, or the one token."""
 
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -34,10 +39,13 @@ class BranchPoint:
     token: int
     parent: str | None = None
     parent_token: int | None = None
+    phrase: tuple[int, ...] = ()
+    phrase_text: str | None = None
+    sample: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_ids", _ids(self.prompt_ids, "prompt_ids"))
-        object.__setattr__(self, "tokens", _ids(self.tokens, "tokens"))
+        object.__setattr__(self, "prompt_ids", check_ids(self.prompt_ids, "prompt_ids"))
+        object.__setattr__(self, "tokens", check_ids(self.tokens, "tokens"))
         if not self.prompt_ids:
             raise SettingsError("branch point: the prompt has no ids")
         at = self.at
@@ -54,17 +62,37 @@ class BranchPoint:
                 raise SettingsError(f"branch point: {name} must be a token id >= 0, got {value!r}")
         if self.parent is not None and not isinstance(self.parent, str):
             raise SettingsError(f"branch point: parent must be a name or None, got {self.parent!r}")
+        object.__setattr__(self, "phrase", check_ids(self.phrase, "phrase"))
+        if self.phrase and self.phrase[0] != self.token:
+            raise SettingsError(f"branch point: a phrase starts with the forced token {self.token}, not "
+                                f"{self.phrase[0]}")
+        if self.phrase_text is not None and not isinstance(self.phrase_text, str):
+            raise SettingsError(f"branch point: phrase_text must be text, got {self.phrase_text!r}")
+        if self.sample is not None and (isinstance(self.sample, bool) or not isinstance(self.sample, int)
+                                        or self.sample < 0):
+            raise SettingsError(f"branch point: sample must be a sample number >= 0, got {self.sample!r}")
+
+    @property
+    def forced_ids(self) -> tuple[int, ...]:
+        """The ids the branch forces, from step `at` on: its phrase, or its one token."""
+        return self.phrase or (self.token,)
 
     @classmethod
-    def of_run(cls, run, at: int, token: int, parent: str | None = None) -> "BranchPoint":
+    def of_run(cls, run, at: int, token: int, parent: str | None = None, **phrase) -> "BranchPoint":
         """The branch point at step index `at` (0-based) of a `Run` (core/runs/run.py), a plain run or itself a branch:
-        its prompt, its tokens before `at`, and its own token at `at` when it has one."""
-        if run.branch is not None:
-            prompt_ids, ids = tuple(run.branch.prompt_ids), tuple(run.branch.tokens) + tuple(run.values("id"))
-        elif run.prompt is not None:
-            prompt_ids, ids = tuple(run.prompt.ids), tuple(run.values("id"))
-        else:
-            raise SettingsError("this run has no prompt to branch from")
+        its prompt, its tokens before `at`, and its own token at `at` when it has one. `phrase`: the phrase fields
+        (phrase, phrase_text, sample)."""
+        prompt_ids, ids = run_ids(run)
         if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= len(ids):
             raise SettingsError(f"step index {at!r} is not in this run (0..{len(ids)})")
-        return cls(prompt_ids, ids[:at], at, token, parent, ids[at] if at < len(ids) else None)
+        return cls(prompt_ids, ids[:at], at, token, parent, ids[at] if at < len(ids) else None, **phrase)
+
+
+def run_ids(run) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the prompt's ids, every token of the answer from the first on) of a `Run`, a plain run or a branch (whose
+    tokens before its branch point its branch event carries); SettingsError when it has no prompt."""
+    if run.branch is not None:
+        return tuple(run.branch.prompt_ids), tuple(run.branch.tokens) + tuple(run.values("id"))
+    if run.prompt is not None:
+        return tuple(run.prompt.ids), tuple(run.values("id"))
+    raise SettingsError("this run has no prompt to branch from")

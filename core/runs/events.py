@@ -219,6 +219,19 @@ class BranchEvent(Event):
     tokens: list[int]
     prefix_text: str
     parent: str | None = None  # the parent run's name, when the caller gave one
+    # A forced phrase (core/model/forcing.py): every id of the phrase, forced at steps at, at + 1, ... (`id` is the
+    # first), and the text typed (None: not a phrase, or not typed: an adopted fan-out sample). `sample`: the
+    # number of the fan-out sample adopted as this branch (its ids are the phrase). Written only where set.
+    phrase_ids: list[int] | None = None
+    phrase_text: str | None = None
+    sample: int | None = None
+
+    def to_dict(self) -> dict:
+        data = Event.to_dict(self)
+        for name in ("phrase_ids", "phrase_text", "sample"):
+            if data[name] is None:
+                del data[name]  # a one-token branch writes the same line as before these fields existed
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +325,10 @@ class StepEvent(Event):
     # the logit lens for this step, one row per decoder layer (None: not asked for, or not available; a Notice
     # said why). Computed after the forward: its time is in latency_ms (and timing.forward_ms), not forward_ms.
     lens: list[LensRow] | None = None
-    forced: bool = False  # a branch's first step (core/model/branch.py): the token was given, not selected
+    # the token was given, not selected: a branch's first step (core/model/branch.py), each token of a forced phrase
+    # (core/model/forcing.py), each step of a scored text (core/model/scoring.py); chosen_* are the model's figures
+    # for the given token
+    forced: bool = False
     # The sampler's shape at this step (None for greedy, which applies no temperature and cuts nothing; also None
     # in records from before these fields). temp_entropy_bits: entropy of softmax(logits / T) before top-k / top-p
     # (= entropy_bits at T = 1). top_k_kept: entries top-k alone keeps, ties included (None: top-k off).
@@ -341,7 +357,7 @@ class StepEvent(Event):
         if data["lens"] is None:
             del data["lens"]  # a run without the lens writes the same step lines as before it existed
         if not data["forced"]:
-            del data["forced"]  # likewise for the `forced` flag, true only on a branch's first step
+            del data["forced"]  # likewise for the `forced` flag, true only on a step whose token was given
         if data["timing"] is None:
             del data["timing"]  # steps not timed (scripted, or read from an older record) write no `timing`
         for name in ("reissue_ttft_ms", "server_kv_usage"):
@@ -355,7 +371,7 @@ class StepEvent(Event):
 @dataclass(frozen=True, slots=True)
 class DoneEvent(Event):
     event: ClassVar[str] = "done"
-    reason: str  # "eos", "length", "stopped", "error", "context"
+    reason: str  # "eos", "length", "stopped", "error", "context"; "scored": a scored text's end (its last token)
     tokens: int  # tokens selected, the end token included
     runs: int  # model runs; prefill counts as one
     scores: int | None  # vocab_rows * runs (None: the vocabulary's size is not known)
@@ -392,6 +408,91 @@ class ErrorEvent(Event):
         data["kind"] = self.kind.value
         return data
 
+
+
+# ---- a scored text (core/model/scoring.py) and a fan-out (core/model/fanout.py) ----------------------------------
+@dataclass(frozen=True, slots=True)
+class ScoreEvent(Event):
+    """A text is scored (`tokentui score`): `answer` is teacher-forced after the prompt, as a whole, in one forward,
+    and each of its tokens becomes a step (forced, with its candidates, rank and probability as if generated).
+    Comes after the prompt event, before the prefill; `ids` / `pieces` are the answer's tokens."""
+
+    event: ClassVar[str] = "score"
+    answer: str
+    ids: list[int]
+    pieces: list[PromptPiece]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredToken:
+    """One token of a scored text (or a forced phrase): its step index, its raw probability and its rank."""
+
+    index: int
+    id: int
+    piece: str
+    raw_prob: float
+    rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreSummary(Event):
+    """A scored text's figures, from its steps' raw probabilities (core/runs/scoring.py): `logprob` = Σ ln p (nats),
+    `perplexity` = exp(−logprob / tokens), the least likely tokens first. Just before the `done`. `forward_ms`: the
+    answer's one forward (None for a one-token answer, scored by the prefill alone)."""
+
+    event: ClassVar[str] = "score_summary"
+    tokens: int
+    logprob: float
+    perplexity: float
+    least_likely: list[ScoredToken]
+    forward_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutEvent(Event):
+    """A fan-out starts (`f`, `tokentui fanout`): `n` continuations of `m` tokens each drawn from step `at` (0-based)
+    under `settings`, in one batched decode sharing the prefix's KV cache; sample i draws with its own generator
+    seeded `seed + i`. `prompt_ids` + `tokens` (the run's tokens before `at`) are the prefix, as a branch's;
+    `candidates`: step `at`'s distribution under these settings (what the first tokens are drawn from);
+    `parent_id`: the run's own token at `at` (None: not known). Comes first; the `sample` events follow, then
+    `done`."""
+
+    event: ClassVar[str] = "fanout"
+    at: int
+    n: int
+    m: int
+    seed: int
+    prompt_ids: list[int]
+    tokens: list[int]
+    prefix_text: str
+    kv_reused_tokens: int
+    settings: SamplerSettings
+    candidates: list[Candidate]
+    parent: str | None = None
+    parent_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, SamplerSettings):
+            raise TypeError(f"FanoutEvent.settings must be SamplerSettings, got {type(self.settings).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleEvent(Event):
+    """Sample `n` (0-based) of a fan-out, drawn with seed `seed`: its tokens from the fan-out's step on, each
+    token's raw probability and post-sampler probability (None: not reported, a served model's other one), and
+    `logprob` = Σ ln(post-sampler probability) (None when those are not known). `reason`: how it ended ("eos",
+    "length", "context", "stopped"). `text`: what the tokens write after the prefix."""
+
+    event: ClassVar[str] = "sample"
+    n: int
+    seed: int
+    ids: list[int]
+    pieces: list[str]
+    text: str
+    raw_probs: list[float | None]
+    probs: list[float | None]
+    logprob: float | None
+    reason: str = "length"
 
 
 def _install_fast_pickling() -> None:

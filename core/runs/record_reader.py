@@ -29,6 +29,7 @@ from .events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    FanoutEvent,
     LensRow,
     LoadProgress,
     ModelFacts,
@@ -39,6 +40,10 @@ from .events import (
     PromptEvent,
     PromptPiece,
     QuantFacts,
+    SampleEvent,
+    ScoredToken,
+    ScoreEvent,
+    ScoreSummary,
     ServerFacts,
     StepEvent,
     StepTiming,
@@ -48,11 +53,11 @@ from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
-    BranchEvent)}
+    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, SampleEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
-          "QuantFacts": QuantFacts}
+          "QuantFacts": QuantFacts, "ScoredToken": ScoredToken}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near
@@ -79,11 +84,13 @@ _RANGES = {
     **{key: _token_id for key in (("PromptEvent", "ids"), ("PromptPiece", "id"), ("StepEvent", "id"),
                                   ("Candidate", "id"), ("LensRow", "id"), ("BranchEvent", "id"),
                                   ("BranchEvent", "parent_id"), ("BranchEvent", "prompt_ids"),
-                                  ("BranchEvent", "tokens"))},
+                                  ("BranchEvent", "tokens"), ("ScoreEvent", "ids"), ("ScoredToken", "id"),
+                                  ("FanoutEvent", "prompt_ids"), ("FanoutEvent", "tokens"), ("SampleEvent", "ids"))},
     **{key: _probability for key in (("Candidate", "raw_prob"), ("Candidate", "prob"), ("LensRow", "prob"),
                                      ("StepEvent", "chosen_raw_prob"), ("StepEvent", "chosen_prob"),
                                      ("StepEvent", "kept_mass"), ("StepEvent", "server_kv_usage"),
-                                     ("LoadProgress", "fraction"))},
+                                     ("LoadProgress", "fraction"), ("ScoredToken", "raw_prob"),
+                                     ("SampleEvent", "raw_probs"), ("SampleEvent", "probs"))},
     **{key: _not_negative for key in (("StepEvent", "latency_ms"), ("StepEvent", "forward_ms"),
                                       ("StepEvent", "reissue_ttft_ms"), ("PrefillEvent", "ms"),
                                       ("DoneEvent", "ttft_ms"), ("DoneEvent", "paused_ms"),
@@ -138,7 +145,8 @@ def build(cls: type, data, where: str):
             check = _RANGES.get((cls.__name__, f.name))
             if check is not None and value is not None:
                 for n, item in enumerate(value) if isinstance(value, list) else ((None, value),):
-                    check(item, f"{where}.{f.name}" if n is None else f"{where}.{f.name}[{n}]")
+                    if item is not None:  # a list's unknown items (a sample's probabilities) are not checked
+                        check(item, f"{where}.{f.name}" if n is None else f"{where}.{f.name}[{n}]")
         elif f.default is MISSING and f.default_factory is MISSING:
             missing.append(f.name)
     if missing:
@@ -257,7 +265,8 @@ def read_run(path: str | Path, run_class):
             raise RecordError(f"{where}: {err}") from None
     if not started:
         raise RecordError(f"{path}: not a tokentui run record (no model event)")
-    if run.prompt is None and run.branch is None and run.end is None:  # a branch's record may have no prompt
+    if run.prompt is None and run.branch is None and run.fanout is None and run.end is None:  # a branch's (or a
+        # fan-out's) record may have no prompt
         raise RecordError(f"{path}: not a tokentui run record (no prompt event)" if run.cut_line is None else
                           f"{path}: the record was cut before its prompt (line {run.cut_line}): nothing to replay")
     return run

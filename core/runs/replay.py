@@ -108,6 +108,13 @@ class ReplayEngine(BaseEngine):
         return ("a replay cannot branch: it plays a record back with no model loaded (branch the record with "
                 "`tokentui branch RECORD --at STEP --token ID`)")
 
+    # a replay has no model to run: forcing a phrase, scoring and fanning out are refused, saying how to do them
+    phrase_refusal = ("a replay cannot run the model: force a phrase on the record with `tokentui branch RECORD "
+                      "--at STEP --text PHRASE`")
+    score_refusal = "a replay cannot run the model: score a text with `tokentui score --prompt P --answer A`"
+    fanout_refusal = ("a replay cannot run the model: fan out from the record with `tokentui fanout RECORD --at "
+                      "STEP -n N`")
+
     def _branch(self, point, serial: int) -> Iterator[Event]:
         """The recorded branch that left at `point` (the tree's, in order); another point is refused."""
         for node in self.tree.nodes[1:]:

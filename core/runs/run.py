@@ -15,6 +15,10 @@ at the branch point's index: `run.branch` holds that event, `run.offset` the ind
 stays by position: `len(run)` counts the steps this run reported, and `run[i]` (a Cursor's index too) is the i-th
 of them, whose `.index` is `run.offset + i`. The steps before the offset are the parent's: the branch event holds
 their token ids (`tokens`) and text (`prefix_text`), and `run.text` includes that text.
+
+A scored text (core/model/scoring.py) is a run like any other whose steps are all forced: `run.score` holds its
+`score` event and `run.score_summary` its figures. A fan-out (core/model/fanout.py) has no steps: `run.fanout`
+holds its `fanout` event and `run.samples` its samples, in the order they came.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    FanoutEvent,
     LensRow,
     LoadProgress,
     ModelFacts,
@@ -38,6 +43,9 @@ from .events import (
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
+    SampleEvent,
+    ScoreEvent,
+    ScoreSummary,
     StepEvent,
     StepTiming,
 )
@@ -190,6 +198,10 @@ class Run:
         self.end: DoneEvent | ErrorEvent | None = None  # the last `done` (an older record: `error` without one)
         self._error: ErrorEvent | None = None
         self.branch: BranchEvent | None = None  # set for a branch run (see the module docstring)
+        self.score: ScoreEvent | None = None  # set for a scored text
+        self.score_summary: ScoreSummary | None = None
+        self.fanout: FanoutEvent | None = None  # set for a fan-out (which has samples, not steps)
+        self.samples: list[SampleEvent] = []
         self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
         self._steps = _Steps()
         self._last: StepEvent | None = None
@@ -205,6 +217,8 @@ class Run:
         event must come before any step, once; a later `done` replaces an earlier one (the end is whatever the run
         last said)."""
         if isinstance(event, StepEvent):
+            if self.fanout is not None:
+                raise RunError("a fan-out has samples, not steps")
             if event.index != self.offset + len(self):
                 raise RunError(f"step {event.index} cannot follow {len(self)} step(s)"
                                + (f" from index {self.offset}" if self.offset else ""))
@@ -231,6 +245,20 @@ class Run:
                 raise RunError("a branch event must come once, before the run's steps")
             self.branch = event
             self._steps.first = event.at
+        elif isinstance(event, ScoreEvent):
+            if self.score is not None or len(self):
+                raise RunError("a score event must come once, before the run's steps")
+            self.score = event
+        elif isinstance(event, ScoreSummary):
+            self.score_summary = event
+        elif isinstance(event, FanoutEvent):
+            if self.fanout is not None or len(self) or self.branch is not None:
+                raise RunError("a fanout event must come once, in a run of no steps")
+            self.fanout = event
+        elif isinstance(event, SampleEvent):
+            if self.fanout is None or len(self):
+                raise RunError("a sample must follow its fanout event")
+            self.samples.append(event)
         elif not isinstance(event, LoadProgress):
             raise RunError(f"a run has no place for a {type(event).__name__}")
         self._others.append((len(self), event))

@@ -16,7 +16,8 @@ line cut short is ignored by the reader; a run without a `tree_end` is one whose
 was cut). Records are named relative to the tree file's folder; each record stands alone (a branch's record carries
 its prompt and its prefix), so any of them also replays by itself. `at` is the 0-based step index (the dashboard
 shows at + 1); `steps` counts the run's own steps (a branch's: from its branch point on; the run's total from the
-prompt is at + steps).
+prompt is at + steps). A forced phrase's branch (or an adopted fan-out sample) also names every id it forced:
+`"phrase": [262, 3458, 314]`, with `"phrase_text"` (what was typed) or `"sample"` (the sample's number).
 """
 
 from __future__ import annotations
@@ -47,8 +48,20 @@ class TreeNode:
     parent_token: int | None = None
     parent_piece: str | None = None
     record: str | None = None  # the run's record, relative to the tree file's folder (None: not recorded)
+    # a forced phrase (core/runs/branch_point.py): every id it forced from `at` on (`token` is the first), the text
+    # typed, the fan-out sample adopted; written only where set
+    phrase: tuple[int, ...] | None = None
+    phrase_text: str | None = None
+    sample: int | None = None
 
     def __post_init__(self) -> None:
+        if self.phrase is not None:
+            if not isinstance(self.phrase, (list, tuple)) or not self.phrase or any(
+                    isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.phrase):
+                raise ValueError(f"a phrase is a list of token ids, got {self.phrase!r}")
+            object.__setattr__(self, "phrase", tuple(self.phrase))
+            if self.phrase[0] != self.token:
+                raise ValueError("a phrase starts with the branch's token")
         if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
             raise ValueError(f"a run's number is an integer >= 1, got {self.number!r}")
         branch = (self.parent, self.at, self.token)
@@ -68,6 +81,8 @@ class TreeNode:
 
     def to_dict(self) -> dict:
         data = {"event": "tree_run", **{k: v for k, v in asdict(self).items() if v is not None and v != ""}}
+        if self.phrase is not None:
+            data["phrase"] = list(self.phrase)
         return data
 
 

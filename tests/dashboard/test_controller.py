@@ -41,6 +41,15 @@ class RecordingView:
     def load_failed(self, message: str) -> None:
         self.calls.append(("load_failed", message))
 
+    def show_fanout(self, fanout) -> None:
+        self.calls.append(("show_fanout", fanout))
+
+    def fanout_changed(self) -> None:
+        self.calls.append(("fanout_changed",))
+
+    def scored(self, summary) -> None:
+        self.calls.append(("scored", summary))
+
     def notes(self, severity: str | None = None) -> list[str]:
         return [c[1] for c in self.calls if c[0] == "notify" and (severity is None or c[2] == severity)]
 

@@ -1,5 +1,5 @@
-"""`tokentui branch RECORD.jsonl --at STEP --token ID`: go back to one step of a recorded run, force another token
-there, and stream how the model goes on from it (core/model/branch.py), as text or, with --json, as the headless JSON
+"""`tokentui branch RECORD.jsonl --at STEP --token ID` (or `--text PHRASE`): go back to one step of a recorded run,
+force another token (or every token of a phrase, core/model/forcing.py) there, and stream how the model goes on from it (core/model/branch.py), as text or, with --json, as the headless JSON
 lines (the parent's `prompt` event, then `branch`, `prefill`, `step`... `done`).
 
 STEP is numbered from 1, as the dashboard numbers steps; in the JSON the branch's first step has `index` STEP - 1
@@ -33,16 +33,35 @@ class _Parser(argparse.ArgumentParser):
 
 def build_branch_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokentui branch",
-                description="Branch a recorded run: force another token at one step and let the model go on "
-                            "from there. Here the prefix (prompt + the steps before STEP) is prefilled once; an "
-                            "engine that has just run the parent (Engine.branch) reuses its KV cache instead.")
+                description="Branch a recorded run: force another token (or a phrase) at one step and let the "
+                            "model go on from there. Here the prefix (prompt + the steps before STEP) is prefilled "
+                            "once; an engine that has just run the parent (Engine.branch) reuses its KV cache "
+                            "instead.")
+    add_record_arguments(p, "branch at")
+    forced = p.add_mutually_exclusive_group(required=True)
+    forced.add_argument("--token", type=integer("--token"), default=None, metavar="ID",
+                        help="the token id forced at that step (ids are listed in the record's candidates)")
+    forced.add_argument("--text", default=None, metavar="PHRASE",
+                        help="a phrase forced from that step on, token by token (tokenized on its own, no special "
+                             "tokens): each forced step shows the model's probability and rank for its token and "
+                             "what it preferred; then the model goes on under the sampler settings")
+    add_model_arguments(p)
+    p.add_argument("--max-new-tokens", type=integer("max-new-tokens"), default=256,
+                   help="length limit of the branch, its forced steps included (256)")
+    return p
+
+
+def add_record_arguments(p: argparse.ArgumentParser, verb: str) -> None:
+    """The record and the step (`tokentui branch`, `tokentui fanout`)."""
     p.add_argument("file", type=Path, help="a run record (.jsonl): from the dashboard, --record-dir, --headless "
                                            "--json output, or an earlier branch")
     p.add_argument("--at", type=integer("--at"), required=True, metavar="STEP",
-                   help="the step to branch at, numbered from 1 as the dashboard shows steps (its JSON `index` is "
+                   help=f"the step to {verb}, numbered from 1 as the dashboard shows steps (its JSON `index` is "
                         "STEP - 1); the record's steps before it are kept")
-    p.add_argument("--token", type=integer("--token"), required=True, metavar="ID",
-                   help="the token id forced at that step (ids are listed in the record's candidates)")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, the sampler and the output of a command that goes on from a record's step."""
     p.add_argument("--name", default=None, help="the parent run's name in the branch event (default: the "
                                                 "record's file name)")
     p.add_argument("--model", "-m", default=None,
@@ -54,8 +73,6 @@ def build_branch_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=integer("top-k"), default=None, help="keep the k best, 0 = off")
     g.add_argument("--greedy", action="store_const", const=True, default=None, help="always take the top token")
     g.add_argument("--seed", type=integer("seed"), default=None, help="sampling seed")
-    p.add_argument("--max-new-tokens", type=integer("max-new-tokens"), default=256,
-                   help="length limit of the branch, its forced step included (256)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end token")
     p.add_argument("--top-candidates", type=integer("top-candidates"), default=10, help="candidates per step (10)")
     p.add_argument("--logit-lens", action="store_true", help="each step also reports the logit lens (as tokentui)")
@@ -76,9 +93,8 @@ def build_branch_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-timeout", type=number("server-timeout"), default=60.0, metavar="SECONDS",
                    help="with a served model's record: as tokentui --server-timeout (60)")
     p.add_argument("--json", action="store_true", help="one JSON event per line (the --headless --json schema)")
-    p.add_argument("--record-dir", type=Path, default=None, help="where the branch's record goes")
-    p.add_argument("--no-record", action="store_true", help="do not write a record of the branch")
-    return p
+    p.add_argument("--record-dir", type=Path, default=None, help="where the new run's record goes")
+    p.add_argument("--no-record", action="store_true", help="do not write a record of the new run")
 
 
 def branch_main(argv: list[str]) -> int:
@@ -130,14 +146,18 @@ def prepare(args) -> dict:
         raise TokentuiError(f"{args.file}: the record has no prompt to branch from")
     if not ids:
         raise TokentuiError(f"{args.file}: the record has no steps to branch at")
-    if not 1 <= args.at <= len(ids):
-        raise TokentuiError(f"--at {args.at}: the record's steps are numbered 1..{len(ids)}")
+    last = len(ids) + 1 if getattr(args, "past_end", False) else len(ids)  # a fan-out may go on from the end
+    if not 1 <= args.at <= last:
+        raise TokentuiError(f"--at {args.at}: the record's steps are numbered 1..{last}")
     at = args.at - 1
+    if getattr(args, "text", None) is not None and not args.text.strip():
+        raise TokentuiError("--text: the phrase is empty; pass the text the model is to say")
     rows = facts.vocab_rows if facts.vocab_rows is not None and facts.vocab_rows > 0 else None  # 0: not a size
-    if args.token < 0:
-        raise TokentuiError(f"--token {args.token}: token ids are integers >= 0")
-    if rows is not None and args.token >= rows:
-        raise TokentuiError(f"--token {args.token}: not a token id of the record's model (ids 0..{rows - 1})")
+    token = getattr(args, "token", None)
+    if token is not None and token < 0:
+        raise TokentuiError(f"--token {token}: token ids are integers >= 0")
+    if token is not None and rows is not None and token >= rows:
+        raise TokentuiError(f"--token {token}: not a token id of the record's model (ids 0..{rows - 1})")
     model = args.model
     server = {"server": None}
     if facts.server is not None and model is None:  # a served model's record: branched on its server
@@ -171,7 +191,7 @@ def prepare(args) -> dict:
     # the sampler: the record's settings at the step (its first own step for one before a branch record's offset)
     sampler = run.step(min(max(at - run.offset, 0), len(run) - 1)).settings if len(run) else SamplerSettings()
     sampler = sampler.with_changes(**{k: getattr(args, k) for k in _SAMPLER_FLAGS if getattr(args, k) is not None})
-    options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+    options = RunOptions(max_new_tokens=getattr(args, "max_new_tokens", 256), ignore_eos=args.ignore_eos,
                          top_candidates=args.top_candidates, logit_lens=args.logit_lens)
     dtype = args.dtype or (facts.dtype if facts.dtype in _DTYPES else "auto")
     spec_args = argparse.Namespace(**{**vars(args), **server, "model": model, "dtype": dtype,
@@ -200,12 +220,29 @@ def _check_model(engine, run) -> None:
                                 f"{getattr(theirs, name)} in the record): pass the record's model with --model")
 
 
+def branch_point(engine, args, plan: dict):
+    """The branch point of the arguments: the token given, or the phrase's tokens (tokenized by the model loaded,
+    on its own: no special tokens)."""
+    from tokentui.core.errors import SettingsError
+    from tokentui.core.runs.branch_point import BranchPoint
+
+    ids, at = plan["ids"], plan["at"]
+    if args.text is None:
+        return BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, args.token, plan["parent"], ids[at])
+    phrase = tuple(piece.id for piece in engine.phrase_pieces(args.text))
+    if not phrase:
+        raise SettingsError(f"--text {args.text!r}: the phrase has no tokens; pass the text the model is to say")
+    return BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, phrase[0], plan["parent"], ids[at],
+                       phrase=phrase, phrase_text=args.text)
+
+
 def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
     from tokentui.core.errors import exit_status
-    from tokentui.core.runs.branch_point import BranchPoint
     from tokentui.core.runs.events import BranchEvent, DoneEvent, ErrorEvent, Notice, StepEvent
     from tokentui.core.runs.record_writer import RunRecorder
     from tokentui.core.runs.recording import RecordedRun
+
+    from .stream import forced_line
 
     out, err = sys.stdout, sys.stderr
 
@@ -226,7 +263,7 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
     run = plan["run"]
     _check_model(engine, run)
     ids, at = plan["ids"], plan["at"]
-    point = BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, args.token, plan["parent"], ids[at])
+    point = branch_point(engine, args, plan)
     status = 0
     wrote_text = False
     recorder = None if args.no_record else RunRecorder(args.record_dir)
@@ -250,6 +287,10 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
                     emit(say(f"branch at step {event.at + 1}: {event.piece!r} (id {event.id}){was}; {kv}") + "\n", err)
                     emit(answer_text(event.prefix_text))
                     wrote_text = bool(event.prefix_text)
+                elif isinstance(event, StepEvent) and event.forced and point.phrase:  # each forced token
+                    emit(forced_line(event) + "\n", err)
+                    emit(answer_text(event.text))
+                    wrote_text = wrote_text or bool(event.text)
                 elif isinstance(event, StepEvent) and event.text:
                     emit(answer_text(event.text))
                     wrote_text = True

@@ -26,7 +26,8 @@ class ProcessSource:
         return ProcessClient(self.spec, sampler, options, recorder, started=started)
 
 
-def run_dashboard(args, prompt: str) -> int:
+def run_dashboard(args, prompt: str, score=None) -> int:
+    """`score`: a ScoreRequest (`tokentui score`): the first run scores its text instead of generating."""
     from tokentui.core.runs.record_writer import RunRecorder
 
     if args.server is not None:  # a served model: its engine is an HTTP client, run in this process
@@ -35,7 +36,7 @@ def run_dashboard(args, prompt: str) -> int:
 
         sampler, options = settings_from_args(args)
         return run_app(DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
-                                       options=options, theme=args.theme,
+                                       options=options, theme=args.theme, score=score,
                                        recorder=None if args.no_record else RunRecorder(args.record_dir)))
 
     source = ProcessSource(args)  # the model process starts first: it takes the longest
@@ -52,7 +53,7 @@ def run_dashboard(args, prompt: str) -> int:
     config = DashboardConfig(load=source, prompt=prompt, system=args.system,
                              sampler=sampler, options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir),
-                             model=args.model, device=args.device, relaunch=relaunch,
+                             model=args.model, device=args.device, relaunch=relaunch, score=score,
                              check=lambda model, device: check_model_and_device(
                                  model, device, allow_pickle=args.allow_pickle))
     return run_app(config)  # non-zero when the app says so (e.g. quit after a load error)

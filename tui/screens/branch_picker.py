@@ -2,7 +2,8 @@
 
 Lists the step's candidates as the candidates panel does (raw and post-sampler probability, the token the run took
 marked). Enter branches with the highlighted one; the engine cuts its KV cache back to that step (no new prefill of
-the prompt) and generates on with the sampler settings in force now.
+the prompt) and generates on with the sampler settings in force now. `t` types a phrase to force instead
+(tui/screens/phrase.py): the dialog closes with "phrase".
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from rich.cells import set_cell_size
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -27,6 +29,7 @@ def _pct(p: float | None) -> str:
 class BranchPicker(ListDialog):
 
     DEFAULT_CSS = list_dialog_css("BranchPicker", width=64, list_height=14)
+    BINDINGS = [Binding("t", "phrase", "type a phrase", show=True)]
 
     def __init__(self, step: StepEvent, run_label: str = "") -> None:
         super().__init__()
@@ -37,7 +40,7 @@ class BranchPicker(ListDialog):
         step = self.step
         with Vertical() as body:
             body.border_title = f"branch at step {step.index + 1}" + (f" of {self.run_label}" if self.run_label else "")
-            body.border_subtitle = "↑↓ pick · enter branch · esc cancel"
+            body.border_subtitle = "↑↓ pick · enter branch · t type a phrase · esc cancel"
             yield Static("Take another token here and the model goes on from it (the KV cache is cut back to "
                          "this step: no new prefill). Cut: the sampler had cut it; it can still be taken.",
                          markup=False)
@@ -63,3 +66,6 @@ class BranchPicker(ListDialog):
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(int(event.option.id))
+
+    def action_phrase(self) -> None:
+        self.dismiss("phrase")
