@@ -6,6 +6,10 @@ import math
 import os
 from pathlib import Path
 
+from rich.cells import cell_len, set_cell_size
+
+from tokentui.core.steps.display import display_text
+
 
 def human_count(n: int | float) -> str:
     """135_000_000 -> '135M', 596_049_920 -> '596M', 1_540_000_000 -> '1.54B', 999 -> '999'."""
@@ -84,3 +88,19 @@ def token_count(state, short: bool = False) -> str:
     if short:
         return f"{own:,} own · {total:,} in all"
     return f"{plural(own, 'token')} of its own · {total:,} in all"
+
+
+def fit_cells(text: str, width: int) -> str:
+    """`text` in exactly `width` terminal cells: padded with spaces, or cut with "…" as its last cell, so a cut
+    token name never passes for a real one ("␣accountabili…", not "␣accountabili")."""
+    if width <= 0:
+        return ""
+    if cell_len(text) <= width:
+        return set_cell_size(text, width)
+    return set_cell_size(set_cell_size(text, width - 1) + "…", width)
+
+
+def fit_piece(piece: str, width: int) -> str:
+    """A token's piece drawn as every panel draws it (core/steps/display.py: `␣` for a space, other invisible
+    characters named), in exactly `width` cells."""
+    return fit_cells(display_text(piece), width)

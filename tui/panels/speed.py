@@ -235,7 +235,9 @@ class SpeedPanel(Vertical):
         viewed = state.view_step if not state.live else None
         last_label, C = "last ", V
         if viewed is not None:  # the time-travel cursor's step: its latency, marked; the totals stay the run's
-            last_label, last, C = f"step {viewed.index + 1} ", num(viewed.latency_ms), "cursor"
+            # a step scored by a prefill: its latency is the time to the first token, said so
+            which = "TTFT " if state.view_scored_by_prefill else ""
+            last_label, last, C = f"step {viewed.index + 1} {which}", num(viewed.latency_ms), "cursor"
         lines = [
             [[("prefill ", L), (ms(prefill) if prefill is not None else dash, V), (n_prompt, M), (" · TTFT ", L),
               (ttft, V)],
