@@ -49,8 +49,7 @@ from .sizes import HORIZONTAL_BREAKPOINTS, READINGS_IDS, VERTICAL_BREAKPOINTS, h
 from .state import RunState
 from .theming import register_themes
 
-FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
-ANATOMY_INTERVAL = 0.2  # seconds between repaints of the one-pass panel while it follows a live run
+FLUSH_INTERVAL = 1 / 30  # at most ~30 frames a second however fast the model is; each frame paints every panel
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
@@ -80,8 +79,6 @@ class TokentuiApp(App[int]):
         self._layout_plan = None
         self._layout_settling = True  # until the first layout plan is in place
         self._side = SidePlace()
-        self._anatomy_painted = 0.0
-        self._anatomy_timer = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
         self.user_theme_names.update(themes.user_names)
         self._startup_notes.extend((error, "error") for error in themes.errors)
@@ -302,26 +299,10 @@ class TokentuiApp(App[int]):
         status.show(state)
 
     def _paint_anatomy(self, state, force: bool) -> None:
-        """The one-pass panel follows a live run at most 5 times a second (numbers that change 30 times a second
-        cannot be read, and the dashboard shares the CPU with the model); a step held by the cursor, a forced
-        repaint and the end of a run paint at once."""
+        """The one-pass panel, painted in the same frame as the others: every panel shows the same step."""
         panel = self.anatomy_panel
-        if panel is None:
-            return
-        wait = ANATOMY_INTERVAL - (time.monotonic() - self._anatomy_painted)
-        if not force and state.live and state.running and wait > 0:
-            if self._anatomy_timer is None:  # the newest step is painted when the interval is up
-                self._anatomy_timer = self.set_timer(wait, self._anatomy_catch_up)
-            return
-        self._anatomy_painted = time.monotonic()
-        panel.show(state, force)
-
-    def _anatomy_catch_up(self) -> None:
-        self._anatomy_timer = None
-        try:
-            self._paint_anatomy(self.state, False)
-        except NoMatches:  # shutting down
-            pass
+        if panel is not None:
+            panel.show(state, force)
 
     def _rebuild_all(self) -> None:
         self._repaint_now(force=True)
