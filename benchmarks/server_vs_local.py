@@ -64,7 +64,7 @@ def med(values):
 
 # ---------------------------------------------------------------------------------------------------- the server
 class _OwnServer:
-    """Fallback when scripts/llama_server.py is not there: start llama-server, poll /health."""
+    """Fallback when scripts/llama_serve.py is not there: start llama-server, poll /health."""
 
     def __init__(self, binary: str, gguf: Path, threads: int, extra: list[str]) -> None:
         import socket
@@ -107,9 +107,9 @@ class _OwnServer:
 
 def embedded_gguf() -> Path:
     try:
-        import llama_server
+        import llama_build
 
-        return llama_server.embedded_gguf()
+        return llama_build.embedded_gguf()
     except ImportError:
         import importlib.util
 
@@ -120,14 +120,15 @@ def embedded_gguf() -> Path:
 def start_server(binary: str | None, gguf: Path, threads: int):
     extra = ["--cache-ram", "0"]
     try:
-        import llama_server
+        import llama_build
+        import llama_serve
     except ImportError:
-        llama_server = None
-    if llama_server is not None:
-        exe = binary or llama_server.binary_path()
+        llama_build = llama_serve = None
+    if llama_serve is not None:
+        exe = binary or llama_build.binary_path()
         if exe is None:
-            raise SystemExit(llama_server.missing_message())
-        return llama_server.start(gguf, binary=exe, threads=threads, extra_args=extra), str(exe)
+            raise SystemExit(llama_build.missing_message())
+        return llama_serve.start(gguf, binary=exe, threads=threads, extra_args=extra), str(exe)
     exe = binary or os.environ.get("TOKENTUI_LLAMA_SERVER")
     if not exe:
         raise SystemExit("no llama-server: pass --llama-server PATH or set TOKENTUI_LLAMA_SERVER")

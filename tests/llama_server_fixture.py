@@ -11,28 +11,27 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llama_server.py"
+_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def _load_tool():
-    name = "tokentui_llama_server_tool"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """scripts/llama_serve.py (which imports scripts/llama_build.py): the scripts folder is not a package."""
+    if str(_SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(_SCRIPTS))
+    import llama_build
+    import llama_serve
+
+    return llama_build, llama_serve
 
 
-tool = _load_tool()  # scripts/llama_server.py: binary_path(), embedded_gguf(), start(), Server, ...
+build_tool, tool = _load_tool()  # scripts/llama_build.py: binary_path(), ...; scripts/llama_serve.py: start()
 
 
 def require_binary() -> Path:
     """The llama-server binary, or skip (fail under TOKENTUI_REQUIRE_LLAMA_SERVER=1) with a one-line reason."""
-    path = tool.binary_path()
+    path = build_tool.binary_path()
     if path is None:
-        message = tool.missing_message()
+        message = build_tool.missing_message()
         if os.environ.get("TOKENTUI_REQUIRE_LLAMA_SERVER") == "1":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
@@ -43,7 +42,7 @@ def require_binary() -> Path:
 def llama_server(tmp_path_factory):
     """One llama-server on the embedded GGUF for the whole session (``.url``, ``.process``, ``.stop()``)."""
     require_binary()
-    server = tool.start(tool.embedded_gguf(), log_dir=tmp_path_factory.mktemp("llama-server"))
+    server = tool.start(build_tool.embedded_gguf(), log_dir=tmp_path_factory.mktemp("llama-server"))
     try:
         yield server
     finally:
@@ -53,13 +52,13 @@ def llama_server(tmp_path_factory):
 @pytest.fixture
 def llama_server_factory(tmp_path):
     """``start(model_path=None, **kwargs) -> Server``: extra servers a test may kill; all stopped at teardown.
-    kwargs go to ``scripts/llama_server.py``'s start() (port, extra_args, ready_timeout, ...)."""
+    kwargs go to ``scripts/llama_serve.py``'s start() (port, extra_args, ready_timeout, ...)."""
     require_binary()
     servers = []
 
     def start(model_path=None, **kwargs):
         kwargs.setdefault("log_dir", tmp_path / f"llama-server-{len(servers)}")
-        server = tool.start(model_path or tool.embedded_gguf(), **kwargs)
+        server = tool.start(model_path or build_tool.embedded_gguf(), **kwargs)
         servers.append(server)
         return server
 

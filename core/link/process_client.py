@@ -1,10 +1,10 @@
 """The engine in a child process, for the dashboard.
 
 Why a process and not a thread: the dashboard's Python work (Textual composing frames) and the engine's Python work
-(dispatching ~1,000 small torch operations per token) would share one GIL. Measured on the 2-core benchmark box:
-with the app and the model in one process, decode fell to 0.64x headless and the process used one core in all (a
-torch thread next to a busy Python thread ran 50x fewer small matrix products). In a child process the model keeps
-a core to itself and the dashboard only receives events. Headless mode keeps the in-process `Engine`.
+(dispatching ~1,000 small torch operations per token) would share one GIL: with the app and the model in one process
+decode was far slower than headless and the process used one core in all (BENCHMARKS.md, "Why the code is as it is"). In a child process
+the model keeps a core to itself and the dashboard only receives events. Headless mode keeps the in-process
+`Engine`.
 
 `ProcessClient` is the dashboard's engine client (core/link/client.py) for that child, read on the asyncio event loop.
 Importing this module does not import torch; the parent of a dashboard never loads it. The child's side is

@@ -355,3 +355,30 @@ class ErrorEvent(Event):
         data["kind"] = self.kind.value
         return data
 
+
+
+def _install_fast_pickling() -> None:
+    """Pickling for the frozen slots dataclasses above, by field position. The dashboard's model process sends every
+    event pickled (core/link/protocol.py), a step with its ten candidates a dozen objects; the dataclasses module's
+    own `__getstate__` / `__setstate__` for slots classes look their fields up again for every object, which made
+    unpickling a step several tens of microseconds slower (BENCHMARKS.md, "the dashboard at GPU speed"). Same
+    fields, same values, same types: only the lookup is done once per class, here."""
+    from dataclasses import fields, is_dataclass
+
+    for cls in list(globals().values()):
+        if not (isinstance(cls, type) and is_dataclass(cls) and "__slots__" in cls.__dict__):
+            continue
+        names = tuple(f.name for f in fields(cls))
+
+        def getstate(self, _names=names):
+            return tuple([getattr(self, name) for name in _names])
+
+        def setstate(self, state, _names=names):
+            for name, value in zip(_names, state):
+                object.__setattr__(self, name, value)
+
+        cls.__getstate__ = getstate
+        cls.__setstate__ = setstate
+
+
+_install_fast_pickling()

@@ -5,8 +5,8 @@ The post-sampler distribution is, by definition, what transformers' `generate(do
     softmax(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits))))
 
 `reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
-same distribution without sorting the vocabulary (a full sort of 151,936 scores costs ~14 ms on one CPU core, a
-quarter of a decode step): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
+same distribution without sorting the vocabulary (a full sort of a 151,936-entry vocabulary on one CPU core costs
+a good part of a decode step: BENCHMARKS.md, "Why the code is as it is"): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
 prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
 Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
 warpers: every token past the prefix has probability 0 there.
@@ -158,7 +158,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
 def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw from `probs` ([m], non-negative, not necessarily normalised) with torch.multinomial, as [1].
 
-    Over a whole vocabulary one torch.multinomial call costs ~4 ms on CPU. Drawing a block of _BLOCK entries by its
+    Over a whole vocabulary one torch.multinomial call is slow on CPU (BENCHMARKS.md, "Why the code is as it is"). Drawing a block of _BLOCK entries by its
     mass, then an entry inside that block by its probability, is the same distribution (P(block) * P(entry | block)
     = P(entry)) for one O(m) sum and two draws over a few hundred entries.
     """
@@ -304,8 +304,8 @@ def _sample_all(
 ) -> torch.Tensor:
     """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature).
 
-    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (~0.6 ms of ~2 ms at
-    V = 151,936; torch.where and boolean reductions run at ~1 ns per element there): the NaN/inf check before
+    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (BENCHMARKS.md, "Why the code is as it is"): the
+    NaN/inf check before
     sampling instead of masking the probabilities, and, when no probability underflowed to 0 (the usual case),
     every token is kept, with mass sum(p). On accelerators everything stays on the device until the one transfer.
     """

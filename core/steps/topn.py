@@ -26,8 +26,8 @@ _PREFIX_SAMPLED = 512  # top_prefix: from this k on (while 8 * k <= V) the sampl
 def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, n) (values descending, their ids) for the few candidates a step reports, cheaper on CPU.
 
-    Hand-written because torch.topk over 151,936 scores on one CPU core takes ~0.4 ms (a heap pass at ~2.6 ns per
-    score) for 10 winners. Blocks of _BLOCK scores are ranked by their maximum (a vectorised reduction), and the
+    Hand-written because torch.topk over a whole vocabulary on one CPU core is a heap pass over every score for 10
+    winners, a sizeable share of a step (BENCHMARKS.md, "Why the code is as it is"). Blocks of _BLOCK scores are ranked by their maximum (a vectorised reduction), and the
     n best blocks plus the ragged tail hold the n largest scores: if a top-n score's block is not among them, each
     of the n chosen blocks has a maximum at least as large, so the candidates hold n scores that large anyway. The
     values are exactly topk's; ids of tied scores may come in another order, which topk does not define either.
@@ -53,14 +53,14 @@ def _block_topk(x: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torc
 def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, k) (values descending, their ids) for the prefixes top-k / top-p need, cheaper on CPU.
 
-    Hand-written because on one CPU core topk(k) over V = 151,936 costs ~0.4 ms for k = 256 (a heap pass) and, past
-    a few hundred, an nth_element plus a sort: ~1.7 ms for k = 2,375, the nucleus of top-p 0.9 at temperature 0.7
-    on Gaussian scores. Two exact shortcuts, measured there:
-    * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores (0.25 against 0.40 ms at 256).
+    Hand-written because on one CPU core topk(k) over a whole vocabulary is a heap pass for a few hundred and, past
+    that, an nth_element plus a sort: the nucleus of top-p 0.9 at temperature 0.7 runs to thousands of entries. Two
+    exact shortcuts, each faster there (BENCHMARKS.md, "Why the code is as it is"):
+    * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores.
     * larger k: estimate the k-th largest score from every _STRIDE-th score (with a 30 % margin), keep the scores
       at or above that threshold (one compare and one nonzero pass), and topk those. If at least k scores pass,
       every score above the true k-th largest passed too, so the values are exactly topk's; otherwise fall back
-      to topk (0.66 against 1.78 ms at 2,375; 0.64 against 0.97 ms at 1,024).
+      to topk.
     Ids of tied scores may differ from topk's, which leaves them undefined too.
     """
     v = x.numel()
@@ -89,8 +89,8 @@ def first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
 
     The nucleus of top_p runs at roughly 0.4 / (1 - top_p) times the perplexity exp(H) (measured on normal, Zipf
     and Gumbel scores), so guess 1.5 times that from the entropy (reading it back is free on CPU). On CPU the cost
-    of `top_prefix` grows with k, so a close guess pays (1.40 against 1.58 ms per step at V = 151,936, T 0.7,
-    top-p 0.9, compared with rounding every guess above 192 up to V / 64). On accelerators topk barely depends on
+    of `top_prefix` grows with k, so a close guess pays (against rounding every guess above 192 up to V / 64:
+    BENCHMARKS.md, "Why the code is as it is"). On accelerators topk barely depends on
     k and a sync costs more.
     """
     if x.numel() <= PREFIX_MIN:

