@@ -14,6 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tokentui import __version__
 from tokentui.commands.common import (DEFAULT_PROMPT, EXIT_BAD_INPUT, bad_input, integer, interrupted, number,
                                       read_prompt, server_options, settings_from_args)
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "record back, no model needed (see tokentui replay --help); tokentui branch FILE.jsonl --at "
                        "STEP --token ID [--json]: force another token at one step of a record and let the model go "
                        "on (see tokentui branch --help)")
+    p.add_argument("--version", "-V", action="version", version=f"tokentui {__version__}",
+                   help="print tokentui's version and exit")
     p.add_argument("--model", "-m", default=None,
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")

@@ -34,8 +34,9 @@ class _Parser(argparse.ArgumentParser):
 def build_branch_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokentui branch",
                 description="Branch a recorded run: force another token at one step and let the model go on "
-                            "from there. Here the prefix (prompt + the steps before STEP) is prefilled once; an "
-                            "engine that has just run the parent (Engine.branch) reuses its KV cache instead.")
+                            "from there, into a record of its own. The model reads the prompt and the recorded tokens before STEP "
+                            "once, then writes on from the token you forced (in the dashboard, b does the same "
+                            "without reading them again).")
     p.add_argument("file", type=Path, help="a run record (.jsonl): from the dashboard, --record-dir, --headless "
                                            "--json output, or an earlier branch")
     p.add_argument("--at", type=integer("--at"), required=True, metavar="STEP",
@@ -43,8 +44,8 @@ def build_branch_parser() -> argparse.ArgumentParser:
                         "STEP - 1); the record's steps before it are kept")
     p.add_argument("--token", type=integer("--token"), required=True, metavar="ID",
                    help="the token id forced at that step (ids are listed in the record's candidates)")
-    p.add_argument("--name", default=None, help="the parent run's name in the branch event (default: the "
-                                                "record's file name)")
+    p.add_argument("--name", default=None, help="what the branch's record calls the run it left "
+                                                "(default: the record's file name)")
     p.add_argument("--model", "-m", default=None,
                    help="the model (default: the record's, when it is the embedded model or a hub id; a record of "
                         "a local folder or .gguf needs it)")
