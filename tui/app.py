@@ -23,7 +23,7 @@ from textual.css.query import NoMatches
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from . import dialogs
-from .commands import TokentuiCommands
+from .commands import TokentuiCommands, system_commands
 from .config import DashboardConfig
 from .controller import DashboardController
 from .keybar import KeyBar
@@ -133,6 +133,10 @@ class TokentuiApp(App[int]):
             if issubclass(TerminalDriver, driver_class):
                 return TerminalDriver
         return driver_class
+
+    def get_system_commands(self, screen):
+        """The palette's commands from Textual that the dashboard keeps (tui/commands.py)."""
+        return system_commands(self, screen, super().get_system_commands(screen))
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLE_DEFAULTS)
