@@ -50,7 +50,7 @@ async def test_the_runs_list_and_the_comparison_break_lines_between_parts_and_wr
         await pilot.pause(0.3)
         screen = app.screen
         summary = lines_of(screen.query_one("#compare-summary"))
-        assert any(line.strip().endswith("esc closes") for line in summary), summary
+        assert any(line.strip().endswith("(esc closes)") for line in summary), summary
         assert not any(line.strip().endswith("(esc") for line in summary), summary
 
 

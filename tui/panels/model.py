@@ -143,7 +143,7 @@ class ModelPanel(Panel):
         if compact:
             row("scores", f"{state.scores:,}", f"= {runs:,} runs × {facts.vocab_rows:,}", optional=True)
         else:
-            totals.append("\n\n")
+            totals.append("\n")
             totals.append("scores computed (vocab rows × runs)", self.style_of("model--label"))
             totals.append("\n")
             totals.append(f"{runs:,} run{'s' if runs != 1 else ''} × {facts.vocab_rows:,} = ", muted)

@@ -62,12 +62,12 @@ class WholeParts(Static):
     """A line of parts, broken between them (never inside one) at this widget's width, again on each resize."""
 
     def __init__(self, parts: list[tuple[str, str]], **kwargs) -> None:
-        super().__init__(whole_parts(parts, 0), markup=False, **kwargs)
+        super().__init__(whole_parts(parts, 0, sep="  "), markup=False, **kwargs)
         self.parts = parts
 
     def on_resize(self) -> None:
         if self.content_size.width > 0:
-            self.update(whole_parts(self.parts, self.content_size.width))
+            self.update(whole_parts(self.parts, self.content_size.width, sep="  ", indent=""))
 
 
 class AnswerPane(Static):
@@ -114,13 +114,13 @@ class CompareScreen(Screen[None]):
             run_a, run_b = left.state.run, right.state.run
             piece_a = display_text(run_a.step(differ).piece) if differ < len(run_a) else "(ended)"
             piece_b = display_text(run_b.step(differ).piece) if differ < len(run_b) else "(ended)"
-            said = [(f"same for {plural(differ, 'token')}", ""), (f"first difference at step {differ + 1}:", ""),
+            said = [(f"same for {plural(differ, 'token')};", ""), (f"first difference at step {differ + 1}:", ""),
                     (f"#{left.number} {piece_a}  vs  #{right.number} {piece_b}", "")]
-        return said + [("esc closes", "dim")]
+        return said + [("(esc closes)", "dim")]
 
     @property
     def summary(self) -> str:
-        return whole_parts(self.summary_parts(), 0).plain
+        return whole_parts(self.summary_parts(), 0, sep="  ").plain
 
     def compose(self) -> ComposeResult:
         yield WholeParts(self.summary_parts(), id="compare-summary")
