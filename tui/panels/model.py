@@ -136,8 +136,8 @@ class ModelPanel(Panel):
         if compact >= 2:
             row("tokens", f"{prompt_tokens:,}", f"prompt + {answer_tokens:,} answer")
         else:
-            row("prompt", f"{prompt_tokens:,}", "tokens")
-            row("answer", f"{answer_tokens:,}", "tokens")
+            row("prompt", f"{prompt_tokens:,}", "token" if prompt_tokens == 1 else "tokens")
+            row("answer", f"{answer_tokens:,}", "token" if answer_tokens == 1 else "tokens")
         decodes = max(0, runs - 1)
         row("model runs", f"{runs:,}", f"(prefill + {decodes:,} decode{'s' if decodes != 1 else ''})" if runs else "")
         if compact:
@@ -208,8 +208,8 @@ class ModelPanel(Panel):
         out.append("\n")
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         answer_tokens = state.done.tokens if state.done else state.steps
-        row("prompt", f"{prompt_tokens:,}", "tokens")
-        row("answer", f"{answer_tokens:,}", "tokens")
+        row("prompt", f"{prompt_tokens:,}", "token" if prompt_tokens == 1 else "tokens")
+        row("answer", f"{answer_tokens:,}", "token" if answer_tokens == 1 else "tokens")
         if state.prompt is not None:
             requests = 1 + state.reissues
             extra = f"({state.reissues:,} re-issued from the prefix)" if state.reissues else ""
