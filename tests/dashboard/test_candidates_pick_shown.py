@@ -126,3 +126,22 @@ def test_a_candidate_piece_is_drawn_like_every_other_panel_draws_it():
     assert fit_piece(" Open", 8) == "␣Open   "
     assert fit_piece("␣accountability", 10) == "␣accounta…"
     assert Candidate  # the record's type is the engine's
+
+
+async def test_a_long_chose_line_keeps_its_numbers_and_cuts_words_first(tmp_path):
+    """At 80×24 "chose ␣benefits (rank 98, raw 0.1%, p 0.1%)" was cut to "… p 0…": the words go before the numbers."""
+    run = Run(FACTS)
+    for event in ScriptedEngine(sampler=SamplerSettings(temperature=1.0, top_p=1.0)).run("Is OpenAI open?"):
+        if isinstance(event, StepEvent) and event.index == 0:  # a token far down the list, not a candidate
+            event = replace(event, id=99_999, piece="␣benefitsbenefits", text=" benefitsbenefits", chosen_rank=97,
+                            chosen_raw_prob=0.001, chosen_prob=0.001)
+        run.apply(event)
+    app = replay_app(run.save(tmp_path / "far.jsonl"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.phase == "done", what="the replay to end")
+        await pilot.press("less_than_sign")
+        await pilot.pause(0.1)
+        panel = app.query_one(CandidatesPanel)
+        line = panel.last_text.plain.splitlines()[-1]
+        assert line.endswith(" #98 raw 0.1% p 0.1%") and line.startswith("chose ␣benef"), line
+        assert len(line) <= panel.content_size.width

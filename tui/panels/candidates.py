@@ -7,7 +7,7 @@ from rich.text import Text
 
 from tokentui.core.steps.display import display_text
 
-from ..format import fit_piece, percent
+from ..format import fit_cells, fit_piece, percent
 from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
 from .base import Panel
 
@@ -185,11 +185,22 @@ class CandidatesPanel(Panel):
             line.append(" · ".join(parts), value)
         return line
 
-    def _chose_line(self, step, probability: str) -> Text:
+    def _chose_line(self, step, probability: str, width: int = 0) -> Text:
         """The token taken, where its row is not on screen: its rank among every token by raw score and its
-        probabilities (`probability`: the rest of the parenthesis, e.g. "raw 1.2%, p 3.4%")."""
+        probabilities (`probability`: the rest of the parenthesis, e.g. "raw 1.2%, p 3.4%"). Where the line is
+        wider than `width`, the words go first ("rank 98," → "#98"), then the piece is cut (with "…"): the
+        numbers are never the part cut off."""
+        style = self.style_of("candidates--value")
+        piece = display_text(step.piece)
         rank = f"rank {step.chosen_rank + 1}, " if step.chosen_rank is not None else ""
-        return Text(f"chose {display_text(step.piece)} ({rank}{probability})", style=self.style_of("candidates--value"))
+        line = f"chose {piece} ({rank}{probability})"
+        if width <= 0 or cell_len(line) <= width:
+            return Text(line, style=style)
+        tail = (f" #{step.chosen_rank + 1}" if step.chosen_rank is not None else "") + " " + \
+            probability.replace(", ", " ")
+        room = width - cell_len("chose ") - cell_len(tail)
+        return Text(f"chose {piece if cell_len(piece) <= room else fit_cells(piece, max(2, room))}{tail}",
+                    style=style)
 
     def _summary(self, step, width: int, chose: bool) -> list[Text]:
         muted = self.style_of("candidates--muted")
@@ -214,7 +225,8 @@ class CandidatesPanel(Panel):
         second.append(" after sampler", muted)
         rows.append(second)
         if chose:
-            rows.append(self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}"))
+            rows.append(self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}",
+                                         width))
         for row in rows:
             row.truncate(width, overflow="ellipsis")
         return rows
