@@ -111,7 +111,8 @@ class TokentuiApp(App[int]):
             yield OutputPanel(id="output")
             yield CandidatesPanel(id="candidates")
             yield ModelPanel(id="model")
-            yield LensPanel(id="lens")  # off by default (l): it takes the model panel's place, or the candidates'
+            # the lens: off by default (l); it takes the model panel's place, or the candidates'
+            yield LensPanel(id="lens", replaying=controller.replaying)
             yield AnatomyPanel(id=SIDE_ID)  # `a` on a smaller terminal: the same place (tui/placement.py)
         yield AnatomyPanel(id=ROW_ID)  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
         with Grid(id="bottom"):

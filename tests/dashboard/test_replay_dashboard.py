@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from fakes import ScriptedEngine, screen_text, wait_for
+from fakes import ScriptedEngine, make_loader, screen_text, wait_for
 from snapshot_apps import SnapshotApp
 from snapshot_apps_explore import LensEngine
 from tokentui.commands.replay import replay_config
 from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings
+from tokentui.tui import DashboardConfig
 from tokentui.tui.keybar import KeyBar
 from tokentui.tui.panels import LensPanel, ModelPanel, SamplerPanel, StatusLine
 from tokentui.tui.screens import PromptEditor
@@ -92,3 +93,17 @@ async def test_a_record_made_without_the_lens_replays_without_it(tmp_path):
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the replay's end")
         assert not app.query_one(LensPanel).display and app.query_one(ModelPanel).display
+        await pilot.press("l")  # asked for anyway: the panel says why there is none, and how to record one
+        await pilot.pause(0.2)
+        text = app.query_one(LensPanel).last_text.plain
+        assert "made without it (tokentui --logit-lens records it)" in text and "next step" not in text, text
+
+
+async def test_the_lens_turned_on_after_a_live_run_says_r_runs_it_again_not_the_next_step():
+    app = SnapshotApp(DashboardConfig(load=make_loader(ScriptedEngine()), user_theme_dir=None, recorder=None))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.phase == "done", what="the run")
+        await pilot.press("l")
+        await pilot.pause(0.2)
+        text = app.query_one(LensPanel).last_text.plain
+        assert "(r runs the prompt again with it)" in text and "next step" not in text, text
