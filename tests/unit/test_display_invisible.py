@@ -8,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from fakes import ScriptedEngine, make_loader, wait_for
+from fakes import ScriptedEngine, make_loader, screen_text, wait_for
 from tokentui.core.runs.events import LensRow, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.steps.display import display_bytes, display_piece, display_text
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.panels import CandidatesPanel, LensPanel
+from tokentui.tui.screens.branch_picker import BranchPicker
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -68,3 +69,8 @@ async def test_the_lens_and_the_candidates_name_a_no_break_space():
         assert "<NBSP>" in lens and "\u00a0" not in lens, lens
         candidates = app.query_one(CandidatesPanel).last_text.plain
         assert "<NBSP>" in candidates and "\u00a0" not in candidates
+        await pilot.press("b")  # the branch picker lists the same candidates, drawn the same way
+        await wait_for(pilot, lambda: isinstance(app.screen, BranchPicker), what="the branch picker")
+        await pilot.pause(0.1)
+        picker = screen_text(app)
+        assert "<NBSP>" in picker and "\u00a0" not in picker
