@@ -62,3 +62,24 @@ async def test_bytes_held_after_a_token_that_has_text_are_drawn_right_after_it()
         await pilot.pause()
         texts = [text for text, _ in drawn(view)]
         assert texts[:3] == ["ー", "を", "▒"] and texts[3:] == ["発", "行"], texts
+
+
+async def test_forward_onto_the_newest_step_of_a_paused_run_rejoins_live():
+    """Item 14: `]` onto the newest step said "viewing step 64 of 64 — paused"; it rejoins live."""
+    from fakes import slow_engine, screen_text
+
+    engine = slow_engine(delay=0.05, steps=400)
+    app = TokentuiApp(DashboardConfig(load=make_loader(engine), user_theme_dir=None, recorder=None,
+                                      options=engine.options))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.state.steps >= 3, what="decoding")
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.client.paused, what="paused")
+        await pilot.pause(0.3)
+        await pilot.press("left_square_bracket")
+        await wait_for(pilot, lambda: "viewing step" in screen_text(app), what="a past step in view")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: app.state.live, what="live again")
+        await pilot.pause(0.1)
+        assert "viewing step" not in screen_text(app)
+        await pilot.press("q")
