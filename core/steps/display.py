@@ -40,8 +40,8 @@ def display_text(text: str) -> str:
     """The one display mapping of a token's text, on one line: every space `␣`, newline `↵`, tab `⇥`, carriage
     return `␍`, other control characters (which would move the terminal's cursor) `<0xNN>`, other characters a
     terminal draws as nothing or as a blank (a no-break space, a zero-width joiner) named (`<NBSP>`) or escaped
-    (`<U+3000>`), and nothing at all `∅` (never a blank cell). Used by `display_piece` here and by the dashboard's panels; a text already in
-    display form comes back unchanged.
+    (`<U+3000>`), and nothing at all `∅` (never a blank cell). Used by `display_piece` here and by the dashboard's
+    panels; a text already in display form comes back unchanged.
     """
     out = []
     for c in text:
