@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from tokentui import __version__
 from tokentui.commands.common import (DEFAULT_PROMPT, EXIT_BAD_INPUT, EXIT_RUN_FAILED, bad_input, check_record_dir,
                                       integer, interrupted, number, read_prompt, server_options, settings_from_args)
 
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "a record and let the model go on (see tokentui branch --help); tokentui score --prompt P "
                        "--answer A [--headless [--json]]: how likely is this answer, token by token; tokentui "
                        "fanout FILE.jsonl --at STEP -n N --tokens M [--json]: N samples from one step at once")
+    p.add_argument("--version", "-V", action="version", version=f"tokentui {__version__}",
+                   help="print tokentui's version and exit")
     p.add_argument("--model", "-m", default=None,
                    help="embedded (default: SmolLM2-135M-Instruct), a .gguf file, a model folder, or a hub id "
                         "from your local Hugging Face cache")

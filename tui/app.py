@@ -23,7 +23,7 @@ from textual.css.query import NoMatches
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
 from . import dialogs
-from .commands import TokentuiCommands
+from .commands import TokentuiCommands, system_commands
 from .config import DashboardConfig
 from .controller import DashboardController
 from .keybar import KeyBar
@@ -49,8 +49,7 @@ from .sizes import HORIZONTAL_BREAKPOINTS, READINGS_IDS, VERTICAL_BREAKPOINTS, h
 from .state import RunState
 from .theming import register_themes
 
-FLUSH_INTERVAL = 1 / 30  # at most ~30 repaints a second however fast the model is
-ANATOMY_INTERVAL = 0.2  # seconds between repaints of the one-pass panel while it follows a live run
+FLUSH_INTERVAL = 1 / 30  # at most ~30 frames a second however fast the model is; each frame paints every panel
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
@@ -80,8 +79,6 @@ class TokentuiApp(App[int]):
         self._layout_plan = None
         self._layout_settling = True  # until the first layout plan is in place
         self._side = SidePlace()
-        self._anatomy_painted = 0.0
-        self._anatomy_timer = None
         self.crash: BaseException | None = None  # an exception nobody handled (`_fatal_error`), and its log
         self.crash_log: Path | None = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
@@ -116,7 +113,8 @@ class TokentuiApp(App[int]):
             yield OutputPanel(id="output")
             yield CandidatesPanel(id="candidates")
             yield ModelPanel(id="model")
-            yield LensPanel(id="lens")  # off by default (l): it takes the model panel's place, or the candidates'
+            # the lens: off by default (l); it takes the model panel's place, or the candidates'
+            yield LensPanel(id="lens", replaying=controller.replaying)
             yield AnatomyPanel(id=SIDE_ID)  # `a` on a smaller terminal: the same place (tui/placement.py)
         yield AnatomyPanel(id=ROW_ID)  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
         with Grid(id="bottom"):
@@ -138,6 +136,10 @@ class TokentuiApp(App[int]):
             if issubclass(TerminalDriver, driver_class):
                 return TerminalDriver
         return driver_class
+
+    def get_system_commands(self, screen):
+        """The palette's commands from Textual that the dashboard keeps (tui/commands.py)."""
+        return system_commands(self, screen, super().get_system_commands(screen))
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLE_DEFAULTS)
@@ -318,26 +320,10 @@ class TokentuiApp(App[int]):
         status.show(state)
 
     def _paint_anatomy(self, state, force: bool) -> None:
-        """The one-pass panel follows a live run at most 5 times a second (numbers that change 30 times a second
-        cannot be read, and the dashboard shares the CPU with the model); a step held by the cursor, a forced
-        repaint and the end of a run paint at once."""
+        """The one-pass panel, painted in the same frame as the others: every panel shows the same step."""
         panel = self.anatomy_panel
-        if panel is None:
-            return
-        wait = ANATOMY_INTERVAL - (time.monotonic() - self._anatomy_painted)
-        if not force and state.live and state.running and wait > 0:
-            if self._anatomy_timer is None:  # the newest step is painted when the interval is up
-                self._anatomy_timer = self.set_timer(wait, self._anatomy_catch_up)
-            return
-        self._anatomy_painted = time.monotonic()
-        panel.show(state, force)
-
-    def _anatomy_catch_up(self) -> None:
-        self._anatomy_timer = None
-        try:
-            self._paint_anatomy(self.state, False)
-        except NoMatches:  # shutting down
-            pass
+        if panel is not None:
+            panel.show(state, force)
 
     def _rebuild_all(self) -> None:
         self._repaint_now(force=True)

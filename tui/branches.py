@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tokentui.core.runs.events import BranchEvent, DoneEvent, Event, ModelFacts
 from tokentui.core.runs.tree import RunTree, TreeEnd, TreeNode, TreeWriter, relative_record
+from tokentui.core.steps.display import display_text
 
 from .state import RunState
 
@@ -63,7 +64,8 @@ class Branch:
     def label(self) -> str:
         if self.parent is None:
             return f"#{self.number} first run"
-        return f"#{self.number} from #{self.parent} at step {self.at + 1}: {self.parent_piece or '?'} → {self.token_piece}"
+        was, taken = display_text(self.parent_piece) if self.parent_piece else "?", display_text(self.token_piece)
+        return f"#{self.number} from #{self.parent} at step {self.at + 1}: {was} → {taken}"
 
     @property
     def ending(self) -> str:

@@ -6,6 +6,11 @@ import math
 import os
 from pathlib import Path
 
+from rich.cells import cell_len, set_cell_size
+from rich.text import Text
+
+from tokentui.core.steps.display import display_text
+
 
 def human_count(n: int | float) -> str:
     """135_000_000 -> '135M', 596_049_920 -> '596M', 1_540_000_000 -> '1.54B', 999 -> '999'."""
@@ -84,3 +89,39 @@ def token_count(state, short: bool = False) -> str:
     if short:
         return f"{own:,} own · {total:,} in all"
     return f"{plural(own, 'token')} of its own · {total:,} in all"
+
+
+def fit_cells(text: str, width: int) -> str:
+    """`text` in exactly `width` terminal cells: padded with spaces, or cut with "…" as its last cell, so a cut
+    token name never passes for a real one ("␣accountabili…", not "␣accountabili")."""
+    if width <= 0:
+        return ""
+    if cell_len(text) <= width:
+        return set_cell_size(text, width)
+    return set_cell_size(set_cell_size(text, width - 1) + "…", width)
+
+
+def fit_piece(piece: str, width: int) -> str:
+    """A token's piece drawn as every panel draws it (core/steps/display.py: `␣` for a space, other invisible
+    characters named), in exactly `width` cells."""
+    return fit_cells(display_text(piece), width)
+
+
+def whole_parts(parts: list[tuple[str, str]], width: int, sep: str = " · ", indent: str = "  ") -> Text:
+    """(text, style) parts joined by `sep` into lines at most `width` cells wide, each part kept whole on a line (a
+    part wider than a line goes on one of its own, where the view may cut it): a line breaks only between parts,
+    the separator at the break dropped, the next line indented — never "(esc⏎ closes)" or "· done ·⏎ KV reused".
+    width <= 0: one line."""
+    out = Text()
+    used = 0
+    for n, (text, style) in enumerate(parts):
+        if n:
+            if width > 0 and used + cell_len(sep) + cell_len(text) > width:
+                out.append("\n" + indent)
+                used = cell_len(indent)
+            else:
+                out.append(sep, style="dim")
+                used += cell_len(sep)
+        out.append(text, style=style)
+        used += cell_len(text)
+    return out

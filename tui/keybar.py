@@ -2,7 +2,8 @@
 
 Hand-written rather than Textual's `Footer`, which cuts the line wherever the terminal ends (`r restar`) and so
 can hide `q quit`: this bar shows whole entries only, drops the least important first (PRIORITY) and always keeps
-`? help` and `q quit`; the help screen lists every key.
+`?` and `q quit`; the help screen lists every key, so where the bar leaves keys out `?` says it leads to them
+(`? all keys`, or `? more` where that would cost another entry).
 """
 
 from __future__ import annotations
@@ -81,9 +82,26 @@ def rank(entry: Entry) -> int:
     return min(ranks) if ranks else len(PRIORITY)
 
 
+HELP_ID = "tokentui.help"
+# What `?` says where the bar leaves keys out, longest first: the first that costs no other entry its place.
+HELP_LABELS = ("all keys", "more")
+
+
 def fit(width: int, specs: tuple[KeySpec, ...] = KEYS) -> list[Entry]:
-    """The entries that fit in `width` cells, most important first, shown in table order."""
-    all_entries = entries(specs)
+    """The entries that fit in `width` cells, most important first, shown in table order. Where some are left out,
+    the help entry says that it leads to them."""
+    shown = _fit(width, entries(specs))
+    if len(shown) == len(entries(specs)):
+        return shown
+    for label in HELP_LABELS:
+        relabelled = [Entry(e.ids, e.keys, label) if HELP_ID in e.ids else e for e in entries(specs)]
+        again = _fit(width, relabelled)
+        if [e.ids for e in again] == [e.ids for e in shown]:
+            return again
+    return shown
+
+
+def _fit(width: int, all_entries: list[Entry]) -> list[Entry]:
     chosen: set[int] = set()
     used = 0
     for n in sorted(range(len(all_entries)), key=lambda n: (rank(all_entries[n]), n)):

@@ -3,15 +3,16 @@
 tui/state.py's `RunState` holds the dashboard's model (the loaded model, the current run, the session's totals, the
 time-travel cursor) and changes it: it folds the engine's events in and moves the cursor. This module is the other
 half, the readings: `RunReadings`, a mixin RunState inherits, computes every figure the panels show from what the
-state holds and changes none of it (its only writes are its own two caches). The seam is write / read: the fields
+state holds and changes none of it (its only writes are its own caches). The seam is write / read: the fields
 and the code that writes them stay in tui/state.py; what is only read (the run's parts, the speed and latency
 statistics, the KV figures, a served model's readings such as server_kv and the re-issued steps, the step in view
 and every reading "as of" it) is here.
 
 The mixin declares no fields (RunState is a dataclass; its fields are all declared there): it reads `run`, `facts`,
 `own_from`, `phase`, `kv_tokens`, `kv_bytes`, `kv_growth`, `server_kv` and the cursor (`cursor`) off the instance.
-Its two caches (the latency statistics, the step in view) live in the instance's `__dict__`, outside the dataclass's
-fields, so they take no part in its `__init__`, `repr` or `==`. Plain Python, no Textual, testable alone.
+Its caches (the latency statistics, the step in view, the rate as of it) live in the instance's `__dict__`, outside
+the dataclass's fields, so they take no part in its `__init__`, `repr` or `==`. Plain Python, no Textual, testable
+alone.
 """
 
 from __future__ import annotations
@@ -305,6 +306,39 @@ class RunReadings:
     def view_latency(self) -> float | None:
         step = self.view_step
         return step.latency_ms if step is not None else None
+
+    @property
+    def view_scored_by_prefill(self) -> bool:
+        """The step in view was scored by a prefill — the run's first (a branch's: its first own one, after its
+        KV cache was cut back) — so its latency is a time to first token, not a decode step's."""
+        position = self.view_index
+        return position is not None and position in (0, self.own_from)
+
+    def decode_latencies_upto(self, position: int) -> list[float]:
+        """The run's own decode steps' latencies up to the step at `position` (merged steps left out, as in
+        `decode_latencies`)."""
+        start, stop = self.own_from + 1, position + 1
+        if stop <= start:
+            return []
+        lat = self.run.values("latency_ms", start, stop)
+        merged = self.run.values("merged", start, stop)
+        return [ms for ms, m in zip(lat, merged) if not m] if any(merged) else lat
+
+    @property
+    def view_tok_s(self) -> float | None:
+        """Decode tokens per second as of the step in view: live, the run's (`latency_stats`); at a past step, its
+        rate up to that step (1000 / the mean latency of its decode steps so far), as it read then."""
+        position = self.cursor
+        if position is None:
+            return self.latency_stats()["tok_s"]
+        key = (id(self.run), position)
+        cached = self.__dict__.get("_view_rate_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        lat = self.decode_latencies_upto(position)
+        rate = 1000.0 * len(lat) / sum(lat) if lat and sum(lat) > 0 else None
+        self.__dict__["_view_rate_cache"] = (key, rate)
+        return rate
 
     @property
     def view_multi_token_chars(self) -> list[MultiTokenChar]:

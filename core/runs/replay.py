@@ -50,13 +50,15 @@ def _sampler_of(run: Run) -> SamplerSettings:
 
 def _options_of(run: Run) -> RunOptions:
     """What bounded the recorded run, as far as the record tells: the length it reached, whether it went on past
-    an end token (a special token before the last step: only --ignore-eos does that), the candidates per step."""
+    an end token (a special token before the last step: only --ignore-eos does that), the candidates per step, and
+    whether its steps carry the logit lens (the dashboard then opens with the lens panel, as the run was watched)."""
     done = run.done
     tokens = max(1, done.tokens if done is not None else len(run))
     specials = run.values("special", 0, max(0, len(run) - 1))
     first = run.first
     return RunOptions(max_new_tokens=tokens, ignore_eos=any(specials),
-                      top_candidates=max(1, len(first.candidates)) if first is not None else 10)
+                      top_candidates=max(1, len(first.candidates)) if first is not None else 10,
+                      logit_lens=any(step.lens is not None for step in run))
 
 
 class ReplayEngine(BaseEngine):

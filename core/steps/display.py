@@ -15,27 +15,45 @@ Never imports textual: the engine, `--headless --json` and the benchmarks use it
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from .token_bytes import token_bytes
 
-__all__ = ["display_text", "display_bytes", "display_piece", "printable_copy", "printable_line", "printable_text"]
+__all__ = ["display_text", "display_bytes", "display_piece", "invisible", "printable_copy", "printable_line",
+           "printable_text"]
 
 # What the dashboard draws instead of invisible characters. Every space is shown, not only a leading one: a
 # token like "  " (two spaces, common in code) would otherwise look empty.
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+# Other characters a terminal draws as nothing (or as a blank that looks like a space): named where a name is well
+# known, else escaped as <U+XXXX> (`invisible`). A no-break space (U+00A0) drew as a blank in the lens.
+_NAMED = {"\u00a0": "<NBSP>", "\u00ad": "<SHY>", "\u200b": "<ZWSP>", "\u200c": "<ZWNJ>", "\u200d": "<ZWJ>",
+          "\u200e": "<LRM>", "\u200f": "<RLM>", "\u2060": "<WJ>", "\ufeff": "<BOM>"}
+_INVISIBLE_KINDS = ("Zs", "Zl", "Zp", "Cf", "Co", "Cn", "Cs")  # spaces, separators, format, private, unassigned
+
+
+def invisible(c: str) -> str | None:
+    """The visible form of a character a terminal would not show (None: it shows, or `display_text` maps it)."""
+    named = _NAMED.get(c)
+    if named is not None:
+        return named
+    if c != " " and unicodedata.category(c) in _INVISIBLE_KINDS:
+        return f"<U+{ord(c):04X}>"
+    return None
 
 
 def display_text(text: str) -> str:
     """The one display mapping of a token's text, on one line: every space `␣`, newline `↵`, tab `⇥`, carriage
-    return `␍`, other control characters (which would move the terminal's cursor) `<0xNN>`, and nothing at all
-    `∅` (never a blank cell). Used by `display_piece` here and by the dashboard's panels; a text already in
-    display form comes back unchanged.
+    return `␍`, other control characters (which would move the terminal's cursor) `<0xNN>`, other characters a
+    terminal draws as nothing or as a blank (a no-break space, a zero-width joiner) named (`<NBSP>`) or escaped
+    (`<U+3000>`), and nothing at all `∅` (never a blank cell). Used by `display_piece` here and by the dashboard's
+    panels; a text already in display form comes back unchanged.
     """
     out = []
     for c in text:
-        v = _VISIBLE.get(c)
+        v = _VISIBLE.get(c) or (invisible(c) if c >= "\x80" else None)
         if v is not None:
             out.append(v)
         elif c < " " or "\x7f" <= c <= "\x9f":  # C0, DEL and C1 (U+009B is a CSI to some terminals)

@@ -117,9 +117,16 @@ async def test_the_editor_shows_the_models_default_system_prompt():
         assert "empty: none" not in screen
         assert "puts in its default" in screen
         assert "in effect (template default): You are a helpful AI assistant named SmolLM" in screen
-        app.screen.query_one("#system-text").value = "Be terse."
+        app.screen.query_one("#system-text").focus()
+        await pilot.press(*"Be terse.")  # typed: the label no longer says what empty means (issue 23 item 11)
         await pilot.pause()
-        assert "in effect: Be terse." in screen_text(app)
+        screen = screen_text(app)
+        assert "in effect: Be terse." in screen
+        assert "puts in its default" not in screen and "system prompt — yours" in screen
+        for _ in "Be terse.":
+            await pilot.press("backspace")
+        await pilot.pause()
+        assert "puts in its default" in screen_text(app)  # emptied again: what empty means, again
 
 
 async def test_the_editor_says_when_the_template_adds_no_system_prompt():

@@ -32,7 +32,8 @@ def check_readings_strip(screen: str, record: list[dict]) -> None:
     """The strip's KV size, token count, ms/step and pending bytes are those of one step in the run record."""
     from tokentui.tui.format import human_bytes
 
-    match = re.search(r"KV (\S+ \S+) · ([\d,]+) tok │ ([\d.]+) ms/step · ([\d.]+) tok/s │ pending (.+?)\s*│", screen)
+    match = re.search(r"KV (\S+ \S+) · ([\d,]+) tok │ last ([\d.]+) ms(?:/step)? · ([\d.]+) tok/s avg │ "
+                      r"pending (.+?)\s*│", screen)
     assert match, screen
     size, tokens, ms_step, pending = match.group(1), int(match.group(2).replace(",", "")), match.group(3), \
         match.group(5)
@@ -83,12 +84,12 @@ def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, 
         # each as the record has it, and the key bar keeps `q quit`.
         pane.resize(80, 24)
         pane.send("Space")  # pause, so the screen holds still (a finished run holds still anyway)
-        screen = pane.wait_for(lambda t: "ms/step" in t and "q quit" in t and len(t.splitlines()) <= 24,
+        screen = pane.wait_for(lambda t: "tok/s avg" in t and "q quit" in t and len(t.splitlines()) <= 24,
                                timeout=20, what="the readings strip at 80×24")
         time.sleep(0.5)
         screen = pane.capture()
         check_readings_strip(screen, record_of(pid, runs_dir))
-        assert "q quit" in screen.splitlines()[-1] and "? help" in screen.splitlines()[-1]
+        assert "q quit" in screen.splitlines()[-1] and "? more" in screen.splitlines()[-1]  # help lists the rest
 
         pane.send("q")
         assert pane.exit_status(timeout=60) == 0

@@ -249,7 +249,7 @@ async def test_the_readings_strip_and_one_line_sampler_show_the_cursor_step():
         assert r["ms_step"] == f"{step.latency_ms:.1f}"
         assert r["tok_s"] == f"{app.state.latency_stats()['tok_s']:.1f}"  # the run's
         strip = app.query_one(ReadingsStrip).last_text.plain
-        assert "10" in strip and "e5 bc" in strip and f"{step.latency_ms:.1f} ms/step" in strip
+        assert "10" in strip and "e5 bc" in strip and f"{step.latency_ms:.1f} ms" in strip
         sampler = app.query_one(SamplerPanel).last_text.plain
         assert sampler.startswith("step 10: temp 0.70") and "live same" in sampler
         await pilot.press("t")  # the keys change the live settings: said beside the step's

@@ -331,7 +331,7 @@ def test_run_dashboard_runs_the_app_and_returns_its_exit_code(monkeypatch, tmp_p
 
 
 async def test_every_available_theme_renders():
-    """Textual's own themes (from the palette) lack tokentui's variables: the defaults fill in."""
+    """Every theme offered (tokentui's, and the user's, which may leave variables out: the defaults fill in)."""
     app = make_app(make_loader(ScriptedEngine()))
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="the run")

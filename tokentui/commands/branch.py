@@ -34,9 +34,9 @@ class _Parser(argparse.ArgumentParser):
 def build_branch_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tokentui branch",
                 description="Branch a recorded run: force another token (or a phrase) at one step and let the "
-                            "model go on from there. Here the prefix (prompt + the steps before STEP) is prefilled "
-                            "once; an engine that has just run the parent (Engine.branch) reuses its KV cache "
-                            "instead.")
+                            "model go on from there, into a record of its own. The model reads the prompt and the "
+                            "recorded tokens before STEP once, then writes on from what you forced (in the "
+                            "dashboard, b does the same without reading them again).")
     add_record_arguments(p, "branch at")
     forced = p.add_mutually_exclusive_group(required=True)
     forced.add_argument("--token", type=integer("--token"), default=None, metavar="ID",
@@ -62,8 +62,8 @@ def add_record_arguments(p: argparse.ArgumentParser, verb: str) -> None:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The model, the sampler and the output of a command that goes on from a record's step."""
-    p.add_argument("--name", default=None, help="the parent run's name in the branch event (default: the "
-                                                "record's file name)")
+    p.add_argument("--name", default=None, help="what the branch's record calls the run it left "
+                                                "(default: the record's file name)")
     p.add_argument("--model", "-m", default=None,
                    help="the model (default: the record's, when it is the embedded model or a hub id; a record of "
                         "a local folder or .gguf needs it)")

@@ -8,6 +8,7 @@ import signal
 import sys
 
 from .common import EXIT_RUN_FAILED, answer_text, json_line, make_loader, recorded_line, say, silence_stdio
+from .load_progress import LoadProgressLine
 
 
 def run_headless(args, prompt: str) -> int:
@@ -31,11 +32,20 @@ def run_headless(args, prompt: str) -> int:
             if engine is not None:
                 engine.stop()
 
+    line = LoadProgressLine(sys.stderr, write=lambda text: emit(text, sys.stderr))  # a terminal's stderr only
+
     def progress(event: LoadProgress) -> None:
         if args.json:
             emit(json_line(event))
+        else:
+            line.update(event.stage, event.fraction)
 
-    engine = make_loader(args)(progress)
+    if not args.json:
+        line.update("starting")
+    try:
+        engine = make_loader(args)(progress)
+    finally:
+        line.finish()  # erased before the answer or the error's one line
     # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
     # record ends with a `done` event (reason "stopped"). Before the first step (a long prompt's prefill is one
     # model run that cannot be stopped half-way) and on a second signal it interrupts at once; the record then

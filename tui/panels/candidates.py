@@ -7,7 +7,7 @@ from rich.text import Text
 
 from tokentui.core.steps.display import display_text
 
-from ..format import percent
+from ..format import fit_cells, fit_piece, percent
 from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
 from .base import Panel
 
@@ -15,6 +15,43 @@ EIGHTHS = " ▏▎▍▌▋▊▉█"
 # a served token the server did not stream on its own (StepEvent.merged)
 MERGED = ("no candidates: the server streamed this token merged with the next, as one character's bytes, and "
           "reported no probabilities for it")
+
+
+NUM_W = 6  # a probability column: "100.0%"
+PIECE_W = (8, 16)  # the token column's narrowest and widest
+MIN_BAR = 6  # cells the bar keeps before the token column gives up its width
+BAR_LABEL = "sampled p"
+
+
+def rows_that_fit(count: int, room: int | None, chosen: int | None, kept: int | None, chose_lines: int = 1
+                  ) -> tuple[int, bool, bool]:
+    """How many of `count` candidate rows to draw in `room` lines (None: as many as there are), so that the chosen
+    token is always on screen: its row, or — where its row does not fit, or it is not among the candidates — a
+    "chose" line (`chose_lines` long) under them. `chosen`: its position in the list (None: not in it); `kept`: the
+    rows the sampler kept (the cut rule goes after them; None: nothing cut). Returns (rows, the cut rule drawn, a
+    "chose" line needed)."""
+    room = count + 1 + chose_lines if room is None else room
+    for rows in range(min(count, room), -1, -1):
+        rule = kept is not None and 0 < kept < rows
+        chose = chosen is None or chosen >= rows
+        if rows + rule + chose * chose_lines <= room:
+            return rows, rule, chose
+    return 0, False, True
+
+
+def column_widths(width: int, id_w: int, numbers: int) -> tuple[int, int]:
+    """(token column, bar) widths for a panel `width` cells wide: fixed by the width alone, not by the pieces of
+    the step shown, so the columns and the header stay put from step to step. `numbers`: the cells of the number
+    columns and the spaces between."""
+    rest = 2 + 1 + id_w + numbers  # the ▶ mark, the space after the token, the id, the numbers
+    piece_w = max(PIECE_W[0], min(PIECE_W[1], width - rest - MIN_BAR))
+    return piece_w, max(0, width - rest - piece_w)
+
+
+def id_width(facts, cands) -> int:
+    """The id column: as wide as the model's largest id (the same at every step), or the widest id shown."""
+    rows = getattr(facts, "vocab_rows", None) or 0
+    return max([len("id"), len(str(max(0, rows - 1)))] + [len(str(c.id)) for c in cands])
 
 
 def bar(p: float, raw: float, width: int) -> list[tuple[str, str]]:
@@ -73,35 +110,28 @@ class CandidatesPanel(Panel):
             self.border_subtitle = ""
             return Text("the top candidates of each step appear here", style=muted)
         width = max(20, self.content_size.width or 40)
-        height = self.content_size.height or 14
+        height = self.content_size.height or None  # None: not laid out yet (every row)
         # numbered from 1, like the tokens: step 90 is the 90th token (step 1 is scored by prefill)
         self.border_subtitle = (("step " if state.live else "viewing step ") + f"{step.index + 1}"
                                 + (" · from prefill" if step.index == 0 else ""))
         cands = list(step.candidates)
-        chosen_in_list = any(c.id == step.id for c in cands)
+        chosen = next((n for n, c in enumerate(cands) if c.id == step.id), None)
         server = server_of(state.facts)
         if server is not None:  # a served model: one probability per candidate, labelled by what the server gives
-            return self._served(step, server, cands, chosen_in_list, width, height)
-        summary = self._summary(step, width, chosen_in_list)
-        cut = 0 < step.kept_count < len(cands)
-        # rows that fit: height minus header, summary and the cut rule
-        fit = max(1, height - 1 - len(summary) - (1 if cut else 0)) if self.content_size.height else len(cands)
-        cands = cands[: min(len(cands), fit)]
+            return self._served(state, step, server, cands, chosen, width, height)
+        kept = step.kept_count if 0 < step.kept_count < len(cands) else None
+        room = None if height is None else height - 1 - len(self._summary(step, width, chose=False))
+        rows, rule, chose = rows_that_fit(len(cands), room, chosen, kept)
+        summary = self._summary(step, width, chose=chose)
+        cands = cands[:rows]
 
-        id_w = max([len("id")] + [len(str(c.id)) for c in cands])
-        num_w = 6
-        piece_w = max(5, min(16, max([cell_len(display_text(c.piece)) for c in cands] + [5])))
-        fixed = 2 + piece_w + 1 + id_w + 1 + num_w + 1 + num_w + 1
-        bar_w = max(0, width - fixed)
-        if bar_w < 4:  # too narrow for a bar: shrink the piece column instead
-            piece_w = max(5, piece_w - (4 - bar_w))
-            bar_w = max(0, width - (2 + piece_w + 1 + id_w + 1 + num_w + 1 + num_w + 1))
-
+        id_w = id_width(state.facts, cands)
+        piece_w, bar_w = column_widths(width, id_w, 1 + NUM_W + 1 + NUM_W + 1)
         header = self.style_of("candidates--header")
         out = Text()
         out.append(
-            "  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + "raw".rjust(num_w) + " "
-            + "p".rjust(num_w) + " " + ("sampled p" if bar_w >= 10 else "")[:bar_w],
+            "  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + "raw".rjust(NUM_W) + " "
+            + "p".rjust(NUM_W) + " " + (BAR_LABEL if bar_w >= len(BAR_LABEL) else ""),
             header,
         )
         styles = {
@@ -113,26 +143,26 @@ class CandidatesPanel(Panel):
         special_style = self.style_of("candidates--special")
         rule_style = self.style_of("candidates--rule")
         for rank, c in enumerate(cands):
-            if cut and rank == step.kept_count:
+            if rule and rank == step.kept_count:
                 out.append("\n")
                 label = f" cut: {step.kept_count} kept · {percent(step.kept_mass)} of raw p "
                 out.append("┄┄" + label + "┄" * max(0, width - 2 - cell_len(label)), rule_style)
             out.append("\n")
             is_chosen = c.id == step.id
-            kept = c.prob > 0
+            kept_row = c.prob > 0
             line = Text()
             line.append("▶ " if is_chosen else "  ")
-            line.append(set_cell_size(display_text(c.piece), piece_w), special_style if c.special else None)
+            line.append(fit_piece(c.piece, piece_w), special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
-            line.append(" " + percent(c.raw_prob).rjust(num_w))
-            line.append(" " + (percent(c.prob) if kept else "cut").rjust(num_w))
+            line.append(" " + percent(c.raw_prob).rjust(NUM_W))
+            line.append(" " + (percent(c.prob) if kept_row else "cut").rjust(NUM_W))
             line.append(" ")
             for chars, kind in bar(c.prob, c.raw_prob, bar_w):
                 line.append(chars, styles[kind])
             if is_chosen:
                 line.append(" " * max(0, width - line.cell_len))
                 line.stylize_before(chosen_style)
-            elif not kept:
+            elif not kept_row:
                 line.stylize_before(cut_style)
             out.append_text(line)
         for row in summary:
@@ -155,7 +185,24 @@ class CandidatesPanel(Panel):
             line.append(" · ".join(parts), value)
         return line
 
-    def _summary(self, step, width: int, chosen_in_list: bool) -> list[Text]:
+    def _chose_line(self, step, probability: str, width: int = 0) -> Text:
+        """The token taken, where its row is not on screen: its rank among every token by raw score and its
+        probabilities (`probability`: the rest of the parenthesis, e.g. "raw 1.2%, p 3.4%"). Where the line is
+        wider than `width`, the words go first ("rank 98," → "#98"), then the piece is cut (with "…"): the
+        numbers are never the part cut off."""
+        style = self.style_of("candidates--value")
+        piece = display_text(step.piece)
+        rank = f"rank {step.chosen_rank + 1}, " if step.chosen_rank is not None else ""
+        line = f"chose {piece} ({rank}{probability})"
+        if width <= 0 or cell_len(line) <= width:
+            return Text(line, style=style)
+        tail = (f" #{step.chosen_rank + 1}" if step.chosen_rank is not None else "") + " " + \
+            probability.replace(", ", " ")
+        room = width - cell_len("chose ") - cell_len(tail)
+        return Text(f"chose {piece if cell_len(piece) <= room else fit_cells(piece, max(2, room))}{tail}",
+                    style=style)
+
+    def _summary(self, step, width: int, chose: bool) -> list[Text]:
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
         rows: list[Text] = []
@@ -177,32 +224,29 @@ class CandidatesPanel(Panel):
         second.append(f"{max(0.0, step.sampled_entropy_bits):.2f}", value)
         second.append(" after sampler", muted)
         rows.append(second)
-        if not chosen_in_list:
-            third = Text()
-            third.append(f"chose {display_text(step.piece)} (rank {step.chosen_rank + 1}, "
-                         f"raw {percent(step.chosen_raw_prob)})", value)
-            rows.append(third)
+        if chose:
+            rows.append(self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}",
+                                         width))
         for row in rows:
             row.truncate(width, overflow="ellipsis")
         return rows
 
     # ---- a served model ------------------------------------------------------------------------------------
-    def _served(self, step, server, cands, chosen_in_list: bool, width: int, height: int) -> Text:
+    def _served(self, state, step, server, cands, chosen, width: int, height: int | None) -> Text:
         """The server's top candidates with the one probability it gives (`ServerFacts.probs`: raw, post-sampler,
         or not said), labelled so, and "—" for what it does not report (kept tokens, entropy, the other
         probability; the chosen token's rank when it is not among the candidates)."""
         muted = self.style_of("candidates--muted")
-        summary = self._served_summary(step, server, width, chosen_in_list, len(cands))
-        fit = max(1, height - 1 - len(summary)) if self.content_size.height else len(cands)
-        cands = cands[: min(len(cands), fit)]
+        without = len(self._served_summary(step, server, width, False, cands))
+        room = None if height is None else height - 1 - without
+        chose_lines = len(self._served_summary(step, server, width, True, cands)) - without
+        rows, _rule, chose = rows_that_fit(len(cands), room, chosen, None, chose_lines)
+        summary = self._served_summary(step, server, width, chose, cands)
+        cands = cands[:rows]
         label = prob_label(server)
-        id_w = max([len("id")] + [len(str(c.id)) for c in cands])
-        num_w = max(6, len(label))
-        piece_w = max(5, min(16, max([cell_len(display_text(c.piece)) for c in cands] + [5])))
-        bar_w = max(0, width - (2 + piece_w + 1 + id_w + 1 + num_w + 1))
-        if bar_w < 4:
-            piece_w = max(5, piece_w - (4 - bar_w))
-            bar_w = max(0, width - (2 + piece_w + 1 + id_w + 1 + num_w + 1))
+        id_w = id_width(state.facts, cands)
+        num_w = max(NUM_W, len(label))
+        piece_w, bar_w = column_widths(width, id_w, 1 + num_w + 1)
         out = Text()
         out.append("  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + label.rjust(num_w),
                    self.style_of("candidates--header"))
@@ -218,7 +262,7 @@ class CandidatesPanel(Panel):
             cut = post and p == 0  # a post-sampler probability of 0: the server's sampler cut it
             line = Text()
             line.append("▶ " if is_chosen else "  ")
-            line.append(set_cell_size(display_text(c.piece), piece_w), special_style if c.special else None)
+            line.append(fit_piece(c.piece, piece_w), special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
             line.append(" " + (DASH if p is None else "cut" if cut else percent(p)).rjust(num_w))
             if p is not None and bar_w:
@@ -234,11 +278,11 @@ class CandidatesPanel(Panel):
         for row in summary:
             out.append("\n")
             out.append_text(row)
-        if not cands:
+        if not step.candidates:
             out = Text(MERGED if step.merged else "the server reported no candidates for this step", style=muted)
         return out
 
-    def _served_summary(self, step, server, width: int, chosen_in_list: bool, count: int) -> list[Text]:
+    def _served_summary(self, step, server, width: int, chose: bool, cands) -> list[Text]:
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
         rows: list[Text] = []
@@ -257,10 +301,12 @@ class CandidatesPanel(Panel):
         rows.append(second)
         if server.probs == "unknown":
             rows += [Text(line, style=muted) for line in wrap(unknown_kind(), width)]
-        if not chosen_in_list:  # the token taken is not among the candidates shown
+        if chose and step.candidates:  # the token taken is not among the candidates shown
             p = chosen_value(step)
+            in_list = any(c.id == step.id for c in cands)
             where = (f"rank {step.chosen_rank + 1}" if step.chosen_rank is not None
-                     else f"not in the server's top {server.top_logprobs or count}")
+                     else f"rank {[c.id for c in cands].index(step.id) + 1}" if in_list
+                     else f"not in the server's top {server.top_logprobs or len(cands)}")
             head = f"chose {display_text(step.piece)}: {where}"
             tail = f"{prob_label(server)} {percent(p) if p is not None else DASH}"
             if cell_len(head) + 2 + len(tail) <= width:

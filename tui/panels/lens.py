@@ -50,6 +50,11 @@ class LensPanel(Panel):
     }
     """
 
+    def __init__(self, *args, replaying: bool = False, **kwargs) -> None:
+        """`replaying`: a record played back, whose steps have the lens or not as they were recorded."""
+        super().__init__(*args, **kwargs)
+        self.replaying = replaying
+
     def build(self, state) -> Text:
         muted = self.style_of("lens--muted")
         if server_of(state.facts) is not None:  # a served model: no hidden states come out of the server
@@ -63,8 +68,13 @@ class LensPanel(Panel):
         if not rows:
             if refused:
                 return Text(refused, style=muted)
-            return Text(f"no lens for step {step.index + 1}: it ran before the lens was on "
-                        "(it shows from the next step)", style=muted)
+            if self.replaying:
+                how = "this record was made without it (tokentui --logit-lens records it)"
+            elif state.running:
+                how = "it shows from the next step"
+            else:  # the run has ended: no next step
+                how = "r runs the prompt again with it"
+            return Text(f"no lens for step {step.index + 1}: it ran before the lens was on ({how})", style=muted)
         width = max(20, self.content_size.width or 40)
         height = max(3, (self.content_size.height or 12) - 1)  # below the header line
         if len(step.lens) > height:

@@ -61,11 +61,8 @@ class ModelPanel(Panel):
     """
 
     def build(self, state) -> Text:
-        label = self.style_of("model--label")
-        value = self.style_of("model--value")
         muted = self.style_of("model--muted")
         facts = state.facts
-        out = Text()
         if facts is None:
             if state.phase == "load-failed":
                 return Text("no model loaded: see the error\nr retry · m another model or device · q quit",
@@ -73,6 +70,25 @@ class ModelPanel(Panel):
             return Text("loading…", style=muted)
 
         width = max(20, self.content_size.width or 40)
+        height = self.content_size.height or 0  # 0: not laid out yet (everything)
+        server = server_of(facts)
+        if server is not None:  # a served model: what its server says, and where the numbers come from
+            out = Text()
+            out.append(facts.name, self.style_of("model--name"))
+            self._served(state, facts, server, self._row_writer(out, width), out)
+            return out
+        # Nothing is cut off the bottom (the totals are last): where the panel is short (a tall prompt panel, the
+        # one-pass row), the rows are put closer together, then the model's facts give way — said in a line.
+        for compact in (0, 1, 2):
+            out = self._local(state, facts, width, compact)
+            if not height or len(out.plain.splitlines()) <= height:
+                return out
+        return self._local(state, facts, width, 2, height)
+
+    def _row_writer(self, out: Text, width: int):
+        label = self.style_of("model--label")
+        value = self.style_of("model--value")
+        muted = self.style_of("model--muted")
 
         def row(name: str, val: str, extra: str = "", optional: bool = False) -> None:
             """One row; an `optional` extra goes where it does not fit (a cut word would mislead)."""
@@ -83,11 +99,16 @@ class ModelPanel(Panel):
             if extra and not (optional and 13 + len(val) + 1 + len(extra) > width):
                 out.append(f" {extra}", muted)
 
-        out.append(facts.name, self.style_of("model--name"))
-        server = server_of(facts)
-        if server is not None:  # a served model: what its server says, and where the numbers come from
-            self._served(state, facts, server, row, out)
-            return out
+        return row
+
+    def _local(self, state, facts, width: int, compact: int, height: int = 0) -> Text:
+        """The panel of a model loaded here. compact 0: every row, the totals apart; 1: no blank lines, the scores
+        on one row; 2: also the context beside the vocabulary and the tokens on one row. height: the facts beyond
+        what leaves the totals room are left out, and a line names them."""
+        muted = self.style_of("model--muted")
+        facts_out = Text()
+        row = self._row_writer(facts_out, width)
+        facts_out.append(facts.name, self.style_of("model--name"))
         row("architecture", facts.architecture)
         row("parameters", human_count(facts.parameters), f"({facts.parameters:,})")
         row("layers", f"{facts.layers}", f"· hidden {facts.hidden_size:,}")
@@ -96,11 +117,12 @@ class ModelPanel(Panel):
             row("attention", f"{facts.attention_heads} heads", kv)
         for name, val, extra in block_rows(facts):
             row(name, val, extra, optional=True)
-        row("vocab rows", f"{facts.vocab_rows:,}")
-        if facts.max_context:
-            row("context", f"{facts.max_context:,}", "tokens")
+        context = f"{facts.max_context:,}" if facts.max_context else "—"
+        if compact >= 2:
+            row("vocab rows", f"{facts.vocab_rows:,}", f"· context {context}")
         else:
-            row("context", "—", "no limit in the config")
+            row("vocab rows", f"{facts.vocab_rows:,}")
+            row("context", context, "tokens" if facts.max_context else "no limit in the config")
         row("device", facts.device, f"· {facts.dtype}")
         quant = facts.quantization
         dequantized = facts.dequantized_from
@@ -112,25 +134,46 @@ class ModelPanel(Panel):
                 row("weights", f"{dequantized} de-quantized")
         row("source", facts.source, f"· loaded {facts.load_seconds:.1f} s" if facts.load_seconds else "")
         if facts.trust_remote_code:
-            out.append("\n")
-            out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
-        if quant is None and not dequantized:  # (a weights row takes this line: the totals stay in view at 160x48)
-            out.append("\n")
+            facts_out.append("\n")
+            facts_out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
+
+        totals = Text()
+        row = self._row_writer(totals, width)
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         answer_tokens = state.done.tokens if state.done else state.steps
         runs = state.model_runs
-        row("prompt", f"{prompt_tokens:,}", "tokens")
-        row("answer", f"{answer_tokens:,}", "tokens")
+        if compact >= 2:
+            row("tokens", f"{prompt_tokens:,}", f"prompt + {answer_tokens:,} answer")
+        else:
+            row("prompt", f"{prompt_tokens:,}", "token" if prompt_tokens == 1 else "tokens")
+            row("answer", f"{answer_tokens:,}", "token" if answer_tokens == 1 else "tokens")
         decodes = max(0, runs - 1)
         row("model runs", f"{runs:,}", f"(prefill + {decodes:,} decode{'s' if decodes != 1 else ''})" if runs else "")
-        out.append("\n")
-        out.append("scores computed (vocab rows × runs)", label)
-        out.append("\n")
-        out.append(f"{runs:,} run{'s' if runs != 1 else ''} × {facts.vocab_rows:,} = ", muted)
-        out.append(f"{state.scores:,}", value)
-        out.append(" scores", muted)
+        if compact:
+            row("scores", f"{state.scores:,}", f"= {runs:,} runs × {facts.vocab_rows:,}", optional=True)
+        else:
+            totals.append("\n")
+            totals.append("scores computed (vocab rows × runs)", self.style_of("model--label"))
+            totals.append("\n")
+            totals.append(f"{runs:,} run{'s' if runs != 1 else ''} × {facts.vocab_rows:,} = ", muted)
+            totals.append(f"{state.scores:,}", self.style_of("model--value"))
+            totals.append(" scores", muted)
         if state.runs_started > 1:
             row("answers", f"{state.runs_started:,}", "this session")
+
+        gap = "\n" if compact else "\n\n"
+        if height:
+            room = height - len(totals.plain.splitlines()) - 1  # a line says what was left out
+            lines = facts_out.split("\n")
+            if room < len(lines):
+                kept = lines[:max(1, room)]
+                names = [line.plain[:13].strip() or line.plain.strip()[:12] for line in lines[len(kept):]]
+                facts_out = Text("\n").join(kept)
+                facts_out.append("\n")
+                facts_out.append(f"… no room for: {', '.join(names)}", muted)
+        out = facts_out
+        out.append(gap)
+        out.append_text(totals)
         return out
 
     def _weights(self, quant, row) -> None:
@@ -181,8 +224,8 @@ class ModelPanel(Panel):
         out.append("\n")
         prompt_tokens = len(state.prompt.ids) if state.prompt else 0
         answer_tokens = state.done.tokens if state.done else state.steps
-        row("prompt", f"{prompt_tokens:,}", "tokens")
-        row("answer", f"{answer_tokens:,}", "tokens")
+        row("prompt", f"{prompt_tokens:,}", "token" if prompt_tokens == 1 else "tokens")
+        row("answer", f"{answer_tokens:,}", "token" if answer_tokens == 1 else "tokens")
         if state.prompt is not None:
             requests = 1 + state.reissues
             extra = f"({state.reissues:,} re-issued from the prefix)" if state.reissues else ""

@@ -7,9 +7,10 @@ as a 40-token one. `h` switches to the heat map: each token coloured by the raw 
 was chosen, on alternating backgrounds that show where one token ends and the next begins; that only changes how
 lines are drawn, not the layout.
 
-Time travel: `set_cursor(i)` marks token i (reverse video, over its heat colour) and scrolls it into view; moving the
-cursor redraws only the lines of the old and the new cursor token. A token with nothing to draw (bytes still
-pending, a hidden end token, a bare newline) is marked by one cell right after the token before it. Clicking a
+Time travel: `set_cursor(i)` marks token i (reverse video, over its heat colour), scrolls it into view and shows the
+answer as it stood at that step: what came after is dimmed, bytes held then are the ▒ right after the token. A
+token with nothing to draw (bytes still pending, a hidden end token, a bare newline) is marked by one cell right
+after the token before it. Clicking a
 token posts `OutputView.TokenClicked` with its index (the app moves the cursor there).
 """
 
@@ -94,6 +95,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         self._palette_cache: dict | None = None
         self._follow = True  # keep the newest line in view; off while the reader has scrolled up
         self.cursor: int | None = None  # the time-travel cursor's token (None: live, nothing marked)
+        self.cursor_pending = False  # bytes of a character were held after the cursor's token, at its step
 
     # ---- data --------------------------------------------------------------------------------------------
     @property
@@ -211,19 +213,28 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
         """(first, last) line on which token `index` is drawn or marked."""
         return self.answer.token_lines(index)
 
-    def set_cursor(self, index: int | None) -> None:
-        """Mark token `index` (None: back to live, following the newest line). Only the lines of the old and the
-        new cursor token are redrawn; the new one is scrolled into view."""
+    def set_cursor(self, index: int | None, pending: bool = False) -> None:
+        """Mark token `index` (None: back to live, following the newest line) and show the answer as it stood at
+        that step: the tokens after it dimmed, and — `pending`: bytes of a character were still held after it —
+        the ▒ placeholder right after it (the character it became is drawn by a later, dimmed, token). Moving from
+        step to step redraws the lines between the old and the new cursor token (one step: their lines only);
+        entering or leaving time travel, those from the cursor's token on. The new one is scrolled into view."""
         if index is not None and not 0 <= index < len(self._texts):
             index = None
         old = self.cursor
-        if index == old:
+        pending = pending and index is not None
+        if index == old and pending == self.cursor_pending:
             return
         self.cursor = index
-        for token in (old, index):
-            if token is not None and token < len(self._texts):
-                first, last = self._token_lines(token)
-                self.refresh_lines(first, last - first + 1)
+        self.cursor_pending = pending
+        moved = [token for token in (old, index) if token is not None and token < len(self._texts)]
+        if len(moved) == 2:  # from one step to another: only the tokens between them change how they look
+            first, _ = self._token_lines(min(moved))
+            _, last = self._token_lines(max(moved))
+            self.refresh_lines(first, last - first + 1)
+        elif moved:  # into time travel or out of it: everything after the cursor's token dims or brightens
+            first, _ = self._token_lines(moved[0])
+            self.refresh_lines(first, len(self._lines) - first)  # only the lines in view are drawn again
         if index is None:
             self._follow = True
             self._scroll_to_newest()
@@ -276,6 +287,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 "placeholder": base + self.get_component_rich_style("output--placeholder"),
                 "special": base + self.get_component_rich_style("output--special"),
                 "cursor": Style(reverse=True, bold=True),
+                "later": Style(dim=True),  # time travel: what was written after the step in view
             }
         return self._palette_cache
 
@@ -313,6 +325,8 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
             if anchor_line == line_no:
                 mark_slot = slot
         line = self._lines[line_no]
+        later = palette["later"]
+        held_after = cursor if cursor is not None and self.cursor_pending and not self.answer.blank(cursor) else None
         for slot, (index, start, end) in enumerate(line):
             if slot == mark_slot:
                 segments.append(self._blank_mark(cursor))
@@ -326,11 +340,16 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
                 style = base
             if index == cursor:
                 style = style + palette["cursor"]
+            elif cursor is not None and index > cursor:  # written after the step in view
+                style = style + later
             segments.append(Segment(piece, style))
+            if index == held_after and end == len(texts[index]):  # the bytes held at that step, after its token
+                segments.append(Segment("▒", palette["pending"]))
         if mark_slot is not None and mark_slot >= len(line):
             segments.append(self._blank_mark(cursor))
-        if line_no == len(self._lines) - 1 and self.pending_marker:
-            segments.append(Segment(self.pending_marker, palette["pending"]))
+        if line_no == len(self._lines) - 1 and self.pending_marker:  # held now, at the newest step
+            marker_style = palette["pending"] + (later if cursor is not None else Style())
+            segments.append(Segment(self.pending_marker, marker_style))
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
 
 
@@ -396,7 +415,8 @@ class OutputPanel(Vertical):
         hex_, _need = state.pending
         view.set_pending("▒" if hex_ else "")
         cursor = state.cursor
-        view.set_cursor(None if cursor is None else cursor + view.head_count)  # marked and kept in view
+        held = cursor is not None and state.view_step is not None and bool(state.view_step.pending_hex)
+        view.set_cursor(None if cursor is None else cursor + view.head_count, pending=held)  # marked, kept in view
         if state.phase == "error" and not state.tokens:
             view.placeholder = "no answer: the run failed"
         elif state.phase == "loading":

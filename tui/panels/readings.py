@@ -13,13 +13,18 @@ from .base import component_style, forget_styles
 
 
 def readings(state) -> dict[str, str | None]:
-    """The strip's numbers as text (None: not known yet), from the same state the full panels read: as of the step
-    shown (the newest, or the one the time-travel cursor holds; tokens/s stays the run's)."""
+    """The strip's numbers as text (None: not known yet), from the same state the full panels read, all as of the
+    step shown: the newest (the last decode step's latency, the run's tokens/s so far), or the one the time-travel
+    cursor holds (that step's latency, the rate up to it). A step scored by a prefill gives its time as the TTFT
+    ("ttft"), never as a decode step's ms/step."""
     stats = state.latency_stats()
     hex_, needed = state.view_pending
     dropped, _why = state.view_dropped
     kv_tokens, kv_bytes, _growth = state.view_kv
-    last = stats["last"] if state.live else state.view_latency
+    prefill_step = state.view_scored_by_prefill
+    last = None if prefill_step else stats["last"] if state.live else state.view_latency
+    ttft = state.view_latency if prefill_step else None
+    tok_s = state.view_tok_s
     viewed = state.view_step if not state.live else None
     server_kv = state.view_server_kv if server_of(state.facts) is not None else None
     return {
@@ -29,7 +34,8 @@ def readings(state) -> dict[str, str | None]:
         "server_kv": kv_usage_text(server_kv[0]) if server_kv is not None else None,
         "kv_tokens": f"{kv_tokens:,}" if kv_tokens else None,
         "ms_step": f"{last:.1f}" if last is not None else None,
-        "tok_s": f"{stats['tok_s']:.1f}" if stats["tok_s"] is not None else None,
+        "ttft": f"{ttft:.1f}" if ttft is not None else None,
+        "tok_s": f"{tok_s:.1f}" if tok_s is not None else None,
         "pending": hex_ or None,
         "needed": str(needed) if hex_ else None,
         "dropped": dropped or None,  # bytes the run ended on, never completed (the pending panel says why)
@@ -37,7 +43,9 @@ def readings(state) -> dict[str, str | None]:
 
 
 class ReadingsStrip(Widget):
-    """`KV 5.4 MiB · 124 tok │ 74.0 ms/step · 13.5 tok/s │ pending e5 bc +1 byte` — shorter forms when narrow."""
+    """`KV 5.4 MiB · 124 tok │ last 74.0 ms/step · 13.5 tok/s avg │ pending e5 bc needs 1 more byte` — shorter forms
+    when narrow. Which reading is which is said: the last step's latency beside the run's average rate, a past
+    step's own latency beside the rate up to it, a prefill's step as its TTFT."""
 
     COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes",
                          "readings--step"}
@@ -120,7 +128,7 @@ class ReadingsStrip(Widget):
         dot = (" · ", " · ", "·")[level]
         out = Text(no_wrap=True, overflow="ellipsis")
         if r["step"]:  # the time-travel cursor holds a past step: these readings are that step's
-            out.append(("at step " if level == 0 else "@") + r["step"], s("step"))
+            out.append(("at step " if level < 2 else "@") + r["step"], s("step"))
             out.append(sep, s("muted"))
         out.append("KV ", s("label"))
         if server_of(state.facts) is not None:  # a served model: tokens counted by tokentui, the server's share
@@ -139,11 +147,7 @@ class ReadingsStrip(Widget):
             out.append(r["kv_tokens"] or dash, s("value"))
             out.append(" tok", s("muted"))
         out.append(sep, s("muted"))
-        out.append(r["ms_step"] or dash, s("value"))
-        out.append(" ms/step", s("muted"))
-        out.append(dot, s("muted"))
-        out.append(r["tok_s"] or dash, s("value"))
-        out.append(" tok/s", s("muted"))
+        self._speed(out, r, level, state.live, s)
         out.append(sep, s("muted"))
         out.append("pending ", s("label"))
         if r["dropped"]:
@@ -159,3 +163,23 @@ class ReadingsStrip(Widget):
         else:
             out.append("none", s("muted"))
         return out
+
+    @staticmethod
+    def _speed(out: Text, r: dict, level: int, live: bool, s) -> None:
+        """The latency and the rate, each said for what it is: live, the last step's latency and the run's average
+        rate; at a past step, that step's own latency and the rate up to it; a step scored by a prefill, its time
+        as the TTFT."""
+        dash = "—"
+        if r["ttft"]:
+            out.append("TTFT ", s("label"))
+            out.append(r["ttft"], s("value"))
+            out.append(" ms (prefill)" if level == 0 else " ms", s("muted"))
+            return
+        if level < 2:
+            out.append("last " if live else ("this step " if level == 0 else ""), s("label"))
+        out.append(r["ms_step"] or dash, s("value"))
+        out.append((" ms/step" if level == 0 else " ms"), s("muted"))
+        out.append(" · " if level < 2 else "·", s("muted"))
+        out.append(r["tok_s"] or dash, s("value"))
+        rate = (" tok/s avg" if live else " tok/s to it") if level < 2 else " tok/s"
+        out.append(rate, s("muted"))

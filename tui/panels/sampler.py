@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from tokentui.core.settings import SamplerSettings
 
 from ..keys import next_top_k
 from .base import Panel
+
+# A change asked for that the engine has not used yet, longest first: the first that fits is said.
+PENDING_LIVE = ("changed: applies at the next step", "changed: from the next step", "changed: next step", "changed")
+PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next run (r)", "changed: r to use",
+                 "changed")
+
+
+def fitting(alternatives, room: int) -> str:
+    """The first of `alternatives` that fits in `room` cells whole, "" when none does."""
+    return next((text for text in alternatives if cell_len(text) <= room), "")
+
 
 SHORT_NAMES = {"temperature": "temp", "top_k": "top-k", "top_p": "top-p", "greedy": "mode", "seed": "seed"}
 
@@ -87,14 +99,12 @@ class SamplerPanel(Panel):
         values = describe(settings)
         in_force = state.last_step.settings if state.last_step is not None else None
         differs = in_force is not None and in_force != settings  # both SamplerSettings
-        pending = Text()
-        if differs and state.running:
-            pending.append("changed: applies at the next step", changed)
-        elif differs:  # the run has ended with other settings
-            pending.append("changed: applies to the next run (r)", changed)
-        history = [line for change in state.settings_changes for line in describe_change(change)]
         width = self.content_size.width or 26
         height = self.content_size.height or 1
+        # what a change asked for waits for, said whole in the room there is (never "changed: applies" cut off)
+        waiting = (PENDING_LIVE if state.running else PENDING_ENDED) if differs else ()
+        pending = Text(fitting(waiting, width), changed) if waiting else Text()
+        history = [line for change in state.settings_changes for line in describe_change(change)]
         viewed = state.view_step if not state.live else None
         if viewed is not None:  # the time-travel cursor holds a past step: its settings beside the live ones
             return self._travel(viewed, settings, width, height, pending, history)
@@ -105,12 +115,11 @@ class SamplerPanel(Panel):
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
                 out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
-            if pending:
+            room = width - cell_len(out.plain) - 3  # after " · "
+            note = fitting(waiting, room) if waiting else fitting(history[-1:], room)
+            if note:
                 out.append(" · ", muted)
-                out.append_text(pending)
-            elif history:
-                out.append(" · ", muted)
-                out.append(history[-1], changed)
+                out.append(note, changed)
             return out
         for n, (key, val) in enumerate(values.items()):
             if n:
@@ -164,9 +173,10 @@ class SamplerPanel(Panel):
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
                 out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
-            if history:
+            note = fitting(history[-1:], (self.content_size.width or 26) - cell_len(out.plain) - 3)
+            if note:  # whole, or not at all
                 out.append(" · ", muted)
-                out.append(history[-1], changed)
+                out.append(note, changed)
             return out
         for n, (key, val) in enumerate(values.items()):
             if n:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,7 +15,6 @@ from ..format import ms
 from ..served import CLIENT_MEASURED, reissue_forms, server_of
 from .base import FRAME_CSS, component_style, forget_styles
 
-PLOT_INTERVAL = 0.25  # at most 4 plot redraws a second
 REISSUE_FLAG = "▼"  # over a step that began a request re-issued from the prefix (a served model)
 
 
@@ -146,10 +144,8 @@ class SpeedPanel(Vertical):
         self.stats = SpeedStats(id="speed-stats")
         self.plot = LatencyPlot(id="speed-plot")
         self._state = None
-        self._plotted_at = 0.0
-        self._plot_timer = None
         self.last_text = None
-        self._cursor_drawn: tuple | None = None  # the time-travel cursor the plot was last drawn for
+        self._drawn: tuple | None = None  # what the plot was last drawn for: the run, its length, the cursor, size
 
     def compose(self) -> ComposeResult:
         yield self.stats
@@ -168,8 +164,11 @@ class SpeedPanel(Vertical):
             self.last_text = text
             self.stats.text = text
             self.stats.refresh()
-        cursor = (id(state.run), state.cursor)
-        self._maybe_plot(force or cursor != self._cursor_drawn)  # a cursor move is drawn at once
+        # Drawn in the same frame as every other panel (a plot a few steps behind the KV panel read as a lag), and
+        # only when what it shows changed: a new step, the cursor, the end of the run, a new size.
+        drawn = (id(state.run), len(state.run), state.cursor, state.done is not None, self.plot.size)
+        if force or drawn != self._drawn:
+            self._draw_plot()
 
     def rebuild(self) -> None:
         if self._state is not None:
@@ -179,23 +178,14 @@ class SpeedPanel(Vertical):
         """Shown again after being hidden, or resized: the stats' forms and the plot's window depend on the width."""
         self.call_after_refresh(self.rebuild)
 
-    def _maybe_plot(self, force: bool) -> None:
-        now = time.monotonic()
-        if force or now - self._plotted_at >= PLOT_INTERVAL:
-            self._draw_plot()
-        elif self._plot_timer is None:
-            self._plot_timer = self.set_timer(PLOT_INTERVAL - (now - self._plotted_at), self._draw_plot)
-
     def _draw_plot(self) -> None:
-        self._plot_timer = None
-        self._plotted_at = time.monotonic()
         if self._state is None:
             return
         line = component_style(self, "speed--line")
         colour = line.color.get_truecolor() if line.color is not None else None
         rgb = (colour.red, colour.green, colour.blue) if colour else Color.parse("#5fb3f0").rgb
         state = self._state
-        self._cursor_drawn = (id(state.run), state.cursor)
+        self._drawn = (id(state.run), len(state.run), state.cursor, state.done is not None, self.plot.size)
         position = state.cursor
         mark = component_style(self, "speed--cursor").color
         mark_rgb = mark.get_truecolor() if mark is not None else None
@@ -235,7 +225,9 @@ class SpeedPanel(Vertical):
         viewed = state.view_step if not state.live else None
         last_label, C = "last ", V
         if viewed is not None:  # the time-travel cursor's step: its latency, marked; the totals stay the run's
-            last_label, last, C = f"step {viewed.index + 1} ", num(viewed.latency_ms), "cursor"
+            # a step scored by a prefill: its latency is the time to the first token, said so
+            which = "TTFT " if state.view_scored_by_prefill else ""
+            last_label, last, C = f"step {viewed.index + 1} {which}", num(viewed.latency_ms), "cursor"
         lines = [
             [[("prefill ", L), (ms(prefill) if prefill is not None else dash, V), (n_prompt, M), (" · TTFT ", L),
               (ttft, V)],

@@ -11,7 +11,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from ..branches import BranchTree
-from ..format import token_count
+from ..format import token_count, whole_parts
 from ..served import server_of
 from .modal import ListDialog, list_dialog_css
 
@@ -33,22 +33,28 @@ class BranchList(ListDialog):
             body.border_title = f"runs of this prompt ({len(tree)})"
             body.border_subtitle = "enter show · c compare with the shown one · esc close"
             yield Static(f"showing #{tree.shown_branch.number}", markup=False)
-            options = []
-            for branch in tree.branches:
-                state = branch.state
-                line = Text()
-                line.append("▶ " if branch is tree.shown_branch else "  ")
-                line.append(branch.label)
-                line.append(f"  · {token_count(state)} · {branch.ending}", style="dim")
-                if branch.event is not None and server_of(state.facts) is not None:
-                    # a served model's branch: what the server's prefix cache reused, it does not say
-                    line.append(" · KV the server's prefix cache", style="dim")
-                elif branch.event is not None:
-                    reused = branch.event.kv_reused_tokens
-                    line.append(f" · KV {'reused ' + format(reused, ',') if reused else 'prefilled afresh'}",
-                                style="dim")
-                options.append(Option(line, id=str(branch.number)))
-            yield OptionList(*options, id="branch-list")
+            yield OptionList(*[Option(self.line(branch, 0), id=str(branch.number)) for branch in tree.branches],
+                             id="branch-list")
+
+    def line(self, branch, width: int) -> Text:
+        """One run's entry, broken only between its parts where it is wider than `width` cells."""
+        tree = self.branch_tree
+        state = branch.state
+        parts = [(("▶ " if branch is tree.shown_branch else "  ") + branch.label, ""),
+                 (token_count(state), "dim"), (branch.ending, "dim")]
+        if branch.event is not None and server_of(state.facts) is not None:
+            # a served model's branch: what the server's prefix cache reused, it does not say
+            parts.append(("KV the server's prefix cache", "dim"))
+        elif branch.event is not None:
+            reused = branch.event.kv_reused_tokens
+            parts.append((f"KV {'reused ' + format(reused, ',') if reused else 'prefilled afresh'}", "dim"))
+        return whole_parts(parts, width, indent="    ")
+
+    def on_resize(self) -> None:
+        options = self.query_one(OptionList)
+        width = options.scrollable_content_region.width
+        for branch in self.branch_tree.branches:
+            options.replace_option_prompt(str(branch.number), self.line(branch, width))
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)

@@ -8,7 +8,6 @@ the prompt) and generates on with the sampler settings in force now. `t` types a
 
 from __future__ import annotations
 
-from rich.cells import set_cell_size
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,6 +17,7 @@ from textual.widgets.option_list import Option
 
 from tokentui.core.runs.events import StepEvent
 
+from ..format import fit_piece
 from .modal import ListDialog, list_dialog_css
 
 
@@ -48,7 +48,7 @@ class BranchPicker(ListDialog):
             for rank, c in enumerate(step.candidates, 1):
                 line = Text()
                 line.append(f"{rank:>2} ")
-                line.append(set_cell_size(c.piece, 16), style="bold" if c.id != step.id else "dim")
+                line.append(fit_piece(c.piece, 16), style="bold" if c.id != step.id else "dim")
                 line.append(f" raw {_pct(c.raw_prob)} post {_pct(c.prob)}")
                 if c.id == step.id:
                     line.append("  taken", style="dim italic")

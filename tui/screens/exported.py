@@ -1,8 +1,8 @@
 """`x` done: where the answer and the run record were written, each full path on a line of its own.
 
 A toast is too narrow for paths (it broke them mid-name); here they are never wrapped (a path wider than the
-terminal scrolls sideways), can be selected with the mouse, and `c` / `C` copy them to the clipboard (OSC 52,
-which also works over SSH in most terminals); `x` exports again.
+terminal scrolls sideways), can be selected with the mouse, and `c` / `C` send them to the terminal's clipboard
+(OSC 52, which also works over SSH in most terminals; tui/clipboard.py says whether it could); `x` exports again.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from ..clipboard import copy_note
 
 
 class ExportedDialog(ModalScreen[None]):
@@ -73,7 +75,8 @@ class ExportedDialog(ModalScreen[None]):
     def action_copy(self, which: int) -> None:
         if which < len(self.paths):
             self.app.copy_to_clipboard(self.paths[which])
-            self.notify(f"copied {Path(self.paths[which]).name}", timeout=3, markup=False)
+            message, severity = copy_note(Path(self.paths[which]).name)  # tui/clipboard.py: what it could do
+            self.notify(message, severity=severity, timeout=6, markup=False)
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

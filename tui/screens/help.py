@@ -28,6 +28,9 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,q,question_mark,f1", "dismiss", "close", show=True),
     ]
+    # The body has the focus from the start, so ↑ ↓ PgUp PgDn Home End and the wheel scroll it at once (the app's
+    # AUTO_FOCUS names the answer, which is not on this screen: nothing had the focus until Tab).
+    AUTO_FOCUS = "#help-body"
 
     DEFAULT_CSS = """
     HelpScreen {
@@ -46,6 +49,7 @@ class HelpScreen(ModalScreen[None]):
         padding: 0 1;
     }
     HelpScreen Static { width: 100%; }
+    HelpScreen > VerticalScroll:focus { border: round $primary; }
     """
 
     def __init__(self, run_paused: bool = False) -> None:
@@ -57,7 +61,7 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-body") as body:
             body.border_title = "tokentui · keys"
             body.border_subtitle = ("generation paused while this is open · " if self.run_paused else "") \
-                + "esc / ? to close"
+                + "↑↓ PgDn End scroll · esc / ? close"
             yield Static(self._keys_table(), id="help-keys")
             yield Static("Tab: the answer ⇄ the prompt panel; ↑ ↓ PgUp PgDn Home End or the mouse wheel scroll it.",
                          id="help-scroll", markup=False)

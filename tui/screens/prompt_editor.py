@@ -54,6 +54,13 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
             return "empty: this model's template puts in its default (below)"
         return "empty: no system message (this model's template adds none)"
 
+    def label(self, typed: str) -> str:
+        """The system prompt field's label with `typed` in it: what leaving it empty would mean, only while it is."""
+        if typed.strip():
+            return "system prompt — yours (empty it for " + (
+                "the template's default)" if self._default or not self._default_known else "none)")
+        return f"system prompt — {self.empty_means()}"
+
     def effective(self, typed: str) -> str:
         """The system prompt the model will read with `typed` in the field."""
         typed = typed.strip()
@@ -72,7 +79,7 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
             area.cursor_blink = self._blink
             yield area
             yield Label("", id="prompt-error")
-            yield Label(f"system prompt — {self.empty_means()}", id="system-label")
+            yield Label(self.label(self._system), id="system-label")
             system = Input(self._system, id="system-text", placeholder="e.g. You are a terse assistant.")
             system.cursor_blink = self._blink
             yield system
@@ -97,6 +104,7 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "system-text":
+            self.query_one("#system-label", Label).update(self.label(event.value))
             self.query_one("#system-effective", Static).update(self.effective(event.value))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
