@@ -14,11 +14,12 @@ import re
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Iterator
 
 import torch
 
-from .adapter import first_capacity, input_device, new_cache
+from .adapter import first_capacity, input_device
 from .branch import BranchPoint, HeldCache, branch_events
 from ..interface import BaseEngine
 from ..steps.decode import decode_one_token
@@ -37,6 +38,7 @@ from ..steps.prefill import prefill_chunks
 from ..steps.select import select
 from ..settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, cpu_cores, use_threads
+from .static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
 from ..steps.template import apply_template, default_system_prompt
 from .timing import StepClock
 from ..steps.tokenization import tokenize
@@ -100,6 +102,16 @@ class Engine(BaseEngine):
                     use_threads(self.device, self.speed.decode_threads())
                     self._compiled.warm_up(bucket, progress)
                 self._drop_failed_decoder()
+        # Eager decode's cache: bucketed attention shapes or the exact length (core/model/static_cache.py)
+        problem = bucketing_problem(self.model) if self.speed.kv_shapes != "dynamic" else None
+        self.kv_bucketed = kv_shapes_for(self.speed.kv_shapes, self.device) and problem is None
+        self.facts = replace(self.facts, kv_cache=describe(self.kv_bucketed, problem, self.speed.kv_shapes,
+                                                           compiled=self._compiled is not None))
+
+    def new_eager_cache(self, tokens: int, max_new_tokens: int):
+        """An eager run's KV cache for a prompt (or prefix) of `tokens` ids and up to `max_new_tokens` more."""
+        return new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
+                               self.kv_bucketed)
 
     def _drop_failed_decoder(self) -> None:
         """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
@@ -232,7 +244,7 @@ class Engine(BaseEngine):
             if notice:
                 yield Notice(notice)
         if cache is None:
-            cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
+            cache = self.new_eager_cache(len(ids), opts.max_new_tokens)
         lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the options may have changed while paused
         if lens_why:
             lens_said = True
