@@ -16,6 +16,12 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   every step attends over the whole static buffer.
 * Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
   cache, chunk by chunk for a long prompt (core/steps/prefill.py), like the eager path.
+* The engine compiles the whole step (`top_n` decoders, `step_select`): the forward, step 4's selection
+  (core/model/fused_step.py: temperature, top-k, top-p, softmax, the seeded draw, candidates, entropies) and the
+  packing of its small result, so the step's one host transfer is that vector. The sampler and the draw's noise
+  are inputs filled in place (the sampler only when it changes; the noise from the run's seeded generator, which
+  dynamo cannot trace): a sampler change is new data for the same graph, never a recompile (tests/unit/
+  test_fused_step.py counts them over 1,000 steps).
 * On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
   torch records CUDA graphs per Python thread: a run on another thread than the warm-up (a LocalClient's executor
   thread, core/link/local_client.py) re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
@@ -167,9 +173,13 @@ class CompiledDecoder:
         vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
             else model.config.vocab_size
         self._sampler = sampler_tensor(self.device) if top_n is not None else None
+        self._sampler_in: SamplerSettings | None = None  # what `_sampler` holds
         self._noise = torch.ones(vocab, dtype=torch.float32, device=self.device) if top_n is not None else None
         for tensor in (self._sampler, self._noise):
-            if tensor is not None:  # fixed addresses, as StaticCache marks its own: CUDA graphs read them in place
+            # On CUDA fixed addresses, as StaticCache marks its own: the graphs read them in place. Not on CPU:
+            # inductor's freezing folds static inputs that the graph only reads into constants, so every step
+            # would sample with the warm-up's sampler and noise.
+            if tensor is not None and self.device.type == "cuda":
                 torch._dynamo.mark_static_address(tensor)
         self._step = torch.compile(self._forward if top_n is None else self._forward_select, **kwargs)
         self.compile_seconds: dict[int, float] = {}
@@ -236,7 +246,9 @@ class CompiledDecoder:
         """The whole step of a `top_n` decoder: feed `token_id`, select the next token with `settings` (the noise
         drawn from `generator` when sampling); returns the packed selection [15 + 3 * top_n] on the device, for
         `select.unpack` after the one copy to the host. After a failure, the same computation eagerly."""
-        write_sampler(self._sampler, settings)
+        if settings != self._sampler_in:  # a host-to-device copy (a wait on CUDA) only when the sampler changes
+            write_sampler(self._sampler, settings)
+            self._sampler_in = settings
         if not settings.is_greedy:
             draw_noise(generator, self._noise.numel(), self.device, out=self._noise)
         return self._run(token_id, cache)
