@@ -6,7 +6,9 @@ process (its first run) and again warmed (a second run in that process where the
 
     generate           transformers' `model.generate`, greedy, eager
     headless           `tokentui --headless --json` (the real command line), eager
-    headless compile   the same with `--compile`
+    headless compile   the same with `--compile` (the whole step compiled: forward, selection, packing)
+    headless kv-shapes eager with the other `--kv-shapes` than the device's default (bucketed on a CPU, dynamic
+                       on CUDA: the attention shape once per 256-position bucket against once per step)
     dashboard          the real dashboard in tmux (`tokentui`, eager); `dashboard compile` with `--compile`
 
 and prints ms/token (decode steps only), the median and p95 step, the dashboard's UI lag (from the run's `done`
@@ -142,9 +144,10 @@ def step_figures(events: list[dict]) -> dict:
             "p95": ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], "steps": len(decode) + 1}
 
 
-def tokentui_args(folder: Path, device: str, dtype: str, tokens: int, compile_: bool) -> list[str]:
+def tokentui_args(folder: Path, device: str, dtype: str, tokens: int, compile_: bool,
+                  kv_shapes: str = "auto") -> list[str]:
     args = ["--model", str(folder), "--device", device, "--dtype", dtype, "--temperature", "0", "--ignore-eos",
-            "--max-new-tokens", str(tokens), "--prompt", PROMPT]
+            "--max-new-tokens", str(tokens), "--prompt", PROMPT, "--kv-shapes", kv_shapes]
     return args + (["--compile"] if compile_ else [])
 
 
@@ -155,7 +158,7 @@ from tokentui.core.model.build import load_engine
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 folder, device, dtype, n, compile_ = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
-engine = load_engine(EngineSpec(model=folder, device=device, dtype=dtype, compile=compile_,
+engine = load_engine(EngineSpec(model=folder, device=device, dtype=dtype, compile=compile_, kv_shapes=sys.argv[6],
                                 sampler=SamplerSettings(temperature=0.0),
                                 options=RunOptions(max_new_tokens=n, ignore_eos=True)))
 runs = []
@@ -166,18 +169,22 @@ print(json.dumps({"first": runs[0], "warm": runs[1]}))
 """ % PROMPT
 
 
-def run_engine_warm(folder: Path, device: str, dtype: str, tokens: int, compile_: bool, env: dict) -> float | None:
+def run_engine_warm(folder: Path, device: str, dtype: str, tokens: int, compile_: bool, env: dict,
+                    kv_shapes: str = "auto") -> float | None:
     """The engine's second run in one process (the warmed figure of a headless row), in ms/token."""
     result = subprocess.run([sys.executable, "-c", WARM, str(folder), device, dtype, str(tokens),
-                             "1" if compile_ else "0"], capture_output=True, text=True, env=env, timeout=1800)
+                             "1" if compile_ else "0", kv_shapes], capture_output=True, text=True, env=env,
+                            timeout=1800)
     if result.returncode != 0:
         return None
     return json.loads(result.stdout.strip().splitlines()[-1])["warm"]
 
 
-def run_headless(folder: Path, device: str, dtype: str, tokens: int, compile_: bool, env: dict) -> dict:
+def run_headless(folder: Path, device: str, dtype: str, tokens: int, compile_: bool, env: dict,
+                 kv_shapes: str = "auto") -> dict:
     """The real command line, a fresh process: its first run; and the engine's second run in one process."""
-    cmd = [sys.executable, "-m", "tokentui", *tokentui_args(folder, device, dtype, tokens, compile_), "--headless",
+    cmd = [sys.executable, "-m", "tokentui", *tokentui_args(folder, device, dtype, tokens, compile_, kv_shapes),
+           "--headless",
            "--json", "--no-record"]
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -187,7 +194,7 @@ def run_headless(folder: Path, device: str, dtype: str, tokens: int, compile_: b
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     figures = step_figures(events)
     figures["wall_s"] = wall
-    figures["warm_ms"] = run_engine_warm(folder, device, dtype, tokens, compile_, env)
+    figures["warm_ms"] = run_engine_warm(folder, device, dtype, tokens, compile_, env, kv_shapes)
     return figures
 
 
@@ -295,6 +302,11 @@ def main(argv=None) -> int:
     for compile_ in ([False] if args.no_compile else [False, True]):
         name = "headless" + (" --compile" if compile_ else " (eager)")
         say(f"{name} ..."); rows.append((name, run_headless(folder, args.device, dtype, tokens, compile_, env)))
+    # eager with the KV shapes --kv-shapes auto does not pick on this device (core/model/static_cache.py): bucketed
+    # on a CPU, dynamic (a new attention shape every step) on CUDA
+    other = "dynamic" if args.device.startswith("cuda") else "bucketed"
+    name = f"headless --kv-shapes {other}"
+    say(f"{name} ..."); rows.append((name, run_headless(folder, args.device, dtype, tokens, False, env, other)))
     tmux = args.tmux or shutil.which("tmux")
     for compile_ in ([False] if args.no_compile else [False, True]):
         name = "dashboard" + (" --compile" if compile_ else " (eager)")

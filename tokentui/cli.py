@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto",
                    help="auto: on CPU, store wide float32 weight matrices transposed for a faster decode (same "
                         "values, scores differ by float rounding); stock: leave them as loaded")
+    # core.model.static_cache.KV_SHAPES, spelled out for the same reason
+    p.add_argument("--kv-shapes", choices=("auto", "dynamic", "bucketed"), default="auto",
+                   help="eager decode's attention shapes: bucketed (the KV cache padded to 256-position buckets, "
+                        "masked: one shape per bucket), dynamic (the exact length, a new shape every step) or auto "
+                        "(bucketed on CUDA, dynamic on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off: safetensors/GGUF)")
     p.add_argument("--server", default=None, metavar="URL",

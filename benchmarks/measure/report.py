@@ -222,7 +222,8 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
 
 # Sections other scripts write into BENCHMARKS.md (benchmarks/server_vs_local.py's, benchmarks/bench_quant.py's): kept
 # when this one rewrites it.
-KEPT_HEADINGS = ("## Same model, two engines (issue 15)", "## The 4-bit path (issue 25)")
+KEPT_HEADINGS = ("## Same model, two engines (issue 15)", "## The 4-bit path (issue 25)",
+                 "## GPU path, round 2 (issue 27)")
 
 
 def _kept_sections(path: Path) -> str:

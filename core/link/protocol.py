@@ -38,6 +38,7 @@ class EngineSpec:
     compile: bool = False
     threads: int | None = None
     weight_layout: str = "auto"
+    kv_shapes: str = "auto"
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     options: RunOptions = field(default_factory=RunOptions)
 

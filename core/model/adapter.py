@@ -29,6 +29,8 @@ class GrowableLayer(DynamicLayer):
     held for the tokens used. `allocated_nbytes` is the reserved buffer.
     """
 
+    zero_fill = False  # a new buffer starts zeroed (core/model/static_cache.py's BucketedLayer reads past the end)
+
     def __init__(self, capacity: int = 0):
         super().__init__()
         self.capacity = max(0, int(capacity))
@@ -47,8 +49,9 @@ class GrowableLayer(DynamicLayer):
     def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         old = 0 if self._kbuf is None else self._kbuf.shape[-2]
         size = max(needed, self.capacity, 2 * old)
-        kbuf = key_states.new_empty((*key_states.shape[:-2], size, key_states.shape[-1]))
-        vbuf = value_states.new_empty((*value_states.shape[:-2], size, value_states.shape[-1]))
+        new = "new_zeros" if self.zero_fill else "new_empty"
+        kbuf = getattr(key_states, new)((*key_states.shape[:-2], size, key_states.shape[-1]))
+        vbuf = getattr(value_states, new)((*value_states.shape[:-2], size, value_states.shape[-1]))
         if self._length:
             kbuf[..., : self._length, :].copy_(self._kbuf[..., : self._length, :])
             vbuf[..., : self._length, :].copy_(self._vbuf[..., : self._length, :])

@@ -38,7 +38,7 @@ from typing import Iterator
 
 from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer, first_capacity, new_cache
+from .adapter import GrowableLayer
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
@@ -71,7 +71,7 @@ def crop_problem(cache) -> str | None:
         return ("--compile's static KV cache is shared by the compiled decode step and has no crop "
                 "(transformers' StaticLayer cannot drop positions)")
     for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, GrowableLayer):  # sliding-window, linear-attention... layers
+        if type(layer) is not DynamicLayer and not isinstance(layer, GrowableLayer):  # sliding, linear... layers
             return f"this model's cache has {type(layer).__name__} layers, which cannot be cut back exactly"
     return None
 
@@ -181,7 +181,7 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
             if notice:
                 yield Notice(notice)
         if cache is None:
-            cache = new_cache(model, first_capacity(len(prefix), opts.max_new_tokens, engine.facts.max_context))
+            cache = engine.new_eager_cache(len(prefix), opts.max_new_tokens)
         use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
         chunked = len(prefix) > opts.prefill_chunk
         logits, forward_ms = None, 0.0

@@ -32,7 +32,8 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
                             progress=progress, ready=False)
         engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
                                                                                 threads=spec.threads,
-                                                                                weight_layout=spec.weight_layout),
+                                                                                weight_layout=spec.weight_layout,
+                                                                                kv_shapes=spec.kv_shapes),
                         progress=progress)
         progress(LoadProgress(STAGE_READY, 1.0))  # the last load event: after the weight layout and any compile
         return engine

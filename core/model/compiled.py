@@ -16,6 +16,12 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   every step attends over the whole static buffer.
 * Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
   cache, chunk by chunk for a long prompt (core/steps/prefill.py), like the eager path.
+* The engine compiles the whole step (`top_n` decoders, `step_select`): the forward, step 4's selection
+  (core/model/fused_step.py: temperature, top-k, top-p, softmax, the seeded draw, candidates, entropies) and the
+  packing of its small result, so the step's one host transfer is that vector. The sampler and the draw's noise
+  are inputs filled in place (the sampler only when it changes; the noise from the run's seeded generator, which
+  dynamo cannot trace): a sampler change is new data for the same graph, never a recompile (tests/unit/
+  test_fused_step.py counts them over 1,000 steps).
 * On CUDA the step is compiled with mode="reduce-overhead": CUDA graphs replay the whole step with one launch.
   torch records CUDA graphs per Python thread: a run on another thread than the warm-up (a LocalClient's executor
   thread, core/link/local_client.py) re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
@@ -65,6 +71,9 @@ import torch
 from transformers import StaticCache
 
 from .adapter import forward_last_logits, input_device, synchronize
+from .fused_step import fused_select, sampler_tensor, write_sampler
+from ..settings import SamplerSettings
+from ..steps.select import draw_noise
 from .architecture import compile_problem  # noqa: F401  (the engine asks it before building a decoder)
 from ..runs.events import LoadProgress
 from .kvcache import kv_bytes_at, kv_groups
@@ -73,6 +82,8 @@ MAX_COMPILED_TOKENS = 4096
 _BUCKET_MIN = 256
 _WARMUP_PROMPT = 8  # tokens of the throw-away prefill that triggers compilation
 _TICK_S = 5.0  # how often compile progress is reported
+_WARMUP_SAMPLERS = (SamplerSettings(temperature=0), SamplerSettings(temperature=0.7, top_k=40, top_p=0.9),
+                    SamplerSettings(temperature=1.0))
 
 
 def static_bytes(model, dtype: torch.dtype, bucket: int) -> int:
@@ -137,15 +148,16 @@ class CompiledDecoder:
     module docstring for why it is shared); a run holds `run_lock` from prefill to its last step."""
 
     @classmethod
-    def for_model(cls, model, threads: int) -> "CompiledDecoder":
-        """The decoder for `model` at `threads` CPU threads (generated CPU kernels bake in their thread count)."""
+    def for_model(cls, model, threads: int, top_n: int | None = None) -> "CompiledDecoder":
+        """The decoder for `model` at `threads` CPU threads (generated CPU kernels bake in their thread count).
+        `top_n`: a whole-step decoder reporting that many candidates (`step_select`); None: the forward only."""
         with _SHARED_LOCK:
             per_model = _SHARED.setdefault(model, {})
-            if threads not in per_model:
-                per_model[threads] = cls(model)
-            return per_model[threads]
+            if (threads, top_n) not in per_model:
+                per_model[(threads, top_n)] = cls(model, top_n)
+            return per_model[(threads, top_n)]
 
-    def __init__(self, model):
+    def __init__(self, model, top_n: int | None = None):
         self.run_lock = threading.Lock()
         self._model = weakref.ref(model)  # the registry is keyed on the model: a strong reference would keep it
         self.device = input_device(model)
@@ -155,7 +167,21 @@ class CompiledDecoder:
         self._warm_calls: dict[int, int] = {}
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # reused input: no per-step alloc
         kwargs, self._inductor_config = compile_settings(self.device)
-        self._step = torch.compile(self._forward, **kwargs)
+        # The whole step (core/model/fused_step.py): its sampler and noise are inputs filled in place, so a sampler
+        # change or a new draw is new data for the same graph, never a new graph.
+        self.top_n = top_n
+        vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
+            else model.config.vocab_size
+        self._sampler = sampler_tensor(self.device) if top_n is not None else None
+        self._sampler_in: SamplerSettings | None = None  # what `_sampler` holds
+        self._noise = torch.ones(vocab, dtype=torch.float32, device=self.device) if top_n is not None else None
+        for tensor in (self._sampler, self._noise):
+            # On CUDA fixed addresses, as StaticCache marks its own: the graphs read them in place. Not on CPU:
+            # inductor's freezing folds static inputs that the graph only reads into constants, so every step
+            # would sample with the warm-up's sampler and noise.
+            if tensor is not None and self.device.type == "cuda":
+                torch._dynamo.mark_static_address(tensor)
+        self._step = torch.compile(self._forward if top_n is None else self._forward_select, **kwargs)
         self.compile_seconds: dict[int, float] = {}
         self.failure: str | None = None  # why compiled decoding stopped (then every step is eager); None: it runs
 
@@ -166,8 +192,14 @@ class CompiledDecoder:
             raise RuntimeError("the compiled decoder's model is gone")
         return model
 
-    def _forward(self, ids: torch.Tensor, cache: StaticKV) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, cache: StaticKV, *_) -> torch.Tensor:
         return self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    def _forward_select(self, ids: torch.Tensor, cache: StaticKV, sampler: torch.Tensor,
+                        noise: torch.Tensor) -> torch.Tensor:
+        """The whole step: ids [1, 1] -> the step's packed selection [15 + 3 * top_n] (core/steps/select.py's
+        layout), forward, selection and packing in one graph."""
+        return fused_select(self._forward(ids, cache), sampler, noise, self.top_n)
 
     # ------------------------------------------------------------------------------------------- caches
     def cache(self, bucket: int) -> StaticKV:
@@ -203,7 +235,33 @@ class CompiledDecoder:
 
     def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:
         """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers). After a
-        failure (`failure`), an eager step on the same static cache."""
+        failure (`failure`), and on a whole-step decoder (whose graph returns a selection), an eager step on the
+        same static cache."""
+        if self.top_n is not None:
+            return self._eager(token_id, cache)
+        return self._run(token_id, cache)
+
+    def step_select(self, token_id: int, cache: StaticKV, settings: SamplerSettings,
+                    generator: torch.Generator | None) -> torch.Tensor:
+        """The whole step of a `top_n` decoder: feed `token_id`, select the next token with `settings` (the noise
+        drawn from `generator` when sampling); returns the packed selection [15 + 3 * top_n] on the device, for
+        `select.unpack` after the one copy to the host. After a failure, the same computation eagerly."""
+        if settings != self._sampler_in:  # a host-to-device copy (a wait on CUDA) only when the sampler changes
+            write_sampler(self._sampler, settings)
+            self._sampler_in = settings
+        if not settings.is_greedy:
+            draw_noise(generator, self._noise.numel(), self.device, out=self._noise)
+        return self._run(token_id, cache)
+
+    def _eager(self, token_id: int, cache: StaticKV) -> torch.Tensor:
+        if cache.host_tokens >= cache.capacity:
+            raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
+        self._ids.fill_(token_id)
+        logits = forward_last_logits(self.model, self._ids, cache)
+        cache.host_tokens += 1
+        return logits
+
+    def _run(self, token_id: int, cache: StaticKV) -> torch.Tensor:
         if cache.host_tokens >= cache.capacity:
             raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
         self._ids.fill_(token_id)  # a fill kernel: no host-to-device copy, no sync
@@ -219,6 +277,9 @@ class CompiledDecoder:
                 self.failure = f"--compile stopped ({why}): decoding eagerly"
         if self.failure is not None:
             logits = forward_last_logits(self.model, self._ids, cache)
+            if self.top_n is not None:
+                with torch.inference_mode():
+                    logits = fused_select(logits, self._sampler, self._noise, self.top_n)
         cache.host_tokens += 1
         return logits
 
@@ -231,12 +292,12 @@ class CompiledDecoder:
             else contextlib.nullcontext()
         if capacity in self._compiled:
             with torch.inference_mode(), stance:
-                return self._step(self._ids, cache).clone()
+                return self._step(self._ids, cache, self._sampler, self._noise).clone()
         import torch._inductor.config as inductor_config  # this call compiles (or records CUDA graphs)
 
         with torch.inference_mode(), inductor_config.patch(self._inductor_config), warnings.catch_warnings(), stance:
             warnings.simplefilter("ignore")  # inductor's deprecation chatter would land on the terminal
-            logits = self._step(self._ids, cache).clone()
+            logits = self._step(self._ids, cache, self._sampler, self._noise).clone()
         self._warm_calls[capacity] = calls + 1
         if calls + 1 >= 3:  # CUDA graphs record on the third call
             self._compiled.add(capacity)
@@ -270,8 +331,11 @@ class CompiledDecoder:
                 text = (str(err).strip().splitlines() or [""])[0][:120]
                 self.failure = (f"--compile stopped (this model's forward does not take a static KV cache: "
                                 f"{type(err).__name__}: {text}): decoding eagerly")
-            for _ in range(3 if self.failure is None else 0):
-                self.step(token, cache)
+            for call in range(3 if self.failure is None else 0):
+                if self.top_n is None:
+                    self.step(token, cache)
+                else:  # greedy, then sampling: the graph is one, whatever the sampler
+                    self.step_select(token, cache, _WARMUP_SAMPLERS[call], None)
                 if self.failure is not None:
                     break
             synchronize(self.device)

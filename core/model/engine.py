@@ -14,11 +14,12 @@ import re
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Iterator
 
 import torch
 
-from .adapter import first_capacity, input_device, new_cache
+from .adapter import first_capacity, input_device, synchronize
 from .branch import BranchPoint, HeldCache, branch_events
 from .fanout import fanout_events
 from .forcing import phrase_pieces
@@ -37,9 +38,10 @@ from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weigh
 from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
 from ..steps.prefill import prefill_chunks
-from ..steps.select import select
+from ..steps.select import select, unpack
 from ..settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, cpu_cores, use_threads
+from .static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
 from ..steps.template import apply_template, default_system_prompt
 from .timing import StepClock
 from ..steps.tokenization import tokenize
@@ -97,12 +99,24 @@ class Engine(BaseEngine):
             if problem is not None:
                 self._compile_notice = f"{problem}: decoding eagerly"
             else:
-                self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads())
+                # the whole step (forward + selection, core/model/fused_step.py) as one compiled call
+                self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads(),
+                                                           self.options.top_candidates)
                 bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a chat prompt
                 if bucket is not None:
                     use_threads(self.device, self.speed.decode_threads())
                     self._compiled.warm_up(bucket, progress)
                 self._drop_failed_decoder()
+        # Eager decode's cache: bucketed attention shapes or the exact length (core/model/static_cache.py)
+        problem = bucketing_problem(self.model) if self.speed.kv_shapes != "dynamic" else None
+        self.kv_bucketed = kv_shapes_for(self.speed.kv_shapes, self.device) and problem is None
+        self.facts = replace(self.facts, kv_cache=describe(self.kv_bucketed, problem, self.speed.kv_shapes,
+                                                           compiled=self._compiled is not None))
+
+    def new_eager_cache(self, tokens: int, max_new_tokens: int):
+        """An eager run's KV cache for a prompt (or prefix) of `tokens` ids and up to `max_new_tokens` more."""
+        return new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
+                               self.kv_bucketed)
 
     def _drop_failed_decoder(self) -> None:
         """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
@@ -252,7 +266,7 @@ class Engine(BaseEngine):
             if notice:
                 yield Notice(notice)
         if cache is None:
-            cache = new_cache(self.model, first_capacity(len(ids), opts.max_new_tokens, facts.max_context))
+            cache = self.new_eager_cache(len(ids), opts.max_new_tokens)
         lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the options may have changed while paused
         if lens_why:
             lens_said = True
@@ -315,6 +329,13 @@ class Engine(BaseEngine):
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
         compile_said = False  # a compiled decoder that stopped mid-run: said once
+        # --compile's whole step (core/model/compiled.py `step_select`): the forward of the last token and the next
+        # selection in one compiled call, run once the next step's settings are known; `pending` is that token.
+        whole = getattr(cache, "decoder", None)
+        # (not for a forced phrase's selection or a scored text's forward: they replace steps 4 and 5 themselves)
+        whole = whole if (whole is not None and whole.top_n == opts.top_candidates and choose is select
+                          and decode is decode_one_token) else None
+        pending: int | None = None
         index = first
         while True:
             # Step 4 — selection, with the settings in force now.
@@ -323,10 +344,21 @@ class Engine(BaseEngine):
                 generator.manual_seed(settings.seed)
                 seed_in_use = settings.seed
             try:
-                sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
+                if pending is not None:  # step 5 and 4 together: forward of `pending`, then the selection
+                    packed = whole.step_select(pending, cache, settings, generator)
+                    if clock.sync_forward:
+                        synchronize(self.device)
+                    clock.forward_ends((time.perf_counter() - step_start) * 1000.0)
+                    sel = unpack(clock.to_host(packed), opts.top_candidates, settings.is_greedy)
+                    pending = None
+                else:
+                    sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
             except GenerationError as err:
                 raise GenerationError(f"step {index + 1}: {err}", index) from err  # numbered from 1; .step: the index
             clock.selected()
+            if whole is not None and whole.failure is not None and not compile_said:
+                compile_said = True
+                yield Notice(whole.failure)  # this step was eager, as the rest of the run will be
             vocab = self.token_bytes
             lens = None  # the logit lens of the forward that scored this token (core/model/lens.py)
             if lens_states:
@@ -382,6 +414,9 @@ class Engine(BaseEngine):
             step_start = clock.forward_begins(self.options.time_stages, waited)
             if decode_started is None:
                 decode_started = step_start
+            if whole is not None and lens_states is None:
+                pending = sel.token_id  # fed by the next step's whole-step call, once its settings are known
+                continue
             logits, forward_ms = decode(self.model, sel.token_id, cache, states_out=lens_states,
                                         sync=clock.sync_forward)
             clock.forward_ends(forward_ms, getattr(decode, "fed", 1))

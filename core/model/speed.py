@@ -27,6 +27,8 @@ import torch
 from ..errors import SettingsError
 from .weight_layout import LAYOUTS
 
+KV_SHAPES = ("auto", "dynamic", "bucketed")  # core/model/static_cache.py
+
 def cpu_cores() -> int:
     """CPU cores this process may use: torch's default (physical cores) within the affinity mask."""
     try:
@@ -48,11 +50,14 @@ class SpeedOptions:
     threads: int | None = None
     prefill_threads: int | None = None
     weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/model/weight_layout.py); "stock"
+    kv_shapes: str = "auto"  # eager decode's attention shapes (core/model/static_cache.py): auto, dynamic, bucketed
 
     def __post_init__(self) -> None:
         """Checked here, once: an invalid SpeedOptions cannot exist."""
         if self.weight_layout not in LAYOUTS:
             raise SettingsError(f"weight-layout must be {' or '.join(LAYOUTS)}, got {self.weight_layout!r}")
+        if self.kv_shapes not in KV_SHAPES:
+            raise SettingsError(f"kv-shapes must be {', '.join(KV_SHAPES)}, got {self.kv_shapes!r}")
         for name in ("threads", "prefill_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

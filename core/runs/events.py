@@ -130,10 +130,13 @@ class ModelFacts(Event):
     # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
     kv_groups: list[KVGroup] | None = None
     anatomy: ModelAnatomy | None = None
+    # Which KV cache the engine decodes with and why (core/model/static_cache.py: "bucketed: ..." or "dynamic: ...",
+    # with --compile "static: ..." first); None: not an engine's (a served model, an older record)
+    kv_cache: str | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

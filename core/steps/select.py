@@ -32,9 +32,8 @@ from ..errors import GenerationError
 from ..settings import SamplerSettings
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
-__all__ = ["Selection", "select", "reference_probs", "sample_index"]
+__all__ = ["Selection", "select", "reference_probs", "draw_noise", "race_index", "unpack"]
 
-_BLOCK = 256  # sample_index: draw a block of this many entries, then an entry inside it
 _LN2 = math.log(2.0)
 _NAN_MESSAGE = (
     "the model produced NaN/inf scores (numerical overflow: try another dtype, e.g. --dtype float32, or another model)"
@@ -104,8 +103,9 @@ def select(
 ) -> Selection:
     """Pick the next token from the last position's scores ([V] or [1, V], any float dtype).
 
-    Greedy: torch.argmax of the raw scores. Sampling: torch.multinomial over the kept tokens with `generator`
-    (on the scores' device; None uses torch's global RNG), so a seeded generator replays a run.
+    Greedy: torch.argmax of the raw scores. Sampling: an exponential race over the kept tokens (`race_index`) with
+    noise drawn from `generator` (on the scores' device; None uses torch's global RNG), so a seeded generator
+    replays a run, and the compiled whole step (core/model/fused_step.py) draws the same token from the same noise.
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     Raises GenerationError when the scores hold NaN or ±inf.
     """
@@ -130,6 +130,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
     all_k = vocab if settings.top_k >= vocab else None  # ...and that is what top-k kept
     top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    noise = draw_noise(generator, vocab, x.device)  # [V] the step's one draw
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.max() - x  # [V] >= 0, shared by both entropies
     p = _softmax(x)  # [V] raw probabilities
@@ -142,11 +143,11 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
         ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
         hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
         if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
-            return _unpack(to_host(_sample_all(x, p, ps, h, hs, generator, n)), n, greedy=False, all_k=all_k)
+            return _unpack(to_host(_sample_all(x, p, ps, h, hs, noise, n)), n, greedy=False, all_k=all_k)
         k = first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
-    while True:
-        packed = _sample_prefix(x, xs, p, ps, h, hs, generator, n, k, temperature, top_k, top_p)
+    while True:  # a widened prefix draws from the same noise: one draw per step, whatever the prefix
+        packed = _sample_prefix(x, xs, p, ps, h, hs, noise, n, k, temperature, top_k, top_p)
         values = to_host(packed)  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
@@ -155,20 +156,22 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
         k = wider_prefix(k, vocab, values[_PREFIX_MASS], values[_LAST_PROB], xs, top_k, top_p)
 
 
-def sample_index(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw from `probs` ([m], non-negative, not necessarily normalised) with torch.multinomial, as [1].
+def draw_noise(generator: torch.Generator | None, vocab: int, device: torch.device,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's random draw: [vocab] float32 Exp(1) noise, one value per token id (into `out` when given)."""
+    out = torch.empty(vocab, dtype=torch.float32, device=device) if out is None else out
+    # a 0 would make a cut token's 0 / 0 a NaN, which argmax would pick
+    return out.exponential_(generator=generator).clamp_min_(torch.finfo(torch.float32).tiny)
 
-    Over a whole vocabulary one torch.multinomial call is slow on CPU (BENCHMARKS.md, "Why the code is as it is"). Drawing a block of _BLOCK entries by its
-    mass, then an entry inside that block by its probability, is the same distribution (P(block) * P(entry | block)
-    = P(entry)) for one O(m) sum and two draws over a few hundred entries.
-    """
-    m = probs.numel()
-    if m <= 4 * _BLOCK:
-        return torch.multinomial(probs, 1, generator=generator)
-    blocks = torch.nn.functional.pad(probs, (0, -m % _BLOCK)).view(-1, _BLOCK)  # [ceil(m / _BLOCK), _BLOCK]
-    b = torch.multinomial(blocks.sum(dim=-1), 1, generator=generator)  # [1] which block
-    i = torch.multinomial(blocks.index_select(0, b)[0], 1, generator=generator)  # [1] which entry in it
-    return b * _BLOCK + i
+
+def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One draw from `probs` ([m], non-negative, not necessarily normalised) given each entry's Exp(1) `noise` [m],
+    as [1]: argmax(probs / noise), the exponential race (P(entry i wins) = probs[i] / sum(probs); torch.multinomial
+    draws one sample the same way). Hand-written instead of torch.multinomial so that the noise belongs to the
+    token id, not to the position in whatever subset is sampled: the eager prefix and the compiled whole-vocabulary
+    step (core/model/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
+    (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is")."""
+    return torch.argmax(probs / noise).reshape(1)
 
 
 def _scores(logits: torch.Tensor) -> torch.Tensor:
@@ -243,6 +246,12 @@ def _count(value: float) -> int | None:
     return None if value < 0 else int(value)
 
 
+def unpack(values: list[float], n: int, greedy: bool) -> Selection:
+    """The Selection in a packed vector (the layout above) moved to the host: `select`'s own, or the compiled whole
+    step's (core/model/fused_step.py). Raises GenerationError for non-finite scores."""
+    return _unpack(values, n, greedy)
+
+
 def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None) -> Selection:
     if not values[_FINITE]:
         raise GenerationError(_NAN_MESSAGE)
@@ -299,7 +308,7 @@ def _sample_all(
     ps: torch.Tensor,
     h: torch.Tensor,
     hs: torch.Tensor,
-    generator: torch.Generator | None,
+    noise: torch.Tensor,  # [V] Exp(1), per token id (draw_noise)
     n: int,
 ) -> torch.Tensor:
     """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature).
@@ -313,7 +322,7 @@ def _sample_all(
     on_cpu = x.device.type == "cpu"
     if on_cpu and not bool(finite):
         raise GenerationError(_NAN_MESSAGE)
-    token = sample_index(ps if on_cpu else torch.where(finite, ps, 1.0), generator)  # [1]; NaN makes it raise
+    token = race_index(ps if on_cpu else torch.where(finite, ps, 1.0), noise)  # [1]
     top_ids = top_scores(x, n)[1]  # [n]
     at = torch.cat([token, top_ids])  # [1 + n]
     raw, post = p.index_select(0, at), ps.index_select(0, at)
@@ -336,7 +345,7 @@ def _sample_prefix(
     ps: torch.Tensor | None,
     h: torch.Tensor,
     hs: torch.Tensor,
-    generator: torch.Generator | None,
+    noise: torch.Tensor,  # [V] Exp(1), per token id (draw_noise)
     n: int,
     k: int,
     temperature: float,
@@ -381,7 +390,7 @@ def _sample_prefix(
     # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
     # by a tiny temperature.
     ok = torch.isfinite(h + z)
-    j = sample_index(torch.where(ok, probs, 1.0), generator)  # [1] position in the prefix; NaN would make it raise
+    j = race_index(torch.where(ok, probs, 1.0), noise.index_select(0, idx))  # [1] position in the prefix
     nonzero = probs > 0
     raw = p.index_select(0, idx)  # [k] raw probabilities
     chosen = torch.stack([raw_vals, raw, probs]).index_select(1, j)[:, 0]  # [3] raw score, raw prob, prob

@@ -25,10 +25,11 @@ def test_the_gpu_check_dry_run_prints_every_row(tmp_path, embedded):
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     table = result.stdout
-    for row in ("generate (eager)", "headless (eager)", "dashboard (eager)", "HBM roofline"):
+    for row in ("generate (eager)", "headless (eager)", "headless --kv-shapes bucketed", "dashboard (eager)",
+                "HBM roofline"):
         assert f"| {row} |" in table, table
     figures = json.loads(out.read_text())
-    for name in ("generate (eager)", "headless (eager)", "dashboard (eager)"):
+    for name in ("generate (eager)", "headless (eager)", "headless --kv-shapes bucketed", "dashboard (eager)"):
         row = figures["rows"][name]
         assert "error" not in row, (name, row)
     assert figures["rows"]["headless (eager)"]["steps"] == 8 and figures["rows"]["dashboard (eager)"]["steps"] == 8

@@ -139,8 +139,7 @@ def test_compiled_tiny_matches_generate_and_reports_kv_truthfully(tiny, compiled
         prompt_event = next(e for e in events if isinstance(e, PromptEvent))
         assert [s.id for s in steps] == generate_ids(tiny.model, prompt_event.ids, 40, stop_at_eos=False)
         notices = [e.message for e in events if isinstance(e, Notice)]
-        allocated = cache_allocated_nbytes(CompiledDecoder.for_model(tiny.model, engine.speed.decode_threads())
-                                           .cache(256))
+        allocated = cache_allocated_nbytes(engine.compiled.cache(256))
         said = f"static KV cache: {allocated / 2**10:.1f} KiB allocated for 256 tokens"  # the real allocation
         assert any(n.startswith(said) for n in notices)
         assert not any("compiling" in n for n in notices)  # compiled at construction

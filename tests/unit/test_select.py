@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
-from tokentui.core.steps.select import Selection, reference_probs, sample_index, select
+from tokentui.core.steps.select import Selection, draw_noise, race_index, reference_probs, select
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.topn import top_prefix, top_scores
 
@@ -404,8 +404,9 @@ def test_sampling_frequencies_match_the_warpers():
         assert bool(((counts / draws - ref).abs() <= 5 * sigma + 1e-12).all())
 
 
-def test_two_level_sampler_matches_its_distribution():
-    # sample_index splits large distributions into blocks; check it draws each entry with its probability.
+def test_the_exponential_race_matches_its_distribution():
+    # race_index draws argmax(probs / noise) with per-id Exp(1) noise; check it draws each entry with its probability
+    # and never one of probability 0.
     m = 5000
     probs = torch.zeros(m)
     heavy = torch.tensor([3, 700, 701, 2048, 4095, 4999])
@@ -413,7 +414,7 @@ def test_two_level_sampler_matches_its_distribution():
     probs[torch.arange(1000, 1500)] = 0.15 / 500  # a spread-out tail across two blocks
     g = gen(5)
     draws = 10_000
-    hits = torch.cat([sample_index(probs, g) for _ in range(draws)])
+    hits = torch.cat([race_index(probs, draw_noise(g, m, probs.device)) for _ in range(draws)])
     assert bool((probs[hits] > 0).all())
     groups = torch.cat([heavy, torch.tensor([-1])])
     observed = torch.tensor([float((hits == i).sum()) for i in heavy] + [float(((hits >= 1000) & (hits < 1500)).sum())])
@@ -421,4 +422,5 @@ def test_two_level_sampler_matches_its_distribution():
     assert len(groups) == len(observed)
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     assert chi2 < 30.0, chi2
-    assert torch.equal(sample_index(probs, gen(8)), sample_index(probs, gen(8)))
+    assert torch.equal(race_index(probs, draw_noise(gen(8), m, probs.device)),
+                       race_index(probs, draw_noise(gen(8), m, probs.device)))

@@ -82,6 +82,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=integer("threads"), default=None, help="CPU threads for the model")
     p.add_argument("--compile", action="store_true", help="static KV cache + compiled decode step (as tokentui)")
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto", help="as for tokentui")
+    p.add_argument("--kv-shapes", choices=("auto", "dynamic", "bucketed"), default="auto", help="as for tokentui")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own Python code (off)")
     p.add_argument("--allow-pickle", action="store_true", help="allow pickle weight files (off)")
     p.add_argument("--server", default=None, metavar="URL",

@@ -88,6 +88,7 @@ def engine_spec(args):
     return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
                       compile=args.compile, threads=args.threads, weight_layout=args.weight_layout,
+                      kv_shapes=args.kv_shapes,
                       sampler=sampler, options=options)
 
 

@@ -1,0 +1,112 @@
+"""Eager decode with attention shapes that change once per bucket, not every step (`--kv-shapes`).
+
+Why: with transformers' dynamic cache a decode step's attention reads exactly the positions cached so far, so every
+step is a new attention shape. On a GPU that is what made the first eager run slow (issue 27's H200 profile: on
+Hopper SDPA picks cuDNN, which builds an execution plan per new shape, and a first run pays for each one). Here a
+step's attention reads the cache rounded up to the next multiple of BUCKET positions, with a mask over the tail, so
+one shape serves BUCKET consecutive steps.
+
+How (chosen over transformers' StaticCache, which --compile uses: core/model/compiled.py): a StaticCache
+attends over its whole preallocated length at every step, which for a long --max-new-tokens means every early step
+pays for the whole run's attention, and it cannot be cut back for a branch. `BucketedLayer` is the engine's
+growable full-attention layer (core/model/adapter.py's GrowableLayer: append into a preallocated, doubling buffer)
+that hands attention a view of the buffer padded to the bucket, and tells transformers' mask builder that length
+(`get_mask_sizes`): the mask is the causal one over real positions (the padding is beyond the query's position,
+so masked). `is_compileable = True` is what makes transformers build that mask for a one-token query instead of
+relying on SDPA's `is_causal` over exactly the keys it is given (masking_utils, `allow_is_causal_skip`). The
+buffer starts zeroed, so the masked tail is finite (a masked NaN would still poison the weighted sum).
+
+Prefill (more than one query) sees the exact length, as before: its shape is the prompt's anyway, and an explicit
+mask would take SDPA off its causal fast path. The KV figures are unchanged: the layer's `keys` / `values` stay the
+used prefix (what the KV panel and the step's `kv_bytes` count), `allocated_nbytes` the buffer.
+
+Which caches: a model whose every layer is plain full attention (or MLA, which caches per position the same way).
+Sliding-window, chunked and recurrent layers keep transformers' own cache: a sliding layer's mask follows its
+window, and a recurrent state has one shape already. Such a model decodes with the dynamic cache, and its model
+facts say why (`kv_cache`). Whether bucketing is the default on each device: `--kv-shapes auto` (BENCHMARKS.md,
+"Bucketed KV shapes", has the measurement behind it).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .adapter import GrowableLayer, cache_keyword, new_cache
+
+BUCKET = 256  # positions per attention shape
+
+
+def _round_up(tokens: int) -> int:
+    return -(-max(1, tokens) // BUCKET) * BUCKET
+
+
+class BucketedLayer(GrowableLayer):
+    """A GrowableLayer whose one-token updates return keys and values padded to a multiple of BUCKET positions."""
+
+    is_compileable = True  # transformers then builds the causal mask for a one-token query (see the module docstring)
+    zero_fill = True
+
+    def __init__(self, capacity: int = 0):
+        super().__init__(_round_up(capacity) if capacity else 0)
+
+    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super()._reserve(_round_up(needed), key_states, value_states)
+
+    def padded_length(self, tokens: int) -> int:
+        """The attention length for a cache holding `tokens` positions: the next multiple of BUCKET."""
+        return _round_up(tokens)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        end = self._length + query_length
+        return (self.padded_length(end) if query_length == 1 else end), 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if key_states.shape[-2] != 1:
+            return keys, values
+        n = self.padded_length(self._length)  # <= the buffer: _reserve rounds it up to a bucket
+        return self._kbuf[..., :n, :], self._vbuf[..., :n, :]
+
+
+def bucketing_problem(model) -> str | None:
+    """Why `model`'s cache cannot take bucketed shapes (sliding, chunked, recurrent layers); None: it can."""
+    if cache_keyword(model) != "past_key_values":
+        return "this model keeps only a recurrent state (the Mamba family), which has one shape already"
+    layers = DynamicCache(config=model.config).layers
+    others = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if not layers:
+        return "its cache has no per-position layers"
+    if others:
+        return f"its cache has {', '.join(others)} layers, which keep transformers' own shapes"
+    return None
+
+
+def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
+    """The eager path's cache (core/model/adapter.py's `new_cache`, `capacity` positions reserved), its
+    full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`)."""
+    cache = new_cache(model, capacity)
+    if bucketed:
+        cache.layers = [BucketedLayer(capacity) if type(layer) is GrowableLayer else layer for layer in cache.layers]
+    return cache
+
+
+def kv_shapes_for(choice: str, device: torch.device) -> bool:
+    """Whether `--kv-shapes choice` buckets on `device`: "auto" buckets on CUDA only (BENCHMARKS.md)."""
+    if choice == "auto":
+        return device.type == "cuda"
+    return choice == "bucketed"
+
+
+def describe(bucketed: bool, problem: str | None, choice: str, compiled: bool = False) -> str:
+    """The model facts' `kv_cache` line: which cache eager decoding uses, and why when it is not the one asked
+    (`compiled`: --compile's static cache decodes first; eager decoding serves the runs it does not cover)."""
+    if compiled:
+        return ("static (--compile): one buffer per 256 * 2^k bucket, attention over all of it; runs it does not "
+                "cover decode eagerly, " + describe(bucketed, problem, choice))
+    if bucketed:
+        return f"bucketed: attention over {BUCKET}-position buckets (the mask hides the unused tail)"
+    if problem is not None and choice != "dynamic":
+        return f"dynamic: exact length every step (not bucketed: {problem})"
+    return "dynamic: exact length every step"
