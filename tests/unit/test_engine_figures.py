@@ -170,7 +170,9 @@ def test_uncached_hub_id_with_the_hub_unreachable_fails_in_one_quick_line(isolat
     elapsed = time.monotonic() - started
     one_line_error(result, "is not in the local Hugging Face cache and the hub cannot be reached")
     assert "127.0.0.1:9" in result.stderr and "Retrying" not in result.stderr
-    assert elapsed < 4, elapsed  # was ~25 s of retries; here: Python's start and one refused connection
+    # Retries took ~25 s (their log lines are silenced, so time is what tells); one refused connection takes none:
+    # the bound leaves room for a slow Python start on a loaded machine.
+    assert elapsed < 20, elapsed
 
 
 def test_the_hub_probe_is_bounded(monkeypatch, tmp_path):
