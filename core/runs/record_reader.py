@@ -184,21 +184,36 @@ def read_lines(path: Path) -> tuple[list[tuple[int, Event]], int | None]:
 
 def _events(path: Path) -> Iterator[tuple[int, Event | None]]:
     """(line number, event) for each line as it is read; a last line cut short comes as (its number, None)."""
+    for number, data in json_lines(path, "run record"):
+        if data is None:
+            yield number, None
+            return
+        try:
+            yield number, event_from_dict(data)
+        except ValueError as err:
+            raise RecordError(f"{path}: line {number}: {err}") from None
+
+
+def json_lines(path: Path, what: str) -> Iterator[tuple[int, object | None]]:
+    """(line number, value) for each line of a JSON-lines file that is outside input (a record, a run tree), read a
+    line at a time: no line longer than MAX_LINE_BYTES, each strict JSON. A last line cut short after whole ones (a
+    crash mid-write) comes as (its number, None). Anything else wrong: RecordError, one line naming the file, the
+    line and `what` the file should have been."""
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise RecordError(f"{path}: is a folder, not a run record") from None
+        raise RecordError(f"{path}: is a folder, not a {what}") from None
     except OSError as err:
         raise RecordError(f"{path}: {err.strerror or err}") from None
     with fh:
         number = 0
         seen = False
-        line = _read_line(fh, path, 1)
+        line = _read_line(fh, path, 1, what)
         while line is not None:
             number += 1
-            following = _read_line(fh, path, number + 1)  # one line ahead: only the last line may be cut short
+            following = _read_line(fh, path, number + 1, what)  # one line ahead: only the last may be cut short
             if line.strip():
                 try:
                     data = strict_loads(line)
@@ -207,16 +222,13 @@ def _events(path: Path) -> Iterator[tuple[int, Event | None]]:
                         yield number, None
                         return
                     why = f" ({err})" if "JSON" in str(err) or "nested" in str(err) else ""
-                    raise RecordError(f"{path}: line {number} is not JSON{why}: not a tokentui run record") from None
-                try:
-                    yield number, event_from_dict(data)
-                except ValueError as err:
-                    raise RecordError(f"{path}: line {number}: {err}") from None
+                    raise RecordError(f"{path}: line {number} is not JSON{why}: not a tokentui {what}") from None
+                yield number, data
                 seen = True
             line = following
 
 
-def _read_line(fh, path: Path, number: int) -> bytes | None:
+def _read_line(fh, path: Path, number: int, what: str) -> bytes | None:
     """The next line (its newline dropped), None at the end; RecordError past MAX_LINE_BYTES."""
     try:
         line = fh.readline(MAX_LINE_BYTES + 1)
@@ -225,8 +237,8 @@ def _read_line(fh, path: Path, number: int) -> bytes | None:
     if not line:
         return None
     if len(line) > MAX_LINE_BYTES:
-        raise RecordError(f"{path}: line {number} is longer than {MAX_LINE_BYTES // 2**20} MiB: not a tokentui run "
-                          "record")
+        raise RecordError(f"{path}: line {number} is longer than {MAX_LINE_BYTES // 2**20} MiB: not a tokentui "
+                          f"{what}")
     return line[:-1] if line.endswith(b"\n") else line
 
 

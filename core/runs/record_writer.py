@@ -12,9 +12,32 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 from .events import Event
 from ..paths import open_private, private_dir, runs_dir
+
+
+class JsonLinesFile:
+    """An open JSON-lines file (a record, a run tree): each line written whole and flushed, fsync'd at the end."""
+
+    def __init__(self, fh: TextIO) -> None:
+        self._fh: TextIO | None = fh
+
+    def write(self, data: dict) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError:
+                pass
+            self._fh.close()
+            self._fh = None
 
 
 class RunRecorder:
@@ -23,7 +46,7 @@ class RunRecorder:
     def __init__(self, directory: Path | None = None):
         self.directory = Path(directory) if directory else runs_dir()
         self.path: Path | None = None
-        self._fh = None
+        self._file: JsonLinesFile | None = None
 
     def fresh(self) -> "RunRecorder":
         """Another recorder writing to the same folder (one per run: each holds one file)."""
@@ -37,25 +60,23 @@ class RunRecorder:
             suffix = f"-{n}" if n else ""
             path = self.directory / f"{stamp}-{os.getpid()}{suffix}.jsonl"
             try:
-                self._fh = open_private(path)
+                self._file = JsonLinesFile(open_private(path))
             except FileExistsError:
                 continue
             self.path = path
             return path
         raise OSError(f"could not create a run record in {self.directory}")
 
+    @property
+    def is_open(self) -> bool:
+        """A record is open: what is written goes into it."""
+        return self._file is not None
+
     def write(self, event: Event | dict) -> None:
-        if self._fh is None:
-            return
-        data = event.to_dict() if isinstance(event, Event) else event
-        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
-        self._fh.flush()
+        if self._file is not None:
+            self._file.write(event.to_dict() if isinstance(event, Event) else event)
 
     def close(self) -> None:
-        if self._fh is not None:
-            try:
-                os.fsync(self._fh.fileno())
-            except OSError:
-                pass
-            self._fh.close()
-            self._fh = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None

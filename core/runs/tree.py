@@ -22,13 +22,15 @@ prompt is at + steps). A forced phrase's branch (or an adopted fan-out sample) a
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import RecordError
+from ..paths import open_private
+from ..strict_json import loads as strict_loads
+from .record_reader import json_lines
+from .record_writer import JsonLinesFile
 from .run import Run
 
 TREE_VERSION = 1
@@ -201,33 +203,18 @@ def is_tree_file(path: str | Path) -> bool:
     except OSError:
         return False
     try:
-        data = json.loads(first.decode("utf-8"))
+        data = strict_loads(first)
     except (UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and data.get("event") == "tree"
 
 
 def _tree_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise RecordError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise RecordError(f"{path}: is a folder, not a run tree") from None
-    except OSError as err:
-        raise RecordError(f"{path}: {err.strerror or err}") from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            if number == len(lines) and number > 1:  # a crash mid-write: the lines before it are whole
-                return
-            raise RecordError(f"{path}: line {number} is not JSON: not a tokentui run tree") from None
+    """A tree file's lines, read as a record's are (core/runs/record_reader.py json_lines: outside input, a line at a
+    time, strict JSON); a last line cut short ends it."""
+    for number, data in json_lines(path, "run tree"):
+        if data is None:
+            return
         if not isinstance(data, dict):
             raise RecordError(f"{path}: line {number} is not a JSON object")
         yield number, data
@@ -252,9 +239,9 @@ class TreeWriter:
 
     def __init__(self, path: Path, tree: RunTree) -> None:
         self.path = path
-        # created, never replaced (O_EXCL), readable by its owner alone: it names what was asked and answered
-        self._fh = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8")
-        self._write(tree.header())
+        # created, never replaced, readable by its owner alone (core/paths.py): it names what was asked and answered
+        self._file = JsonLinesFile(open_private(path))
+        self._file.write(tree.header())
 
     @classmethod
     def beside(cls, record: Path, tree: RunTree) -> "TreeWriter":
@@ -269,26 +256,14 @@ class TreeWriter:
                 continue
         raise OSError(f"could not create a run tree file in {record.parent}")
 
-    def _write(self, data: dict) -> None:
-        if self._fh is None:
-            return
-        self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
-        self._fh.flush()
-
     def add(self, node: TreeNode) -> None:
-        self._write(node.to_dict())
+        self._file.write(node.to_dict())
 
     def end(self, end: TreeEnd) -> None:
-        self._write(end.to_dict())
+        self._file.write(end.to_dict())
 
     def close(self) -> None:
-        if self._fh is not None:
-            try:
-                os.fsync(self._fh.fileno())
-            except OSError:
-                pass
-            self._fh.close()
-            self._fh = None
+        self._file.close()
 
 
 def relative_record(tree_path: Path, record: Path | None) -> str | None:

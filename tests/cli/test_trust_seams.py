@@ -284,7 +284,7 @@ class DiskFills(RunRecorder):
     room = 4
 
     def write(self, event):
-        if self._fh is not None:
+        if self.is_open:
             self.room -= 1
             if self.room < 0:
                 raise OSError(28, "No space left on device")
