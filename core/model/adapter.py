@@ -108,9 +108,6 @@ def new_cache(model, capacity: int | None = None) -> DynamicCache:
     if capacity is not None:
         first = int(capacity)
         cache.layers = [GrowableLayer(first) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-        from .lean_step import lean_decoder
-
-        cache.lean_step = lean_decoder(model)  # a 4-bit model's decode step with fewer host operations, or None
     return cache
 
 

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, error_line
 from ..paths import cache_dir
 from ..runs.events import LoadProgress
 from .gguf_quant import FOUR_BIT, GROUP, KERNEL_SCALE_DTYPE, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
-from .loader import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, _first_line, write_cache
+from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, write_cache
 from .lean_step import lean_decoder
 from .qlinear import FusedQLinear, QLinear, QLMHead, kernel_available
 
@@ -334,7 +334,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     except ModelLoadError:
         raise
     except Exception as err:
-        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({_first_line(err)}); "
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
                              "download it again or pass another --model") from err
     progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices)), None))
     modules, floats = build_modules(plan, fuse=fuse)
@@ -350,7 +350,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
 def quant_facts(model: nn.Module, manifest: dict):
     """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
     from ..runs.events import QuantFacts
-    from .qlinear import ACTIVATION_DTYPE, EXACT_SCORES, quantized_modules
+    from .qlinear import ACTIVATION_DTYPE, quantized_modules
 
     entries = manifest["modules"]
     sources = sorted({part for e in entries if e["kind"] != "head" for part in e["source"].split("+")})

@@ -30,7 +30,7 @@ from .qlinear import ACTIVATION_DTYPE, FusedQLinear, QLinear, QLinearPart, quant
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _DECODERS: "weakref.WeakKeyDictionary[object, LeanDecoder | None]" = weakref.WeakKeyDictionary()
-_LOCK = threading.RLock()  # re-entered by the check's own caches (adapter.new_cache asks for the decoder)
+_LOCK = threading.RLock()  # held while a model's step is made and checked, so it is checked once
 
 
 def _fused_of(*parts) -> FusedQLinear | None:
@@ -65,7 +65,8 @@ class _Layer:
 
 class LeanDecoder:
     """One model's lean decode step (see the module docstring): `step(token_id, cache) -> logits [V]`. A cache made
-    by core/model/adapter.py's new_cache carries it as `cache.lean_step`, which core/steps/decode.py calls.
+    for a run (core/model/static_cache.py's new_eager_cache, unbucketed) carries it as `cache.lean_step`, which
+    core/steps/decode.py calls.
 
     `fused_norms`: RMSNorm as torch's one-op `F.rms_norm` instead of the model's module (eight operations); used
     only when that, too, gives bit-identical scores."""

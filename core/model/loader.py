@@ -14,15 +14,15 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from ..errors import ModelLoadError, SettingsError, error_line
 from ..runs.events import LoadProgress, ModelFacts
 from ..paths import cache_dir
+from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
+                          STAGE_READY, STAGE_WEIGHTS, Progress, write_cache)
 from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
                        resolve_model, too_few_cuda_message)
 
@@ -31,15 +31,6 @@ __all__ = ["EMBEDDED", "EMBEDDED_NAME", "LoadedModel", "embedded_gguf", "load_mo
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Stage names, in the order they come; each reads after the dashboard's "loading " prefix.
-STAGE_FIND = "finding the model"
-STAGE_GGUF_TOKENIZER = "reading the GGUF tokenizer (first start only)"
-STAGE_GGUF_READ = "reading the GGUF file (first start only)"
-STAGE_GGUF_DEQUANT = "de-quantizing GGUF tensors (first start only)"
-STAGE_GGUF_SAVE = "saving the converted weights (first start only)"
-STAGE_WEIGHTS = "reading weights"
-STAGE_READY = "ready"
-
-Progress = Callable[[LoadProgress], None]
 
 
 @dataclass
@@ -202,38 +193,6 @@ def dequantized_from(folder: Path, gguf_file: Path) -> str | None:
             return None
     quantized = sorted(str(t) for t in types if t not in FLOAT_TYPES) if isinstance(types, list) else []
     return "+".join(quantized) or None
-
-
-def write_cache(target: Path, write: Callable[[Path], None], source: Path) -> None:
-    """Fill the cache folder `target` atomically: `write(tmp)` fills a fresh folder beside it, marked complete and
-    then renamed into place, so a killed process never leaves a half-written cache in use."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    _remove_abandoned(target)
-    try:
-        tmp.mkdir()
-        write(tmp)
-        (tmp / ".complete").write_text(json.dumps({"source": str(source), "time": time.time()}))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelLoadError(f"cannot write the model cache in {target.parent} ({err.strerror}); "
-                             "set TOKENTUI_CACHE_DIR to a writable folder") from err
-
-
-def _remove_abandoned(target: Path) -> None:
-    """Delete half-written copies of `target` left by a process that was killed while saving (their pid is in
-    the name): each can be as large as the model."""
-    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
-        try:
-            pid = int(leftover.name.rsplit(".", 2)[-2])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(leftover, ignore_errors=True)
-        except (ValueError, OSError):
-            pass  # not ours to judge (another user's process, or an odd name): leave it
 
 
 def _quiet_transformers() -> None:

@@ -131,9 +131,13 @@ def test_closer_to_the_reference_than_llama_server(embedded_quantized, embedded,
 
 
 def test_the_lean_step_gives_the_forwards_scores(embedded_quantized, embedded):
+    from tokentui.core.model.static_cache import new_eager_cache
+
     model = embedded_quantized.model
-    assert new_cache(model, 16).lean_step is not None
-    assert new_cache(embedded.model, 16).lean_step is None  # float32 models decode through their forward
+    assert new_eager_cache(model, 16, bucketed=False).lean_step is not None
+    assert new_eager_cache(embedded.model, 16, bucketed=False).lean_step is None  # float32: through the forward
+    # a bucketed cache hands attention a padded view: the lean step, which attends over what it is given, is not used
+    assert new_eager_cache(model, 16, bucketed=True).lean_step is None
     lean = LeanDecoder(model)
     a, b = new_cache(model, 64), new_cache(model, 64)
     from tokentui.core.model.adapter import forward_last_logits
