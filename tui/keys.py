@@ -72,11 +72,9 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.export", "x", "x", "export", "export", "Export answer",
             "write the answer to a text file next to the run record and show both paths"),
     KeySpec("tokentui.branch", "b", "b", "branch", "branch", "Branch here",
-            "branch at the step in view (paused, or a past step): pick another candidate, or type a phrase (t) to "
-            "force; the model goes on from it (KV cache cut back, no new prefill)"),
+            "another candidate at the step in view, or t: a phrase to force"),
     KeySpec("tokentui.fanout", "f", "f", "fanout", "fan out", "Fan out here",
-            "draw 8 samples of 32 tokens from the step in view at once (one batched decode sharing the KV cache), "
-            "most likely first; enter adopts one as a branch", bar=False),
+            "8 samples × 32 tokens from the step in view; enter adopts one", bar=False),
     KeySpec("tokentui.branches", "B,shift+b", "B", "branches", "runs", "Runs of this prompt",
             "list the first run and its branches: switch to one, or compare two side by side (c)"),
     KeySpec("tokentui.lens", "l", "l", "toggle_lens", "lens", "Logit lens",
