@@ -23,6 +23,7 @@ with random.Random(seed + i), `done`).
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 import time
@@ -480,12 +481,19 @@ __all__ = [  # with the script's names (tests/fake_script.py), re-exported
 
 # ---- pilot helpers -------------------------------------------------------------------------------------------
 
+# A wait ends as soon as its predicate holds, so a longer limit costs a passing test nothing; on a loaded machine
+# (CI, or other jobs on 2 cores) the app and the scripted engine run several times slower than the limits were
+# written for. Each limit below is therefore stretched by this factor before a wait gives up.
+WAIT_SCALE = float(os.environ.get("TOKENTUI_TEST_WAIT_SCALE", "6"))
+
+
 async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
-    """Let the app run until `predicate()` is true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Let the app run until `predicate()` is true; fail with `what` after `timeout` seconds (× WAIT_SCALE)."""
+    limit = timeout * WAIT_SCALE
+    deadline = time.monotonic() + limit
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            raise AssertionError(f"timed out after {limit:.0f}s waiting for {what or predicate}")
         await pilot.pause(0.01)
 
 
