@@ -1,5 +1,5 @@
 """--compile's whole step (core/model/compiled.py, core/model/fused_step.py): recompiles over 1,000 steps with sampler
-changes, and what Dynamo's guards cost per call, in one process.
+changes (--steps), and what Dynamo's guards cost per call, in one process.
 
     .venv/bin/python benchmarks/whole_step.py [--model embedded|tiny] [--calls 400] [--json out.json]
 
@@ -39,6 +39,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("tiny", "embedded"), default="embedded")
     p.add_argument("--calls", type=int, default=400, help="timed calls per guard setting")
+    p.add_argument("--steps", type=int, default=1000, help="whole steps counted for recompiles")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -60,10 +61,11 @@ def main() -> int:
     decoder.prefill(prompt, cache)
     graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]["ok"]
     token = 1
-    for step in range(1000):  # the sampler changes every 250 steps
+    for step in range(args.steps):  # the sampler changes four times
+        sampler = SAMPLERS[min(len(SAMPLERS) - 1, step * len(SAMPLERS) // args.steps)]
         if cache.host_tokens >= cache.capacity - 1:
             decoder.prefill(prompt, cache)
-        packed = decoder.step_select(token, cache, SAMPLERS[step // 250], None)
+        packed = decoder.step_select(token, cache, sampler, None)
         token = int(packed[2])
     recompiles = counters["stats"]["unique_graphs"] - graphs, counters["frames"]["ok"] - frames
 
@@ -84,8 +86,8 @@ def main() -> int:
         for skip in (False, True):  # alternated
             times[skip].extend(block(skip))
     with_guards, without = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3
-    result = {"model": args.model, "capture_s": warm_s, "new_graphs_over_1000_steps": recompiles[0],
-              "new_frames_over_1000_steps": recompiles[1], "step_ms_with_guards": with_guards,
+    result = {"model": args.model, "capture_s": warm_s, "steps": args.steps, "new_graphs": recompiles[0],
+              "new_frames": recompiles[1], "step_ms_with_guards": with_guards,
               "step_ms_guards_skipped": without, "guard_ms": with_guards - without,
               "guard_share": (with_guards - without) / with_guards}
     for key, value in result.items():
