@@ -74,7 +74,6 @@ from .adapter import forward_last_logits, input_device, synchronize
 from .fused_step import fused_select, sampler_tensor, write_sampler
 from ..settings import SamplerSettings
 from ..steps.select import draw_noise
-from .architecture import compile_problem  # noqa: F401  (the engine asks it before building a decoder)
 from ..runs.events import LoadProgress
 from .kvcache import kv_bytes_at, kv_groups
 

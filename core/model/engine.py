@@ -93,7 +93,8 @@ class Engine(BaseEngine):
         self._compiled = None
         self._compile_notice: str | None = None  # why --compile decodes eagerly: said first in every run
         if self.speed.compile:
-            from .compiled import CompiledDecoder, bucket_for, compile_problem
+            from .architecture import compile_problem
+            from .compiled import CompiledDecoder, bucket_for
 
             problem = compile_problem(self.model)  # sliding / recurrent layers: not compiled at all
             if problem is not None:
