@@ -220,10 +220,10 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
     return text
 
 
-# Sections other scripts write into BENCHMARKS.md (benchmarks/server_vs_local.py's, benchmarks/bench_quant.py's): kept
+# Sections other scripts write into BENCHMARKS.md (server_vs_local.py's, bench_quant.py's, fanout_speed.py's, ...): kept
 # when this one rewrites it.
 KEPT_HEADINGS = ("## Same model, two engines (issue 15)", "## The 4-bit path (issue 25)",
-                 "## GPU path, round 2 (issue 27)")
+                 "## GPU path, round 2 (issue 27)", "## Fan-out (issue 26)")
 
 
 def _kept_sections(path: Path) -> str:
