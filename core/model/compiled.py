@@ -1,13 +1,13 @@
 """The `--compile` fast path: a static KV cache and a torch.compile'd one-token decode step.
 
-Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2-135M fp32; see BENCHMARKS.md):
+Why each piece (the measurements behind it: BENCHMARKS.md, "Why the code is as it is", --compile):
 
-* Decode there is bound by reading the weights, and eager PyTorch reads them at ~11-14 GB/s (MKL's fp32 matrix-vector
-  kernel on this AMD CPU) where one core streams ~20 GB/s. Inductor with `freezing` (weights become constants)
-  and `max_autotune` over the CPP GEMM template packs each weight into a blocked layout and generates a
-  matrix-vector kernel per shape; with `cpp.enable_concat_linear` q/k/v and gate/up become one matrix each. That is
-  where the speed comes from: ~1.6x the eager step (17.4 -> 27.8 tok/s). Freezing alone (MKL-packed weights, no
-  autotuning) gave ~1.14x; `cpp_wrapper` (the whole step as one C++ call) compiled slower and was not clearly faster.
+* Decode on CPU is bound by reading the weights, and eager PyTorch (MKL's fp32 matrix-vector kernel) reads them well
+  below what one core can stream. Inductor with `freezing` (weights become constants) and `max_autotune` over the
+  CPP GEMM template packs each weight into a blocked layout and generates a matrix-vector kernel per shape; with
+  `cpp.enable_concat_linear` q/k/v and gate/up become one matrix each. That is where the speed comes from. Freezing
+  alone (MKL-packed weights, no autotuning) gave less; `cpp_wrapper` (the whole step as one C++ call) compiled
+  slower and was not clearly faster.
 * A compiled graph needs fixed shapes, hence transformers' StaticCache: one preallocated buffer per layer and an
   attention mask over its whole length. Runs are grouped into buckets of 256 * 2^k cache tokens so that a bucket
   compiles once per process (each compile costs minutes on 2 cores: inductor's FX-graph cache cannot store graphs
@@ -27,15 +27,15 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
   thread, core/link/local_client.py) re-records on its first steps: milliseconds, not a recompile. The dashboard's model process warms up and
   runs on its main thread.
 * Threads on CPU: the generated kernels bake in the thread count they were compiled with; the engine compiles at
-  its decode thread count (1 on 2 cores). Compiled with 2 threads the step fell to ~3 tok/s on the busy 2-core
-  box (OpenMP barriers on a shared core), against ~28 with one.
+  its decode thread count (1 on 2 cores). Compiled with 2 threads the step collapsed on a busy 2-core box (OpenMP
+  barriers on a shared core).
 * The cache's token count is kept on the host (`host_tokens`): StaticCache keeps it in a tensor, and reading that
   every step would be a device sync on CUDA. KV bytes are reported for the tokens used (the used prefix of each
   buffer, read off the tensors); the allocation is reported once, as a Notice.
 
-* Dynamo checks its guards on every step (~1 ms of the ~31-ms step here). `set_stance(skip_guard_eval_unsafe=True)`
-  measured 2-5 % faster and is not used: for that little, an instrument keeps its correctness checks (the next
-  point shows how little those guards already distinguish).
+* Dynamo checks its guards on every step, a few percent of it. `set_stance(skip_guard_eval_unsafe=True)` saves about
+  that and is not used: for that little, an instrument keeps its correctness checks (the next point shows how
+  little those guards already distinguish).
 * One decoder per model (and CPU thread count), shared by every Engine on that model: `CompiledDecoder.for_model`.
   Dynamo keeps compiled graphs per code object, and its guards tell two models apart but not two static caches
   (transformers marks their tensors static-address, so a graph holds them the way it holds weights). A second
@@ -47,7 +47,7 @@ Why each piece (numbers from benchmarks/bench.py on the 2-core AVX2 box, SmolLM2
 
 * Which models: those whose layers are all full attention (`compile_problem`, core/model/architecture.py). transformers'
   static sliding-window layer keeps its length as a Python int, so a fixed-shape graph recompiled at every step
-  (~580 ms each on a tiny Mistral) until dynamo's recompile limit raised; recurrent (linear-attention, SSM, conv)
+  (each one a long pause) until dynamo's recompile limit raised; recurrent (linear-attention, SSM, conv)
   layers take another cache path. Such a model decodes eagerly, and each run says so first (a Notice), before any
   compiling. As a guard for what no check foresees, every call after a bucket's first runs under
   `torch.compiler.set_stance("fail_on_recompile")`: a graph that would compile again raises at once instead, and the

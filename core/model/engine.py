@@ -84,7 +84,7 @@ class Engine(BaseEngine):
         self.speed = speed or SpeedOptions()
         self.layout = LayoutReport()
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
-            # a one-time copy while loading, on every core (0.18 s, not 0.28) unless --threads sets fewer
+            # a one-time copy while loading, on every core (faster than one) unless --threads sets fewer
             use_threads(self.device, self.speed.threads or cpu_cores())
             plan = plan_wide_weights(self.model)
             if progress is not None and plan.matrices:  # said before the work, which it names

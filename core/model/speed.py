@@ -1,17 +1,16 @@
 """Speed settings: how many CPU threads each phase uses, and whether decode runs compiled.
 
-Thread policy, measured on the 2-core AVX2 box the benchmarks run on (benchmarks/bench.py, BENCHMARKS.md): both
-phases leave a core free, `cores - 1` threads (at least 1), unless --threads says otherwise.
+Thread policy (the measurements behind it: BENCHMARKS.md, "Why the code is as it is", threads): both phases leave a
+core free, `cores - 1` threads (at least 1), unless --threads says otherwise.
 
 * Decode multiplies one activation vector by every weight matrix: ~1,000 small operations per token, each a few
   microseconds. With 2 OpenMP threads every one of them ends in a barrier, and as soon as anything else wants a core
-  (the dashboard, a test run, the OS) the threads wait on each other: SmolLM2 decode fell from ~22 to ~9 tok/s with
-  2 threads on a busy machine (3 tok/s for the compiled step), and was no faster on an idle one (one core already
-  streams ~20 GB/s of its ~33).
-* Prefill multiplies whole matrices: on a quiet machine 2 threads were 1.5x faster from ~256 prompt tokens on (and
-  slower for a 32-token chat prompt), but with other work running they collapsed the same way: a 256-token prefill
-  took 4.9 s on 2 threads against 0.8 s on one. The dashboard is such other work, so prefill does not take every
-  core by default either; `prefill_threads` (or --threads) opts in.
+  (the dashboard, a test run, the OS) the threads wait on each other: decode with 2 threads fell to well under
+  half its speed on a busy machine, and was no faster on an idle one (one core already streams most of the
+  memory bandwidth there is).
+* Prefill multiplies whole matrices: on a quiet machine 2 threads were faster for longer prompts (and slower for a
+  short chat prompt), but with other work running they collapsed the same way. The dashboard is such other work,
+  so prefill does not take every core by default either; `prefill_threads` (or --threads) opts in.
 
 `torch.set_num_threads` is process-wide, and with OpenMP each thread also caches its own count: the engine calls
 `use_threads` on the thread that runs the model, right before each phase.

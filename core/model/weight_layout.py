@@ -3,16 +3,9 @@
 Why: a decode step multiplies one activation row by every weight matrix, and on CPU PyTorch hands that to MKL's
 sgemm with the weight as stored by `nn.Linear`, [out, in] row-major. For *wide* matrices (out >= 2 * in: the MLP's
 gate and up projections and the vocabulary head) MKL streams them much faster when the same numbers are stored
-[in, out] row-major. Measured on the 2-core AVX2 benchmark box (fp32, 1 thread, matrices far larger than the cache,
-GB/s of weights read; stock -> transposed):
-
-    SmolLM2  gate/up 1536x576  14.3 -> 20.2     head 49152x576   12.7 -> 24.1
-    Qwen3    gate/up 3072x1024 17.5 -> 23.5     head 151936x1024 19.2 -> 27.2     q 2048x1024 17.4 -> 21.4
-    Qwen2.5  gate/up 4864x896  17.5 -> 25.8
-    narrow or square (down 576x1536, k/v 192x576, 576x576): 0.6x-1.1x, so they keep the stock layout.
-
-On SmolLM2 that makes a whole decode step ~1.2x faster (BENCHMARKS.md). Prefill (many rows at once) measured the
-same either way (256 tokens: 788 vs 798 ms; 1,024: 4,074 vs 3,950 ms).
+[in, out] row-major; narrow or square matrices gain nothing or lose, so they keep the stock layout. Prefill (many
+rows at once) measured the same either way. The figures per matrix shape and for a whole step: BENCHMARKS.md, "Why
+the code is as it is", the weight layout.
 
 How: the same values, only the storage order changes. `weight.data` becomes the transpose of a contiguous [in, out]
 tensor, i.e. a non-contiguous [out, in] view, so every caller — `F.linear`, transformers' own forward, `generate`,
@@ -20,14 +13,12 @@ a tied input embedding that shares the Parameter — still sees the same [out, i
 by the contiguous [in, out] storage directly. Nothing is copied twice: the old storage is freed (except while one
 matrix is being copied).
 
-Cost: a copy of those matrices once per load, 0.18 s for SmolLM2's 310 MiB on the 2-core box once the weights
-are in memory (the engine uses every core for it; 0.28 s on one). In a fresh process it also pays the first touch
-of the loaded weights and page faults on the new memory: a warm `tokentui --headless` launch measured 4.5-5.7 s
-against 4.2-4.5 s with `--weight-layout stock` (interleaved). It is done at load, not after the first token, so
+Cost: a copy of those matrices once per load (the engine uses every core for it). In a fresh process it also pays
+the first touch of the loaded weights and page faults on the new memory, which makes a warm launch slower than
+with `--weight-layout stock` (same section of BENCHMARKS.md). It is done at load, not after the first token, so
 that every run, prefill included, computes with one layout and a seed replays exactly.
 
-What it changes: MKL sums in another order, so scores differ from the stock layout by float rounding (~1e-5
-relative); greedy IDs are checked against `generate` on a stock-layout copy in tests/unit/test_weight_layout.py and by the
+What it changes: MKL sums in another order, so scores differ from the stock layout by float rounding; greedy IDs are checked against `generate` on a stock-layout copy in tests/unit/test_weight_layout.py and by the
 benchmark. Only float32 CPU weights are touched (what was measured); CUDA, half precision and quantized or
 offloaded weights keep their layout. `--weight-layout stock` turns it off.
 """

@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["PREFIX_MIN", "TIE_MARGIN", "first_prefix", "top_prefix", "top_scores", "wider_prefix"]
 
-PREFIX_MIN = 256  # smallest prefix tried: 0.25 ms at V = 151,936 on CPU, and a widening would cost a second pass
+PREFIX_MIN = 256  # smallest prefix tried: cheap at V = 151,936 on CPU (BENCHMARKS.md), and a widening costs a second pass
 TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
 _DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
 
