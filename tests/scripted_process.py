@@ -1,7 +1,7 @@
 """A model process that runs the tests' scripted engine (tests/fakes.py) instead of loading a model: the real
 protocol, the real child loop (core/model/process_main.py), a real second process — so the dashboard can be
 driven at any rate a GPU would reach without one. `start(delay, steps)` starts it, returning what ProcessClient's
-`started=` takes. Each step the engine yields is also stamped (its index and time.monotonic(), the clock both
+`started=` takes. Its steps are paced to the rate asked (a deadline a step). Each step the engine yields is also stamped (its index and time.monotonic(), the clock both
 processes share) into `stamps`, a file the test reads afterwards."""
 
 from __future__ import annotations
@@ -27,6 +27,17 @@ from tokentui.core.runs.events import DoneEvent, StepEvent
 from tokentui.core.settings import RunOptions
 
 class Stamped(ScriptedEngine):
+    next_at = None
+
+    def _sleep(self, run_id):
+        # paced by a deadline a step, so the rate is the one asked (1 / delay), not delay plus the step's own work
+        if not self.delay:
+            return
+        now = time.monotonic()
+        self.next_at = max(self.next_at or now, now - 0.05) + self.delay  # after a stall, no burst of catching up
+        if self.next_at > now:
+            self.sleep_at_gate(self.next_at - now, run_id)
+
     def _run(self, prompt, system, run_id):
         with open({stamps!r}, "a") as out:
             for event in super()._run(prompt, system, run_id):
