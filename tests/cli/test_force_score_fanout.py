@@ -68,8 +68,9 @@ def test_branch_text_prints_each_forced_token_with_probability_rank_and_preferen
 
 def test_score_json_steps_equal_a_teacher_forced_forward_and_sum_to_the_summary(embedded_stock, isolated_dirs):
     answer = "The capital of France is Lyon."
-    events = json_lines(tokentui("score", "--headless", "--json", "--prompt", "What is the capital of France?",
-                                 "--answer", answer, "--no-record"))
+    # the float32 model, which the oracle runs (the default 4-bit path has fidelity tests of its own)
+    events = json_lines(tokentui("score", "--headless", "--json", "--dtype", "float32", "--prompt",
+                                 "What is the capital of France?", "--answer", answer, "--no-record"))
     kinds = [e["event"] for e in events]
     assert kinds[:3] == ["model", "prompt", "score"] and kinds[-2:] == ["score_summary", "done"]
     prompt, score = events[1], events[2]
