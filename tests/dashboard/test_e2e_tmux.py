@@ -78,7 +78,7 @@ def test_dashboard_in_tmux_shows_the_run_takes_keys_and_quits_cleanly(embedded, 
         pane.send("T")
         screen = pane.wait_for(lambda t: re.search(r"temperature\s+0\.80", t), timeout=10,
                                what="temperature 0.80 on screen")
-        assert re.search(r"changed: applies|step \d+ \S+ \S+→\S+", screen)  # the panel says when it applies
+        assert re.search(r"changed: (applies|from|next)|step \d+ \S+ \S+→\S+", screen)  # says when it applies
 
         # 80×24, the default terminal: the KV size, the ms/step figure and the pending bytes in the readings strip,
         # each as the record has it, and the key bar keeps `q quit`.

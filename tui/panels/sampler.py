@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.cells import cell_len
 from rich.text import Text
 
@@ -12,7 +14,7 @@ from .base import Panel
 
 # A change asked for that the engine has not used yet, longest first: the first that fits is said.
 PENDING_LIVE = ("changed: applies at the next step", "changed: from the next step", "changed: next step", "changed")
-PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next run (r)", "changed: r to use",
+PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next run (r)", "changed: next run (r)",
                  "changed")
 
 
@@ -133,10 +135,13 @@ class SamplerPanel(Panel):
                 if 12 + len(val) + len(hint) <= width:
                     out.append(hint, muted)
         rows_left = height - len(values)
-        if pending and rows_left > 0:
-            out.append("\n")
-            out.append_text(pending)
-            rows_left -= 1
+        if waiting and rows_left > 0:
+            # the whole note over the lines it needs, broken between words, where there are rows for it
+            wrapped = textwrap.wrap(waiting[0], width)
+            for line in wrapped if len(wrapped) <= min(2, rows_left) else [pending.plain]:
+                out.append("\n")
+                out.append(line, changed)
+                rows_left -= 1
         if history and rows_left > 0:
             shown = history[-(rows_left - 1):] if rows_left > 1 else history[-1:]
             if rows_left > 1:
