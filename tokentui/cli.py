@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from tokentui import __version__
-from tokentui.commands.common import (DEFAULT_PROMPT, EXIT_BAD_INPUT, EXIT_RUN_FAILED, bad_input, check_record_dir,
+from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
+from tokentui.commands.common import (DEFAULT_PROMPT, bad_input, check_record_dir,
                                       integer, interrupted, number, read_prompt, server_options, settings_from_args)
 
 

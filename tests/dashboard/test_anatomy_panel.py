@@ -15,8 +15,8 @@ from tokentui.core.runs.events import StepEvent, StepTiming
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.sizes import PARTS, hidden_note, plan, size_table
-from tokentui.tui.panels.anatomy import (NO_TIMING, AnatomyPanel, device_label, distribution_line, part_marks,
-                                         part_times, shape_text, split_at, timing_sum)
+from tokentui.tui.panels.anatomy import NO_TIMING, AnatomyPanel, part_marks, part_times, split_at
+from tokentui.tui.panels.anatomy_text import device_label, distribution_line, shape_text, timing_sum
 
 
 def make_app(engine, **config) -> TokentuiApp:

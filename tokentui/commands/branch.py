@@ -19,7 +19,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import (EXIT_BAD_INPUT, answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
+from tokentui.core.errors import EXIT_BAD_INPUT
+
+from .common import (answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
                      make_loader, number, recorded_line, say)
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -263,7 +265,6 @@ def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:
     state["engine"] = engine
     run = plan["run"]
     _check_model(engine, run)
-    ids, at = plan["ids"], plan["at"]
     point = branch_point(engine, args, plan)
     status = 0
     wrote_text = False

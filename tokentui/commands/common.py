@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED  # noqa: F401  (the commands read them here)
+from tokentui.core.errors import EXIT_BAD_INPUT
 
 DEFAULT_PROMPT = "Is OpenAI open?"
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import signal
 import sys
 
-from .common import EXIT_RUN_FAILED, answer_text, json_line, make_loader, recorded_line, say, silence_stdio
+from tokentui.core.errors import EXIT_RUN_FAILED
+
+from .common import answer_text, json_line, make_loader, recorded_line, say, silence_stdio
 from .load_progress import LoadProgressLine
 
 

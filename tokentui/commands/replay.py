@@ -14,7 +14,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, answer_text, bad_input, interrupted, json_line, say
+from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
+
+from .common import answer_text, bad_input, interrupted, json_line, say
 
 
 class _Parser(argparse.ArgumentParser):

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
-                           head_words, shape_text, stage_shapes, timing_sum, waited, wrap)  # noqa: F401
+                           head_words, stage_shapes, timing_sum, waited, wrap)
 from .base import Panel
 
 TWO_COLUMNS = 132  # content width from which the stages flow into two columns (else: grouped under their parts)
