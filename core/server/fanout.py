@@ -12,8 +12,8 @@ others keep the one-line refusal, `refusal(dialect)`.
 
 The request is the run's (ServerEngine.request_body: the prefix as token ids, `max_tokens = M`, the sampler
 settings, `logprobs`) with `n` and the request's seed. The server's seed is for the request: per-sample seeds
-s + i cannot be asked of it, so a sample is not reproducible on its own; every sample records the seed that was
-sent (s). What the server gives per token — the id, the number its logprobs mode gives (raw or post-sampler, as
+s + i cannot be asked of it (how it seeds each choice is its own), so a sample is not promised to be reproducible
+on its own; every sample records the seed that was sent (s). What the server gives per token — the id, the number its logprobs mode gives (raw or post-sampler, as
 --server-probs / the probe say: core/server/completions.py's rule), the alternatives — is read by core/server/wire.py's
 checked readers; what it does not give is None (a sample's `logprob` when its post-sampler numbers are not known,
 the KV figures, the step's candidates' other probability). Times are measured here: the PrefillEvent's is the time
@@ -31,7 +31,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Iterator
 
-from ..errors import ServerError, SettingsError
+from ..errors import ServerError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import Candidate, DoneEvent, Event, FanoutEvent, Notice, PrefillEvent, SampleEvent
 from ..runs.requests import FanoutRequest
@@ -159,12 +159,7 @@ class ServerFanout:
                         kv_bytes=None, paused_ms=paused_s * 1000.0)
 
     def _check(self, request: FanoutRequest) -> None:
-        rows = self.e.facts.vocab_rows
-        for name, ids in (("prompt", request.prompt_ids), ("prefix", request.tokens)):
-            bad = next((i for i in ids if rows and i >= rows), None)
-            if bad is not None:
-                raise SettingsError(f"the fan-out's {name} id {bad} is not in this model's vocabulary "
-                                    f"(ids 0..{rows - 1})")
+        request.check_vocabulary(self.e.facts.vocab_rows)
         request.check_context(self.e.facts.max_context)
 
     def _started(self, start: dict, first: WireToken, raw: bool, settings, n: int, prefix: int, ms: float
@@ -183,7 +178,7 @@ class ServerFanout:
                                         special=e.vocab.is_special(alt.id)))
         yield FanoutEvent(candidates=candidates, **start)
         yield Notice(f"the server draws the {n} samples from one request seeded {start['seed']}: it takes no seed "
-                     "per sample, so a sample cannot be drawn again on its own")
+                     f"per sample, so sample i is not promised to come again from seed {start['seed']} + i")
         if settings.is_greedy and n > 1:
             yield Notice(f"greedy decoding: all {n} samples are the same (raise the temperature to fan out)")
         yield PrefillEvent(tokens=prefix, ms=ms, kv_tokens=prefix, kv_bytes=None)
