@@ -10,7 +10,7 @@ import math
 
 import pytest
 from cli_run import one_line_error, tokentui
-from fake_openai_server import FakeServer, fanout_answer, fanout_logprob, ids_of
+from fake_openai_server import FakeServer, Reply, fanout_answer, fanout_logprob, ids_of
 
 from tokentui.core.errors import ErrorKind
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, FanoutEvent, Notice, PrefillEvent, SampleEvent
@@ -168,6 +168,20 @@ def test_a_stop_closes_the_stream_and_each_sample_ends_where_it_was():
     assert seen[-1].reason == "stopped"
 
 
+def test_a_prefix_outside_the_servers_vocabulary_or_past_its_context_is_one_line_and_not_sent():
+    models = {"data": [{"id": "fake-model", "owned_by": "vllm", "max_model_len": 64, "meta": {"n_vocab": 300}}]}
+    with FakeServer(routes={"/v1/models": Reply(body=models)}) as server:
+        engine = _engine(server)
+        asked = len(server.requests)
+        outside = list(engine.fanout(FanoutRequest(PROMPT + (400,), (), 0, n=2, m=4)))
+        too_long = list(engine.fanout(FanoutRequest(PROMPT, (), 0, n=2, m=62)))
+        engine.close()
+    assert "prompt id 400 is not in this model's vocabulary (ids 0..299)" in outside[0].message
+    assert "past this model's context of 64; ask for at most 61 tokens" in too_long[0].message
+    assert [e.reason for e in (outside[-1], too_long[-1])] == ["error", "error"]
+    assert len(server.requests) == asked
+
+
 # ---- the command line -----------------------------------------------------------------------------------------------
 def _served_record(tmp_path, server: FakeServer):
     made = tokentui("--server", server.url, "--server-probs", "raw", "--headless", "--temperature", "0.8", "--max-new-tokens",
@@ -211,3 +225,19 @@ def test_tokentui_fanout_on_llama_server_is_refused_in_one_line(tmp_path):
                           "--no-record", timeout=120)
         assert llama.requests == []
     one_line_error(result, "llama-server does not return n completions: fan-out needs the local engine", code=2)
+
+
+def test_tokentui_fanout_sends_the_api_key_only_to_a_server_named_on_the_command_line(tmp_path):
+    secret = "sk-fanout-0123456789abcdef"
+    with FakeServer() as server:
+        record = _served_record(tmp_path, server)
+        before = len(server.headers)
+        args = ("fanout", str(record), "--at", "1", "-n", "2", "--tokens", "2", "--no-record")
+        refused = tokentui(*args, env_extra={"TOKENTUI_API_KEY": secret}, timeout=120)
+        assert len(server.headers) == before  # the record's server heard nothing
+        named = tokentui(*args, "--server", server.url, env_extra={"TOKENTUI_API_KEY": secret}, timeout=120)
+        sent = [h.get("Authorization", "") for h in server.headers[before:]]
+    one_line_error(refused, f"add --server {server.url}", code=2)
+    assert secret not in refused.stderr
+    assert named.returncode == 0, named.stderr
+    assert sent and set(sent) == {f"Bearer {secret}"}
