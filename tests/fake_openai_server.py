@@ -4,6 +4,11 @@ vLLM's shapes (`owned_by: vllm`, classic completions logprobs with "token_id:N" 
 three tokens, no finish), "slow" (sleeps before the first token), "refuse" (500 with a message), "auth" (401
 unless the Bearer key matches; its error echoes the key it got, as careless servers do).
 
+`engine` says which server it plays: "vllm" (the default), "sglang" (`owned_by: sglang`), "llama.cpp" (a /props with
+`build_info`, as llama-server's, so the probe calls it llama.cpp), "other" (an OpenAI-compatible server of no known
+kind). Asked for `n` completions (a fan-out), it streams n choices interleaved, one token per chunk, each with its
+`index`, as vLLM does: choice i writes `fanout_answer(i)`.
+
 A hostile server (tests/hostile_server.py names its modes) replaces any answer: `routes` maps a path to the `Reply`
 sent instead of the normal one, and `stream` writes the raw bytes of /v1/completions' answer itself.
 
@@ -38,11 +43,22 @@ def ids_of(text: str) -> list[int]:
     return [100 + b for b in text.encode("utf-8")]
 
 
+def fanout_answer(i: int) -> str:
+    """What choice i of a fan-out writes: the samples differ from their first token on."""
+    return f"{i}: hello"  # ASCII: one token a character
+
+
+def fanout_logprob(token_id: int) -> float:
+    """The log-probability the fake reports for a fan-out token (each differs, so a test can tell them apart)."""
+    return -0.01 * (token_id % 50) - 0.05
+
+
 class FakeServer:
     def __init__(self, mode: str = "ok", key: str | None = None, slow_s: float = 3.0,
-                 token_delay: float = 0.01, *, routes: dict[str, Reply] | None = None,
+                 token_delay: float = 0.01, *, engine: str = "vllm", routes: dict[str, Reply] | None = None,
                  stream: Callable[[Callable[[bytes], None], BaseHTTPRequestHandler], None] | None = None) -> None:
         self.mode = mode
+        self.engine = engine
         self.routes = routes or {}
         self.stream = stream  # stream(write, handler): the raw bytes of the streamed answer
         self.token_delay = token_delay
@@ -92,7 +108,10 @@ class FakeServer:
                 if not self._authorized() or self._routed():
                     return
                 if self.path == "/v1/models":
-                    self._send(200, {"data": [{"id": "fake-model", "owned_by": "vllm", "max_model_len": 512}]})
+                    owner = {"vllm": "vllm", "sglang": "sglang"}.get(server.engine, "someone")
+                    self._send(200, {"data": [{"id": "fake-model", "owned_by": owner, "max_model_len": 512}]})
+                elif self.path == "/props" and server.engine == "llama.cpp":
+                    self._send(200, {"build_info": "b0-fake", "default_generation_settings": {"n_ctx": 512}})
                 elif self.path == "/version":
                     self._send(200, {"version": "0.0-fake"})
                 elif self.path == "/metrics":
@@ -144,6 +163,9 @@ class FakeServer:
                     return
                 if server.mode == "slow":
                     time.sleep(server.slow_s)
+                if body.get("n", 1) > 1:
+                    self._fan_out(body)
+                    return
                 answer = ANSWER.encode("utf-8")
                 done = len(body["prompt"]) - len(server.prompt_ids)  # tokens already generated: the prefix
                 ids = [100 + b for b in answer][max(0, done):][: body["max_tokens"]]
@@ -171,6 +193,30 @@ class FakeServer:
                     time.sleep(server.token_delay)
                 finish = "length" if len(ids) == body["max_tokens"] else "stop"
                 self._event({"choices": [{"index": 0, "text": "", "finish_reason": finish}]})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            def _fan_out(self, body) -> None:
+                """n choices, interleaved one token per chunk, each with its index; then each one's finish."""
+                answers = [ids_of(fanout_answer(i))[: body["max_tokens"]] for i in range(body["n"])]
+                for t in range(max(len(a) for a in answers)):
+                    for i, ids in enumerate(answers):
+                        if t >= len(ids):
+                            continue
+                        token_id = ids[t]
+                        top = {f"token_id:{token_id}": fanout_logprob(token_id), f"token_id:{token_id + 1}": -3.0}
+                        logprobs = {"tokens": [f"token_id:{token_id}"], "token_logprobs": [fanout_logprob(token_id)],
+                                    "top_logprobs": [top], "text_offset": [0]}
+                        text = bytes([token_id - 100]).decode("utf-8", errors="ignore")  # ASCII answers
+                        try:
+                            self._event({"choices": [{"index": i, "text": text, "logprobs": logprobs,
+                                                      "finish_reason": None}]})
+                        except OSError:  # the client closed the stream (a stop, a pause)
+                            return
+                        time.sleep(server.token_delay)
+                for i, ids in enumerate(answers):
+                    finish = "length" if len(ids) == body["max_tokens"] else "stop"
+                    self._event({"choices": [{"index": i, "text": "", "finish_reason": finish}]})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

@@ -91,11 +91,7 @@ def _repeated(source, n: int):
 
 
 def _check(engine, request: FanoutRequest) -> None:
-    rows = engine.facts.vocab_rows
-    for name, ids in (("prompt", request.prompt_ids), ("prefix", request.tokens)):
-        bad = next((i for i in ids if rows and i >= rows), None)
-        if bad is not None:
-            raise SettingsError(f"the fan-out's {name} id {bad} is not in this model's vocabulary (ids 0..{rows - 1})")
+    request.check_vocabulary(engine.facts.vocab_rows)
     request.check_context(engine.facts.max_context)
 
 

@@ -83,6 +83,14 @@ class FanoutRequest:
         """The seed sample `sample` (0-based) draws with."""
         return self.seed + sample
 
+    def check_vocabulary(self, rows: int | None) -> None:
+        """SettingsError (one line) when an id of the prefix is past a model of `rows` tokens (None: not known)."""
+        for name, ids in (("prompt", self.prompt_ids), ("prefix", self.tokens)):
+            bad = next((i for i in ids if rows and i >= rows), None)
+            if bad is not None:
+                raise SettingsError(f"the fan-out's {name} id {bad} is not in this model's vocabulary "
+                                    f"(ids 0..{rows - 1})")
+
     def check_context(self, max_context: int | None) -> None:
         """PromptError (one line) when the prefix and `m` tokens do not fit in a context of `max_context`."""
         needed = len(self.prompt_ids) + self.at + self.m

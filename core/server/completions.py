@@ -239,11 +239,7 @@ class ServerRun:
         return out + [(replace(entry, data=last_bytes), False)]
 
     def _learn_own(self, token: WireToken) -> None:
-        vocab = self.e.vocab
-        own = next((a for a in token.alternatives if a.id == token.id and a.id is not None), None)
-        vocab.learn(token.id, own.data if own is not None else token.data, token.text)
-        for alt in token.alternatives:
-            vocab.learn(alt.id, alt.data, alt.text)
+        learn_token(self.e.vocab, token)
 
     def _split(self, entry: WireToken, count: int) -> list[tuple[int, bytes]] | None:
         """The `count` tokens behind a merged entry, from the server's tokenization of their text: accepted only
@@ -277,22 +273,16 @@ class ServerRun:
         if token.id is None:
             raise ServerError(f"{e.conn.address.url}: the stream does not name its tokens' ids (vLLM: it needs "
                               "return_tokens_as_token_ids, which tokentui asks for)")
-        rows = e.facts.vocab_rows
-        if rows is not None:  # the server said how many tokens its model has: an id past them is not one of them
-            for named in (token.id, *(a.id for a in token.alternatives if a.id is not None)):
-                if named >= rows:
-                    raise ServerError(f"{e.conn.address.url}: the stream names token id {named}, but the server's "
-                                      f"model has {rows} tokens (ids 0..{rows - 1})")
+        check_in_vocabulary(e.conn.address.url, e.facts.vocab_rows, token)
         vocab.learn(token_id, token.data)
         det = self.detok.push(token_id)
         if vocab.bytes_unknown(token_id) and not det.special:
             det = replace(det, text=fallback)  # not byte-exact: the server's text, as it sent it
         self.generated.append(token_id)
-        probs = e.facts.server.probs if e.facts.server else "unknown"
-        raw = probs == "raw"
+        raw = probs_kind(e) == "raw"
 
-        def pick(p):  # the server's number, under the name it has
-            return (p if raw else None), (None if raw else p)
+        def pick(p):
+            return as_raw_or_post(raw, p)
 
         candidates = []
         chosen_rank = None
@@ -318,10 +308,7 @@ class ServerRun:
         return step
 
     def _piece(self, token_id: int) -> str:
-        vocab = self.e.vocab
-        if vocab.bytes_unknown(token_id):  # the server's own text for it (its /detokenize), safe to print
-            return display_text(vocab.token_string(token_id) or f"token_id:{token_id}")
-        return display_piece(vocab, token_id)
+        return token_piece(self.e.vocab, token_id)
 
     def _kv_usage(self) -> float | None:
         return self.kv.latest
@@ -339,3 +326,42 @@ class ServerRun:
             kv_tokens=len(self.prompt_ids) + max(0, len(self.generated) - 1), kv_bytes=None, paused_ms=self.paused_s * 1000.0,
             dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed)
 
+
+# ---- what a run and a fan-out (core/server/fanout.py) read the same way ------------------------------------------
+def learn_token(vocab, token: WireToken) -> None:
+    """What a streamed token tells the vocabulary: its own bytes (its alternatives' entry for it, else its own),
+    and each alternative's."""
+    own = next((a for a in token.alternatives if a.id == token.id and a.id is not None), None)
+    vocab.learn(token.id, own.data if own is not None else token.data, token.text)
+    for alt in token.alternatives:
+        vocab.learn(alt.id, alt.data, alt.text)
+
+
+def check_in_vocabulary(url: str, rows: int | None, token: WireToken) -> None:
+    """A ServerError when the token or an alternative names an id past the model's `rows` tokens (None: the server
+    did not say how many it has, nothing to check against)."""
+    if rows is None:
+        return
+    for named in (token.id, *(a.id for a in token.alternatives if a.id is not None)):
+        if named is not None and named >= rows:
+            raise ServerError(f"{url}: the stream names token id {named}, but the server's model has {rows} tokens "
+                              f"(ids 0..{rows - 1})")
+
+
+def probs_kind(engine) -> str:
+    """What the server's per-token numbers are: "raw", "post-sampler" or "unknown" (--server-probs, the probe)."""
+    return engine.facts.server.probs if engine.facts.server else "unknown"
+
+
+def as_raw_or_post(raw: bool, p: float | None) -> tuple[float | None, float | None]:
+    """(raw, post-sampler) for the server's number `p`: under the name it has, the other None (not reported). A
+    number not known to be either is kept as the post-sampler one, and the record's `server.probs` says "unknown"."""
+    return (p if raw else None), (None if raw else p)
+
+
+def token_piece(vocab, token_id: int) -> str:
+    """A token's piece as shown: the server's own text for one whose bytes it did not give (its /detokenize), else
+    its bytes; safe to print either way."""
+    if vocab.bytes_unknown(token_id):
+        return display_text(vocab.token_string(token_id) or f"token_id:{token_id}")
+    return display_piece(vocab, token_id)

@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..runs.branch_point import BranchPoint
-from ..runs.events import Event, LoadProgress, ModelFacts, Notice
+from ..runs.events import Event, FanoutEvent, LoadProgress, ModelFacts, Notice
 from ..interface import BaseEngine
 from ..settings import RunOptions, SamplerSettings
 from ..errors import ServerError
 from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key
 from .probe import QUIET, Dialect, probe, served_model
 from .completions import ServerRun
+from .fanout import ServerFanout, refusal as fanout_refusal
 from .vocab import ServerVocab, read_text, read_tokens
 
 
@@ -72,6 +74,7 @@ class ServerEngine(BaseEngine):
         self._model_lock = threading.Lock()
         self._warning = conn.address.plain_http_warning  # said at the first run's start
         self.model_id = facts.server.model if facts.server is not None else facts.name  # as the server names it
+        self._one_request = False  # a fan-out's request is streaming: a settings change leaves it be
 
     @staticmethod
     def check(server: ServerOptions) -> None:
@@ -106,7 +109,7 @@ class ServerEngine(BaseEngine):
         """New settings; the stream in progress is closed and re-issued from the prefix with them."""
         before = self.sampler
         new = super().set_sampler(settings)
-        if new != before:
+        if new != before and not self._one_request:  # a fan-out keeps the settings it started with
             self.conn.cancel()
         return new
 
@@ -140,6 +143,29 @@ class ServerEngine(BaseEngine):
         server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
         with self._model_lock:
             yield from ServerRun(self, run_id).branch(point)
+
+    @property
+    def fanout_refusal(self) -> str | None:
+        return fanout_refusal(self.dialect)
+
+    def _fanout(self, request, run_id: int) -> Iterator[Event]:
+        """A fan-out as one request for `n` completions (core/server/fanout.py; the local engine's events)."""
+        with self._model_lock:
+            for event in ServerFanout(self, run_id).events(request):
+                yield event
+                if self._warning and isinstance(event, FanoutEvent):  # said after it: the fan-out event comes first
+                    yield Notice(self._warning)
+                    self._warning = None
+
+    @contextmanager
+    def fanning_out(self):
+        """While a fan-out's one request streams: a settings change does not close it (they apply to the next
+        run, as for the local engine's fan-out); a pause or a stop still does."""
+        self._one_request = True
+        try:
+            yield
+        finally:
+            self._one_request = False
 
     def _lookup(self, token_id: int) -> tuple[bytes | None, str, bool]:
         """A token the stream did not spell out, asked of the server: (its bytes when whole UTF-8, the text the

@@ -159,8 +159,30 @@ def read_chunk(data, where: str = "the stream") -> WireChunk:
     choices = opt_list(data, "choices", where)
     if not choices:
         return WireChunk([], "", None, False)
-    at = f"{where}: choices[0]"
-    choice = obj(choices[0], at)
+    return _choice(choices[0], f"{where}: choices[0]")
+
+
+def read_choices(data, n: int, where: str = "the stream") -> list[tuple[int, WireChunk]]:
+    """One streamed `data:` value of /v1/completions asked for `n` completions (a fan-out): each choice it carries
+    as (its `index`, 0..n-1, its tokens). A server interleaves the choices' chunks, so the index is required when
+    n > 1 (a choice without one cannot be placed)."""
+    data = obj(data, where)
+    opt_obj(data, "usage", where)
+    out = []
+    for k, choice in enumerate(opt_list(data, "choices", where) or []):
+        at = f"{where}: choices[{k}]"
+        index = opt_int(obj(choice, at), "index", at, high=n - 1)
+        if index is None:
+            if n > 1:
+                raise wrong(at, f"index should name one of the {n} completions asked for", None)
+            index = 0
+        out.append((index, _choice(choice, at)))
+    return out
+
+
+def _choice(choice, at: str) -> WireChunk:
+    """One choice of a /v1/completions or /v1/chat/completions chunk."""
+    choice = obj(choice, at)
     text = opt_str(choice, "text", at)
     if text is None:
         delta = opt_obj(choice, "delta", at)
@@ -176,4 +198,5 @@ def read_chunk(data, where: str = "the stream") -> WireChunk:
     return WireChunk(tokens, text or "", opt_str(choice, "finish_reason", at), logprobs is not None)
 
 
-__all__ = ["ServerError", "WireAlt", "WireChunk", "WireToken", "read_chunk", "read_native", "token_identity"]
+__all__ = ["ServerError", "WireAlt", "WireChunk", "WireToken", "read_choices", "read_chunk", "read_native",
+           "token_identity"]

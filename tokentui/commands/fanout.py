@@ -55,23 +55,28 @@ def fanout_main(argv: list[str]) -> int:
         from .stream import stream_run
 
         samples: list = []
-        return stream_run(args, engine, lambda: engine.fanout(request), lambda e, emit: _show(e, emit, samples, tuple(ids[at:])),
-                          "fan-out")
+        served = engine.facts.server is not None  # one request seeded S, not a seed per sample (core/server/fanout.py)
+        return stream_run(args, engine, lambda: engine.fanout(request),
+                          lambda e, emit: _show(e, emit, samples, tuple(ids[at:]), served), "fan-out")
     except TokentuiError as err:
         return bad_input(err)
     except KeyboardInterrupt:
         return interrupted(signal.SIGINT)
 
 
-def _show(event, emit, samples: list, run_after: tuple[int, ...]) -> None:
+def _show(event, emit, samples: list, run_after: tuple[int, ...], served: bool = False) -> None:
     from tokentui.core.runs.events import DoneEvent, FanoutEvent, Notice, SampleEvent
 
     if isinstance(event, FanoutEvent):
         samples.append(event)
         kv = (f"{event.kv_reused_tokens} cached positions reused" if event.kv_reused_tokens else
               f"the {len(event.prompt_ids) + event.at}-token prefix prefilled once")
-        emit(f"tokentui: fan-out at step {event.at + 1}: {event.n} samples of {event.m} tokens, seeds {event.seed}.."
-             f"{event.seed + event.n - 1}; {kv}\n", sys.stderr)
+        if served:  # the server's notice says what its seed is; what it reuses is its own business
+            emit(f"tokentui: fan-out at step {event.at + 1}: {event.n} samples of {event.m} tokens, asked of the "
+                 "server as one request\n", sys.stderr)
+        else:
+            emit(f"tokentui: fan-out at step {event.at + 1}: {event.n} samples of {event.m} tokens, seeds "
+                 f"{event.seed}..{event.seed + event.n - 1}; {kv}\n", sys.stderr)
     elif isinstance(event, SampleEvent):
         samples.append(event)
     elif isinstance(event, Notice):
@@ -95,9 +100,11 @@ def fanout_text(fanout, samples, run_after: tuple[int, ...]) -> str:
         split = "twin" if split is None else f"split +{split + 1}"
         lines.append(f"#{sample.n:<3} seed {sample.seed:<6} logprob {lp}  {run:<7} {split:<9} {sample.text!r}")
     counted = first_tokens(samples, fanout.candidates)
+    listed = {c.id for c in fanout.candidates}
     total = sum(t.count for t in counted)
     lines.append(f"first tokens of {total} samples (share drawn, and the step's post-sampler probability):")
     for t in counted:
-        prob = f"{t.prob:.1%}" if t.prob is not None else "below the candidates"
+        prob = (f"{t.prob:.1%}" if t.prob is not None else
+                "not reported by the server" if t.id in listed else "below the candidates")
         lines.append(f"  {t.piece!r:<16} {t.count}/{total} = {t.share:.1%}   p {prob}")
     return "\n".join(lines) + "\n"

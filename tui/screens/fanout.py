@@ -106,6 +106,9 @@ class FanoutScreen(ListDialog):
         head = self.query_one("#fanout-head", Static)
         settings = _settings(state.event.settings) if state.event is not None else ""
         seeds = f"seeds {r.seed}..{r.seed + r.n - 1}"
+        drawn_with = {sample.seed for sample in state.samples}
+        if len(state.samples) > 1 and len(drawn_with) == 1:  # a server's: one request, one seed (core/server/fanout.py)
+            seeds = f"one request seeded {drawn_with.pop()}"
         if state.error is not None:
             head.update(Text(f"The fan-out failed: {state.error}", style="bold red"))
         elif state.running:
