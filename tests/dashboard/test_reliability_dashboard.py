@@ -240,7 +240,8 @@ async def test_resize_to_40x12_and_back_while_generating():
         for title in ("4 sampler", "KV cache", "6 pending bytes", "4 selection · candidates", "model · totals"):
             assert title in text, title
         # and the panels show the current run again (not what they held at 40×12)
-        await wait_for(pilot, lambda: f"step {app.state.last_step.index}" in status(app), what="fresh status")
+        # (steps are numbered from 1 on screen: the newest step's index + 1, painted in the same frame as the rest)
+        await wait_for(pilot, lambda: f"step {app.state.last_step.index + 1}" in status(app), what="fresh status")
         await keys(app, "q")
 
 
