@@ -24,7 +24,7 @@ SHORT = RunOptions(max_new_tokens=8, ignore_eos=True)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def child(embedded):
-    client = ProcessClient(EngineSpec(sampler=SAMPLING, options=SHORT))
+    client = ProcessClient(EngineSpec(sampler=SAMPLING, options=SHORT, dtype="float32"))  # the `embedded` model's path
     await client.load()
     yield client
     client.close()
