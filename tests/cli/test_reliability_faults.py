@@ -172,7 +172,7 @@ def test_headless_output_closed_mid_run_stops_the_run_and_keeps_the_record(embed
 
 
 def test_half_written_caches_of_dead_processes_are_removed(tmp_path):
-    from tokentui.core.model.loader import _remove_abandoned
+    from tokentui.core.model.model_cache import _remove_abandoned
 
     target = tmp_path / "converted" / "model-abc"
     target.parent.mkdir()

@@ -71,8 +71,11 @@ def test_a_record_with_a_huge_finite_latency_waits_and_stops_on_ctrl_c(tmp_path)
     import signal
 
     path = edited_record(tmp_path, lambda lines: lines[4].update(latency_ms=1e300))
+    # SIGINT as a terminal delivers it: a test run started in the background inherits it ignored, and so would the
+    # child (Python keeps an ignored SIGINT ignored)
     proc = subprocess.Popen([sys.executable, "-m", "tokentui", "replay", str(path), "--headless"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     out = ""
     while "Hello" not in out:  # the step before the long one has been printed: it is waiting now

@@ -158,7 +158,7 @@ def prepare(args) -> dict:
     rows = facts.vocab_rows if facts.vocab_rows is not None and facts.vocab_rows > 0 else None  # 0: not a size
     token = getattr(args, "token", None)
     if token is not None and token < 0:
-        raise TokentuiError(f"--token {token}: token ids are integers >= 0")
+        raise TokentuiError(f"--token {token}: not a token id (token ids are integers >= 0)")
     if token is not None and rows is not None and token >= rows:
         raise TokentuiError(f"--token {token}: not a token id of the record's model (ids 0..{rows - 1})")
     model = args.model
