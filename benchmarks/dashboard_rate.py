@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 async def measure(rate: float, steps: int, presses: int, size=(160, 48)) -> dict:
     import scripted_process
-    from textual import events
+    from key_to_screen import SamplerRenders, press_temperature
 
     from tokentui.core.link.client import RunUpdate
     from tokentui.core.link.process_client import ProcessClient
@@ -41,7 +41,7 @@ async def measure(rate: float, steps: int, presses: int, size=(160, 48)) -> dict
     from tokentui.core.runs.events import StepEvent
     from tokentui.core.settings import RunOptions, SamplerSettings
     from tokentui.tui import DashboardConfig, TokentuiApp
-    from tokentui.tui.panels import SamplerPanel, StatusLine
+    from tokentui.tui.panels import StatusLine
 
     stamps = Path(tempfile.mkdtemp(prefix="tokentui-rate-")) / "stamps"
 
@@ -76,36 +76,18 @@ async def measure(rate: float, steps: int, presses: int, size=(160, 48)) -> dict
         controller.temperature = temperature
         while len(app.state.run) < min(steps // 5, 400):
             await asyncio.sleep(0.005)
-        panel = app.query_one(SamplerPanel)
-        renders: list[tuple[float, str]] = []
-        original = panel.render
-
-        def render():
-            result = original()
-            renders.append((time.perf_counter(), getattr(result, "plain", str(result))))
-            return result
-
-        panel.render = render
         latencies: list[float] = []
         queued: list[float] = []
         key = "T"
-        while app.state.running and len(latencies) < presses:
-            target = round(controller.sampler.temperature + (0.1 if key == "T" else -0.1), 2)
-            wanted = f"temperature {target:.2f}"
-            started = time.perf_counter()
-            renders.clear()
-            app._driver.process_message(events.Key(key, key))  # as the terminal's input thread delivers it
-            while not any(t >= started and wanted in " ".join(text.split()) for t, text in renders):
-                if time.perf_counter() - started > 5:
-                    break
-                await asyncio.sleep(0.0005)
-            shown = [t for t, text in renders if wanted in " ".join(text.split())]
-            if shown and acted and acted[-1] >= started:
-                latencies.append((min(shown) - started) * 1000)
-                queued.append((acted[-1] - started) * 1000)
-            await asyncio.sleep(0.05)
-            key = "t" if key == "T" else "T"
-        panel.render = original
+        with SamplerRenders(app) as renders:
+            while app.state.running and len(latencies) < presses:
+                pressed = time.perf_counter()
+                latency = await press_temperature(app, renders, key, limit=5)
+                if latency is not None and acted and acted[-1] >= pressed:
+                    latencies.append(latency)
+                    queued.append((acted[-1] - pressed) * 1000)
+                await asyncio.sleep(0.05)
+                key = "t" if key == "T" else "T"
         status = app.query_one(StatusLine)
         while "done" not in (status.last_text.plain if status.last_text is not None else ""):
             await asyncio.sleep(0.001)

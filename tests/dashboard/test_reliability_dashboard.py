@@ -23,6 +23,7 @@ from textual import events
 from textual.widgets import TextArea
 
 from tiny_models import tiny_model
+from key_to_screen import SamplerRenders, press_temperature
 from fakes import FACTS, ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import StepEvent
@@ -334,35 +335,19 @@ async def test_a_long_answer_keeps_memory_flat_and_every_key_press_reaches_the_s
         await keys(app, "r")
         await wait_for(pilot, lambda: app.state.phase == "decoding" and app.state.steps >= 50, timeout=30,
                        what="the second run")
-        panel = app.query_one(SamplerPanel)
-        renders: list[tuple[float, str]] = []
-        original = panel.render
-
-        def render():
-            result = original()
-            renders.append((time.perf_counter(), getattr(result, "plain", str(result))))
-            return result
-
-        panel.render = render
         latencies: list[float] = []
         rates: list[float] = []
         key = "T"
-        while app.state.phase == "decoding" and len(latencies) < 40:
-            current = app.controller.sampler.temperature
-            target = round(current + (0.1 if key == "T" else -0.1), 2)
-            wanted = f"temperature {target:.2f}"
-            steps_before, started = app.state.steps, time.perf_counter()
-            renders.clear()
-            app._driver.process_message(events.Key(key, key))  # as the terminal's input thread delivers it
-            while not any(t >= started and wanted in " ".join(text.split()) for t, text in renders):
-                assert time.perf_counter() - started < 15, f"{wanted!r} never reached the screen"
-                await asyncio.sleep(0.001)
-            shown_at = min(t for t, text in renders if wanted in " ".join(text.split()))
-            latencies.append((shown_at - started) * 1000)
-            await asyncio.sleep(0.1)
-            rates.append((app.state.steps - steps_before) / (time.perf_counter() - started))
-            key = "t" if key == "T" else "T"
-        panel.render = original
+        with SamplerRenders(app) as renders:
+            while app.state.phase == "decoding" and len(latencies) < 40:
+                current = app.controller.sampler.temperature
+                steps_before, started = app.state.steps, time.perf_counter()
+                latency = await press_temperature(app, renders, key, limit=15)
+                assert latency is not None, f"temperature {key} never reached the screen"
+                latencies.append(latency)
+                await asyncio.sleep(0.1)
+                rates.append((app.state.steps - steps_before) / (time.perf_counter() - started))
+                key = "t" if key == "T" else "T"
         median, p95 = statistics.median(latencies), percentile(latencies, 0.95)
         FIGURES["keypress"] = (f"keypress-to-screen over {len(latencies)} presses while generating at "
                                f"~{statistics.median(rates):.0f} tokens/s: median {median:.1f} ms, p95 {p95:.1f} ms, "
