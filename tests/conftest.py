@@ -3,6 +3,7 @@ conversion itself is under test), then shared read-only by the tests that need a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,6 +53,18 @@ def embedded_stock(embedded_cold):
     return load_model(None, device="cpu", dtype="float32")
 
 
+@contextlib.contextmanager
+def quantized_cache(isolated_dirs):
+    """The 4-bit fixtures' own cache folder: any command-line test that ran the default model before them has
+    filled the session's cache already, and the first start must be a first start."""
+    saved = os.environ["TOKENTUI_CACHE_DIR"]
+    os.environ["TOKENTUI_CACHE_DIR"] = str(isolated_dirs["TOKENTUI_CACHE_DIR"].with_name("cache-4bit"))
+    try:
+        yield
+    finally:
+        os.environ["TOKENTUI_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def embedded_quantized_cold(isolated_dirs):
     """The embedded model as tokentui runs it by default on CPU, the first time: its 4-bit matrices read from the
@@ -59,17 +72,19 @@ def embedded_quantized_cold(isolated_dirs):
     from tokentui.core.model.loader import load_model
 
     stages = []
-    loaded = load_model(None, device="cpu", progress=stages.append)
+    with quantized_cache(isolated_dirs):
+        loaded = load_model(None, device="cpu", progress=stages.append)
     return loaded, stages
 
 
 @pytest.fixture(scope="session")
-def embedded_quantized(embedded_quantized_cold):
+def embedded_quantized(embedded_quantized_cold, isolated_dirs):
     """The default CPU model as every later start loads it: the packed 4-bit tensors from the cache. The float32
     `embedded` fixture is its reference (the same file de-quantized)."""
     from tokentui.core.model.loader import load_model
 
-    return load_model(None, device="cpu")
+    with quantized_cache(isolated_dirs):
+        return load_model(None, device="cpu")
 
 
 @pytest.fixture(scope="session")

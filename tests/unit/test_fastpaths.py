@@ -272,9 +272,10 @@ def test_compile_on_a_sliding_window_model_says_so_before_the_run_and_decodes_ea
 def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokenizer, monkeypatch):
     """What no check foresees: were a sliding layer compiled after all, the warm-up's second call would compile
     again; under fail_on_recompile it raises at once, and the model decodes eagerly, said before the run."""
+    import tokentui.core.model.architecture as architecture
     import tokentui.core.model.compiled as compiled
 
-    monkeypatch.setattr(compiled, "compile_problem", lambda model: None)
+    monkeypatch.setattr(architecture, "compile_problem", lambda model: None)  # the engine asks it there
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
     torch._dynamo.reset()

@@ -183,13 +183,15 @@ def test_first_start_converts_once_and_later_starts_read_the_cache(embedded_quan
     reading = [s.fraction for s in cold if s.stage.startswith("reading the GGUF's 4-bit blocks")]
     assert reading[0] == 0.0 and reading[-1] == 1.0 and len(reading) > 10
     assert any(n.startswith("packing 211 4-bit matrices") for n in names)
+    from conftest import quantized_cache
     from tokentui.core.model.loader import load_model
 
     warm = []
-    load_model(None, device="cpu", progress=warm.append)
+    with quantized_cache(isolated_dirs):  # the cache the cold start filled
+        load_model(None, device="cpu", progress=warm.append)
     assert [s.stage for s in warm] == ["finding the model", "reading weights", "ready"]
     assert embedded_quantized.facts.load_seconds < cold_loaded.facts.load_seconds
-    cached = list((isolated_dirs["TOKENTUI_CACHE_DIR"] / "quantized").glob("*/.complete"))
+    cached = list((isolated_dirs["TOKENTUI_CACHE_DIR"].with_name("cache-4bit") / "quantized").glob("*/.complete"))
     assert len(cached) == 1
     for a, b in zip(quantized_modules(cold_loaded.model), quantized_modules(embedded_quantized.model)):
         assert torch.equal(a.packed, b.packed) and torch.equal(a.scale_zeros, b.scale_zeros)
