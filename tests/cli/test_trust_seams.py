@@ -163,8 +163,8 @@ def test_a_record_with_vocab_rows_0_branches_without_a_nonsense_range(tmp_path):
     result = tokentui("branch", str(path), "--at", "1", "--token", "5", "--model", str(tmp_path / "nope"))
     one_line_error(result, "no such file or folder")  # past the token check: on to the model, which is missing
     assert "0..-1" not in result.stderr
-    one_line_error(tokentui("branch", str(path), "--at", "1", "--token", "-1"), "--token -1: token ids are "
-                   "integers >= 0")
+    one_line_error(tokentui("branch", str(path), "--at", "1", "--token", "-1"), "--token -1: not a token id (token "
+                   "ids are integers >= 0)")
 
 
 # ---- item 11: the last line of defence -------------------------------------------------------------------------
