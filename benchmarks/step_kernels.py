@@ -5,7 +5,8 @@ engine's eager step (forward + selection) and the engine's `--compile` whole ste
 
 What counts as a kernel: in eager code, every leaf ATen op (an op that calls no other ATen op: what would be one
 launch on a GPU; views and reshapes that launch nothing are left out); in inductor's compiled code, every generated
-C++ kernel (`torch._inductor.config.cpp.enable_kernel_profile` names each one in the profile) plus the leaf ATen
+C++ kernel (`torch._inductor.config.cpp.enable_kernel_profile` names each one in the profile, as
+"graph_<n>_cpp_...") plus the leaf ATen
 ops the graph still calls (extern matrix products, the copy of its output). Per step = the profiled steps' count
 divided by their number. `--model tiny` (the default on a small machine) is a SmolLM2-135M-shaped model (30
 layers, the real vocabulary) with hidden size 64: the same ops per step as the embedded model, compiled in a
@@ -18,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,19 +45,21 @@ _NO_LAUNCH = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::unsq
               "aten::flatten", "aten::_nested_tensor_from_mask_left_aligned", "aten::lift", "aten::set_"}
 
 
-def _kernels(prof) -> int:
+def _kernels(prof, names: Counter | None = None) -> int:
+    """Kernels in `prof`; `names` (when given) counts them by name."""
     events = prof.events()
     count = 0
     for event in events:
         name = event.name
-        if name.startswith("cpp_fused") or name.startswith("cpp_"):  # an inductor-generated kernel
-            count += 1
+        if "cpp_" in name and not name.startswith("aten::"):  # an inductor-generated kernel: "graph_0_cpp_fused_..."
+            pass
+        elif not name.startswith("aten::") or name in _NO_LAUNCH:
             continue
-        if not name.startswith("aten::") or name in _NO_LAUNCH:
-            continue
-        if any(child.name.startswith("aten::") and child.name not in _NO_LAUNCH for child in event.cpu_children):
+        elif any(child.name.startswith("aten::") and child.name not in _NO_LAUNCH for child in event.cpu_children):
             continue  # a composite op: its children are the launches
         count += 1
+        if names is not None:
+            names[name] += 1
     return count
 
 
@@ -72,8 +76,10 @@ def tiny_smollm(tokenizer):
     return model
 
 
-def _engine_step_kernels(loaded, compile: bool, steps: int, settings: SamplerSettings) -> tuple[float, float]:
-    """(kernels per decode step, compile seconds) of the engine's run, profiling `steps` decode steps."""
+def _engine_step_kernels(loaded, compile: bool, steps: int, settings: SamplerSettings,
+                         names: Counter | None = None) -> tuple[float, float]:
+    """(kernels per decode step, compile seconds) of the engine's run, profiling `steps` decode steps; `names`
+    (when given) counts the kernels by name, over all profiled steps."""
     started = time.perf_counter()
     if compile:
         import torch._inductor.config as inductor_config
@@ -89,7 +95,7 @@ def _engine_step_kernels(loaded, compile: bool, steps: int, settings: SamplerSet
             break
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         seen = sum(1 for event in run if isinstance(event, StepEvent))
-    return _kernels(prof) / seen, compile_s
+    return _kernels(prof, names) / seen, compile_s
 
 
 def _generate_step_kernels(model, prompt_ids: list[int], steps: int) -> float:
@@ -113,7 +119,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
-    base = load_model(None, device="cpu")
+    base = load_model(None, device="cpu", dtype="float32")  # the float model (the GPU path is a float one)
     model = base.model if args.model == "embedded" else tiny_smollm(base.tokenizer)
     loaded = LoadedModel(model=model, tokenizer=base.tokenizer,
                          facts=model_facts(model, base.tokenizer, name=args.model))
@@ -125,10 +131,15 @@ def main() -> int:
     result["eager_sampling"], _ = _engine_step_kernels(loaded, False, args.steps,
                                                        SamplerSettings(temperature=0.7, top_k=40, top_p=0.9))
     if not args.no_compile:
-        result["compiled"], result["compile_s"] = _engine_step_kernels(loaded, True, args.steps, greedy)
+        names: Counter = Counter()
+        result["compiled"], result["compile_s"] = _engine_step_kernels(loaded, True, args.steps, greedy, names)
+        result["compiled_kernels_per_step"] = {name: count / args.steps for name, count in names.most_common()}
         result["ratio_generate_to_compiled"] = result["generate"] / result["compiled"]
     for key, value in result.items():
-        print(f"{key:28s} {value:.1f}" if isinstance(value, float) else f"{key:28s} {value}")
+        if isinstance(value, dict):
+            print(f"{key:28s}", ", ".join(f"{name} {count:g}" for name, count in value.items()))
+        else:
+            print(f"{key:28s} {value:.1f}" if isinstance(value, float) else f"{key:28s} {value}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

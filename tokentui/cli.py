@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(minutes on a small CPU; CUDA graphs on a GPU)")
     # the choices of core.layout.LAYOUTS, spelled out: importing core here would import torch into the dashboard
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto",
-                   help="auto: on CPU, store wide float32 weight matrices transposed for a faster decode (same "
-                        "values, scores differ by float rounding); stock: leave them as loaded")
+                   help="auto: q/k/v and gate/up multiplied as one matrix each (eager decode), and on CPU wide "
+                        "float32 weight matrices stored transposed, for a faster decode (same values, scores differ "
+                        "by float rounding); stock: leave them as loaded")
     # core.model.static_cache.KV_SHAPES, spelled out for the same reason
     p.add_argument("--kv-shapes", choices=("auto", "dynamic", "bucketed"), default="auto",
                    help="eager decode's attention shapes: bucketed (the KV cache padded to 256-position buckets, "

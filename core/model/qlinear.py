@@ -19,7 +19,7 @@ plausibly draw are scored by the file's weights in float32; the rest stay within
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
 `QLinearPart` in the model where the original `nn.Linear` was, so the model's own forward code is unchanged: the
 first part called with an input computes the fused product, the others take their columns of it (same input tensor
-object: the identity check below). Under torch.compile the parts each compute the fused product, which the compiler
+object: the identity check of SharedProduct, core/model/fused_linear.py). Under torch.compile the parts each compute the fused product, which the compiler
 then computes once (common subexpressions are merged in the traced graph).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fused_linear import SharedProduct
 from .gguf_quant import GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
 
 EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead
@@ -147,9 +148,10 @@ class QLMHead(QLinear):
         return flat.scatter(1, top, exact.to(flat.dtype)).reshape(scores.shape)
 
 
-class FusedQLinear(nn.Module):
+class FusedQLinear(SharedProduct, nn.Module):
     """Sibling projections of one input as one 4-bit matrix (their rows stacked); `parts` are the modules the model
-    calls. Holds the last product until every part has taken its columns."""
+    calls. Holds the last product until every part has taken its columns (SharedProduct: core/model/fused_linear.py,
+    the float weights' version of the same layout)."""
 
     def __init__(self, matrix_packed: torch.Tensor, scale_zeros: torch.Tensor, in_features: int,
                  widths: list[int], source: str):
@@ -157,9 +159,7 @@ class FusedQLinear(nn.Module):
         self.in_features, self.widths, self.source = int(in_features), [int(w) for w in widths], source
         self.register_buffer("packed", matrix_packed, persistent=False)
         self.register_buffer("scale_zeros", scale_zeros, persistent=False)
-        self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
-        self._taken: set[int] = set()
+        self._reset_shared()
 
     @classmethod
     def from_matrices(cls, matrices: list[GroupedInt4]) -> "FusedQLinear":
@@ -178,19 +178,6 @@ class FusedQLinear(nn.Module):
     def product(self, x: torch.Tensor) -> torch.Tensor:
         y = int4_matmul(x, self.packed, self.scale_zeros, self.in_features, halves=False)
         return y.to(x.dtype).reshape(*x.shape[:-1], sum(self.widths))
-
-    def columns_for(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """The fused product of `x`, computed by the first part that asks for it (eager) or by each (compiled)."""
-        if torch.compiler.is_compiling():
-            return self.product(x)
-        if x is not self._input or index in self._taken:
-            self._input, self._output, self._taken = x, self.product(x), set()
-        out = self._output
-        self._taken.add(index)
-        if len(self._taken) == len(self.widths):  # every part served: let go of the input and the product
-            self._input = self._output = None
-            self._taken = set()
-        return out
 
     @property
     def weight_nbytes(self) -> int:

@@ -132,7 +132,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
     noise = draw_noise(generator, vocab, x.device)  # [V] the step's one draw
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
-    gap = x.max() - x  # [V] >= 0, shared by both entropies
+    gap = x.amax() - x  # [V] >= 0, shared by both entropies
     p = _softmax(x)  # [V] raw probabilities
     h = _entropy(p, gap)  # [] nats; NaN unless every score is finite: the NaN/inf check, read back with the rest
     if top_k:  # the top-k set is renormalised on its own: no full-vocabulary softmax after temperature needed
@@ -160,8 +160,12 @@ def draw_noise(generator: torch.Generator | None, vocab: int, device: torch.devi
                out: torch.Tensor | None = None) -> torch.Tensor:
     """The step's random draw: [vocab] float32 Exp(1) noise, one value per token id (into `out` when given)."""
     out = torch.empty(vocab, dtype=torch.float32, device=device) if out is None else out
-    # a 0 would make a cut token's 0 / 0 a NaN, which argmax would pick
-    return out.exponential_(generator=generator).clamp_min_(torch.finfo(torch.float32).tiny)
+    # -log(U) for U uniform is Exp(1) (the inverse of its distribution function). Written out instead of
+    # Tensor.exponential_, which draws the same distribution ~5x slower on CPU (BENCHMARKS.md, "Why the code is as it
+    # is"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection.
+    out.uniform_(generator=generator).log_().neg_()
+    # a 0 (U = 1, which a GPU's uniform_ can return) would make a cut token's 0 / 0 a NaN, which argmax would pick
+    return out.clamp_min_(torch.finfo(torch.float32).tiny)
 
 
 def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -170,8 +174,10 @@ def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     draws one sample the same way). Hand-written instead of torch.multinomial so that the noise belongs to the
     token id, not to the position in whatever subset is sampled: the eager prefix and the compiled whole-vocabulary
     step (core/model/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
-    (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is")."""
-    return torch.argmax(probs / noise).reshape(1)
+    (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is").
+    The index comes from `max(dim=0)` (the first maximal entry, as argmax gives it), which on CPU is one vectorised
+    pass where torch.argmax is several times slower (same section)."""
+    return (probs / noise).max(dim=0).indices.reshape(1)
 
 
 def _scores(logits: torch.Tensor) -> torch.Tensor:
@@ -203,7 +209,7 @@ def _entropy(p: torch.Tensor, gap: torch.Tensor, temperature: float = 1.0) -> to
     gives p * gap = 0 * inf = NaN.
     """
     spread = torch.dot(p, gap)
-    return (spread if temperature == 1.0 else spread / temperature) - torch.log(p.max())
+    return (spread if temperature == 1.0 else spread / temperature) - torch.log(p.amax())
 
 
 def _scaled_entropy(gap: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -278,7 +284,7 @@ def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None)
 def _greedy(x: torch.Tensor, n: int) -> torch.Tensor:
     """Argmax, as generate(do_sample=False): torch.argmax, first index on ties; one-hot post-sampler distribution."""
     p = _softmax(x)  # [V] raw probabilities
-    h = _entropy(p, x.max() - x)  # []
+    h = _entropy(p, x.amax() - x)  # []
     top_vals, top_ids = top_scores(x, min(x.numel(), max(n, 2)))  # [>= n] by raw score, descending
     token = _first_argmax(x, top_vals, top_ids)  # [1]
     top_ids = top_ids[:n]

@@ -176,6 +176,55 @@ def json_line(event) -> str:
     return json.dumps(data, ensure_ascii=False).translate(_JSON_CONTROLS) + "\n"
 
 
+class SignalStop:
+    """Ctrl-C, SIGHUP and SIGTERM during a command's run (every streaming command's, one policy): a signal while
+    decoding stops `engine` at its next step boundary, so the record ends with a `done` event (reason "stopped");
+    before the first step (a long prompt's prefill is one model run that cannot be stopped half-way) or on a second
+    signal it interrupts at once (KeyboardInterrupt), and the caller's record still ends with `done`.
+
+    Use as a context manager around the run: the previous handlers come back on the way out. `decoding()` is called
+    when the first step arrives; `stopped_by` lists the signals received, first first."""
+
+    SIGNALS = ("SIGINT", "SIGHUP", "SIGTERM")
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.stopped_by: list[int] = []
+        self._decoding = False
+        self._previous: dict = {}
+
+    def decoding(self) -> None:
+        self._decoding = True
+
+    def note_interrupt(self) -> None:
+        """A KeyboardInterrupt reached the caller: stop the engine, and count it as a Ctrl-C if no signal came."""
+        self.engine.stop()
+        if not self.stopped_by:
+            import signal
+
+            self.stopped_by.append(signal.SIGINT)
+
+    def _on_signal(self, signum, frame) -> None:
+        first = not self.stopped_by
+        self.stopped_by.append(signum)
+        self.engine.stop()
+        if not first or not self._decoding:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "SignalStop":
+        import signal
+
+        self._previous = {sig: signal.signal(sig, self._on_signal)
+                          for sig in (getattr(signal, name) for name in self.SIGNALS)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def interrupted(signum: int) -> int:
     """The line for a run interrupted by signal `signum` (every command's), and its exit status 128 + signum."""
     try:

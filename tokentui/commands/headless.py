@@ -9,7 +9,7 @@ import sys
 
 from tokentui.core.errors import EXIT_RUN_FAILED
 
-from .common import answer_text, json_line, make_loader, recorded_line, say, silence_stdio
+from .common import SignalStop, answer_text, json_line, make_loader, recorded_line, say, silence_stdio
 from .load_progress import LoadProgressLine
 
 
@@ -48,29 +48,11 @@ def run_headless(args, prompt: str) -> int:
         engine = make_loader(args)(progress)
     finally:
         line.finish()  # erased before the answer or the error's one line
-    # From here a signal (Ctrl-C, SIGHUP, SIGTERM) while decoding stops the run at the next step boundary, so the
-    # record ends with a `done` event (reason "stopped"). Before the first step (a long prompt's prefill is one
-    # model run that cannot be stopped half-way) and on a second signal it interrupts at once; the record then
-    # still ends with a `done` event, written here.
-    stopped_by: list[int] = []
-    decoding: list[bool] = []
-
-    def on_signal(signum, frame):
-        first = not stopped_by
-        stopped_by.append(signum)
-        engine.stop()
-        if not first or not decoding:
-            raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
-    try:
-        return _headless_run(args, prompt, engine, emit, stopped_by, decoding, lambda: output_ok)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with SignalStop(engine) as stop:  # from here a signal stops the run at its next step (common.py's policy)
+        return _headless_run(args, prompt, engine, emit, stop, lambda: output_ok)
 
 
-def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -> int:
+def _headless_run(args, prompt, engine, emit, stop: SignalStop, output_ok) -> int:
     from tokentui.core.errors import exit_status
     from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, StepEvent
     from tokentui.core.runs.record_writer import RunRecorder
@@ -89,10 +71,10 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
             emit(json_line(engine.facts))
         try:
             for event in run.record(engine.run(prompt, args.system)):
-                if stopped_by or not output_ok():
+                if stop.stopped_by or not output_ok():
                     engine.stop()  # also when the signal came before the run had started
                 if isinstance(event, StepEvent):
-                    decoding[:] = [True]
+                    stop.decoding()
                 if args.json:
                     emit(json_line(event))
                 elif isinstance(event, StepEvent):
@@ -113,19 +95,17 @@ def _headless_run(args, prompt, engine, emit, stopped_by, decoding, output_ok) -
                         note(event.message)
                     status = exit_status(event.kind)  # core/errors.py's one table
         except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
-            engine.stop()
-            if not stopped_by:
-                stopped_by.append(signal.SIGINT)
+            stop.note_interrupt()
     # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
     if run.cut_off is not None and args.json:
         emit(json_line(run.cut_off))
-    if stopped_by:
+    if stop.stopped_by:
         name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
-                signal.SIGTERM: "terminated (SIGTERM)"}.get(stopped_by[0], "stopped")
+                signal.SIGTERM: "terminated (SIGTERM)"}.get(stop.stopped_by[0], "stopped")
         if wrote_text and not run.finished:
             emit("\n")
         emit(f"tokentui: {name}; the run stopped\n", sys.stderr)
-        status = 128 + stopped_by[0]
+        status = 128 + stop.stopped_by[0]
     elif not output_ok():
         status = EXIT_RUN_FAILED
     if run.path is not None:

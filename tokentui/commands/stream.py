@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Callable, Iterator
 
-from .common import interrupted, say, silence_stdio
+from .common import SignalStop, interrupted, say, silence_stdio
 
 Emit = Callable[..., None]
 
@@ -28,8 +28,6 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
 
     out, err = sys.stdout, sys.stderr
     gone: list[bool] = []
-    stopped_by: list[int] = []
-    running: list[bool] = []
 
     def emit(text: str, stream=None) -> None:
         if gone:
@@ -42,52 +40,41 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
             silence_stdio()
             engine.stop()
 
-    def on_signal(signum, frame):
-        first = not stopped_by
-        stopped_by.append(signum)
-        engine.stop()
-        if not first or not running:
-            raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
     status = 0
-    try:
-        recorder = None if args.no_record else RunRecorder(args.record_dir)
-        with RecordedRun(engine.facts, recorder, on_note=lambda m: emit(say(m) + "\n", err)) as recorded:
-            recorded.open()
-            if args.json:
-                emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
-            try:
-                for event in recorded.record(events()):
-                    if stopped_by:
-                        engine.stop()
-                    if isinstance(event, (StepEvent, SampleEvent)):
-                        running[:] = [True]
-                    if args.json:
-                        emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
-                    else:
-                        show(event, emit)
-                    if isinstance(event, ErrorEvent):
-                        if not args.json:
-                            emit(say(event.message) + "\n", err)
-                        status = exit_status(event.kind)
-            except KeyboardInterrupt:
-                engine.stop()
-                if not stopped_by:
-                    stopped_by.append(signal.SIGINT)
-        if recorded.cut_off is not None and args.json:
-            emit(json.dumps(recorded.cut_off.to_dict(), ensure_ascii=False) + "\n")
-        if stopped_by:
-            emit(f"tokentui: stopped; the {what} ended early\n", err)
-            status = 128 + stopped_by[0]
-        if recorded.path is not None:
-            emit(f"tokentui: {what} recorded in {recorded.path}\n", err)
-        return status
-    except KeyboardInterrupt:
-        return interrupted(stopped_by[0] if stopped_by else signal.SIGINT)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with SignalStop(engine) as stop:  # a signal stops the run at its next step (common.py's policy)
+        stopped_by = stop.stopped_by
+        try:
+            recorder = None if args.no_record else RunRecorder(args.record_dir)
+            with RecordedRun(engine.facts, recorder, on_note=lambda m: emit(say(m) + "\n", err)) as recorded:
+                recorded.open()
+                if args.json:
+                    emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+                try:
+                    for event in recorded.record(events()):
+                        if stopped_by:
+                            engine.stop()
+                        if isinstance(event, (StepEvent, SampleEvent)):
+                            stop.decoding()
+                        if args.json:
+                            emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                        else:
+                            show(event, emit)
+                        if isinstance(event, ErrorEvent):
+                            if not args.json:
+                                emit(say(event.message) + "\n", err)
+                            status = exit_status(event.kind)
+                except KeyboardInterrupt:
+                    stop.note_interrupt()
+            if recorded.cut_off is not None and args.json:
+                emit(json.dumps(recorded.cut_off.to_dict(), ensure_ascii=False) + "\n")
+            if stopped_by:
+                emit(f"tokentui: stopped; the {what} ended early\n", err)
+                status = 128 + stopped_by[0]
+            if recorded.path is not None:
+                emit(f"tokentui: {what} recorded in {recorded.path}\n", err)
+            return status
+        except KeyboardInterrupt:
+            return interrupted(stopped_by[0] if stopped_by else signal.SIGINT)
 
 
 def forced_line(step) -> str:
