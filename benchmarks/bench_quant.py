@@ -8,7 +8,8 @@ Everything runs in this one process (llama-server in its own, idle while the oth
 alternated (A B C ... A B C ...), every figure a median of --reps, every target a median of per-repetition ratios.
 
  A. decode tok/s at each thread count of --threads (prefill and decode both): the float32 reference engine
-    (--dtype float32, wide weights re-laid as tokentui does); the 4-bit model through transformers' forward, its
+    (--dtype float32, wide weights re-laid as tokentui does), and the same weights quantized here (--quantize int4,
+    core/model/quantize.py); the 4-bit model through transformers' forward, its
     projections unfused and fused (q/k/v, gate/up); the default (fused + core/model/lean_step.py); llama-server
     -t N (its own `timings` of a plain request: no HTTP per token, no tokentui client). Target: default ÷
     llama-server >= 1.0 at 2 threads. With --compile also the 4-bit model's --compile step.
@@ -57,6 +58,7 @@ from tokentui.core.steps.prefill import prefill  # noqa: E402
 PROMPT = "Is OpenAI open?"  # tokentui's default prompt, benchmarks/server_vs_local.py's too
 HEADING = "## The 4-bit path (issue 25)"
 GREEDY = SamplerSettings(temperature=0.0)
+HERE = "float32 reference quantized here (--quantize int4)"
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -74,12 +76,14 @@ def unfused_copy(quantized: LoadedModel) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=quantized.tokenizer, facts=quantized.facts)
 
 
-def engines(reference, quantized, unfused, threads: int, options: RunOptions, with_compile: bool) -> dict:
+def engines(reference, quantized, unfused, here, threads: int, options: RunOptions, with_compile: bool) -> dict:
     speed = SpeedOptions(threads=threads, prefill_threads=threads)
     out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed),
            "4-bit, transformers forward, unfused": Engine(unfused, GREEDY, options, speed=speed),
            "4-bit, transformers forward, fused": Engine(quantized, GREEDY, options, speed=speed),
            "4-bit, default (fused + lean step)": Engine(quantized, GREEDY, options, speed=speed)}
+    if here is not None:
+        out[HERE] = Engine(here, GREEDY, options, speed=speed)
     if with_compile:
         log(f"  compiling the 4-bit decode step at {threads} thread(s) (minutes) ...")
         started = time.perf_counter()
@@ -126,7 +130,7 @@ def server_own_tok_s(native, prompt_ids: list[int], steps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- A + B + C
-def bench_decode(reference, quantized, unfused, args, servers) -> dict:
+def bench_decode(reference, quantized, unfused, here, args, servers) -> dict:
     from server_vs_local import Native
 
     options = RunOptions(max_new_tokens=args.steps, ignore_eos=True)
@@ -134,7 +138,7 @@ def bench_decode(reference, quantized, unfused, args, servers) -> dict:
     natives = {n: Native(s.url) for n, s in servers.items()}
     bw = {1: bandwidth(1), TORCH_DEFAULT_THREADS: bandwidth(TORCH_DEFAULT_THREADS)}
     for threads in args.threads:
-        contenders = engines(reference, quantized, unfused, threads, options, args.compile)
+        contenders = engines(reference, quantized, unfused, here, threads, options, args.compile)
         ids = {}
         for name, engine in contenders.items():  # a warm-up run each, not counted
             got = run_without_lean(engine) if "transformers forward" in name else run_engine(engine, PROMPT)
@@ -177,8 +181,9 @@ def reference_weight_bytes(model) -> int:
     return sum(p.nbytes for p in model.parameters())  # tied: the table is the head, read whole
 
 
-def bench_fidelity(reference, quantized, servers, steps: int) -> dict:
-    """B: teacher-forced on the reference's own greedy tokens, both contenders against the reference."""
+def bench_fidelity(reference, quantized, here, servers, steps: int) -> dict:
+    """B: teacher-forced on the reference's own greedy tokens, every contender against the reference (`here`: the
+    reference's own weights quantized by --quantize int4, core/model/quantize.py)."""
     from server_vs_local import Native, collect, teacher_forced
 
     use_threads(torch.device("cpu"), 1)
@@ -190,6 +195,10 @@ def bench_fidelity(reference, quantized, servers, steps: int) -> dict:
     ours = agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens))
     out = {"tokens": len(tokens), "quantized": ours.__dict__,
            "free_run_divergence": first_divergence(q_run["ids"], tokens)}
+    if here is not None:
+        out["quantized_here"] = agreement(ref_scores, teacher_forced_logits(here.model, prompt_ids, tokens)).__dict__
+        here_run = collect(Engine(here, GREEDY, options).run(PROMPT))
+        out["quantized_here_divergence"] = first_divergence(here_run["ids"], tokens)
     at = out["free_run_divergence"]
     if at is not None:
         raw = sorted((c.raw_prob for c in ref_run["steps"][at].candidates), reverse=True)
@@ -277,6 +286,13 @@ def render(res: dict, args, started: float) -> str:
     lines.append(f"| top-1 agreement with the float32 reference, teacher-forced, 4-bit | more than llama-server | "
                  f"{q['agree']}/{q['positions']} | "
                  + ("met" if "server" not in fid or q["agree"] > fid["server"]["agree"] else "**not met**") + " |")
+    if "quantized_here" in fid:
+        h = fid["quantized_here"]
+        div = fid["quantized_here_divergence"]
+        lines.append(f"| same, the float32 reference quantized here (`--dtype float32 --quantize int4`) | — | "
+                     f"{h['agree']}/{h['positions']}; max / mean \\|Δp\\| {h['dp_max']:.4f} / {h['dp_mean']:.5f}; "
+                     f"free-running greedy " + ("identical" if div is None else f"first differs at step {div + 1}")
+                     + " | — |")
     if "server" in fid:
         s = fid["server"]
         lines.append(f"| same, llama-server | — | {s['agree']}/{s['comparable']} | — |")
@@ -360,12 +376,13 @@ def main() -> int:
     reference = load_model(None, device="cpu", dtype="float32")
     quantized = load_model(None, device="cpu")
     unfused = unfused_copy(quantized)
+    here = load_model(None, device="cpu", dtype="float32", quantize="int4")  # the reference, quantized here
     servers, res["server_notes"] = ({}, []) if args.no_server else start_servers(args.threads)
     try:
         log("A, C: decode ...")
-        res["decode"] = bench_decode(reference, quantized, unfused, args, servers)
+        res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers)
         log("B: fidelity ...")
-        res["fidelity"] = bench_fidelity(reference, quantized, servers, args.steps)
+        res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps)
     finally:
         for server in servers.values():
             server.stop()

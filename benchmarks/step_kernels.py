@@ -1,13 +1,14 @@
 """Kernels per decode step, from torch.profiler on CPU, as a proxy for GPU launches: `generate`'s eager step, the
-engine's eager step (forward + selection) and the engine's `--compile` whole step (one compiled call).
+engine's eager step (forward + selection; as on CPU, and with q/k/v and gate/up fused as on CUDA) and the engine's
+`--compile` whole step (one compiled call).
 
     .venv/bin/python benchmarks/step_kernels.py [--model tiny|embedded] [--steps 16] [--json out.json]
 
-What counts as a kernel: in eager code, every leaf ATen op (an op that calls no other ATen op: what would be one
-launch on a GPU; views and reshapes that launch nothing are left out); in inductor's compiled code, every generated
-C++ kernel (`torch._inductor.config.cpp.enable_kernel_profile` names each one in the profile, as
-"graph_<n>_cpp_...") plus the leaf ATen
-ops the graph still calls (extern matrix products, the copy of its output). Per step = the profiled steps' count
+What counts as a kernel: in eager code, every leaf op (an op that calls no other op: what would be one launch on a
+GPU; views and reshapes that launch nothing are left out); in inductor's compiled code, every generated C++ kernel
+(`torch._inductor.config.cpp.enable_kernel_profile` names each one in the profile, as "graph_<n>_cpp_...") plus the
+leaf ops the graph still calls, of any namespace (extern matrix products such as mkldnn:: / mkl:: ones after
+freezing, attention, the copy of its output). Per step = the profiled steps' count
 divided by their number. `--model tiny` (the default on a small machine) is a SmolLM2-135M-shaped model (30
 layers, the real vocabulary) with hidden size 64: the same ops per step as the embedded model, compiled in a
 fraction of the time; `embedded` uses the real weights.
@@ -16,6 +17,7 @@ fraction of the time; `embedded` uses the real weights.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -30,6 +32,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from tokentui.core.model.engine import Engine  # noqa: E402
+from tokentui.core.model.fused_linear import fuse_siblings  # noqa: E402
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions  # noqa: E402
 from tokentui.core.runs.events import StepEvent  # noqa: E402
@@ -45,17 +48,23 @@ _NO_LAUNCH = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::unsq
               "aten::flatten", "aten::_nested_tensor_from_mask_left_aligned", "aten::lift", "aten::set_"}
 
 
+def _is_op(name: str) -> bool:
+    """A dispatched op of any namespace: aten::, and what inductor calls instead (mkldnn::, mkl::, quantized::,
+    a custom op's own namespace)."""
+    return "::" in name and not name.startswith(("##", "profiler::"))
+
+
 def _kernels(prof, names: Counter | None = None) -> int:
     """Kernels in `prof`; `names` (when given) counts them by name."""
     events = prof.events()
     count = 0
     for event in events:
         name = event.name
-        if "cpp_" in name and not name.startswith("aten::"):  # an inductor-generated kernel: "graph_0_cpp_fused_..."
+        if "cpp_" in name and "::" not in name:  # an inductor-generated kernel: "graph_0_cpp_fused_..."
             pass
-        elif not name.startswith("aten::") or name in _NO_LAUNCH:
+        elif not _is_op(name) or name in _NO_LAUNCH:
             continue
-        elif any(child.name.startswith("aten::") and child.name not in _NO_LAUNCH for child in event.cpu_children):
+        elif any(_is_op(child.name) and child.name not in _NO_LAUNCH for child in event.cpu_children):
             continue  # a composite op: its children are the launches
         count += 1
         if names is not None:
@@ -127,9 +136,13 @@ def main() -> int:
     greedy = SamplerSettings(temperature=0)
     result = {"model": args.model, "steps": args.steps,
               "generate": _generate_step_kernels(model, prompt_ids, args.steps)}
+    sampling = SamplerSettings(temperature=0.7, top_k=40, top_p=0.9)
     result["eager"], _ = _engine_step_kernels(loaded, False, args.steps, greedy)
-    result["eager_sampling"], _ = _engine_step_kernels(loaded, False, args.steps,
-                                                       SamplerSettings(temperature=0.7, top_k=40, top_p=0.9))
+    result["eager_sampling"], _ = _engine_step_kernels(loaded, False, args.steps, sampling)
+    fused = LoadedModel(model=copy.deepcopy(model), tokenizer=base.tokenizer, facts=loaded.facts)
+    fuse_siblings(fused.model)  # what the engine does on CUDA (core/model/fused_linear.py)
+    result["eager_fused"], _ = _engine_step_kernels(fused, False, args.steps, greedy)
+    result["eager_sampling_fused"], _ = _engine_step_kernels(fused, False, args.steps, sampling)
     if not args.no_compile:
         names: Counter = Counter()
         result["compiled"], result["compile_s"] = _engine_step_kernels(loaded, True, args.steps, greedy, names)

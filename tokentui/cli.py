@@ -69,9 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(minutes on a small CPU; CUDA graphs on a GPU)")
     # the choices of core.layout.LAYOUTS, spelled out: importing core here would import torch into the dashboard
     p.add_argument("--weight-layout", choices=("auto", "stock"), default="auto",
-                   help="auto: q/k/v and gate/up multiplied as one matrix each (eager decode), and on CPU wide "
-                        "float32 weight matrices stored transposed, for a faster decode (same values, scores differ "
-                        "by float rounding); stock: leave them as loaded")
+                   help="auto: on a GPU, q/k/v and gate/up multiplied as one matrix each (eager decode); on CPU, "
+                        "wide float32 weight matrices stored transposed; for a faster decode (same values, scores "
+                        "differ by float rounding); stock: leave them as loaded")
+    # core.model.quantize.QUANTIZE, spelled out for the same reason
+    p.add_argument("--quantize", choices=("none", "int4"), default="none",
+                   help="int4: quantize a float model's weight matrices here to 4 bits (group 32, bf16 scales; "
+                        "bf16 activations into them; CPU), the layout a 4-bit GGUF runs in: ~6x fewer bytes a "
+                        "step. The model panel says so. none (default): the weights as loaded")
     # core.model.static_cache.KV_SHAPES, spelled out for the same reason
     p.add_argument("--kv-shapes", choices=("auto", "dynamic", "bucketed"), default="auto",
                    help="eager decode's attention shapes: bucketed (the KV cache padded to 256-position buckets, "

@@ -39,6 +39,7 @@ class EngineSpec:
     threads: int | None = None
     weight_layout: str = "auto"
     kv_shapes: str = "auto"
+    quantize: str = "none"  # "int4": a float model's matrices quantized here (core/model/quantize.py)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     options: RunOptions = field(default_factory=RunOptions)
 

@@ -29,7 +29,7 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
 
         loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
-                            progress=progress, ready=False)
+                            quantize=spec.quantize, progress=progress, ready=False)
         engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
                                                                                 threads=spec.threads,
                                                                                 weight_layout=spec.weight_layout,

@@ -34,7 +34,7 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
                      PrefillProgress, PromptEvent, StepEvent)
 from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
-from .fused_linear import FuseReport, fuse_siblings
+from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
@@ -67,9 +67,9 @@ class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
         """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py,
-        core/model/weight_layout.py, core/model/compiled.py). Eager, the engine fuses q/k/v and gate/up into one product each,
-        and on CPU stores the model's wide float32 projections transposed, both in place (same values, faster decode;
-        weight_layout="stock" leaves the model untouched). With compile, the
+        core/model/weight_layout.py, core/model/compiled.py). Eager on a GPU, the engine fuses q/k/v and gate/up into one
+        product each; on CPU it stores the model's wide float32 projections transposed; both in place (same values,
+        faster decode; weight_layout="stock" leaves the model untouched). With compile, the
         decode step is compiled here (minutes on a small CPU), reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -85,9 +85,8 @@ class Engine(BaseEngine):
         self.device = input_device(self.model)
         self.speed = speed or SpeedOptions()
         self.layout, self.fusion = LayoutReport(), FuseReport()
-        if self.speed.weight_layout == "auto" and not self.speed.compile:
-            # q/k/v and gate/up as one product each (core/model/fused_linear.py); --compile fuses in the compiler
-            self.fusion = fuse_siblings(self.model)
+        if fusion_wanted(self.device.type, self.speed.weight_layout, self.speed.compile):
+            self.fusion = fuse_siblings(self.model)  # q/k/v and gate/up as one product each: fewer launches
         if self.speed.weight_layout == "auto" and self.device.type == "cpu":
             # a one-time copy while loading, on every core (faster than one) unless --threads sets fewer
             use_threads(self.device, self.speed.threads or cpu_cores())

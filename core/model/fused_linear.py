@@ -2,9 +2,11 @@
 
 Why: a Llama-family layer multiplies the same normalised input by q, k and v, and the next one by gate and up:
 five matrix products per layer where two would do. On a GPU each product is a kernel launch, and at decode (one
-row) a launch costs about as much as the arithmetic; on CPU fewer, larger products also spend less time in the
-library's per-call set-up. The counts per decode step, before and after: BENCHMARKS.md, "GPU path, round 2
-(issue 27)" (benchmarks/step_kernels.py).
+row) a launch costs about as much as the arithmetic, so the engine fuses eager decode on CUDA. On CPU the float32
+step measured ~5 % slower fused (MKL's matrix-vector kernel gains nothing from the larger matrices), so it does not
+fuse there; the 4-bit path fuses on CPU with its own kernel (core/model/qlinear.py), where that measured faster.
+The counts per decode step, before and after, and the CPU measurement: BENCHMARKS.md, "GPU path, round 2 (issue
+27)" and "Why the code is as it is" (benchmarks/step_kernels.py).
 
 How (the layout core/model/qlinear.py uses for 4-bit weights): `FusedLinear` is an nn.Linear whose weight is the
 siblings' weights stacked ([sum of outs, in]; their biases likewise), registered on the siblings' parent. Each
@@ -108,6 +110,12 @@ class LinearPart(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rows {self.start}-"
                 f"{self.start + self.out_features - 1} of {'+'.join(self.fused.names)}")
+
+
+def wanted(device_type: str, weight_layout: str, compile: bool) -> bool:
+    """Whether the engine fuses a model's siblings: eager decode on CUDA with the default layout (on CPU fusing
+    measured slower; --compile fuses in the compiler; --weight-layout stock leaves the model as loaded)."""
+    return device_type == "cuda" and weight_layout == "auto" and not compile
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
 def quant_facts(model: nn.Module, manifest: dict):
     """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
     from ..runs.events import QuantFacts
-    from .qlinear import ACTIVATION_DTYPE, quantized_modules
+    from .qlinear import ACTIVATION_DTYPE, step_weight_bytes
 
     entries = manifest["modules"]
     sources = sorted({part for e in entries if e["kind"] != "head" for part in e["source"].split("+")})
@@ -367,14 +367,9 @@ def quant_facts(model: nn.Module, manifest: dict):
         exact = out.exact_scores
         head_words += f"; its {exact} highest scores recomputed in float32"
     count = sum(len(e["parts"]) if e["kind"] == "fused" else 1 for e in entries)
-    embed = model.get_input_embeddings().weight
-    tables = {id(embed), id(getattr(out, "weight", None))}  # read a row at a time, not whole
-    read = sum(m.weight_nbytes for m in quantized_modules(model))
-    read += sum(p.nbytes for p in model.parameters() if id(p) not in tables)
-    read += embed[0].nbytes * (1 + exact)  # one embedding row in; the head's recomputed rows
     return QuantFacts(blocks="+".join(sources) or (head["source"] if head else ""), bits=4, group=GROUP,
                       scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
                       activation_dtype=str(ACTIVATION_DTYPE).removeprefix("torch."), head=head_words,
                       exact_scores=exact, matrices=count, dequantized=len(manifest.get("dequantized", {})),
                       dequantized_blocks="+".join(sorted(set(manifest.get("dequantized", {}).values()))),
-                      weight_bytes=int(read))
+                      weight_bytes=step_weight_bytes(model))

@@ -22,7 +22,7 @@ from ..errors import ModelLoadError, SettingsError, error_line
 from ..runs.events import LoadProgress, ModelFacts
 from ..paths import cache_dir
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
-                          STAGE_READY, STAGE_WEIGHTS, Progress, write_cache)
+                          STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, write_cache)
 from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
                        resolve_model, too_few_cuda_message)
 
@@ -221,6 +221,7 @@ def load_model(
     device_map: str | None = None,
     progress: Progress = _noop,
     ready: bool = True,
+    quantize: str = "none",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id.
 
@@ -230,12 +231,16 @@ def load_model(
     _quiet_transformers()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    _check_quantize(quantize, dtype, dev, device_map)
     progress(LoadProgress(STAGE_FIND, None))
     where = resolve_model(spec, allow_pickle=allow_pickle)  # one line for a bad path, an unreachable hub...
     source, name = where.source, where.name
     folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
     if where.gguf_file is not None and runs_as_stored(dtype, dev, device_map, where.gguf_file):
+        if quantize != "none":
+            raise SettingsError(f"--quantize {quantize}: {name}'s weights are 4-bit already and run as stored; drop "
+                                "--quantize (or pass --dtype float32 to quantize its de-quantized copy again)")
         from .gguf_load import load_quantized, quant_facts
 
         loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/gguf_load.py)
@@ -278,9 +283,18 @@ def load_model(
     except Exception as err:
         raise ModelLoadError(_explain_load_error(name, err)) from err
     model.eval()
+    quantized = None
+    if quantize == "int4":  # core/model/quantize.py: weight-only, group 32, the 4-bit GGUF path's layout
+        from .quantize import quantize_model, quantized_facts
+
+        progress(LoadProgress(STAGE_QUANTIZE, None))
+        kept = quantize_model(model)
+        quantized = quantized_facts(model, kept)
     try:
         facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
                             load_seconds=time.perf_counter() - started)
+        if quantized is not None:
+            facts = replace(facts, quantization=quantized)
     except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
         raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
     if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
@@ -288,6 +302,22 @@ def load_model(
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
+
+
+def _check_quantize(quantize: str, dtype: str, device, device_map: str | None) -> None:
+    """--quantize's one-line refusals, before anything loads."""
+    from .quantize import QUANTIZE
+
+    if quantize not in QUANTIZE:
+        raise SettingsError(f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    if quantize == "none":
+        return
+    if device.type != "cpu" or device_map:
+        raise SettingsError(f"--quantize {quantize} runs on CPU only (the CUDA int4 path is not built); pass "
+                            "--device cpu or drop --quantize")
+    if (dtype or "auto").strip().lower() not in ("auto", "float32"):
+        raise SettingsError(f"--quantize {quantize} computes around its 4-bit products in float32; drop --dtype "
+                            "or pass --dtype float32")
 
 
 def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:

@@ -20,6 +20,7 @@ STAGE_GGUF_READ = "reading the GGUF file (first start only)"
 STAGE_GGUF_DEQUANT = "de-quantizing GGUF tensors (first start only)"
 STAGE_GGUF_SAVE = "saving the converted weights (first start only)"
 STAGE_WEIGHTS = "reading weights"
+STAGE_QUANTIZE = "quantizing the weights to 4 bits (--quantize int4)"
 STAGE_READY = "ready"
 
 Progress = Callable[[LoadProgress], None]

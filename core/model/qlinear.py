@@ -229,3 +229,17 @@ def quantized_parameters(model: nn.Module) -> int:
 def quantized_nbytes(model: nn.Module) -> int:
     """Bytes all 4-bit matrices hold (what the kernels read for one position)."""
     return sum(module.weight_nbytes for module in quantized_modules(model))
+
+
+def step_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights one decode step of a 4-bit `model` reads: the 4-bit matrices, every float parameter that is
+    multiplied whole, one embedding row in, and the head's float rows a QLMHead recomputes."""
+    embed = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    exact = out.exact_scores if isinstance(out, QLMHead) else 0
+    rows_only = {id(embed)} | ({id(out.weight)} if isinstance(out, QLMHead) else set())  # read a row at a time
+    read = sum(module.weight_nbytes for module in quantized_modules(model))
+    read += sum(p.nbytes for p in model.parameters() if id(p) not in rows_only)
+    if out is not None and not isinstance(out, QLMHead) and getattr(out, "weight", None) is embed:
+        read += embed.nbytes  # a float head tied to the embedding multiplies the whole table
+    return int(read + embed[0].nbytes * (1 + exact))

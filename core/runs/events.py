@@ -70,7 +70,10 @@ class QuantFacts:
     the model computes in ModelFacts.dtype); `head`: how the LM head is computed; `exact_scores`: the highest scores
     of each position recomputed in float32 from the file's de-quantized head (0: none); `matrices`: weight matrices
     kept quantized (a fused q/k/v counts as three); `dequantized`: other matrices, de-quantized to ModelFacts.dtype
-    (their block types in `dequantized_blocks`); `weight_bytes`: bytes of weights one decode step reads."""
+    (their block types in `dequantized_blocks`); `weight_bytes`: bytes of weights one decode step reads.
+    `quantized_here`: the model's float weights were quantized by tokentui (`--quantize int4`, core/model/quantize.py)
+    into the same layout: `blocks` is then "int4", the 4-bit values are tokentui's, and `dequantized` counts the
+    matrices kept float."""
 
     blocks: str
     bits: int
@@ -83,10 +86,16 @@ class QuantFacts:
     dequantized: int = 0
     dequantized_blocks: str = ""
     weight_bytes: int = 0
+    quantized_here: bool = False  # float weights quantized by tokentui (--quantize int4), not a file's blocks
+
+    def stored_words(self) -> str:
+        """"Q4_1 as stored" for a file's blocks, "int4 quantized here" for --quantize."""
+        return f"{self.blocks} quantized here" if self.quantized_here else f"{self.blocks} as stored"
 
     def summary(self) -> str:
         """One line, e.g. "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"."""
-        return (f"{self.blocks} weights as stored ({self.bits}-bit, group {self.group}, "
+        words = "weights quantized here" if self.quantized_here else "weights as stored"
+        return (f"{self.blocks} {words} ({self.bits}-bit, group {self.group}, "
                 f"{SHORT_DTYPES.get(self.scale_dtype, self.scale_dtype)} scales) · "
                 f"{SHORT_DTYPES.get(self.activation_dtype, self.activation_dtype)} activations")
 

@@ -88,7 +88,7 @@ def engine_spec(args):
     return EngineSpec(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle,
                       compile=args.compile, threads=args.threads, weight_layout=args.weight_layout,
-                      kv_shapes=args.kv_shapes,
+                      kv_shapes=args.kv_shapes, quantize=getattr(args, "quantize", "none"),
                       sampler=sampler, options=options)
 
 
@@ -102,7 +102,8 @@ def server_options(args):
 
     for flag, given in (("--model", args.model is not None), ("--logit-lens", args.logit_lens),
                         ("--compile", args.compile), ("--device-map", args.device_map is not None),
-                        ("--trust-remote-code", args.trust_remote_code)):
+                        ("--trust-remote-code", args.trust_remote_code),
+                        ("--quantize", getattr(args, "quantize", "none") != "none")):
         if given:
             raise TokentuiError(f"{flag} is for a model tokentui loads itself; with --server the server runs the "
                                 "model (drop one of them)")

@@ -177,9 +177,10 @@ class ModelPanel(Panel):
         return out
 
     def _weights(self, quant, row) -> None:
-        """The record's QuantFacts.summary() in the panel's width: "weights  Q4_1 as stored · 4-bit g32" and, in the
+        """The record's QuantFacts.summary() in the panel's width: "weights  Q4_1 as stored · 4-bit g32" (or "int4
+        quantized here", --quantize) and, in the
         bottom border, "bf16 scales · bf16 activations"."""
-        row("weights", f"{quant.blocks} as stored", f"· {quant.bits}-bit g{quant.group}")
+        row("weights", quant.stored_words(), f"· {quant.bits}-bit g{quant.group}")
         self.border_subtitle = (f"{SHORT_DTYPES.get(quant.scale_dtype, quant.scale_dtype)} scales · "
                                 f"{SHORT_DTYPES.get(quant.activation_dtype, quant.activation_dtype)} activations")
 

@@ -1,0 +1,133 @@
+"""`--quantize int4`: a float model's matrices quantized here, weight-only, to the 4-bit layout a 4-bit GGUF runs in.
+
+Why: decode on a CPU reads every weight once a step, so 4-bit weights read ~6x fewer bytes than float32 ones. The
+embedded model gets that from its file (core/model/gguf_load.py); any other causal LM can have it here, with the
+same modules (core/model/qlinear.py: torch's int4 CPU kernel, q/k/v and gate/up fused) and, for Llama-family
+models, the same lean decode step (core/model/lean_step.py).
+
+What it does to the numbers (an instrument says so: the model event's `quantization`, the model panel):
+* Each matrix is split into groups of 32 weights along its input, and each group is stored as 16 levels,
+  w = (q - 8) * scale + zero with q in 0..15, scale = (max - min) / 15 and zero = min + 8 * scale, both rounded to
+  bfloat16 (what the kernel reads) before the levels are chosen: the kernel's weights are exactly the de-quantized
+  ones of `GroupedInt4.dequantize(bfloat16)`, each within scale / 2 of the float weight plus the bfloat16 rounding
+  of the group's two constants (tests/unit/test_quantize.py asserts the bound).
+* Activations going into those products are rounded to bfloat16, as on the GGUF path.
+* The LM head is quantized too, and its 256 highest scores of each position are recomputed in float32 from the
+  model's own float head rows (QLMHead), so the candidates shown and the pick are scored by the float weights.
+* Embeddings, norms, attention, the residual stream and the KV cache stay float32.
+
+Which matrices: every exact `nn.Linear` whose input is a multiple of 32 and output a multiple of 16 (the kernel's
+shapes); others stay float and are counted in `QuantFacts.dequantized` ("kept float"). CPU only: the CUDA int4
+kernel path is not built (the GPU sessions had no time on a GPU for it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .gguf_quant import BF16_ROUNDOFF, GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
+from .qlinear import (ACTIVATION_DTYPE, FusedQLinear, QLinear, QLMHead, kernel_available, quantized_modules,
+                      step_weight_bytes)
+
+QUANTIZE = ("none", "int4")
+SOURCE = "int4"  # GroupedInt4.source for a matrix quantized here (a GGUF's say its block type)
+FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def quantize_matrix(weight: torch.Tensor) -> GroupedInt4:
+    """weight [N, K] (any float dtype, K a multiple of 32) -> its 4-bit groups (the module docstring's rule).
+
+    The group's scale and zero are rounded to bfloat16 first and the levels chosen for the rounded ones, so
+    `dequantize(torch.bfloat16)` is what the kernel multiplies by, and each weight is within scale / 2 of it
+    (plus what the rounding of the constants moved the grid by: `quantization_bound`)."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"the input size must be a multiple of {GROUP}, got {k}")
+    w = weight.detach().float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
+    low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
+    scale = ((high - low) / 15.0).to(KERNEL_SCALE_DTYPE).float()
+    zero = (low + 8.0 * scale).to(KERNEL_SCALE_DTYPE).float()
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: every level is `zero`
+    q = torch.round((w - zero.unsqueeze(-1)) / safe.unsqueeze(-1) + 8.0).clamp_(0, 15)
+    q = torch.where((scale > 0).unsqueeze(-1), q, torch.full_like(q, 8.0))
+    return GroupedInt4(q.to(torch.uint8).reshape(n, k), scale, zero, SOURCE)
+
+
+def quantization_bound(matrix: GroupedInt4) -> torch.Tensor:
+    """Per group [N, K // 32]: the most a weight can differ from its 4-bit value: half a level, plus the shift
+    of the grid's ends by the bfloat16 rounding of scale (8 levels from zero) and zero."""
+    return 0.5 * matrix.scale + 2.0 * BF16_ROUNDOFF * (8.0 * matrix.scale.abs() + matrix.zero.abs())
+
+
+def _fits(module: nn.Module) -> bool:
+    return (type(module) is nn.Linear and module.in_features % GROUP == 0 and module.out_features % 16 == 0
+            and module.weight.device.type == "cpu")
+
+
+def _parent_and_name(model: nn.Module, path: str) -> tuple[nn.Module, str]:
+    parent, _, child = path.rpartition(".")
+    return (model.get_submodule(parent) if parent else model), child
+
+
+def quantize_model(model: nn.Module) -> int:
+    """Replace `model`'s fitting nn.Linear matrices by 4-bit ones, in place (q/k/v and gate/up fused); returns the
+    count of float matrices left (those that do not fit the kernel). Raises ModelLoadError where it cannot run."""
+    if not kernel_available():
+        raise ModelLoadError("--quantize int4 needs torch's int4 CPU kernel (torch >= 2.5); upgrade torch or drop "
+                             "--quantize")
+    if quantized_modules(model):
+        raise ModelLoadError("--quantize int4: this model's weights are 4-bit already (a 4-bit GGUF runs as "
+                             "stored); drop --quantize")
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ModelLoadError("--quantize int4 runs on CPU only (the CUDA int4 path is not built); pass --device "
+                             "cpu or drop --quantize")
+    model.float()  # everything around the 4-bit products computes in float32 (the kernel's activations are bf16)
+    head = model.get_output_embeddings()
+    kept = 0
+    with torch.no_grad():
+        for parent in list(model.modules()):
+            for group in FUSE:
+                members = [parent._modules.get(n) for n in group]
+                if all(m is not None and _fits(m) and m is not head for m in members) and \
+                        len({m.in_features for m in members}) == 1:
+                    fused = FusedQLinear.from_matrices([quantize_matrix(m.weight) for m in members])
+                    parent.add_module("fused_" + "_".join(n.removesuffix("_proj") for n in group), fused)
+                    biases = [None if m.bias is None else m.bias.detach().float() for m in members]
+                    for name, part in zip(group, fused.parts(biases)):
+                        setattr(parent, name, part)
+        for path, module in list(model.named_modules()):
+            if type(module) is not nn.Linear:
+                continue
+            if not _fits(module):
+                kept += 1
+                continue
+            parent, name = _parent_and_name(model, path)
+            bias = None if module.bias is None else module.bias.detach().float()
+            if module is head:
+                tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
+                replacement = QLMHead.from_matrix(quantize_matrix(module.weight), bias=bias,
+                                                  weight=None if tied else nn.Parameter(module.weight.detach(),
+                                                                                        requires_grad=False))
+                if tied:
+                    replacement.tie(model.get_input_embeddings().weight)
+            else:
+                replacement = QLinear.from_matrix(quantize_matrix(module.weight), bias=bias)
+            setattr(parent, name, replacement)
+    return kept
+
+
+def quantized_facts(model: nn.Module, kept_float: int):
+    """The model event's account (ModelFacts.quantization) of a model quantized by `quantize_model`."""
+    from ..runs.events import QuantFacts
+
+    out = model.get_output_embeddings()
+    exact = out.exact_scores if isinstance(out, QLMHead) else 0
+    head = f"int4, its {exact} highest scores recomputed in float32" if exact else "float (does not fit the kernel)"
+    count = sum(len(m.widths) if isinstance(m, FusedQLinear) else 1 for m in quantized_modules(model)
+                if not isinstance(m, QLMHead))
+    return QuantFacts(blocks=SOURCE, bits=4, group=GROUP, scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
+                      activation_dtype=str(ACTIVATION_DTYPE).removeprefix("torch."), head=head, exact_scores=exact,
+                      matrices=count, dequantized=kept_float, weight_bytes=step_weight_bytes(model),
+                      quantized_here=True)
