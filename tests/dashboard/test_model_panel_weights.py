@@ -41,3 +41,11 @@ async def test_a_de_quantized_gguf_says_so_and_float_weights_say_nothing():
     assert subtitle == ""
     text, subtitle = await panel_of(FACTS, (160, 48))
     assert "weights" not in text and subtitle == ""
+
+
+async def test_weights_quantized_here_say_so():
+    here = replace(QUANT, blocks="int4", head="int4, its 256 highest scores recomputed in float32", dequantized=0,
+                   dequantized_blocks="", quantized_here=True)
+    text, subtitle = await panel_of(replace(FACTS, quantization=here), (160, 48))
+    assert "weights      int4 quantized here · 4-bit g32" in text and "as stored" not in text
+    assert subtitle == "bf16 scales · bf16 activations"

@@ -79,6 +79,23 @@ def test_a_tiny_llama_quantized_whole_with_the_lean_step_and_generate_greedy_ids
                                                                               stop_at_eos=False)
 
 
+def test_the_model_event_round_trips_and_an_older_record_reads_as_a_files_blocks(smol_tokenizer):
+    import json as _json
+    from dataclasses import replace
+
+    from tokentui.core.runs.events import ModelFacts
+    from tokentui.core.runs.record_reader import build
+
+    model = tiny_model("llama", smol_tokenizer)
+    kept = quantize_model(model)
+    facts = model_facts(model, smol_tokenizer, name="t")
+    facts = replace(facts, quantization=quantized_facts(model, kept))
+    data = _json.loads(_json.dumps({k: v for k, v in facts.to_dict().items() if k != "event"}))
+    assert build(ModelFacts, data, "model") == facts
+    del data["quantization"]["quantized_here"]  # a record from before --quantize
+    assert build(ModelFacts, data, "model").quantization.quantized_here is False
+
+
 def test_the_head_scores_the_candidates_with_the_float_rows(smol_tokenizer):
     """Tied head: its 256 highest scores are the float32 product with the embedding table (the model stays tied)."""
     model = tiny_model("qwen2", smol_tokenizer)  # q/k/v with biases
