@@ -16,8 +16,10 @@ What it does to the numbers (an instrument says so: the model event's `quantizat
   model's own float head rows (QLMHead), so the candidates shown and the pick are scored by the float weights.
 * Embeddings, norms, attention, the residual stream and the KV cache stay float32.
 
-Which matrices: every exact `nn.Linear` whose input is a multiple of 32 and output a multiple of 16 (the kernel's
-shapes); others stay float and are counted in `QuantFacts.dequantized` ("kept float"). CPU only: the CUDA int4
+Which matrices: every linear layer (exact `nn.Linear`, transformers' `Conv1D` and `FalconLinear`: the same product)
+whose input is a multiple of 32 and output a multiple of 16 (the kernel's shapes); every other weight matrix a step
+multiplies (other shapes, MoE experts stored as one tensor, convolutions) stays float and is counted in
+`QuantFacts.dequantized` ("kept float"). A model none of whose layers fits is refused in one line. CPU only: the CUDA int4
 kernel path is not built (the GPU sessions had no time on a GPU for it).
 """
 
@@ -61,9 +63,52 @@ def quantization_bound(matrix: GroupedInt4) -> torch.Tensor:
     return 0.5 * matrix.scale + 2.0 * BF16_ROUNDOFF * (8.0 * matrix.scale.abs() + matrix.zero.abs())
 
 
-def _fits(module: nn.Module) -> bool:
-    return (type(module) is nn.Linear and module.in_features % GROUP == 0 and module.out_features % 16 == 0
-            and module.weight.device.type == "cpu")
+def _linear_kinds() -> tuple[type, ...]:
+    """Layers that compute x W^T + b exactly as nn.Linear does: nn.Linear itself, transformers' Conv1D (GPT-2: the
+    same product with W stored [in, out]) and FalconLinear (nn.Linear's product written out). Other subclasses
+    (adapters, other quantizers) are left alone: their forward may be something else."""
+    kinds: list[type] = [nn.Linear]
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        kinds.append(Conv1D)
+    except ImportError:
+        pass
+    try:
+        from transformers.models.falcon.modeling_falcon import FalconLinear
+
+        kinds.append(FalconLinear)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+def _weight_of(module: nn.Module) -> torch.Tensor:
+    """The [out, in] matrix of a linear layer (Conv1D stores its transpose)."""
+    return module.weight.t() if type(module).__name__ == "Conv1D" else module.weight
+
+
+def _fits(module: nn.Module, kinds: tuple[type, ...]) -> bool:
+    if type(module) not in kinds or module.weight.dim() != 2 or module.weight.device.type != "cpu":
+        return False
+    out_features, in_features = _weight_of(module).shape
+    return in_features % GROUP == 0 and out_features % 16 == 0
+
+
+def _float_matrices(model: nn.Module) -> int:
+    """Weight matrices (2-D or stacked experts) a step still multiplies in float: every such parameter except
+    embedding tables, which are read a row at a time, and a 4-bit head's float rows (read for its top scores)."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = model.get_output_embeddings()
+    if isinstance(head, QLMHead) and head.weight is not None:
+        tables.add(id(head.weight))
+    seen: set[int] = set()
+    count = 0
+    for parameter in model.parameters():
+        if parameter.dim() >= 2 and id(parameter) not in tables and id(parameter) not in seen:
+            seen.add(id(parameter))
+            count += 1
+    return count
 
 
 def _parent_and_name(model: nn.Module, path: str) -> tuple[nn.Module, str]:
@@ -72,8 +117,10 @@ def _parent_and_name(model: nn.Module, path: str) -> tuple[nn.Module, str]:
 
 
 def quantize_model(model: nn.Module) -> int:
-    """Replace `model`'s fitting nn.Linear matrices by 4-bit ones, in place (q/k/v and gate/up fused); returns the
-    count of float matrices left (those that do not fit the kernel). Raises ModelLoadError where it cannot run."""
+    """Replace `model`'s fitting linear layers by 4-bit ones, in place (q/k/v and gate/up fused); returns the count
+    of weight matrices still multiplied in float (`_float_matrices`: layers the kernel cannot take, MoE experts
+    stored as one tensor, convolutions). Raises ModelLoadError where it cannot run, or when nothing in the layers
+    fits (only the head would be 4-bit: not what --quantize promises)."""
     if not kernel_available():
         raise ModelLoadError("--quantize int4 needs torch's int4 CPU kernel (torch >= 2.5); upgrade torch or drop "
                              "--quantize")
@@ -83,39 +130,40 @@ def quantize_model(model: nn.Module) -> int:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ModelLoadError("--quantize int4 runs on CPU only (the CUDA int4 path is not built); pass --device "
                              "cpu or drop --quantize")
-    model.float()  # everything around the 4-bit products computes in float32 (the kernel's activations are bf16)
+    kinds = _linear_kinds()
     head = model.get_output_embeddings()
-    kept = 0
+    layers = [m for m in model.modules() if m is not head and _fits(m, kinds)]
+    if not layers:
+        raise ModelLoadError("--quantize int4: none of this model's layers is a linear layer the int4 kernel takes "
+                             f"(inputs a multiple of {GROUP}, outputs of 16); drop --quantize")
+    model.float()  # everything around the 4-bit products computes in float32 (the kernel's activations are bf16)
     with torch.no_grad():
         for parent in list(model.modules()):
             for group in FUSE:
                 members = [parent._modules.get(n) for n in group]
-                if all(m is not None and _fits(m) and m is not head for m in members) and \
-                        len({m.in_features for m in members}) == 1:
-                    fused = FusedQLinear.from_matrices([quantize_matrix(m.weight) for m in members])
+                if all(m is not None and m is not head and _fits(m, kinds) for m in members) and \
+                        len({_weight_of(m).shape[1] for m in members}) == 1:
+                    fused = FusedQLinear.from_matrices([quantize_matrix(_weight_of(m)) for m in members])
                     parent.add_module("fused_" + "_".join(n.removesuffix("_proj") for n in group), fused)
                     biases = [None if m.bias is None else m.bias.detach().float() for m in members]
                     for name, part in zip(group, fused.parts(biases)):
                         setattr(parent, name, part)
         for path, module in list(model.named_modules()):
-            if type(module) is not nn.Linear:
-                continue
-            if not _fits(module):
-                kept += 1
+            if not _fits(module, kinds):
                 continue
             parent, name = _parent_and_name(model, path)
             bias = None if module.bias is None else module.bias.detach().float()
             if module is head:
                 tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
-                replacement = QLMHead.from_matrix(quantize_matrix(module.weight), bias=bias,
-                                                  weight=None if tied else nn.Parameter(module.weight.detach(),
-                                                                                        requires_grad=False))
+                replacement = QLMHead.from_matrix(quantize_matrix(_weight_of(module)), bias=bias,
+                                                  weight=None if tied else nn.Parameter(
+                                                      _weight_of(module).detach().contiguous(), requires_grad=False))
                 if tied:
                     replacement.tie(model.get_input_embeddings().weight)
             else:
-                replacement = QLinear.from_matrix(quantize_matrix(module.weight), bias=bias)
+                replacement = QLinear.from_matrix(quantize_matrix(_weight_of(module)), bias=bias)
             setattr(parent, name, replacement)
-    return kept
+    return _float_matrices(model)
 
 
 def quantized_facts(model: nn.Module, kept_float: int):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from arch_matrix import SPECS, build
 from cli_run import tokentui
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ModelLoadError, SettingsError
@@ -121,6 +122,33 @@ def test_matrices_the_kernel_cannot_take_stay_float(smol_tokenizer):
     assert type(model.model.layers[0].mlp.down_proj) is nn.Linear
     assert isinstance(model.model.layers[0].self_attn.q_proj, QLinearPart)
     assert quantized_facts(model, kept).dequantized == 6
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_architecture_quantizes_and_decodes_like_its_own_generate(name, smol_tokenizer):
+    """tests/arch_matrix.py's 38 families: their linear layers go 4-bit (GPT-2's Conv1D and Falcon's FalconLinear
+    included), whatever the kernel cannot take is counted as kept float, and the engine's greedy ids are generate's
+    on the quantized model."""
+    model = build(name, smol_tokenizer)
+    kept = quantize_model(model)
+    facts = quantized_facts(model, kept)
+    assert facts.matrices > 0 and facts.dequantized == kept
+    floats = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n and "wte" not in n
+              and "wpe" not in n and "word_embeddings" not in n]
+    assert kept <= len(floats)
+    engine = Engine(LoadedModel(model=model, tokenizer=smol_tokenizer,
+                                facts=model_facts(model, smol_tokenizer, name=name)),
+                    SamplerSettings(temperature=0), RunOptions(max_new_tokens=8, ignore_eos=True))
+    events = list(engine.run("Hi"))
+    prompt = next(e for e in events if isinstance(e, PromptEvent))
+    assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(model, prompt.ids, 8,
+                                                                             stop_at_eos=False)
+
+
+def test_a_model_none_of_whose_layers_fits_is_refused(smol_tokenizer):
+    model = tiny_model("llama", smol_tokenizer, hidden_size=48, intermediate_size=72, head_dim=12)
+    with pytest.raises(ModelLoadError, match="none of this model's layers"):
+        quantize_model(model)
 
 
 def test_quantizing_twice_or_on_a_gpu_is_one_line(smol_tokenizer):
