@@ -33,7 +33,8 @@ from .runs.ending import finish_run
 
 if TYPE_CHECKING:
     from .runs.branch_point import BranchPoint
-    from .runs.events import Event, ModelFacts, PromptPiece
+    from .runs.events import Event, PromptPiece
+    from .runs.facts import ModelFacts
     from .runs.requests import FanoutRequest, ScoreRequest
     from .settings import RunOptions
 

@@ -8,7 +8,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from tokentui.core.runs.events import ModelFacts, MultiTokenChar, PromptPiece
+from tokentui.core.runs.events import MultiTokenChar, PromptPiece
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.settings import SamplerSettings
 
 EOS_ID = 151645

@@ -40,7 +40,6 @@ from tokentui.core.runs.events import (
     ErrorEvent,
     Event,
     LoadProgress,
-    ModelFacts,
     Notice,
     PrefillEvent,
     PromptEvent,
@@ -50,6 +49,7 @@ from tokentui.core.runs.events import (
     FanoutEvent,
     StepEvent,
 )
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.scoring import score_summary
 from tokentui.core.settings import RunOptions, SamplerSettings
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokentui.core.runs.events import BranchEvent, DoneEvent, Event, ModelFacts
+from tokentui.core.runs.events import BranchEvent, DoneEvent, Event
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.tree import RunTree, TreeEnd, TreeNode, TreeWriter, relative_record
 from tokentui.core.steps.display import display_text
 

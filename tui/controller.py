@@ -22,7 +22,8 @@ from typing import Callable, Protocol
 from tokentui.core.errors import SettingsError, TokentuiError, exit_status
 from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.branch_point import BranchPoint
-from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, ModelFacts, Notice, StepEvent
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, Notice, StepEvent
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.display import printable_copy
 

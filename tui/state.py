@@ -18,12 +18,12 @@ from tokentui.core.runs.events import (
     ErrorEvent,
     Event,
     LoadProgress,
-    ModelFacts,
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
     StepEvent,
 )
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.run import Cursor, Run
 
 from .state_readings import RunReadings

@@ -33,7 +33,8 @@ from typing import Callable, Union
 
 from ..errors import ErrorKind, SettingsError
 from ..runs.branch_point import BranchPoint
-from ..runs.events import DoneEvent, Event, LoadProgress, ModelFacts, PromptEvent, PromptPiece
+from ..runs.events import DoneEvent, Event, LoadProgress, PromptEvent, PromptPiece
+from ..runs.facts import ModelFacts
 from ..runs.record_writer import RunRecorder
 from ..runs.recording import RecordedRun
 from ..runs.requests import FanoutRequest, ScoreRequest

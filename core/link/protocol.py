@@ -19,7 +19,8 @@ from typing import Union
 
 from ..errors import ErrorKind, ProtocolError
 from ..runs.branch_point import BranchPoint
-from ..runs.events import Event, LoadProgress, ModelFacts, PromptPiece
+from ..runs.events import Event, LoadProgress, PromptPiece
+from ..runs.facts import ModelFacts
 from ..runs.requests import FanoutRequest, ScoreRequest
 from ..settings import RunOptions, SamplerSettings
 

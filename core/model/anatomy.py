@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..runs.architecture import BlockGroup, KVGroup, ModelAnatomy, kv_bytes_at, layer_span
-from ..runs.events import ModelFacts, StepEvent
+from ..runs.events import StepEvent
+from ..runs.facts import ModelFacts
 
 __all__ = ["LEGACY", "Stage", "one_pass"]
 

@@ -31,8 +31,9 @@ from ..steps.display import display_piece
 from ..steps.token_bytes import token_bytes
 from ..errors import ErrorKind, GenerationError, PromptError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent,
-                     PrefillProgress, PromptEvent, StepEvent)
+from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, Notice, PrefillEvent, PrefillProgress,
+                           PromptEvent, StepEvent)
+from ..runs.facts import ModelFacts
 from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
 from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights

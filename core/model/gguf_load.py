@@ -349,7 +349,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
 
 def quant_facts(model: nn.Module, manifest: dict):
     """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
-    from ..runs.events import QuantFacts
+    from ..runs.facts import QuantFacts
     from .qlinear import ACTIVATION_DTYPE, step_weight_bytes
 
     entries = manifest["modules"]

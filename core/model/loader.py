@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ModelLoadError, SettingsError, error_line
-from ..runs.events import LoadProgress, ModelFacts
+from ..runs.events import LoadProgress
+from ..runs.facts import ModelFacts
 from ..paths import cache_dir
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, write_cache)

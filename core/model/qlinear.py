@@ -19,8 +19,9 @@ plausibly draw are scored by the file's weights in float32; the rest stay within
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
 `QLinearPart` in the model where the original `nn.Linear` was, so the model's own forward code is unchanged: the
 first part called with an input computes the fused product, the others take their columns of it (same input tensor
-object: the identity check of SharedProduct, core/model/fused_linear.py). Under torch.compile the parts each compute the fused product, which the compiler
-then computes once (common subexpressions are merged in the traced graph).
+object: the identity check of SharedProduct, core/model/fused_linear.py). Under torch.compile the parts each
+compute the fused product, which the compiler then computes once (common subexpressions are merged in the traced
+graph).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ What it does to the numbers (an instrument says so: the model event's `quantizat
 Which matrices: every linear layer (exact `nn.Linear`, transformers' `Conv1D` and `FalconLinear`: the same product)
 whose input is a multiple of 32 and output a multiple of 16 (the kernel's shapes); every other weight matrix a step
 multiplies (other shapes, MoE experts stored as one tensor, convolutions) stays float and is counted in
-`QuantFacts.dequantized` ("kept float"). A model none of whose layers fits is refused in one line. CPU only: the CUDA int4
-kernel path is not built (the GPU sessions had no time on a GPU for it).
+`QuantFacts.dequantized` ("kept float"). A model none of whose layers fits is refused in one line. CPU only: the
+CUDA int4 kernel path is not built (no GPU was lent to check it on).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def quantize_model(model: nn.Module) -> int:
 
 def quantized_facts(model: nn.Module, kept_float: int):
     """The model event's account (ModelFacts.quantization) of a model quantized by `quantize_model`."""
-    from ..runs.events import QuantFacts
+    from ..runs.facts import QuantFacts
 
     out = model.get_output_embeddings()
     exact = out.exact_scores if isinstance(out, QLMHead) else 0

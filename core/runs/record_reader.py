@@ -32,22 +32,20 @@ from .events import (
     FanoutEvent,
     LensRow,
     LoadProgress,
-    ModelFacts,
     MultiTokenChar,
     Notice,
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
     PromptPiece,
-    QuantFacts,
     SampleEvent,
     ScoredToken,
     ScoreEvent,
     ScoreSummary,
-    ServerFacts,
     StepEvent,
     StepTiming,
 )
+from .facts import ModelFacts, QuantFacts, ServerFacts
 from ..settings import SamplerSettings
 from .architecture import BlockGroup, KVGroup, ModelAnatomy
 

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 from ..errors import ErrorKind, TokentuiError
 from ..paths import why_not
 from .ending import StepTally
-from .events import DoneEvent, ErrorEvent, Event, ModelFacts
+from .events import DoneEvent, ErrorEvent, Event
+from .facts import ModelFacts
 from .record_writer import RunRecorder
 
 

@@ -20,8 +20,8 @@ from typing import Iterator
 from ..errors import SettingsError
 from ..interface import BaseEngine
 from .ending import stopped_done
-from .events import (DoneEvent, Event, LoadProgress, ModelFacts, Notice, PrefillEvent, PrefillProgress, PromptEvent,
-                     StepEvent)
+from .events import DoneEvent, Event, LoadProgress, Notice, PrefillEvent, PrefillProgress, PromptEvent, StepEvent
+from .facts import ModelFacts
 from ..errors import RecordError
 from .run import Run
 from .tree import RunTree, TreeNode, is_tree_file

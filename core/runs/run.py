@@ -37,7 +37,6 @@ from .events import (
     FanoutEvent,
     LensRow,
     LoadProgress,
-    ModelFacts,
     MultiTokenChar,
     Notice,
     PrefillEvent,
@@ -49,6 +48,7 @@ from .events import (
     StepEvent,
     StepTiming,
 )
+from .facts import ModelFacts
 from ..errors import RunError
 from ..settings import SamplerSettings
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..runs.branch_point import BranchPoint
-from ..runs.events import Event, FanoutEvent, LoadProgress, ModelFacts, Notice
+from ..runs.events import Event, FanoutEvent, LoadProgress, Notice
+from ..runs.facts import ModelFacts
 from ..interface import BaseEngine
 from ..settings import RunOptions, SamplerSettings
 from ..errors import ServerError

@@ -11,7 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from ..runs.events import ModelFacts, ServerFacts
+from ..runs.facts import ModelFacts, ServerFacts
 from ..steps.display import printable_line
 from ..errors import ServerError
 from .http import Connection

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from fakes import FACTS, ScriptedEngine, make_loader, wait_for
-from tokentui.core.runs.events import QuantFacts
+from tokentui.core.runs.facts import QuantFacts
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.panels import ModelPanel
 

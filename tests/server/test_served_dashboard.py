@@ -14,14 +14,8 @@ from dataclasses import replace
 import pytest
 from fakes import ScriptedEngine, make_loader, screen_text, wait_for
 
-from tokentui.core.runs.events import (
-    Candidate,
-    DoneEvent,
-    ModelFacts,
-    PrefillEvent,
-    ServerFacts,
-    StepEvent,
-)
+from tokentui.core.runs.events import Candidate, DoneEvent, PrefillEvent, StepEvent
+from tokentui.core.runs.facts import ModelFacts, ServerFacts
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.panels import (

@@ -23,7 +23,8 @@ from tiny_models import REPO, generate_ids
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.architecture import kv_bytes_at
-from tokentui.core.runs.events import DoneEvent, ErrorEvent, ModelFacts, Notice, PromptEvent, StepEvent
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.record_reader import event_from_dict
 from tokentui.core.settings import RunOptions, SamplerSettings
 

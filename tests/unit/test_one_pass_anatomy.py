@@ -22,7 +22,8 @@ from tokentui.core.model.adapter import cache_layers, forward_last_logits, new_c
 from tokentui.core.model.anatomy import Stage, one_pass
 from tokentui.core.steps.decode import decode_one_token
 from tokentui.core.model.engine import Engine
-from tokentui.core.runs.events import ModelFacts, PromptEvent, StepEvent, StepTiming
+from tokentui.core.runs.events import PromptEvent, StepEvent, StepTiming
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.model.kvcache import cache_tokens
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.record_reader import event_from_dict

@@ -84,7 +84,7 @@ def test_the_model_event_round_trips_and_an_older_record_reads_as_a_files_blocks
     import json as _json
     from dataclasses import replace
 
-    from tokentui.core.runs.events import ModelFacts
+    from tokentui.core.runs.facts import ModelFacts
     from tokentui.core.runs.record_reader import build
 
     model = tiny_model("llama", smol_tokenizer)

@@ -18,7 +18,8 @@ from tokentui.core.model.gguf_quant import GROUP, GroupedInt4
 from tokentui.core.model.lean_step import LeanDecoder
 from tokentui.core.model.qlinear import FusedQLinear, QLinear, QLMHead, kernel_available, quantized_modules
 from tokentui.core.model.precheck import embedded_gguf
-from tokentui.core.runs.events import ModelFacts, StepEvent
+from tokentui.core.runs.events import StepEvent
+from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.record_reader import build
 from tokentui.core.settings import RunOptions, SamplerSettings
 from test_engine_figures import assert_stages_in_order

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tokentui.core.runs.events import SHORT_DTYPES
+from tokentui.core.runs.facts import SHORT_DTYPES
 from ..format import human_count
 from ..served import (CLIENT_MEASURED, DASH, LEGEND, NOT_REPORTED, prefix_caching, prob_detail, prob_name,
                       server_of, wrap)
