@@ -30,6 +30,15 @@ pytestmark = [pytest.mark.skipif(not kernel_available(), reason="no int4 CPU ker
               pytest.mark.usefixtures("one_torch_thread")]
 
 
+def assert_engine_is_generate(model, tokenizer, prompt: str, n: int) -> None:
+    """The engine's greedy ids for `prompt` on `model` are transformers' generate's (the engine's oracle)."""
+    engine = Engine(LoadedModel(model=model, tokenizer=tokenizer, facts=model_facts(model, tokenizer, name="t")),
+                    SamplerSettings(temperature=0), RunOptions(max_new_tokens=n, ignore_eos=True))
+    events = list(engine.run(prompt))
+    shown = next(e for e in events if isinstance(e, PromptEvent))
+    assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(model, shown.ids, n, stop_at_eos=False)
+
+
 def test_each_weight_within_the_bound_and_the_kernel_constants_exact():
     torch.manual_seed(0)
     w = torch.randn(48, 256) * 0.05
@@ -71,13 +80,7 @@ def test_a_tiny_llama_quantized_whole_with_the_lean_step_and_generate_greedy_ids
     limit = x.abs() @ per_weight.t() + 2 * BF16_ROUNDOFF * (x.abs() @ q_stock.weight.abs().t()) + 1e-4
     assert ((got - exact).abs() <= limit).all()
     assert lean_decoder(model) is not None  # the 4-bit path's lean decode step takes it
-    engine = Engine(LoadedModel(model=model, tokenizer=smol_tokenizer,
-                                facts=model_facts(model, smol_tokenizer, name="t")),
-                    SamplerSettings(temperature=0), RunOptions(max_new_tokens=24, ignore_eos=True))
-    events = list(engine.run("Is OpenAI open?"))
-    prompt = next(e for e in events if isinstance(e, PromptEvent))
-    assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(model, prompt.ids, 24,
-                                                                              stop_at_eos=False)
+    assert_engine_is_generate(model, smol_tokenizer, "Is OpenAI open?", 24)
 
 
 def test_the_model_event_round_trips_and_an_older_record_reads_as_a_files_blocks(smol_tokenizer):
@@ -136,13 +139,7 @@ def test_every_architecture_quantizes_and_decodes_like_its_own_generate(name, sm
     floats = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n and "wte" not in n
               and "wpe" not in n and "word_embeddings" not in n]
     assert kept <= len(floats)
-    engine = Engine(LoadedModel(model=model, tokenizer=smol_tokenizer,
-                                facts=model_facts(model, smol_tokenizer, name=name)),
-                    SamplerSettings(temperature=0), RunOptions(max_new_tokens=8, ignore_eos=True))
-    events = list(engine.run("Hi"))
-    prompt = next(e for e in events if isinstance(e, PromptEvent))
-    assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(model, prompt.ids, 8,
-                                                                             stop_at_eos=False)
+    assert_engine_is_generate(model, smol_tokenizer, "Hi", 8)
 
 
 def test_a_model_none_of_whose_layers_fits_is_refused(smol_tokenizer):
