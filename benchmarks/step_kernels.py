@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from collections import Counter
@@ -27,10 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from measure.common import print_and_save  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.model.fused_linear import fuse_siblings  # noqa: E402
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts  # noqa: E402
@@ -148,13 +149,7 @@ def main() -> int:
         result["compiled"], result["compile_s"] = _engine_step_kernels(loaded, True, args.steps, greedy, names)
         result["compiled_kernels_per_step"] = {name: count / args.steps for name, count in names.most_common()}
         result["ratio_generate_to_compiled"] = result["generate"] / result["compiled"]
-    for key, value in result.items():
-        if isinstance(value, dict):
-            print(f"{key:28s}", ", ".join(f"{name} {count:g}" for name, count in value.items()))
-        else:
-            print(f"{key:28s} {value:.1f}" if isinstance(value, float) else f"{key:28s} {value}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_save(result, args.json)
     return 0
 
 

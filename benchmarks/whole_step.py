@@ -13,7 +13,6 @@ difference of the medians per call is what the guards cost.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 import tokentui.core.model.compiled as compiled  # noqa: E402
+from measure.common import print_and_save  # noqa: E402
 from tokentui.core.model.loader import load_model  # noqa: E402
 from tokentui.core.settings import SamplerSettings  # noqa: E402
 
@@ -90,10 +90,7 @@ def main() -> int:
               "new_frames": recompiles[1], "step_ms_with_guards": with_guards,
               "step_ms_guards_skipped": without, "guard_ms": with_guards - without,
               "guard_share": (with_guards - without) / with_guards}
-    for key, value in result.items():
-        print(f"{key:30s} {value:.4f}" if isinstance(value, float) else f"{key:30s} {value}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_save(result, args.json)
     return 0
 
 

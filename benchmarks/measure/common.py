@@ -29,6 +29,20 @@ def log(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def print_and_save(result: dict, json_path: Path | None, width: int = 28) -> None:
+    """A benchmark's result dict as aligned `name value` lines (a dict value as `key count, ...`), and as JSON to
+    `json_path` when given."""
+    import json
+
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{key:{width}s}", ", ".join(f"{name} {count:g}" for name, count in value.items()))
+        else:
+            print(f"{key:{width}s} {value:.4g}" if isinstance(value, float) else f"{key:{width}s} {value}")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def med(values) -> float:
     return statistics.median(values) if values else float("nan")
 

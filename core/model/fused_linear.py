@@ -14,8 +14,7 @@ sibling is replaced by a `LinearPart` where the nn.Linear was, so the model's ow
 first part called with an input computes the fused product, the others take their columns of it (the same input
 tensor object: an identity check, so a part called with any other input recomputes, and the result is always the
 product of the input it was given). The values are the same numbers as before, stored once (the old tensors are
-freed); only the products' summation may differ by float rounding, as with core/model/weight_layout.py, which then
-treats the fused gate/up like any other wide matrix.
+freed); only the products' summation may differ by float rounding, as with core/model/weight_layout.py.
 
 Which siblings: exact `nn.Linear` children (not a quantized or adapter subclass) of one module, named as
 `GROUPS` lists, with the same input width, dtype and device, all with a bias or none, no hooks (an offloading or
@@ -124,11 +123,6 @@ class FuseReport:
 
     groups: int = 0
     projections: int = 0
-
-    def describe(self) -> str:
-        if not self.groups:
-            return "projections: one product each"
-        return f"projections: {self.projections} fused into {self.groups} products (q/k/v, gate/up; same values)"
 
 
 def _hooked(module: nn.Module) -> bool:

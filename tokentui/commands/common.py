@@ -5,6 +5,7 @@ transformers come in only when a loader runs."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from tokentui.core.errors import EXIT_BAD_INPUT
@@ -186,7 +187,7 @@ class SignalStop:
     Use as a context manager around the run: the previous handlers come back on the way out. `decoding()` is called
     when the first step arrives; `stopped_by` lists the signals received, first first."""
 
-    SIGNALS = ("SIGINT", "SIGHUP", "SIGTERM")
+    SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -201,8 +202,6 @@ class SignalStop:
         """A KeyboardInterrupt reached the caller: stop the engine, and count it as a Ctrl-C if no signal came."""
         self.engine.stop()
         if not self.stopped_by:
-            import signal
-
             self.stopped_by.append(signal.SIGINT)
 
     def _on_signal(self, signum, frame) -> None:
@@ -213,15 +212,10 @@ class SignalStop:
             raise KeyboardInterrupt
 
     def __enter__(self) -> "SignalStop":
-        import signal
-
-        self._previous = {sig: signal.signal(sig, self._on_signal)
-                          for sig in (getattr(signal, name) for name in self.SIGNALS)}
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        import signal
-
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 

@@ -10,12 +10,11 @@ one before anything ran, interrupts at once; the record still ends with `done`).
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from typing import Callable, Iterator
 
-from .common import SignalStop, interrupted, say, silence_stdio
+from .common import SignalStop, interrupted, json_line, say, silence_stdio
 
 Emit = Callable[..., None]
 
@@ -48,7 +47,7 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
             with RecordedRun(engine.facts, recorder, on_note=lambda m: emit(say(m) + "\n", err)) as recorded:
                 recorded.open()
                 if args.json:
-                    emit(json.dumps(engine.facts.to_dict(), ensure_ascii=False) + "\n")
+                    emit(json_line(engine.facts))
                 try:
                     for event in recorded.record(events()):
                         if stopped_by:
@@ -56,7 +55,7 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
                         if isinstance(event, (StepEvent, SampleEvent)):
                             stop.decoding()
                         if args.json:
-                            emit(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+                            emit(json_line(event))
                         else:
                             show(event, emit)
                         if isinstance(event, ErrorEvent):
@@ -66,7 +65,7 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
                 except KeyboardInterrupt:
                     stop.note_interrupt()
             if recorded.cut_off is not None and args.json:
-                emit(json.dumps(recorded.cut_off.to_dict(), ensure_ascii=False) + "\n")
+                emit(json_line(recorded.cut_off))
             if stopped_by:
                 emit(f"tokentui: stopped; the {what} ended early\n", err)
                 status = 128 + stopped_by[0]
