@@ -73,6 +73,26 @@ class GrowableLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._length
 
+    @property
+    def has_buffers(self) -> bool:
+        return self._kbuf is not None
+
+    def room_for_one(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers [1, KV, capacity, D], with room for one more position, for a step that
+        writes row `get_seq_length()` itself (core/model/compiled_lean.py); `count_one` then counts it.
+
+        One row past it stays free as well: the compiled step's graph holds `position + 1 < capacity` as a guard
+        (dynamo's, from the slices), so a buffer exactly full would make it compile again."""
+        if self._length + 2 > self._kbuf.shape[-2]:
+            self._reserve(self._length + 2, self._kbuf, self._vbuf)
+        return self._kbuf, self._vbuf
+
+    def count_one(self) -> None:
+        """The row at `get_seq_length()` is written: the cache holds one more position."""
+        self._length += 1
+        self.keys = self._kbuf[..., : self._length, :]
+        self.values = self._vbuf[..., : self._length, :]
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove (transformers >= 5.15 semantics)")

@@ -108,6 +108,28 @@ def bucket_for(tokens: int, max_context: int = 0) -> int | None:
     return size if size >= tokens else None
 
 
+@contextlib.contextmanager
+def elapsed_reports(stage: str, progress: Callable[[LoadProgress], None] | None):
+    """Say `stage` now, then its elapsed seconds every few seconds (from a thread) until the block ends: a compile
+    gives no progress of its own."""
+    report = progress or (lambda _: None)
+    report(LoadProgress(stage, None))
+    started = time.perf_counter()
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(_TICK_S):
+            report(LoadProgress(f"{stage}: {time.perf_counter() - started:.0f} s", None))
+
+    ticker = threading.Thread(target=tick, name="tokentui-compile-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 def compile_settings(device: torch.device) -> tuple[dict, dict]:
     """(torch.compile keyword arguments, inductor config patch) per device (see the module docstring for why).
 
@@ -307,19 +329,9 @@ class CompiledDecoder:
         the third call), reporting elapsed time every few seconds; returns the seconds it took."""
         if bucket in self._compiled:
             return 0.0
-        report = progress or (lambda _: None)
         stage = f"compiling the decode step ({bucket}-token static cache; minutes on CPU, once per process)"
-        report(LoadProgress(stage, None))
         started = time.perf_counter()
-        done = threading.Event()
-
-        def tick() -> None:
-            while not done.wait(_TICK_S):
-                report(LoadProgress(f"{stage}: {time.perf_counter() - started:.0f} s", None))
-
-        ticker = threading.Thread(target=tick, name="tokentui-compile-progress", daemon=True)
-        ticker.start()
-        try:
+        with elapsed_reports(stage, progress):
             cache = self.cache(bucket)
             token = 0
             ids = torch.full((1, _WARMUP_PROMPT), token, dtype=torch.long, device=self.device)
@@ -341,11 +353,8 @@ class CompiledDecoder:
             with torch.inference_mode():
                 cache.reset()
             cache.host_tokens = 0
-        finally:
-            done.set()
-            ticker.join()
         seconds = time.perf_counter() - started
         self.compile_seconds[bucket] = seconds
-        if self.failure is None:
-            report(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
+        if self.failure is None and progress is not None:
+            progress(LoadProgress(f"decode step compiled in {seconds:.0f} s", 1.0))
         return seconds

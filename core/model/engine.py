@@ -96,14 +96,24 @@ class Engine(BaseEngine):
                 progress(LoadProgress(plan.describe_work(), None))
             self.layout = transpose_wide_weights(self.model)  # in place: see core/model/weight_layout.py
         self._compiled = None
+        self._compiled_lean = None  # --compile on a 4-bit model: cache.lean_step of every eager cache
         self._compile_notice: str | None = None  # why --compile decodes eagerly: said first in every run
         if self.speed.compile:
             from .architecture import compile_problem
             from .compiled import CompiledDecoder, bucket_for
+            from .compiled_lean import CompiledLeanStep
 
             problem = compile_problem(self.model)  # sliding / recurrent layers: not compiled at all
             if problem is not None:
                 self._compile_notice = f"{problem}: decoding eagerly"
+            elif (lean := CompiledLeanStep.for_model(self.model, self.speed.decode_threads())) is not None:
+                # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/compiled_lean.py)
+                use_threads(self.device, self.speed.decode_threads())
+                lean.warm_up(self.model, progress)
+                if lean.failure is not None:
+                    self._compile_notice = lean.failure
+                else:
+                    self._compiled_lean = lean
             else:
                 # the whole step (forward + selection, core/model/fused_step.py) as one compiled call
                 self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads(),
@@ -121,8 +131,11 @@ class Engine(BaseEngine):
 
     def new_eager_cache(self, tokens: int, max_new_tokens: int):
         """An eager run's KV cache for a prompt (or prefix) of `tokens` ids and up to `max_new_tokens` more."""
-        return new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
-                               self.kv_bucketed)
+        cache = new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
+                                self.kv_bucketed)
+        if self._compiled_lean is not None and cache.lean_step is not None:
+            cache.lean_step = self._compiled_lean
+        return cache
 
     def _drop_failed_decoder(self) -> None:
         """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
@@ -130,6 +143,9 @@ class Engine(BaseEngine):
         if self._compiled is not None and self._compiled.failure is not None:
             self._compile_notice = self._compiled.failure
             self._compiled = None
+        if self._compiled_lean is not None and self._compiled_lean.failure is not None:
+            self._compile_notice = self._compiled_lean.failure  # it decodes through the eager lean step now
+            self._compiled_lean = None
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows

@@ -1,0 +1,191 @@
+"""`--compile` for a 4-bit Llama-family model: the lean decode step (core/model/lean_step.py) compiled whole.
+
+Why (measured: BENCHMARKS.md, "The 4-bit path (issue 25)"): in the eager lean step the 121 int4 kernel calls are
+about half of a step. The rest is some 1,000 small host operations between them, each slower than alone, since a
+kernel has just streamed megabytes through the caches. Here the whole step is one graph: all layers unrolled, the
+int4 kernel called as the eager step calls it, and everything between the kernel calls (norms, the rotation, the
+cache writes, residuals, SiLU, the casts) fused by inductor into a few generated loops per layer. Attention is
+written out (two batched products and a softmax): for one query, torch's flash-attention kernel cost more than
+that. The general
+`--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured slower than the eager
+lean step on 4-bit models, so a model the lean step serves compiles this instead.
+
+* Shapes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves every
+  position and every buffer size, so it compiles once per process (tens of seconds on 2 cores; inductor's on-disk
+  cache shortens later starts). After warm-up every call runs under `fail_on_recompile`: a call that would
+  compile again raises instead, and the step falls back to the eager lean step for good (`failure` says why).
+* The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
+  whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
+  closure constants, which the guards check too).
+* It writes into the run's own cache (core/model/adapter.py's GrowableLayer buffers): room for one more position,
+  the graph writes that row of every layer, then the layers count it. Whatever else reads the cache (KV bytes,
+  branching's crop, the logit lens's forward) sees what the eager step would leave, up to rounding.
+* Scores are not bit-identical to the eager step's: the generated loops sum in another order, and a float32 value
+  on the other side of a bfloat16 rounding moves a kernel score by one bfloat16 step (the EXACT_SCORES highest are
+  recomputed in float32 by the head, which stays eager, as in the eager step). Tests check `generate`'s greedy ids.
+* Inductor bakes the thread count into the generated loops; the engine compiles at its decode thread count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+import weakref
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..runs.events import LoadProgress
+from .adapter import GrowableLayer
+from .compiled import elapsed_reports
+from .gguf_quant import GROUP
+from .lean_step import LeanDecoder, lean_decoder
+from .qlinear import ACTIVATION_DTYPE
+
+_WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
+_DECODERS: "weakref.WeakKeyDictionary[object, dict[int, CompiledLeanStep]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _same(values, what: str):
+    """The one value every layer has for `what` (the compiled body holds it as a constant)."""
+    found = set(values)
+    if len(found) != 1:
+        raise ValueError(f"layers differ in {what}")
+    return found.pop()
+
+
+def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, dtype: torch.dtype):
+    """The step from the embedding row to the final norm, as a function of tensors only (what is compiled).
+
+    Shapes: x [1, H]; cos / sin [1, 1, 1, D]; kbufs / vbufs per layer [1, KV, capacity, D], row `pos` written;
+    returns the final norm's output [1, H]."""
+    heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
+    half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
+    mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+    def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+        return mm(h.to(ACTIVATION_DTYPE), packed, GROUP, scale_zeros).to(dtype)
+
+    def body(x, pos: int, cos, sin, kbufs, vbufs, layers, norm_weight):
+        for index, (w1, qkv_p, qkv_s, qkv_b, qn, kn, o_p, o_s, w2, gu_p, gu_s, d_p, d_s) in enumerate(layers):
+            qkv = product(F.rms_norm(x, w1.shape, w1, eps), qkv_p, qkv_s)  # [1, q + k + v]
+            if qkv_b is not None:
+                qkv = qkv + qkv_b
+            qk = qkv[:, :q_width + k_width].view(1, heads + kv_heads, 1, dim)
+            if qn is not None:  # Qwen3: a norm per head before the rotation
+                qk = torch.cat([F.rms_norm(qk[:, :heads], qn.shape, qn, eps),
+                                F.rms_norm(qk[:, heads:], kn.shape, kn, eps)], 1)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            kbuf, vbuf = kbufs[index], vbufs[index]
+            kbuf[:, :, pos:pos + 1].copy_(qk[:, heads:])
+            vbuf[:, :, pos:pos + 1].copy_(qkv[:, q_width + k_width:].view(1, kv_heads, 1, dim))
+            # attention written out: one query per head, each kv head's `group` query heads as one batch row (the
+            # grouping transformers' repeat_kv makes); two small products and a softmax
+            scores = torch.bmm(qk[0, :heads].view(kv_heads, group, dim), kbuf[0, :, :pos + 1].transpose(1, 2))
+            out = torch.bmm(torch.softmax(scores * scale, dim=-1), vbuf[0, :, :pos + 1])  # [KV, group, D]
+            x = x + product(out.reshape(1, q_width), o_p, o_s)
+            gate_up = product(F.rms_norm(x, w2.shape, w2, eps), gu_p, gu_s)
+            x = x + product(act(gate_up[:, :width]) * gate_up[:, width:], d_p, d_s)
+        return F.rms_norm(x, norm_weight.shape, norm_weight, eps)
+
+    return body
+
+
+class CompiledLeanStep:
+    """The lean step of one model, compiled (the module docstring); `step(token_id, cache) -> logits [V]` as
+    LeanDecoder's, so core/steps/decode.py calls it as `cache.lean_step`. Get one with `for_model`."""
+
+    def __init__(self, decoder: LeanDecoder, threads: int):
+        self.decoder, self.threads = decoder, int(threads)
+        self.failure: str | None = None  # why it stopped; the eager lean step serves every later call
+        self._warm = False
+        layers = decoder.layers
+        eps = _same([layer.norm1.variance_epsilon for layer in layers]
+                    + [layer.norm2.variance_epsilon for layer in layers] + [decoder.norm.variance_epsilon]
+                    + [n.variance_epsilon for layer in layers for n in (layer.q_norm, layer.k_norm) if n is not None],
+                    "norm epsilon")
+        _same([type(layer.act) for layer in layers], "activation")
+        body = _make_body(decoder, layers[0].act,
+                          float(eps), float(_same([layer.attn.scaling for layer in layers], "attention scale")),
+                          _same([layer.gate_up.widths[0] for layer in layers], "MLP width"),
+                          decoder.embed.weight.dtype)
+        self._layers = [(layer.norm1.weight, layer.qkv.packed, layer.qkv.scale_zeros, layer.qkv_bias,
+                         getattr(layer.q_norm, "weight", None), getattr(layer.k_norm, "weight", None),
+                         layer.o_proj.packed, layer.o_proj.scale_zeros, layer.norm2.weight, layer.gate_up.packed,
+                         layer.gate_up.scale_zeros, layer.down.packed, layer.down.scale_zeros) for layer in layers]
+        self._body = torch.compile(body, dynamic=True, fullgraph=True)
+
+    @classmethod
+    def for_model(cls, model, threads: int) -> "CompiledLeanStep | None":
+        """One per model and thread count (None where the lean step does not serve `model`, or the model's layers
+        differ in a size the body holds as one constant)."""
+        decoder = lean_decoder(model)
+        if decoder is None:
+            return None
+        with _LOCK:
+            per_model = _DECODERS.setdefault(model, {})
+            if threads not in per_model:
+                try:
+                    per_model[threads] = cls(decoder, threads)
+                except ValueError:
+                    return None
+            return per_model[threads]
+
+    # -------------------------------------------------------------------------------------------- the step
+    @staticmethod
+    def _growable(cache) -> list[GrowableLayer] | None:
+        layers = getattr(cache, "layers", None)
+        if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
+            return None
+        return layers
+
+    def step(self, token_id: int, cache) -> torch.Tensor:
+        """One token through the model, extending `cache` (after a prefill: its layers hold buffers) -> logits
+        [V]; the eager lean step where this one cannot serve (`failure`, or a cache of another kind)."""
+        layers = self._growable(cache)
+        if self.failure is not None or layers is None:
+            return self.decoder.step(token_id, cache)
+        stance = torch.compiler.set_stance("fail_on_recompile") if self._warm else contextlib.nullcontext()
+        try:
+            with stance:
+                return self._compiled_step(token_id, cache, layers)
+        except Exception as err:  # a recompile (the guard above) or a compile error: the eager step from here
+            text = (str(err).strip().splitlines() or [""])[0][:120]
+            why = ("the decode step would compile again" if "fail_on_recompile" in text
+                   else f"the decode step could not be compiled: {type(err).__name__}: {text}")
+            self.failure = f"--compile stopped ({why}): decoding eagerly"
+            return self.decoder.step(token_id, cache)
+
+    @torch.inference_mode()
+    def _compiled_step(self, token_id: int, cache, layers: list[GrowableLayer]) -> torch.Tensor:
+        decoder = self.decoder
+        position = cache.get_seq_length()
+        ids = torch.full((1,), token_id, dtype=torch.long, device=decoder.device)  # [1]
+        x = F.embedding(ids, decoder.embed.weight)  # [1, H]
+        cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
+        buffers = [layer.room_for_one() for layer in layers]  # the graph writes row `position` of each
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # inductor's chatter would land on the terminal
+            hidden = self._body(x, position, cos.unsqueeze(1), sin.unsqueeze(1), [k for k, _ in buffers],
+                                [v for _, v in buffers], self._layers, decoder.norm.weight)
+        for layer in layers:
+            layer.count_one()
+        return decoder.head(hidden)[0]
+
+    def warm_up(self, model, progress: Callable[[LoadProgress], None] | None = None) -> None:
+        """Compile now (`model`: the one this step was made for), on a scratch cache: a short prefill, then the
+        calls that compile."""
+        if self._warm or self.failure is not None:
+            return
+        from .adapter import forward_last_logits, new_cache
+
+        stage = "compiling the 4-bit decode step (once per process; tens of seconds on a small CPU)"
+        with elapsed_reports(stage, progress), torch.inference_mode():
+            cache = new_cache(model, _WARMUP_PROMPT + 4)
+            forward_last_logits(model, torch.arange(_WARMUP_PROMPT, device=self.decoder.device)[None], cache)
+            for token in (1, 2):
+                self.step(token, cache)
+        self._warm = self.failure is None
