@@ -59,6 +59,7 @@ PROMPT = "Is OpenAI open?"  # tokentui's default prompt, benchmarks/server_vs_lo
 HEADING = "## The 4-bit path (issue 25)"
 GREEDY = SamplerSettings(temperature=0.0)
 HERE = "float32 reference quantized here (--quantize int4)"
+COMPILED = "4-bit, --compile (the lean step compiled)"
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -87,7 +88,7 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
     if with_compile:
         log(f"  compiling the 4-bit decode step at {threads} thread(s) (minutes) ...")
         started = time.perf_counter()
-        out["4-bit, --compile"] = Engine(quantized, GREEDY, options,
+        out[COMPILED] = Engine(quantized, GREEDY, options,
                                          speed=SpeedOptions(compile=True, threads=threads, prefill_threads=threads))
         log(f"  compiled in {time.perf_counter() - started:.0f} s")
     return out
@@ -163,6 +164,8 @@ def bench_decode(reference, quantized, unfused, here, args, servers) -> dict:
         if server:
             entry["default_over_server"] = med([d / s for d, s in zip(default, server)])
             entry["reference_over_server"] = med([r / s for r, s in zip(series["float32 reference"], server)])
+            if COMPILED in series:
+                entry["compiled_over_server"] = med([c / s for c, s in zip(series[COMPILED], server)])
         for name in series:
             if name.startswith("4-bit") and name != "4-bit, default (fused + lean step)":
                 entry.setdefault("default_over", {})[name] = med([d / o for d, o in zip(default, series[name])])
@@ -181,7 +184,7 @@ def reference_weight_bytes(model) -> int:
     return sum(p.nbytes for p in model.parameters())  # tied: the table is the head, read whole
 
 
-def bench_fidelity(reference, quantized, here, servers, steps: int) -> dict:
+def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile: bool) -> dict:
     """B: teacher-forced on the reference's own greedy tokens, every contender against the reference (`here`: the
     reference's own weights quantized by --quantize int4, core/model/quantize.py)."""
     from server_vs_local import Native, collect, teacher_forced
@@ -199,6 +202,13 @@ def bench_fidelity(reference, quantized, here, servers, steps: int) -> dict:
         out["quantized_here"] = agreement(ref_scores, teacher_forced_logits(here.model, prompt_ids, tokens)).__dict__
         here_run = collect(Engine(here, GREEDY, options).run(PROMPT))
         out["quantized_here_divergence"] = first_divergence(here_run["ids"], tokens)
+    if with_compile:
+        from tokentui.core.model.compiled_lean import CompiledLeanStep
+
+        step = CompiledLeanStep.for_model(quantized.model, 1)
+        step.warm_up(quantized.model)
+        out["compiled"] = agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens,
+                                                                      lean_step=step)).__dict__
     at = out["free_run_divergence"]
     if at is not None:
         raw = sorted((c.raw_prob for c in ref_run["steps"][at].candidates), reverse=True)
@@ -263,6 +273,10 @@ def _ratio_rows(res: dict) -> list[str]:
                         f"{entry['default_over_server']:.2f} | {ok} |")
             rows.append(f"| float32 reference ÷ llama-server, {threads} thread(s) (today's default) | — | "
                         f"{entry['reference_over_server']:.2f} | — |")
+            if "compiled_over_server" in entry:
+                ok = "met" if entry["compiled_over_server"] >= 1.0 else "**not met**"
+                rows.append(f"| 4-bit `--compile` ÷ llama-server, {threads} thread(s) each | ≥ 1.0 (moonshot 1.3) | "
+                            f"{entry['compiled_over_server']:.2f} | {ok} |")
         rows.append(f"| 4-bit default ÷ float32 reference, {threads} thread(s) | — | "
                     f"{entry['default_over_reference']:.2f} | — |")
     return rows
@@ -293,6 +307,11 @@ def render(res: dict, args, started: float) -> str:
                      f"{h['agree']}/{h['positions']}; max / mean \\|Δp\\| {h['dp_max']:.4f} / {h['dp_mean']:.5f}; "
                      f"free-running greedy " + ("identical" if div is None else f"first differs at step {div + 1}")
                      + " | — |")
+    if "compiled" in fid:
+        c = fid["compiled"]
+        lines.append(f"| same, 4-bit `--compile` (its decode step teacher-forced) | more than llama-server | "
+                     f"{c['agree']}/{c['positions']}; max / mean \\|Δp\\| {c['dp_max']:.4f} / {c['dp_mean']:.5f} | "
+                     + ("met" if "server" not in fid or c["agree"] > fid["server"]["agree"] else "**not met**") + " |")
     if "server" in fid:
         s = fid["server"]
         lines.append(f"| same, llama-server | — | {s['agree']}/{s['comparable']} | — |")
@@ -382,7 +401,7 @@ def main() -> int:
         log("A, C: decode ...")
         res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers)
         log("B: fidelity ...")
-        res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps)
+        res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps, args.compile)
     finally:
         for server in servers.values():
             server.stop()

@@ -46,7 +46,8 @@ from .qlinear import ACTIVATION_DTYPE
 
 _WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
 _DECODERS: "weakref.WeakKeyDictionary[object, dict[int, CompiledLeanStep]]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+_STACKS: "weakref.WeakKeyDictionary[LeanDecoder, list[torch.Tensor | None]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
 
 
 def _same(values, what: str):
@@ -61,7 +62,7 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     """The step from the embedding row to the final norm, as a function of tensors only (what is compiled).
 
     Shapes: x [1, H]; cos / sin [1, 1, 1, D]; kbufs / vbufs per layer [1, KV, capacity, D], row `pos` written;
-    returns the final norm's output [1, H]."""
+    stacked: _stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
     heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
     half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
     mm = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -69,8 +70,10 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
         return mm(h.to(ACTIVATION_DTYPE), packed, GROUP, scale_zeros).to(dtype)
 
-    def body(x, pos: int, cos, sin, kbufs, vbufs, layers, norm_weight):
-        for index, (w1, qkv_p, qkv_s, qkv_b, qn, kn, o_p, o_s, w2, gu_p, gu_s, d_p, d_s) in enumerate(layers):
+    def body(x, pos: int, cos, sin, kbufs, vbufs, stacked, norm_weight):
+        for index in range(len(kbufs)):
+            w1, qkv_p, qkv_s, qkv_b, qn, kn, o_p, o_s, w2, gu_p, gu_s, d_p, d_s = (
+                None if kind is None else kind[index] for kind in stacked)
             qkv = product(F.rms_norm(x, w1.shape, w1, eps), qkv_p, qkv_s)  # [1, q + k + v]
             if qkv_b is not None:
                 qkv = qkv + qkv_b
@@ -94,6 +97,35 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     return body
 
 
+def _stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
+    """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
+    per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
+    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25). The
+    4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/weight_layout.py
+    re-lays float weights), so the weights are held once."""
+    with _LOCK:
+        if decoder in _STACKS:
+            return _STACKS[decoder]
+        rows = [(layer.norm1.weight, layer.qkv.packed, layer.qkv.scale_zeros, layer.qkv_bias,
+                 getattr(layer.q_norm, "weight", None), getattr(layer.k_norm, "weight", None),
+                 layer.o_proj.packed, layer.o_proj.scale_zeros, layer.norm2.weight, layer.gate_up.packed,
+                 layer.gate_up.scale_zeros, layer.down.packed, layer.down.scale_zeros) for layer in decoder.layers]
+        stacked: list[torch.Tensor | None] = []
+        for kind in zip(*rows):
+            if all(t is None for t in kind):
+                stacked.append(None)
+                continue
+            if any(t is None for t in kind) or len({(t.dtype, tuple(t.shape)) for t in kind}) != 1:
+                raise ValueError("layers differ in a weight's shape")
+            stacked.append(torch.stack([t.detach() for t in kind]))
+        for index, layer in enumerate(decoder.layers):  # the packed matrices: one copy, the stacks' rows
+            for module, packed, scale_zeros in ((layer.qkv, 1, 2), (layer.o_proj, 6, 7), (layer.gate_up, 9, 10),
+                                                (layer.down, 11, 12)):
+                module.packed, module.scale_zeros = stacked[packed][index], stacked[scale_zeros][index]
+        _STACKS[decoder] = stacked
+        return stacked
+
+
 class CompiledLeanStep:
     """The lean step of one model, compiled (the module docstring); `step(token_id, cache) -> logits [V]` as
     LeanDecoder's, so core/steps/decode.py calls it as `cache.lean_step`. Get one with `for_model`."""
@@ -112,10 +144,7 @@ class CompiledLeanStep:
                           float(eps), float(_same([layer.attn.scaling for layer in layers], "attention scale")),
                           _same([layer.gate_up.widths[0] for layer in layers], "MLP width"),
                           decoder.embed.weight.dtype)
-        self._layers = [(layer.norm1.weight, layer.qkv.packed, layer.qkv.scale_zeros, layer.qkv_bias,
-                         getattr(layer.q_norm, "weight", None), getattr(layer.k_norm, "weight", None),
-                         layer.o_proj.packed, layer.o_proj.scale_zeros, layer.norm2.weight, layer.gate_up.packed,
-                         layer.gate_up.scale_zeros, layer.down.packed, layer.down.scale_zeros) for layer in layers]
+        self._stacked = _stacked_weights(decoder)
         self._body = torch.compile(body, dynamic=True, fullgraph=True)
 
     @classmethod
@@ -170,7 +199,7 @@ class CompiledLeanStep:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # inductor's chatter would land on the terminal
             hidden = self._body(x, position, cos.unsqueeze(1), sin.unsqueeze(1), [k for k, _ in buffers],
-                                [v for _, v in buffers], self._layers, decoder.norm.weight)
+                                [v for _, v in buffers], self._stacked, decoder.norm.weight)
         for layer in layers:
             layer.count_one()
         return decoder.head(hidden)[0]
