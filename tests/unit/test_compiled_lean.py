@@ -70,8 +70,16 @@ def test_the_engine_compiles_the_lean_step_and_its_caches_carry_it(compiled_engi
     assert any(s.startswith("compiling the 4-bit decode step") for s in stages), stages
     assert engine.new_eager_cache(8, 8).lean_step is step
     # an engine without --compile keeps the eager lean step
+    model = embedded_quantized.model
     plain = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=4))
-    assert plain.new_eager_cache(8, 8).lean_step is lean_decoder(embedded_quantized.model)
+    assert plain.new_eager_cache(8, 8).lean_step is lean_decoder(model)
+    # the compiled step reads the layers' weights stacked, and the modules now hold rows of those stacks: the
+    # weights are held once, and the eager lean step still gives the forward's scores bit for bit
+    storages = {layer.self_attn.q_proj.fused.packed.untyped_storage().data_ptr() for layer in model.model.layers}
+    assert len(storages) == 1
+    a, b = prefilled(model, 16), prefilled(model, 16)
+    for token in (314, 253):
+        assert torch.equal(lean_decoder(model).step(token, a), forward_last_logits(model, torch.tensor([[token]]), b))
 
 
 def test_closer_to_the_reference_than_llama_server(step, embedded_quantized, embedded, reference_run):
