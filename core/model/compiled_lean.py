@@ -6,9 +6,8 @@ kernel has just streamed megabytes through the caches. Here the whole step is on
 int4 kernel called as the eager step calls it, and everything between the kernel calls (norms, the rotation, the
 cache writes, residuals, SiLU, the casts) fused by inductor into a few generated loops per layer. Attention is
 written out (two batched products and a softmax): for one query, torch's flash-attention kernel cost more than
-that. The general
-`--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured slower than the eager
-lean step on 4-bit models, so a model the lean step serves compiles this instead.
+that. The general `--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured
+slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead.
 
 * Shapes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves every
   position and every buffer size, so it compiles once per process (tens of seconds on 2 cores; inductor's on-disk
@@ -22,7 +21,9 @@ lean step on 4-bit models, so a model the lean step serves compiles this instead
   branching's crop, the logit lens's forward) sees what the eager step would leave, up to rounding.
 * Scores are not bit-identical to the eager step's: the generated loops sum in another order, and a float32 value
   on the other side of a bfloat16 rounding moves a kernel score by one bfloat16 step (the EXACT_SCORES highest are
-  recomputed in float32 by the head, which stays eager, as in the eager step). Tests check `generate`'s greedy ids.
+  recomputed in float32 by the head, which stays eager, as in the eager step). tests/unit/test_compiled_lean.py
+  holds it to the eager 4-bit path's oracle (teacher-forced against the float32 reference, closer than
+  llama-server) and to the eager step's scores and cache rows within bfloat16 rounding.
 * Inductor bakes the thread count into the generated loops; the engine compiles at its decode thread count.
 """
 
@@ -196,8 +197,10 @@ class CompiledLeanStep:
         x = F.embedding(ids, decoder.embed.weight)  # [1, H]
         cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
         buffers = [layer.room_for_one() for layer in layers]  # the graph writes row `position` of each
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # inductor's chatter would land on the terminal
+        # only a call that may compile needs inductor's chatter kept off the terminal (warm, a compile raises)
+        with warnings.catch_warnings() if not self._warm else contextlib.nullcontext():
+            if not self._warm:
+                warnings.simplefilter("ignore")
             hidden = self._body(x, position, cos.unsqueeze(1), sin.unsqueeze(1), [k for k, _ in buffers],
                                 [v for _, v in buffers], self._stacked, decoder.norm.weight)
         for layer in layers:
