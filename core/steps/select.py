@@ -32,7 +32,7 @@ from ..errors import GenerationError
 from ..settings import SamplerSettings
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
-__all__ = ["Selection", "select", "reference_probs", "draw_noise", "race_index", "unpack"]
+__all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
 
 _LN2 = math.log(2.0)
 _NAN_MESSAGE = (
@@ -130,7 +130,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
     all_k = vocab if settings.top_k >= vocab else None  # ...and that is what top-k kept
     top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
-    noise = draw_noise(generator, vocab, x.device)  # [V] the step's one draw
+    uniforms = draw_uniforms(generator, vocab, x.device)  # [V] the step's one draw (exp_noise makes it Exp(1))
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.amax() - x  # [V] >= 0, shared by both entropies
     p = _softmax(x)  # [V] raw probabilities
@@ -143,11 +143,12 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
         ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
         hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
         if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
-            return _unpack(to_host(_sample_all(x, p, ps, h, hs, noise, n)), n, greedy=False, all_k=all_k)
+            return _unpack(to_host(_sample_all(x, p, ps, h, hs, exp_noise(uniforms), n)), n, greedy=False,
+                           all_k=all_k)
         k = first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
     while True:  # a widened prefix draws from the same noise: one draw per step, whatever the prefix
-        packed = _sample_prefix(x, xs, p, ps, h, hs, noise, n, k, temperature, top_k, top_p)
+        packed = _sample_prefix(x, xs, p, ps, h, hs, uniforms, n, k, temperature, top_k, top_p)
         values = to_host(packed)  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
@@ -159,13 +160,24 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
 def draw_noise(generator: torch.Generator | None, vocab: int, device: torch.device,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """The step's random draw: [vocab] float32 Exp(1) noise, one value per token id (into `out` when given)."""
+    return exp_noise(draw_uniforms(generator, vocab, device, out))
+
+
+def draw_uniforms(generator: torch.Generator | None, vocab: int, device: torch.device,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's random draw before `exp_noise`: [vocab] float32 uniforms, one per token id. A prefix of the
+    vocabulary needs the noise of its own ids only: exp_noise(uniforms[ids]) is draw_noise's value for those ids
+    (the same elementwise ops), for a few hundred logarithms instead of a whole vocabulary's."""
     out = torch.empty(vocab, dtype=torch.float32, device=device) if out is None else out
-    # -log(U) for U uniform is Exp(1) (the inverse of its distribution function). Written out instead of
-    # Tensor.exponential_, which draws the same distribution ~5x slower on CPU (BENCHMARKS.md, "Why the code is as it
-    # is"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection.
-    out.uniform_(generator=generator).log_().neg_()
+    return out.uniform_(generator=generator)
+
+
+def exp_noise(uniforms: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise from uniforms, in place: -log(U) (the inverse of Exp(1)'s distribution function). Written out
+    instead of Tensor.exponential_, which draws the same distribution ~5x slower on CPU (BENCHMARKS.md, "Why the
+    code is as it is"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection."""
     # a 0 (U = 1, which a GPU's uniform_ can return) would make a cut token's 0 / 0 a NaN, which argmax would pick
-    return out.clamp_min_(torch.finfo(torch.float32).tiny)
+    return uniforms.log_().neg_().clamp_min_(torch.finfo(torch.float32).tiny)
 
 
 def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -351,7 +363,7 @@ def _sample_prefix(
     ps: torch.Tensor | None,
     h: torch.Tensor,
     hs: torch.Tensor,
-    noise: torch.Tensor,  # [V] Exp(1), per token id (draw_noise)
+    uniforms: torch.Tensor,  # [V] per token id (draw_uniforms), left as they are
     n: int,
     k: int,
     temperature: float,
@@ -396,7 +408,7 @@ def _sample_prefix(
     # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
     # by a tiny temperature.
     ok = torch.isfinite(h + z)
-    j = race_index(torch.where(ok, probs, 1.0), noise.index_select(0, idx))  # [1] position in the prefix
+    j = race_index(torch.where(ok, probs, 1.0), exp_noise(uniforms.index_select(0, idx)))  # [1] in the prefix
     nonzero = probs > 0
     raw = p.index_select(0, idx)  # [k] raw probabilities
     chosen = torch.stack([raw_vals, raw, probs]).index_select(1, j)[:, 0]  # [3] raw score, raw prob, prob

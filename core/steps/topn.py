@@ -21,6 +21,7 @@ _BLOCK = 256  # top_scores: blocks of this many scores are ranked by their maxim
 _PREFIX_BLOCK = 32  # top_prefix: block size of the block-max shortcut below _PREFIX_SAMPLED
 _STRIDE = 16  # top_prefix: every _STRIDE-th score goes into the sample that estimates the k-th largest
 _PREFIX_SAMPLED = 512  # top_prefix: from this k on (while 8 * k <= V) the sampled threshold beats torch.topk
+_GATHER_SHARE = 8  # top_prefix below _PREFIX_SAMPLED: a threshold once the k best blocks hold >= 1/8 of the scores
 
 
 def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,13 +51,28 @@ def _block_topk(x: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torc
     return values, ids.index_select(0, at)
 
 
+def _block_threshold_topk(x: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk(x, k) through a threshold: the k-th largest block maximum. At least k scores (those k maxima) reach it,
+    so the k-th largest score does too, and every top-k score is among the scores at or above it."""
+    v = x.numel()
+    full = v - v % block
+    block_max = x[:full].view(-1, block).amax(dim=1)  # [v // block]
+    threshold = torch.topk(block_max, k, sorted=False).values.min()  # []
+    ids = (x >= threshold).nonzero().squeeze(1)  # [m >= k] ascending ids, the ragged tail included
+    values, at = torch.topk(x.index_select(0, ids), k)  # [k]
+    return values, ids.index_select(0, at)
+
+
 def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, k) (values descending, their ids) for the prefixes top-k / top-p need, cheaper on CPU.
 
     Hand-written because on one CPU core topk(k) over a whole vocabulary is a heap pass for a few hundred and, past
     that, an nth_element plus a sort: the nucleus of top-p 0.9 at temperature 0.7 runs to thousands of entries. Two
     exact shortcuts, each faster there (BENCHMARKS.md, "Why the code is as it is"):
-    * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores.
+    * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores; where the k best blocks would
+      be 1/8 of the vocabulary or more (k = 256 at V = 49,152), the k-th largest block maximum as a threshold
+      instead (one compare and one nonzero pass over the scores; cheaper than gathering those blocks there, dearer
+      at V = 151,936).
     * larger k: estimate the k-th largest score from every _STRIDE-th score (with a 30 % margin), keep the scores
       at or above that threshold (one compare and one nonzero pass), and topk those. If at least k scores pass,
       every score above the true k-th largest passed too, so the values are exactly topk's; otherwise fall back
@@ -67,7 +83,11 @@ def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type != "cpu":
         return torch.topk(x, k)
     if k < _PREFIX_SAMPLED:
-        return _block_topk(x, k, _PREFIX_BLOCK) if 64 * k <= v else torch.topk(x, k)
+        if 64 * k > v:
+            return torch.topk(x, k)
+        if _GATHER_SHARE * k * _PREFIX_BLOCK >= v:  # the k best blocks would be a large share of the vocabulary
+            return _block_threshold_topk(x, k, _PREFIX_BLOCK)
+        return _block_topk(x, k, _PREFIX_BLOCK)
     if 8 * k > v:
         return torch.topk(x, k)
     sample = x[::_STRIDE].contiguous()  # [ceil(v / _STRIDE)]

@@ -20,7 +20,8 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
-from tokentui.core.steps.select import Selection, draw_noise, race_index, reference_probs, select
+from tokentui.core.steps.select import (Selection, draw_noise, draw_uniforms, exp_noise, race_index, reference_probs,
+                                        select)
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.topn import top_prefix, top_scores
 
@@ -285,7 +286,7 @@ def test_top_scores_are_torch_topk(vocab, n):
 
 
 @pytest.mark.parametrize("vocab", [151_936, 49_152])
-@pytest.mark.parametrize("k", [1, 64, 256, 511, 512, 2_375, 6_000])
+@pytest.mark.parametrize("k", [1, 64, 256, 400, 511, 512, 2_375, 6_000])
 def test_top_prefix_is_torch_topk(vocab, k):
     for case in ("normal", "ties", "spikes", "sample-misses"):
         x = torch.randn(vocab, generator=gen(vocab + k)) * 3.5
@@ -424,3 +425,15 @@ def test_the_exponential_race_matches_its_distribution():
     assert chi2 < 30.0, chi2
     assert torch.equal(race_index(probs, draw_noise(gen(8), m, probs.device)),
                        race_index(probs, draw_noise(gen(8), m, probs.device)))
+
+
+@pytest.mark.parametrize("vocab", [49_152, 151_936, 300])
+def test_a_prefix_noise_is_the_whole_draws_noise_at_its_ids(vocab):
+    # select() takes the logarithms of a prefix's uniforms only: the same noise, bit for bit, as the whole
+    # vocabulary's draw (which the compiled whole step uses) at those ids, so both race to the same token.
+    whole = draw_noise(gen(3), vocab, torch.device("cpu"))
+    uniforms = draw_uniforms(gen(3), vocab, torch.device("cpu"))
+    ids = torch.randperm(vocab, generator=gen(4))[:257]
+    assert torch.equal(exp_noise(uniforms.index_select(0, ids)), whole.index_select(0, ids))
+    assert torch.equal(exp_noise(uniforms.clone()), whole)
+    assert bool((whole > 0).all()) and torch.isfinite(whole).all()
