@@ -31,18 +31,19 @@ from ..steps.display import display_piece
 from ..steps.token_bytes import token_bytes
 from ..errors import ErrorKind, GenerationError, PromptError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import (Candidate, DoneEvent, Event, LoadProgress, Notice, PrefillEvent, PrefillProgress,
+from ..runs.events import (Candidate, DoneEvent, Event, Notice, PrefillEvent, PrefillProgress,
                            PromptEvent, StepEvent)
 from ..runs.facts import ModelFacts
 from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
-from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
-from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
+from .decode_paths import prepare_decode
+from .fused_linear import FuseReport
+from .weight_layout import LayoutReport
 from .lens import lens_unavailable, logit_lens
 from .loader import LoadedModel
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select, unpack
 from ..settings import RunOptions, SamplerSettings
-from .speed import SpeedOptions, cpu_cores, use_threads
+from .speed import SpeedOptions, use_threads
 from .static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
 from ..steps.template import apply_template, default_system_prompt
 from .timing import StepClock
@@ -67,10 +68,8 @@ def end_token_ids(model, tokenizer) -> set[int]:
 class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
-        """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py,
-        core/model/weight_layout.py, core/model/compiled.py). Eager on a GPU, the engine fuses q/k/v and gate/up into one
-        product each; on CPU it stores the model's wide float32 projections transposed; both in place (same values,
-        faster decode; weight_layout="stock" leaves the model untouched). With compile, the
+        """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py). The
+        weights are prepared in place and the decode path chosen by core/model/decode_paths.py; with compile, the
         decode step is compiled here (minutes on a small CPU), reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -85,67 +84,32 @@ class Engine(BaseEngine):
         self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
         self.speed = speed or SpeedOptions()
-        self.layout, self.fusion = LayoutReport(), FuseReport()
-        if fusion_wanted(self.device.type, self.speed.weight_layout, self.speed.compile):
-            self.fusion = fuse_siblings(self.model)  # q/k/v and gate/up as one product each: fewer launches
-        if self.speed.weight_layout == "auto" and self.device.type == "cpu":
-            # a one-time copy while loading, on every core (faster than one) unless --threads sets fewer
-            use_threads(self.device, self.speed.threads or cpu_cores())
-            plan = plan_wide_weights(self.model)
-            if progress is not None and plan.matrices:  # said before the work, which it names
-                progress(LoadProgress(plan.describe_work(), None))
-            self.layout = transpose_wide_weights(self.model)  # in place: see core/model/weight_layout.py
-        self._compiled = None
-        self._compiled_lean = None  # --compile on a 4-bit model: cache.lean_step of every eager cache
-        self._compile_notice: str | None = None  # why --compile decodes eagerly: said first in every run
-        if self.speed.compile:
-            from .architecture import compile_problem
-            from .compiled import CompiledDecoder, bucket_for
-            from .compiled_lean import CompiledLeanStep
-
-            problem = compile_problem(self.model)  # sliding / recurrent layers: not compiled at all
-            if problem is not None:
-                self._compile_notice = f"{problem}: decoding eagerly"
-            elif (lean := CompiledLeanStep.for_model(self.model, self.speed.decode_threads())) is not None:
-                # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/compiled_lean.py)
-                use_threads(self.device, self.speed.decode_threads())
-                lean.warm_up(self.model, progress)
-                if lean.failure is not None:
-                    self._compile_notice = lean.failure
-                else:
-                    self._compiled_lean = lean
-            else:
-                # the whole step (forward + selection, core/model/fused_step.py) as one compiled call
-                self._compiled = CompiledDecoder.for_model(self.model, self.speed.decode_threads(),
-                                                           self.options.top_candidates)
-                bucket = bucket_for(64 + self.options.max_new_tokens, self.facts.max_context)  # a chat prompt
-                if bucket is not None:
-                    use_threads(self.device, self.speed.decode_threads())
-                    self._compiled.warm_up(bucket, progress)
-                self._drop_failed_decoder()
+        # the weights prepared in place and, with --compile, the compiled step chosen and warmed up
+        self._paths = prepare_decode(self.model, self.device, self.speed, self.options.top_candidates,
+                                     self.options.max_new_tokens, self.facts.max_context, progress)
         # Eager decode's cache: bucketed attention shapes or the exact length (core/model/static_cache.py)
         problem = bucketing_problem(self.model) if self.speed.kv_shapes != "dynamic" else None
         self.kv_bucketed = kv_shapes_for(self.speed.kv_shapes, self.device) and problem is None
         self.facts = replace(self.facts, kv_cache=describe(self.kv_bucketed, problem, self.speed.kv_shapes,
-                                                           compiled=self._compiled is not None))
+                                                           compiled=self.compiled is not None))
 
     def new_eager_cache(self, tokens: int, max_new_tokens: int):
         """An eager run's KV cache for a prompt (or prefix) of `tokens` ids and up to `max_new_tokens` more."""
         cache = new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
                                 self.kv_bucketed)
-        if self._compiled_lean is not None and cache.lean_step is not None:
-            cache.lean_step = self._compiled_lean
+        if self._paths.compiled_lean is not None and cache.lean_step is not None:
+            cache.lean_step = self._paths.compiled_lean
         return cache
 
-    def _drop_failed_decoder(self) -> None:
-        """A compiled decoder that stopped (core/model/compiled.py `failure`) is dropped: runs decode eagerly, and
-        say why."""
-        if self._compiled is not None and self._compiled.failure is not None:
-            self._compile_notice = self._compiled.failure
-            self._compiled = None
-        if self._compiled_lean is not None and self._compiled_lean.failure is not None:
-            self._compile_notice = self._compiled_lean.failure  # it decodes through the eager lean step now
-            self._compiled_lean = None
+    @property
+    def layout(self) -> LayoutReport:
+        """The wide matrices this engine stored transposed (core/model/weight_layout.py)."""
+        return self._paths.layout
+
+    @property
+    def fusion(self) -> FuseReport:
+        """The sibling projections this engine fused (core/model/fused_linear.py)."""
+        return self._paths.fusion
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
@@ -153,7 +117,7 @@ class Engine(BaseEngine):
         text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
         if not self.options.logit_lens:
             return None, None
-        why = lens_unavailable(self.model, compiled=self._compiled is not None)
+        why = lens_unavailable(self.model, compiled=self.compiled is not None)
         if states is not None and why is None:
             return states, None
         return ([], None) if why is None else (None, None if said else why)
@@ -214,14 +178,15 @@ class Engine(BaseEngine):
 
     @property
     def compiled(self):
-        """The --compile decode step (core/model/compiled.py), None without --compile."""
-        return self._compiled
+        """The --compile whole decode step (core/model/compiled.py); None without --compile, on a 4-bit model
+        whose lean step is compiled instead, or once it failed."""
+        return self._paths.compiled
 
     def _locked(self, start) -> Iterator[Event]:
         """The events of `start()` as one run on the model: its locks held, and out-of-memory turned into a
         GenerationError of kind oom (the step where it happened, numbered as the events number them)."""
         # A compiled run also holds its decoder's lock: engines on one model share its static caches.
-        with self._model_lock, (self._compiled.run_lock if self._compiled is not None else nullcontext()):
+        with self._model_lock, (self.compiled.run_lock if self.compiled is not None else nullcontext()):
             step = -1  # the step being computed: -1 in prefill, then 1 + the last step reported
             events = start()
             try:
@@ -255,9 +220,9 @@ class Engine(BaseEngine):
     def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
         self._held = None  # a new run: the last one's KV cache goes
-        self._drop_failed_decoder()
-        if self._compile_notice:
-            yield Notice(self._compile_notice)
+        self._paths.drop_failed()
+        if self._paths.notice:
+            yield Notice(self._paths.notice)
         # Step 1 — chat template.
         templated = apply_template(tok, prompt, system)
         if not templated.templated:
@@ -283,8 +248,8 @@ class Engine(BaseEngine):
             return
         # Step 3 — prefill (a long prompt in chunks, with progress and a chance to stop between them).
         cache = None
-        if self._compiled is not None:
-            cache, notice = self._compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
+        if self.compiled is not None:
+            cache, notice = self.compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
             if notice:
                 yield Notice(notice)
         if cache is None:

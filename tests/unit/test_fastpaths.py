@@ -188,7 +188,7 @@ def test_a_second_compiled_engine_on_the_same_model_gives_the_right_tokens(tiny,
             events, steps = run(engine, prompt)
             prompt_ids = next(e for e in events if isinstance(e, PromptEvent)).ids
             assert [s.id for s in steps] == generate_ids(tiny.model, prompt_ids, 40, stop_at_eos=False), prompt
-        assert second._compiled is first._compiled
+        assert second.compiled is first.compiled
         # Runs on the two engines take turns: the second waits while the first holds the shared caches.
         held = first.run("Is OpenAI open?")
         next(held)  # the first run has started (its PromptEvent)
