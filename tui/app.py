@@ -260,6 +260,12 @@ class TokentuiApp(App[int]):
         else:
             self._flush_timer = self.set_timer(delay, self._repaint_now)
 
+    @property
+    def frame_due(self) -> bool:
+        """A repaint is scheduled (the controller's throttled `repaint`): until it runs, the panels show the last
+        frame's step, all of them together."""
+        return self._flush_timer is not None
+
     def relayout(self) -> None:
         self._layout_plan = None
         self._apply_layout()

@@ -41,7 +41,7 @@ async def test_every_panel_shows_the_same_step_in_every_frame():
         frames = 0
         while app.state.phase == "decoding" and frames < CHECKS:
             await pilot.pause(0.011)  # between frames: whatever is on screen is one frame's
-            if app.state.phase != "decoding" or app._flush_timer is not None:
+            if app.state.phase != "decoding" or app.frame_due:
                 continue  # a frame is due: the panels wait for it together
             seen = steps_on_screen(app)
             assert len(set(seen.values())) == 1, seen
