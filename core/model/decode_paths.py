@@ -7,11 +7,16 @@ model, else core/model/compiled.py's whole step), warmed up here (minutes on a s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..runs.events import LoadProgress
 from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
 from .speed import SpeedOptions, cpu_cores, use_threads
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
+
+if TYPE_CHECKING:  # annotations only: the compile modules are imported only with --compile
+    from .compiled import CompiledDecoder
+    from .compiled_lean import CompiledLeanStep
 
 __all__ = ["DecodePaths", "prepare_decode"]
 
@@ -22,8 +27,8 @@ class DecodePaths:
 
     layout: LayoutReport = field(default_factory=LayoutReport)  # the wide matrices transposed (none: untouched)
     fusion: FuseReport = field(default_factory=FuseReport)  # the sibling projections fused (none: untouched)
-    compiled: object | None = None  # --compile's whole step (a CompiledDecoder), None when not chosen
-    compiled_lean: object | None = None  # --compile on a 4-bit model: the lean step compiled (a CompiledLeanStep)
+    compiled: CompiledDecoder | None = None  # --compile's whole step; None when not chosen
+    compiled_lean: CompiledLeanStep | None = None  # --compile on a 4-bit model: its lean step compiled
     notice: str | None = None  # why --compile decodes eagerly, said first in every run; None: nothing to say
 
     def drop_failed(self) -> None:
@@ -58,7 +63,7 @@ def prepare_decode(model, device, speed: SpeedOptions, top_candidates: int, max_
 
 def _choose_compiled(paths: DecodePaths, model, device, speed: SpeedOptions, top_candidates: int,
                      max_new_tokens: int, max_context: int | None, progress) -> None:
-    from .architecture import compile_problem  # imported only with --compile, as the engine always has
+    from .architecture import compile_problem
     from .compiled import CompiledDecoder, bucket_for
     from .compiled_lean import CompiledLeanStep
 

@@ -38,29 +38,33 @@ def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _block_topk(x, n, _BLOCK)
 
 
+def _block_max(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
+    """The maximum of each whole block of `block` scores ([v // block]) and where the ragged tail starts."""
+    full = x.numel() - x.numel() % block
+    return x[:full].view(-1, block).amax(dim=1), full
+
+
+def _topk_among(x: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk(x, k) when `ids` ([m >= k]) holds every id of the k largest scores."""
+    values, at = torch.topk(x.index_select(0, ids), k)  # [k]
+    return values, ids.index_select(0, at)
+
+
 def _block_topk(x: torch.Tensor, n: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """topk(x, n) through the n best blocks of `block` scores by their maximum (top_scores says why it is exact)."""
-    v = x.numel()
-    full = v - v % block
-    block_max = x[:full].view(-1, block).amax(dim=1)  # [v // block]
+    block_max, full = _block_max(x, block)  # [v // block]
     blocks = torch.topk(block_max, min(n, block_max.numel())).indices  # [<= n]
     ids = (blocks[:, None] * block + torch.arange(block)).reshape(-1)  # [<= n * block]
-    if full < v:
-        ids = torch.cat([ids, torch.arange(full, v)])
-    values, at = torch.topk(x.index_select(0, ids), n)  # [n]
-    return values, ids.index_select(0, at)
+    if full < x.numel():
+        ids = torch.cat([ids, torch.arange(full, x.numel())])
+    return _topk_among(x, ids, n)
 
 
 def _block_threshold_topk(x: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """topk(x, k) through a threshold: the k-th largest block maximum. At least k scores (those k maxima) reach it,
     so the k-th largest score does too, and every top-k score is among the scores at or above it."""
-    v = x.numel()
-    full = v - v % block
-    block_max = x[:full].view(-1, block).amax(dim=1)  # [v // block]
-    threshold = torch.topk(block_max, k, sorted=False).values.min()  # []
-    ids = (x >= threshold).nonzero().squeeze(1)  # [m >= k] ascending ids, the ragged tail included
-    values, at = torch.topk(x.index_select(0, ids), k)  # [k]
-    return values, ids.index_select(0, at)
+    threshold = torch.topk(_block_max(x, block)[0], k, sorted=False).values.min()  # []
+    return _topk_among(x, (x >= threshold).nonzero().squeeze(1), k)  # ascending ids, the ragged tail included
 
 
 def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +100,7 @@ def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = (x >= threshold).nonzero().squeeze(1)  # [m] ascending ids; m >= k in all but rare cases
     if ids.numel() < k:
         return torch.topk(x, k)
-    values, at = torch.topk(x.index_select(0, ids), k)  # [k]
-    return values, ids.index_select(0, at)
+    return _topk_among(x, ids, k)
 
 
 # --------------------------------------------------------------------------------------------------------------
