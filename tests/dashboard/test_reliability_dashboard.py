@@ -60,6 +60,14 @@ async def keys(app, *names: str) -> None:
         await asyncio.sleep(0.01)
 
 
+async def quit_app(pilot, app) -> None:
+    """Press q as the terminal does and wait until the app has quit. Leaving `run_test` right after the key instead
+    races it: the context's shutdown can empty the screen stack before the queued key is handled, and textual then
+    fails the test with "No screens on stack" (it did on a loaded CI machine)."""
+    await keys(app, "q")
+    await wait_for(pilot, lambda: app.return_code is not None, timeout=60, what="the app to quit")
+
+
 @pytest.fixture(scope="module")
 def tiny(smol_tokenizer):
     model = tiny_model("llama", smol_tokenizer)
@@ -244,7 +252,7 @@ async def test_resize_to_40x12_and_back_while_generating():
         # and the panels show the current run again (not what they held at 40×12)
         # (steps are numbered from 1 on screen: the newest step's index + 1, painted in the same frame as the rest)
         await wait_for(pilot, lambda: f"step {app.state.last_step.index + 1}" in status(app), what="fresh status")
-        await keys(app, "q")
+        await quit_app(pilot, app)
 
 
 # ---- long runs ---------------------------------------------------------------------------------------------
@@ -369,7 +377,7 @@ async def test_a_long_answer_keeps_memory_flat_and_every_key_press_reaches_the_s
                                f"max {max(latencies):.1f} ms")
         assert len(latencies) >= 20, FIGURES["keypress"]
         assert app.controller.sampler.temperature == round(current + (0.1 if key == "t" else -0.1), 2)
-        await keys(app, "q")
+        await quit_app(pilot, app)
 
 
 async def test_a_thousand_rapid_key_presses_leave_engine_and_screen_consistent():
@@ -414,7 +422,7 @@ async def test_a_thousand_rapid_key_presses_leave_engine_and_screen_consistent()
         screen = " ".join(screen_text(app).split())
         assert f"temperature {describe(expected)['temperature']}" in screen
         FIGURES["burst"] = f"1,000 mixed key presses handled in {handled_ms:.0f} ms during generation"
-        await keys(app, "q")
+        await quit_app(pilot, app)
 
 
 async def test_a_setting_changed_after_the_run_says_it_applies_to_the_next_run():
