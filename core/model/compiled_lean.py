@@ -9,9 +9,12 @@ written out (two batched products and a softmax): for one query, torch's flash-a
 that. The general `--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured
 slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead.
 
-* Shapes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves every
-  position and every buffer size, so it compiles once per process (tens of seconds on 2 cores; inductor's on-disk
-  cache shortens later starts). After warm-up every call runs under `fail_on_recompile`: a call that would
+* Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
+  every position and every buffer size, so it compiles once per process. Every other size (the weights' and the
+  activations', the buffers' other dims) is marked static and the body's float constants (the norm epsilon, the
+  attention scale) specialized while it compiles (`_compiling`): left symbolic, dynamo traced them twice and
+  reasoned about ~60 shape symbols, which cost minutes (BENCHMARKS.md, issue 25: a start with inductor's on-disk
+  cache warm took 112 s that way, 15 s this way). After warm-up every call runs under `fail_on_recompile`: a call that would
   compile again raises instead, and the step falls back to the eager lean step for good (`failure` says why).
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
@@ -127,6 +130,20 @@ def _stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
         return stacked
 
 
+@contextlib.contextmanager
+def _compiling(x, cos, sin, buffers, stacked, norm_weight):
+    """Around a call that may compile: every size static but the buffers' length (dim 2) and the position, the
+    body's float constants specialized, and inductor's chatter kept off the terminal (the module docstring)."""
+    for tensor in [x, cos, sin, norm_weight, *(t for t in stacked if t is not None)]:
+        torch._dynamo.mark_static(tensor)
+    for buffer in (b for pair in buffers for b in pair):  # [1, KV, capacity, D]: only the capacity varies
+        for dim in (0, 1, 3):
+            torch._dynamo.mark_static(buffer, dim)
+    with warnings.catch_warnings(), torch._dynamo.config.patch(specialize_float=True):
+        warnings.simplefilter("ignore")
+        yield
+
+
 class CompiledLeanStep:
     """The lean step of one model, compiled (the module docstring); `step(token_id, cache) -> logits [V]` as
     LeanDecoder's, so core/steps/decode.py calls it as `cache.lean_step`. Get one with `for_model`."""
@@ -198,9 +215,8 @@ class CompiledLeanStep:
         cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
         buffers = [layer.room_for_one() for layer in layers]  # the graph writes row `position` of each
         # only a call that may compile needs inductor's chatter kept off the terminal (warm, a compile raises)
-        with warnings.catch_warnings() if not self._warm else contextlib.nullcontext():
-            if not self._warm:
-                warnings.simplefilter("ignore")
+        with _compiling(x, cos, sin, buffers, self._stacked, decoder.norm.weight) if not self._warm \
+                else contextlib.nullcontext():
             hidden = self._body(x, position, cos.unsqueeze(1), sin.unsqueeze(1), [k for k, _ in buffers],
                                 [v for _, v in buffers], self._stacked, decoder.norm.weight)
         for layer in layers:
@@ -214,7 +230,7 @@ class CompiledLeanStep:
             return
         from .adapter import forward_last_logits, new_cache
 
-        stage = "compiling the 4-bit decode step (once per process; tens of seconds on a small CPU)"
+        stage = "compiling the 4-bit decode step (once per process; minutes the first time on a small CPU)"
         with elapsed_reports(stage, progress), torch.inference_mode():
             cache = new_cache(model, _WARMUP_PROMPT + 4)
             forward_last_logits(model, torch.arange(_WARMUP_PROMPT, device=self.decoder.device)[None], cache)

@@ -26,7 +26,7 @@ GREEDY = SamplerSettings(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def compiled_engine(embedded_quantized):
-    """An engine with --compile on the 4-bit model: it compiles the lean step while it is made (tens of seconds)."""
+    """An engine with --compile on the 4-bit model: it compiles the lean step while it is made (minutes cold)."""
     stages = []
     engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=40, ignore_eos=True),
                     speed=SpeedOptions(compile=True, threads=1), progress=stages.append)
