@@ -57,6 +57,12 @@ from tokentui.core.steps.prefill import prefill  # noqa: E402
 
 PROMPT = "Is OpenAI open?"  # tokentui's default prompt, benchmarks/server_vs_local.py's too
 HEADING = "## The 4-bit path (issue 25)"
+
+
+def heading(simd: str) -> str:
+    """The section's heading for a CPU class: torch's int4 kernel has an AVX-512 path and a much slower AVX2 one, so
+    the two classes keep a section each (a run replaces only its own class's)."""
+    return f"{HEADING}, {'AVX-512' if 'avx512f' in simd else 'AVX2-only' if 'avx2' in simd else 'other'} CPU"
 GREEDY = SamplerSettings(temperature=0.0)
 HERE = "float32 reference quantized here (--quantize int4)"
 COMPILED = "4-bit, --compile (the lean step compiled)"
@@ -284,7 +290,7 @@ def _ratio_rows(res: dict) -> list[str]:
 
 def render(res: dict, args, started: float) -> str:
     info, load = res["machine"], res["load"]
-    lines = [HEADING, ""]
+    lines = [heading(info["simd"]), ""]
     lines.append(f"Written by `.venv/bin/python benchmarks/bench_quant.py` on {datetime.date.today().isoformat()} in "
                  f"{(time.perf_counter() - started) / 60:.1f} min; contenders alternated in one process, medians of "
                  f"{args.reps}; {args.steps} greedy tokens (ignore_eos) after the {res['decode']['prompt_ids'].__len__()}"
@@ -369,9 +375,10 @@ def render(res: dict, args, started: float) -> str:
 
 def write(path: Path, section: str) -> None:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    start = old.find(HEADING)
+    title = section.splitlines()[0]
+    start = old.find(title + "\n")
     if start >= 0:
-        end = old.find("\n## ", start + len(HEADING))
+        end = old.find("\n## ", start + len(title))
         old = old[:start] + old[end + 1:] if end >= 0 else old[:start]
     path.write_text(old.rstrip("\n") + "\n\n" + section, encoding="utf-8")
 
