@@ -57,15 +57,15 @@ from tokentui.core.steps.prefill import prefill  # noqa: E402
 
 PROMPT = "Is OpenAI open?"  # tokentui's default prompt, benchmarks/server_vs_local.py's too
 HEADING = "## The 4-bit path (issue 25)"
+GREEDY = SamplerSettings(temperature=0.0)
+HERE = "float32 reference quantized here (--quantize int4)"
+COMPILED = "4-bit, --compile (the lean step compiled)"
 
 
 def heading(simd: str) -> str:
     """The section's heading for a CPU class: torch's int4 kernel has an AVX-512 path and a much slower AVX2 one, so
     the two classes keep a section each (a run replaces only its own class's)."""
     return f"{HEADING}, {'AVX-512' if 'avx512f' in simd else 'AVX2-only' if 'avx2' in simd else 'other'} CPU"
-GREEDY = SamplerSettings(temperature=0.0)
-HERE = "float32 reference quantized here (--quantize int4)"
-COMPILED = "4-bit, --compile (the lean step compiled)"
 
 
 # ---------------------------------------------------------------------------------------------------- models

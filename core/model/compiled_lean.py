@@ -12,10 +12,10 @@ slower than the eager lean step on 4-bit models, so a model the lean step serves
 * Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the
   activations', the buffers' other dims) is marked static and the body's float constants (the norm epsilon, the
-  attention scale) specialized while it compiles (`_compiling`): left symbolic, dynamo traced them twice and
-  reasoned about ~60 shape symbols, which cost minutes (BENCHMARKS.md, issue 25: a start with inductor's on-disk
-  cache warm took 112 s that way, 15 s this way). After warm-up every call runs under `fail_on_recompile`: a call that would
-  compile again raises instead, and the step falls back to the eager lean step for good (`failure` says why).
+  attention scale) specialized while it compiles (`_compiling`): left symbolic, dynamo traced the body twice and
+  reasoned about every size as a symbol, several times slower to start (BENCHMARKS.md, "Why the code is as it
+  is"). After warm-up every call runs under `fail_on_recompile`: a call that would compile again raises instead,
+  and the step falls back to the eager lean step for good (`failure` says why).
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
   closure constants, which the guards check too).
@@ -214,7 +214,7 @@ class CompiledLeanStep:
         x = F.embedding(ids, decoder.embed.weight)  # [1, H]
         cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
         buffers = [layer.room_for_one() for layer in layers]  # the graph writes row `position` of each
-        # only a call that may compile needs inductor's chatter kept off the terminal (warm, a compile raises)
+        # only a call that may compile needs `_compiling` (warm, a compile raises instead)
         with _compiling(x, cos, sin, buffers, self._stacked, decoder.norm.weight) if not self._warm \
                 else contextlib.nullcontext():
             hidden = self._body(x, position, cos.unsqueeze(1), sin.unsqueeze(1), [k for k, _ in buffers],
