@@ -60,6 +60,7 @@ HEADING = "## The 4-bit path (issue 25)"
 GREEDY = SamplerSettings(temperature=0.0)
 HERE = "float32 reference quantized here (--quantize int4)"
 COMPILED = "4-bit, --compile (the lean step compiled)"
+TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + lean step)"
 
 
 def heading(simd: str) -> str:
@@ -75,20 +76,38 @@ def unfused_copy(quantized: LoadedModel) -> LoadedModel:
     transformers' forward)."""
     from tokentui.core.model.gguf_load import _skeleton, assemble, build_modules, plan_gguf
     from tokentui.core.model.precheck import embedded_gguf
+    from tokentui.core.model.qlinear import chosen_kernel
 
     skeleton = _skeleton(quantized.model.config)
     plan = plan_gguf(embedded_gguf(), skeleton)
-    modules, floats = build_modules(plan, fuse=False)
+    modules, floats = build_modules(plan, chosen_kernel(), fuse=False)
     model = assemble(skeleton, modules, floats)
     return LoadedModel(model=model, tokenizer=quantized.tokenizer, facts=quantized.facts)
 
 
-def engines(reference, quantized, unfused, here, threads: int, options: RunOptions, with_compile: bool) -> dict:
+def torch_kernel_copy() -> LoadedModel | None:
+    """The 4-bit model on torch's int4 kernel, where the default is tokentui's AVX2 kernel (else None)."""
+    from tokentui.core.model.int4_kernel import TorchInt4
+    from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
+
+    if chosen_kernel().name == TorchInt4.name or not TorchInt4.available():
+        return None
+    os.environ[KERNEL_ENV] = TorchInt4.name
+    try:
+        return load_model(None, device="cpu")
+    finally:
+        del os.environ[KERNEL_ENV]
+
+
+def engines(reference, quantized, unfused, here, threads: int, options: RunOptions, with_compile: bool,
+            on_torch_kernel: LoadedModel | None = None) -> dict:
     speed = SpeedOptions(threads=threads, prefill_threads=threads)
     out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed),
            "4-bit, transformers forward, unfused": Engine(unfused, GREEDY, options, speed=speed),
            "4-bit, transformers forward, fused": Engine(quantized, GREEDY, options, speed=speed),
            "4-bit, default (fused + lean step)": Engine(quantized, GREEDY, options, speed=speed)}
+    if on_torch_kernel is not None:
+        out[TORCH_KERNEL] = Engine(on_torch_kernel, GREEDY, options, speed=speed)
     if here is not None:
         out[HERE] = Engine(here, GREEDY, options, speed=speed)
     if with_compile:
@@ -137,7 +156,7 @@ def server_own_tok_s(native, prompt_ids: list[int], steps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- A + B + C
-def bench_decode(reference, quantized, unfused, here, args, servers) -> dict:
+def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel=None) -> dict:
     from server_vs_local import Native
 
     options = RunOptions(max_new_tokens=args.steps, ignore_eos=True)
@@ -145,7 +164,7 @@ def bench_decode(reference, quantized, unfused, here, args, servers) -> dict:
     natives = {n: Native(s.url) for n, s in servers.items()}
     bw = {1: bandwidth(1), TORCH_DEFAULT_THREADS: bandwidth(TORCH_DEFAULT_THREADS)}
     for threads in args.threads:
-        contenders = engines(reference, quantized, unfused, here, threads, options, args.compile)
+        contenders = engines(reference, quantized, unfused, here, threads, options, args.compile, on_torch_kernel)
         ids = {}
         for name, engine in contenders.items():  # a warm-up run each, not counted
             got = run_without_lean(engine) if "transformers forward" in name else run_engine(engine, PROMPT)
@@ -285,6 +304,9 @@ def _ratio_rows(res: dict) -> list[str]:
                             f"{entry['compiled_over_server']:.2f} | {ok} |")
         rows.append(f"| 4-bit default ÷ float32 reference, {threads} thread(s) | — | "
                     f"{entry['default_over_reference']:.2f} | — |")
+        if TORCH_KERNEL in entry.get("default_over", {}):
+            rows.append(f"| 4-bit default ({res.get('kernel')}) ÷ the same on torch's int4 kernel, {threads} thread(s) "
+                        f"| — | {entry['default_over'][TORCH_KERNEL]:.2f} | — |")
     return rows
 
 
@@ -295,7 +317,7 @@ def render(res: dict, args, started: float) -> str:
                  f"{(time.perf_counter() - started) / 60:.1f} min; contenders alternated in one process, medians of "
                  f"{args.reps}; {args.steps} greedy tokens (ignore_eos) after the {res['decode']['prompt_ids'].__len__()}"
                  f"-token chat prompt of {PROMPT!r}. Machine: {info['cpu']}, {info['cores']} cores ({info['simd']}), "
-                 f"torch {info['torch']}; load average (1 min) {load[0]:.1f} at start, {load[1]:.1f} at the end "
+                 f"torch {info['torch']}; the default 4-bit kernel: {res.get('kernel') or 'torch-int4'}; load average (1 min) {load[0]:.1f} at start, {load[1]:.1f} at the end "
                  "(other engineers' jobs share this machine: absolute tok/s move with them, the ratios less).")
     for note in res.get("server_notes", []):
         lines.append(f"Note: {note}.")
@@ -403,10 +425,12 @@ def main() -> int:
     quantized = load_model(None, device="cpu")
     unfused = unfused_copy(quantized)
     here = load_model(None, device="cpu", dtype="float32", quantize="int4")  # the reference, quantized here
+    on_torch_kernel = torch_kernel_copy()
+    res["kernel"] = quantized.facts.quantization.kernel
     servers, res["server_notes"] = ({}, []) if args.no_server else start_servers(args.threads)
     try:
         log("A, C: decode ...")
-        res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers)
+        res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel)
         log("B: fidelity ...")
         res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps, args.compile)
     finally:

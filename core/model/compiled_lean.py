@@ -3,7 +3,7 @@
 Why (measured: BENCHMARKS.md, "The 4-bit path (issue 25)"): in the eager lean step the 121 int4 kernel calls are
 about half of a step. The rest is some 1,000 small host operations between them, each slower than alone, since a
 kernel has just streamed megabytes through the caches. Here the whole step is one graph: all layers unrolled, the
-int4 kernel called as the eager step calls it, and everything between the kernel calls (norms, the rotation, the
+4-bit kernel called as the eager step calls it (either kernel of core/model/int4_kernel.py), and everything between the kernel calls (norms, the rotation, the
 cache writes, residuals, SiLU, the casts) fused by inductor into a few generated loops per layer. Attention is
 written out (two batched products and a softmax): for one query, torch's flash-attention kernel cost more than
 that. The general `--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured
@@ -22,9 +22,9 @@ slower than the eager lean step on 4-bit models, so a model the lean step serves
 * It writes into the run's own cache (core/model/adapter.py's GrowableLayer buffers): room for one more position,
   the graph writes that row of every layer, then the layers count it. Whatever else reads the cache (KV bytes,
   branching's crop, the logit lens's forward) sees what the eager step would leave, up to rounding.
-* Scores are not bit-identical to the eager step's: the generated loops sum in another order, and a float32 value
-  on the other side of a bfloat16 rounding moves a kernel score by one bfloat16 step (the EXACT_SCORES highest are
-  recomputed in float32 by the head, which stays eager, as in the eager step). tests/unit/test_compiled_lean.py
+* Scores are not bit-identical to the eager step's: the generated loops sum in another order, and with torch's
+  int4 kernel a float32 value on the other side of a bfloat16 rounding moves a kernel score by one bfloat16 step
+  (the EXACT_SCORES highest are recomputed in float32 by the head, which stays eager, as in the eager step). tests/unit/test_compiled_lean.py
   holds it to the eager 4-bit path's oracle (teacher-forced against the float32 reference, closer than
   llama-server) and to the eager step's scores and cache rows within bfloat16 rounding.
 * Inductor bakes the thread count into the generated loops; the engine compiles at its decode thread count.
@@ -46,7 +46,7 @@ from .adapter import GrowableLayer
 from .compiled import elapsed_reports
 from .gguf_quant import GROUP
 from .lean_step import LeanDecoder, lean_decoder
-from .qlinear import ACTIVATION_DTYPE
+from .int4_kernel import TorchInt4
 
 _WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
 _DECODERS: "weakref.WeakKeyDictionary[object, dict[int, CompiledLeanStep]]" = weakref.WeakKeyDictionary()
@@ -69,10 +69,19 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     stacked: _stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
     heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
     half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
-    mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+    kernel = decoder.layers[0].qkv.kernel  # one kernel for the whole model (core/model/qlinear.py chose it)
+    if len({id(module.kernel) for layer in decoder.layers for module in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                                         layer.down)}) != 1:
+        raise ValueError("layers differ in their 4-bit kernel")
 
-    def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
-        return mm(h.to(ACTIVATION_DTYPE), packed, GROUP, scale_zeros).to(dtype)
+    if isinstance(kernel, TorchInt4):  # the aten op itself: what this step has always been measured with
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+        def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+            return mm(h.to(kernel.activation_dtype), packed, GROUP, scale_zeros).to(dtype)
+    else:  # an opaque op with a shape function: the compiled graph calls the same kernel the eager step does
+        def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+            return kernel.mm(h.to(kernel.activation_dtype).contiguous(), packed, scale_zeros).to(dtype)
 
     def body(x, pos: int, cos, sin, kbufs, vbufs, stacked, norm_weight):
         for index in range(len(kbufs)):

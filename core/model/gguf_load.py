@@ -1,5 +1,6 @@
 """A GGUF model with its 4-bit matrices kept as stored (core/model/gguf_quant.py, core/model/qlinear.py): converted
-once per file, torch build and CPU kind, then loaded from the cache in about a second.
+once per file, torch build, CPU kind and 4-bit kernel (core/model/int4_kernel.py), then loaded from the cache in
+about a second.
 
 First start: the tokenizer and config come from transformers' GGUF reader (as for the float32 path); the tensors
 are read here, one by one, following transformers' own GGUF loop (`load_gguf_checkpoint`: its name map and tensor
@@ -29,15 +30,18 @@ from torch import nn
 from ..errors import ModelLoadError, error_line
 from ..paths import cache_dir
 from ..runs.events import LoadProgress
-from .gguf_quant import FOUR_BIT, GROUP, KERNEL_SCALE_DTYPE, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
+from .gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, write_cache
 from .lean_step import lean_decoder
-from .qlinear import FusedQLinear, QLinear, QLMHead, kernel_available
+from . import q4_native
+from .int4_kernel import Int4Kernel
+from .qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
 
-FORMAT = 1  # bump when the cached layout changes
+FORMAT = 2  # bump when the cached layout changes
 FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
 STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
-STAGE_PACK = "packing {matrices} 4-bit matrices for the int4 kernel (first start only)"
+STAGE_PACK = "packing {matrices} 4-bit matrices for the {kernel} kernel (first start only)"
+STAGE_KERNEL = "building tokentui's AVX2 4-bit kernel with {compiler} (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
 
 
@@ -59,7 +63,7 @@ def quantizable_gguf(path: Path) -> bool:
     tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary)."""
     from gguf import GGUFReader
 
-    if (cached_folder(path) / ".complete").is_file():
+    if any((cached_folder(path, kernel) / ".complete").is_file() for kernel in KERNELS.values()):
         return True
     try:
         return any(t.tensor_type.name in FOUR_BIT for t in GGUFReader(str(path)).tensors)
@@ -67,17 +71,18 @@ def quantizable_gguf(path: Path) -> bool:
         return False
 
 
-def cache_key(path: Path) -> str:
+def cache_key(path: Path, kernel: Int4Kernel) -> str:
     import transformers
 
     st = path.stat()
     ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}|"
-             f"{torch.backends.cpu.get_cpu_capability()}|{FORMAT}")
+             f"{torch.backends.cpu.get_cpu_capability()}|{kernel.name}|{FORMAT}")
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
-def cached_folder(path: Path) -> Path:
-    return cache_dir() / "quantized" / cache_key(path)
+def cached_folder(path: Path, kernel: Int4Kernel) -> Path:
+    """Where `path`'s matrices packed for `kernel` are kept (each kernel packs its own layout)."""
+    return cache_dir() / "quantized" / cache_key(path, kernel)
 
 
 # ---------------------------------------------------------------------------------------------- conversion
@@ -202,7 +207,8 @@ def assemble(skeleton: nn.Module, modules: dict[str, nn.Module], floats: dict[st
     return skeleton
 
 
-def build_modules(plan: Plan, *, fuse: bool = True) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
+def build_modules(plan: Plan, kernel: Int4Kernel, *, fuse: bool = True
+                  ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
     """(the 4-bit modules for `plan` by the name of the module each replaces, fused parts included; the float
     tensors left for the rest of the model: the 4-bit modules' biases and a separate head's float rows are theirs).
     `plan` is not changed, so one plan can build several models (benchmarks/bench_quant.py: fused and not)."""
@@ -210,7 +216,7 @@ def build_modules(plan: Plan, *, fuse: bool = True) -> tuple[dict[str, nn.Module
     floats = dict(plan.floats)
     grouped = {name for group in plan.groups for name in group} if fuse else set()
     for group in (plan.groups if fuse else []):
-        fused = FusedQLinear.from_matrices([plan.matrices[name] for name in group])
+        fused = FusedQLinear.from_matrices([plan.matrices[name] for name in group], kernel)
         parent = group[0].rpartition(".")[0]
         modules[f"{parent}.fused_{'_'.join(n.rpartition('.')[2] for n in group)}"] = fused
         for name, part in zip(group, fused.parts([_bias(floats, n) for n in group])):
@@ -220,14 +226,14 @@ def build_modules(plan: Plan, *, fuse: bool = True) -> tuple[dict[str, nn.Module
             continue
         if name == plan.head:
             weight = None if plan.tied_head else nn.Parameter(floats.pop(f"{name}.weight"), requires_grad=False)
-            modules[name] = QLMHead.from_matrix(matrix, bias=_bias(floats, name), weight=weight)
+            modules[name] = QLMHead.from_matrix(matrix, bias=_bias(floats, name), weight=weight, kernel=kernel)
         else:
-            modules[name] = QLinear.from_matrix(matrix, bias=_bias(floats, name))
+            modules[name] = QLinear.from_matrix(matrix, bias=_bias(floats, name), kernel=kernel)
     return modules, floats
 
 
 # ---------------------------------------------------------------------------------------------- the cache
-def _manifest(modules: dict[str, nn.Module], plan: Plan) -> dict:
+def _manifest(modules: dict[str, nn.Module], plan: Plan, kernel: Int4Kernel) -> dict:
     """What `_modules_from` needs to rebuild `modules` from the saved tensors (and what the model facts say)."""
     entries = []
     for name, module in modules.items():
@@ -241,7 +247,7 @@ def _manifest(modules: dict[str, nn.Module], plan: Plan) -> dict:
                             "in": module.in_features, "out": module.out_features, "source": module.source,
                             "halves": module.halves, "bias": module.bias is not None,
                             "tied": bool(getattr(module, "tied", False))})
-    return {"format": FORMAT, "modules": entries, "dequantized": plan.dequantized}
+    return {"format": FORMAT, "kernel": kernel.name, "modules": entries, "dequantized": plan.dequantized}
 
 
 def _tensors(modules: dict[str, nn.Module], floats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -258,17 +264,18 @@ def _tensors(modules: dict[str, nn.Module], floats: dict[str, torch.Tensor]) -> 
 
 def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str, nn.Module]:
     modules: dict[str, nn.Module] = {}
+    kernel = KERNELS[manifest["kernel"]]
     for entry in manifest["modules"]:
         name = entry["name"]
         packed, scale_zeros = tensors[f"packed.{name}"], tensors[f"scale_zeros.{name}"]
         if entry["kind"] == "fused":
-            fused = FusedQLinear(packed, scale_zeros, entry["in"], entry["widths"], entry["source"])
+            fused = FusedQLinear(packed, scale_zeros, entry["in"], entry["widths"], entry["source"], kernel)
             modules[name] = fused
             biases = [tensors.get(f"bias.{part}") for part in entry["parts"]]
             for part_name, part in zip(entry["parts"], fused.parts(biases)):
                 modules[part_name] = part
         else:
-            kwargs = dict(source=entry["source"], halves=entry["halves"], bias=tensors.get(f"bias.{name}"))
+            kwargs = dict(source=entry["source"], kernel=kernel, halves=entry["halves"], bias=tensors.get(f"bias.{name}"))
             if entry["kind"] == "head":
                 rows = tensors.get(f"rows.{name}")
                 weight = None if entry["tied"] else nn.Parameter(rows, requires_grad=False)
@@ -308,7 +315,13 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     if not kernel_available():
         raise ModelLoadError(f"this torch ({torch.__version__}) has no int4 CPU kernel; pass --dtype float32 "
                              "to de-quantize the GGUF instead")
-    target = cached_folder(path)
+    if wants_native() and q4_native.would_build():
+        progress(LoadProgress(STAGE_KERNEL.format(compiler=Path(q4_native.compiler_name()).name), None))
+    try:
+        kernel = chosen_kernel()
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
+    target = cached_folder(path, kernel)
     if (target / ".complete").is_file() and (target / "manifest.json").is_file():
         progress(LoadProgress(STAGE_WEIGHTS, None))
         try:
@@ -336,9 +349,9 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     except Exception as err:
         raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
                              "download it again or pass another --model") from err
-    progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices)), None))
-    modules, floats = build_modules(plan, fuse=fuse)
-    manifest = _manifest(modules, plan)
+    progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices), kernel=kernel.name), None))
+    modules, floats = build_modules(plan, kernel, fuse=fuse)
+    manifest = _manifest(modules, plan, kernel)
     progress(LoadProgress(STAGE_SAVE, None))
     _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
           _tensors(modules, floats))
@@ -350,9 +363,9 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
 def quant_facts(model: nn.Module, manifest: dict):
     """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
     from ..runs.facts import QuantFacts
-    from .qlinear import ACTIVATION_DTYPE, step_weight_bytes
+    from .qlinear import step_weight_bytes
 
-    entries = manifest["modules"]
+    entries, kernel = manifest["modules"], KERNELS[manifest["kernel"]]
     sources = sorted({part for e in entries if e["kind"] != "head" for part in e["source"].split("+")})
     head = next((e for e in entries if e["kind"] == "head"), None)
     if head is None:
@@ -363,13 +376,14 @@ def quant_facts(model: nn.Module, manifest: dict):
         head_words = f"{head['source']} 4-bit"
     exact = 0
     out = model.get_output_embeddings()
-    if isinstance(out, QLMHead):
+    if isinstance(out, QLMHead) and out.exact_scores:
         exact = out.exact_scores
         head_words += f"; its {exact} highest scores recomputed in float32"
     count = sum(len(e["parts"]) if e["kind"] == "fused" else 1 for e in entries)
     return QuantFacts(blocks="+".join(sources) or (head["source"] if head else ""), bits=4, group=GROUP,
-                      scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
-                      activation_dtype=str(ACTIVATION_DTYPE).removeprefix("torch."), head=head_words,
+                      scale_dtype=str(kernel.scale_dtype).removeprefix("torch."),
+                      activation_dtype=str(kernel.activation_dtype).removeprefix("torch."), head=head_words,
+                      kernel=kernel.name,
                       exact_scores=exact, matrices=count, dequantized=len(manifest.get("dequantized", {})),
                       dequantized_blocks="+".join(sorted(set(manifest.get("dequantized", {}).values()))),
                       weight_bytes=step_weight_bytes(model))

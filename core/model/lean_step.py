@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gguf_quant import GROUP
-from .qlinear import ACTIVATION_DTYPE, FusedQLinear, QLinear, QLinearPart, quantized_modules
+from .qlinear import FusedQLinear, QLinear, QLinearPart, quantized_modules
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _DECODERS: "weakref.WeakKeyDictionary[object, LeanDecoder | None]" = weakref.WeakKeyDictionary()
@@ -115,8 +115,8 @@ class LeanDecoder:
     @staticmethod
     def _product(weights, x: torch.Tensor) -> torch.Tensor:
         """x [1, in] float32 -> [1, out] float32 through the 4-bit kernel (QLinear's arithmetic, 2-D throughout)."""
-        y = torch._weight_int4pack_mm_for_cpu(x.to(ACTIVATION_DTYPE), weights.packed, GROUP, weights.scale_zeros)
-        return y.to(x.dtype)
+        kernel = weights.kernel
+        return kernel.mm(x.to(kernel.activation_dtype).contiguous(), weights.packed, weights.scale_zeros).to(x.dtype)
 
     @torch.inference_mode()
     def step(self, token_id: int, cache) -> torch.Tensor:

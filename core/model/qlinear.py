@@ -1,19 +1,24 @@
-"""Linear layers whose weights stay 4-bit: torch's int4 CPU kernel on the packed groups of core/model/gguf_quant.py.
+"""Linear layers whose weights stay 4-bit: the packed groups of core/model/gguf_quant.py through a 4-bit kernel.
 
-`QLinear` stands in for an `nn.Linear`: y = x W^T (+ b), W kept as GroupedInt4 packed by
-`torch._convert_weight_to_int4pack_for_cpu` and multiplied by `torch._weight_int4pack_mm_for_cpu`. That kernel
-(aten/src/ATen/native/cpu/int4mm_kernel.cpp) de-quantizes each weight into float32 registers from bfloat16 scales
-and zeros, multiplies by bfloat16 activations and sums in float32; it writes bfloat16. Measured (BENCHMARKS.md), it
-is the only fast path of its kind in torch 2.13 on x86: with float16 or float32 activations it falls back to scalar
-code (~35x slower). So the activations going into a 4-bit product are rounded to bfloat16, and so is its output;
-everything between the products (norms, attention, the residual stream, the KV cache) stays in the model's own
+`QLinear` stands in for an `nn.Linear`: y = x W^T (+ b), W a GroupedInt4 packed for one of the kernels of
+core/model/int4_kernel.py (`chosen_kernel` below picks it):
+
+- torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, aten/src/ATen/native/cpu/int4mm_kernel.cpp) de-quantizes
+  each weight into float32 registers from bfloat16 scales and zeros, multiplies by bfloat16 activations and sums in
+  float32; it writes bfloat16 (with float16 or float32 activations it falls back to scalar code, ~35x slower:
+  BENCHMARKS.md). So with it the activations going into a 4-bit product are rounded to bfloat16, and so is its
+  output.
+- tokentui's AVX2 kernel (core/model/q4_native.py) keeps the scales, the activations and the output in float32.
+
+Everything between the products (norms, attention, the residual stream, the KV cache) stays in the model's own
 dtype (float32), cast back after each product.
 
-Scores are the exception: a bfloat16 logit of ~20 is only good to ±0.06, which would tie candidates and move
-probabilities by percents. `QLMHead` therefore computes every score with the kernel and then recomputes the
+Scores: a bfloat16 logit of ~20 is only good to ±0.06, which would tie candidates and move probabilities by
+percents. With torch's kernel `QLMHead` therefore computes every score with the kernel and then recomputes the
 `EXACT_SCORES` highest in float32 from the head's own float32 rows (for a tied head: the embedding table, which holds
 the file's de-quantized values): the candidates the dashboard shows, the greedy pick and every token a sampler could
-plausibly draw are scored by the file's weights in float32; the rest stay within bfloat16 rounding.
+plausibly draw are scored by the file's weights in float32; the rest stay within bfloat16 rounding. With the AVX2
+kernel every score is float32 from the file's weights already, and none is recomputed.
 
 `FusedQLinear` multiplies sibling projections that read the same input (q/k/v, gate/up) as one matrix: one kernel
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
@@ -26,69 +31,75 @@ graph).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
 from .fused_linear import SharedProduct
-from .gguf_quant import GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
+from .gguf_quant import GROUP, GroupedInt4
+from .int4_kernel import Int4Kernel, TorchInt4
+from .q4_native import NativeQ4
 
-EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead
-ACTIVATION_DTYPE = torch.bfloat16
+EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel with bf16 output)
+KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4" or "avx2-fp32": which kernel to use (default: chosen_kernel)
+KERNELS: dict[str, Int4Kernel] = {k.name: k for k in (TorchInt4(), NativeQ4())}
 
 
 def kernel_available() -> bool:
-    """torch's int4 CPU kernel (torch >= 2.5) is there."""
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(
-        torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
+    """Some 4-bit kernel runs here (torch's int4 CPU kernel, torch >= 2.5, is the one every x86 / ARM torch has)."""
+    return TorchInt4.available() or NativeQ4.unavailable() is None
 
 
-def pack(matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed 4-bit weights in the kernel's layout [N, K/2] uint8, scales and zeros [K/32, N, 2] bfloat16).
-
-    The packed layout depends on the CPU capability torch dispatches to (AVX512 and AVX2 interleave differently),
-    so packed tensors are only reused by the same torch build on the same kind of CPU (core/model/gguf_load.py keys
-    its cache on both)."""
-    if matrix.out_features % 16:
-        raise ValueError(f"the int4 kernel needs a multiple of 16 output features, got {matrix.out_features}")
-    packed = torch._convert_weight_to_int4pack_for_cpu(matrix.q.to(torch.int32), 1)
-    scale_zeros = torch.stack([matrix.scale, matrix.zero], dim=-1).transpose(0, 1).contiguous()
-    return packed, scale_zeros.to(KERNEL_SCALE_DTYPE)
-
-
-@torch.library.custom_op("tokentui::int4_mm", mutates_args=())
-def _int4_mm(a: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
-    """torch's int4 CPU kernel as an op torch.compile calls as it is (see int4_matmul)."""
-    return torch._weight_int4pack_mm_for_cpu(a, packed, GROUP, scale_zeros)
+def chosen_kernel() -> Int4Kernel:
+    """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 kernel
+    where torch's int4 kernel runs its AVX2 path (no AVX-512: BENCHMARKS.md measures it 1.5-1.8x slower than
+    ours there, and it rounds activations to bfloat16), else torch's. Raises ValueError for an unknown or
+    unavailable choice (core/model/loader.py makes it one line)."""
+    asked = os.environ.get(KERNEL_ENV, "").strip()
+    if asked:
+        if asked not in KERNELS:
+            raise ValueError(f"{KERNEL_ENV}={asked!r}: expected one of {', '.join(KERNELS)}")
+        if asked == NativeQ4.name and (why := NativeQ4.unavailable()) is not None:
+            raise ValueError(f"{KERNEL_ENV}={asked}: tokentui's AVX2 kernel cannot run here: {why}")
+        return KERNELS[asked]
+    if wants_native() and NativeQ4.unavailable() is None:
+        return KERNELS[NativeQ4.name]
+    return KERNELS[TorchInt4.name]
 
 
-@_int4_mm.register_fake
-def _(a, packed, scale_zeros):
-    return a.new_empty((a.shape[0], packed.shape[0]))
+def wants_native() -> bool:
+    """`chosen_kernel` tries tokentui's AVX2 kernel (so it may build it): asked for, or the default here."""
+    asked = os.environ.get(KERNEL_ENV, "").strip()
+    return asked == NativeQ4.name or (not asked and torch.backends.cpu.get_cpu_capability() == "AVX2")
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor, in_features: int,
-                halves: bool) -> torch.Tensor:
-    """x [..., in] (any float dtype) -> bfloat16 [M, N] with M the product of x's leading dimensions.
+def pack(matrix: GroupedInt4, kernel: Int4Kernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed 4-bit values, scales) of `matrix` in `kernel`'s layout."""
+    return kernel.pack(matrix)
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, in_features: int, halves: bool,
+                kernel: Int4Kernel) -> torch.Tensor:
+    """x [..., in] (any float dtype) -> [M, N] in the kernel's activation dtype, M the product of x's leading
+    dimensions.
 
     halves: the packed matrix is [hi | lo] of a Q8_0 matrix side by side (gguf_quant.py), so the activations go
-    in twice. Under torch.compile the kernel is called through an opaque custom op, so the compiled step multiplies
-    with the same kernel as the eager one (left to itself, inductor swaps in int4 code of its own)."""
-    a = x.reshape(-1, in_features).to(ACTIVATION_DTYPE)
+    in twice."""
+    a = x.reshape(-1, in_features).to(kernel.activation_dtype)
     if halves:
         a = torch.cat([a, a], dim=1)
-    if torch.compiler.is_compiling():
-        return _int4_mm(a.contiguous(), packed, scale_zeros)
-    return torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed, GROUP, scale_zeros)
+    return kernel.mm(a.contiguous(), packed, scales)
 
 
 class QLinear(nn.Module):
     """y = x W^T (+ b) with W 4-bit (see the module docstring); x [..., in] -> y [..., out] in x's dtype."""
 
     def __init__(self, in_features: int, out_features: int, packed: torch.Tensor, scale_zeros: torch.Tensor, *,
-                 source: str, halves: bool = False, bias: torch.Tensor | None = None):
+                 source: str, kernel: Int4Kernel, halves: bool = False, bias: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.source, self.halves = source, bool(halves)
+        self.source, self.halves, self.kernel = source, bool(halves), kernel
         # the packed weights are not Parameters (nothing trains them, and they are not float): buffers that move
         # with the module and are left out of the model's state dict (tokentui caches them itself)
         self.register_buffer("packed", packed, persistent=False)
@@ -96,13 +107,15 @@ class QLinear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_matrix(cls, matrix: GroupedInt4, bias: torch.Tensor | None = None, **kwargs) -> "QLinear":
-        packed, scale_zeros = pack(matrix)
+    def from_matrix(cls, matrix: GroupedInt4, bias: torch.Tensor | None = None, kernel: Int4Kernel | None = None,
+                    **kwargs) -> "QLinear":
+        kernel = kernel or chosen_kernel()
+        packed, scale_zeros = pack(matrix, kernel)
         return cls(matrix.in_features, matrix.out_features, packed, scale_zeros, source=matrix.source,
-                   halves=matrix.halves, bias=bias, **kwargs)
+                   kernel=kernel, halves=matrix.halves, bias=bias, **kwargs)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        y = int4_matmul(x, self.packed, self.scale_zeros, self.in_features, self.halves)
+        y = int4_matmul(x, self.packed, self.scale_zeros, self.in_features, self.halves, self.kernel)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
@@ -116,7 +129,8 @@ class QLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kind = f"{self.source} as two 4-bit halves" if self.halves else f"{self.source} 4-bit"
-        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}, group={GROUP}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {kind}, group={GROUP}, "
+                f"kernel={self.kernel.name}")
 
 
 class QLMHead(QLinear):
@@ -124,12 +138,16 @@ class QLMHead(QLinear):
     float32 from `weight` ([vocab, hidden] float32: the file's de-quantized values). A tied head is made with
     weight=None and given the input embedding's own Parameter by `tie` (so the model stays tied, one table)."""
 
-    def __init__(self, *args, weight: nn.Parameter | None = None, exact_scores: int = EXACT_SCORES, **kwargs):
+    def __init__(self, *args, weight: nn.Parameter | None = None, exact_scores: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.tied = weight is None
         self.register_parameter("weight", None)
         if weight is not None:
             self.tie(weight)
+        # None: EXACT_SCORES, or none where the kernel's float32 scores are the float rows' own already (a GGUF head,
+        # whose float rows are its de-quantized 4-bit values); --quantize asks for them (its float rows are not)
+        if exact_scores is None:
+            exact_scores = 0 if self.kernel.exact_scores else EXACT_SCORES
         self.exact_scores = min(int(exact_scores), self.out_features)
 
     def tie(self, weight: nn.Parameter) -> None:
@@ -140,6 +158,8 @@ class QLMHead(QLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self._product(x)  # [..., V]
+        if not self.exact_scores:
+            return scores
         flat, rows = scores.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
         top = flat.topk(self.exact_scores, dim=-1, sorted=False).indices  # [M, R]
         picked = self.weight.index_select(0, top.reshape(-1)).view(*top.shape, self.in_features)  # [M, R, in]
@@ -155,20 +175,22 @@ class FusedQLinear(SharedProduct, nn.Module):
     the float weights' version of the same layout)."""
 
     def __init__(self, matrix_packed: torch.Tensor, scale_zeros: torch.Tensor, in_features: int,
-                 widths: list[int], source: str):
+                 widths: list[int], source: str, kernel: Int4Kernel):
         super().__init__()
         self.in_features, self.widths, self.source = int(in_features), [int(w) for w in widths], source
+        self.kernel = kernel
         self.register_buffer("packed", matrix_packed, persistent=False)
         self.register_buffer("scale_zeros", scale_zeros, persistent=False)
         self._reset_shared()
 
     @classmethod
-    def from_matrices(cls, matrices: list[GroupedInt4]) -> "FusedQLinear":
+    def from_matrices(cls, matrices: list[GroupedInt4], kernel: Int4Kernel | None = None) -> "FusedQLinear":
         stacked = GroupedInt4(torch.cat([m.q for m in matrices]), torch.cat([m.scale for m in matrices]),
                               torch.cat([m.zero for m in matrices]), matrices[0].source)
-        packed, scale_zeros = pack(stacked)
+        kernel = kernel or chosen_kernel()
+        packed, scale_zeros = pack(stacked, kernel)
         return cls(packed, scale_zeros, stacked.in_features, [m.out_features for m in matrices],
-                   "+".join(sorted({m.source for m in matrices})))
+                   "+".join(sorted({m.source for m in matrices})), kernel)
 
     def parts(self, biases: list[torch.Tensor | None] | None = None) -> list["QLinearPart"]:
         biases = biases or [None] * len(self.widths)
@@ -177,7 +199,7 @@ class FusedQLinear(SharedProduct, nn.Module):
                 for i, (start, width, bias) in enumerate(zip(starts, self.widths, biases))]
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        y = int4_matmul(x, self.packed, self.scale_zeros, self.in_features, halves=False)
+        y = int4_matmul(x, self.packed, self.scale_zeros, self.in_features, False, self.kernel)
         return y.to(x.dtype).reshape(*x.shape[:-1], sum(self.widths))
 
     @property

@@ -2,7 +2,7 @@
 
 Why: decode on a CPU reads every weight once a step, so 4-bit weights read ~6x fewer bytes than float32 ones. The
 embedded model gets that from its file (core/model/gguf_load.py); any other causal LM can have it here, with the
-same modules (core/model/qlinear.py: torch's int4 CPU kernel, q/k/v and gate/up fused) and, for Llama-family
+same modules (core/model/qlinear.py: the same 4-bit kernel, q/k/v and gate/up fused) and, for Llama-family
 models, the same lean decode step (core/model/lean_step.py).
 
 What it does to the numbers (an instrument says so: the model event's `quantization`, the model panel):
@@ -11,9 +11,12 @@ What it does to the numbers (an instrument says so: the model event's `quantizat
   bfloat16 (what the kernel reads) before the levels are chosen: the kernel's weights are exactly the de-quantized
   ones of `GroupedInt4.dequantize(bfloat16)`, each within scale / 2 of the float weight plus the bfloat16 rounding
   of the group's two constants (tests/unit/test_quantize.py asserts the bound).
-* Activations going into those products are rounded to bfloat16, as on the GGUF path.
+  (bfloat16 scales whichever kernel runs them: the same levels on every machine.)
+* Activations going into those products are rounded to the kernel's activation dtype, as on the GGUF path
+  (bfloat16 for torch's int4 kernel, none for tokentui's AVX2 one: core/model/int4_kernel.py).
 * The LM head is quantized too, and its 256 highest scores of each position are recomputed in float32 from the
-  model's own float head rows (QLMHead), so the candidates shown and the pick are scored by the float weights.
+  model's own float head rows (QLMHead), so the candidates shown and the pick are scored by the
+  float weights (with either kernel: the AVX2 kernel's scores are float32, but of the 4-bit head).
 * Embeddings, norms, attention, the residual stream and the KV cache stay float32.
 
 Which matrices: every linear layer (exact `nn.Linear`, transformers' `Conv1D` and `FalconLinear`: the same product)
@@ -30,7 +33,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .gguf_quant import BF16_ROUNDOFF, GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
-from .qlinear import (ACTIVATION_DTYPE, FusedQLinear, QLinear, QLMHead, kernel_available, quantized_modules,
+from .qlinear import (EXACT_SCORES, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, quantized_modules,
                       step_weight_bytes)
 
 QUANTIZE = ("none", "int4")
@@ -130,6 +133,10 @@ def quantize_model(model: nn.Module) -> int:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ModelLoadError("--quantize int4 runs on CPU only (the CUDA int4 path is not built); pass --device "
                              "cpu or drop --quantize")
+    try:
+        kernel = chosen_kernel()
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
     kinds = _linear_kinds()
     head = model.get_output_embeddings()
     layers = [m for m in model.modules() if m is not head and _fits(m, kinds)]
@@ -143,7 +150,7 @@ def quantize_model(model: nn.Module) -> int:
                 members = [parent._modules.get(n) for n in group]
                 if all(m is not None and m is not head and _fits(m, kinds) for m in members) and \
                         len({_weight_of(m).shape[1] for m in members}) == 1:
-                    fused = FusedQLinear.from_matrices([quantize_matrix(_weight_of(m)) for m in members])
+                    fused = FusedQLinear.from_matrices([quantize_matrix(_weight_of(m)) for m in members], kernel)
                     parent.add_module("fused_" + "_".join(n.removesuffix("_proj") for n in group), fused)
                     biases = [None if m.bias is None else m.bias.detach().float() for m in members]
                     for name, part in zip(group, fused.parts(biases)):
@@ -155,13 +162,14 @@ def quantize_model(model: nn.Module) -> int:
             bias = None if module.bias is None else module.bias.detach().float()
             if module is head:
                 tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
-                replacement = QLMHead.from_matrix(quantize_matrix(_weight_of(module)), bias=bias,
+                replacement = QLMHead.from_matrix(quantize_matrix(_weight_of(module)), bias=bias, kernel=kernel,
+                                                  exact_scores=EXACT_SCORES,
                                                   weight=None if tied else nn.Parameter(
                                                       _weight_of(module).detach().contiguous(), requires_grad=False))
                 if tied:
                     replacement.tie(model.get_input_embeddings().weight)
             else:
-                replacement = QLinear.from_matrix(quantize_matrix(_weight_of(module)), bias=bias)
+                replacement = QLinear.from_matrix(quantize_matrix(_weight_of(module)), bias=bias, kernel=kernel)
             setattr(parent, name, replacement)
     return _float_matrices(model)
 
@@ -171,11 +179,16 @@ def quantized_facts(model: nn.Module, kept_float: int):
     from ..runs.facts import QuantFacts
 
     out = model.get_output_embeddings()
+    modules = quantized_modules(model)
+    kernel = modules[0].kernel
     exact = out.exact_scores if isinstance(out, QLMHead) else 0
-    head = f"int4, its {exact} highest scores recomputed in float32" if exact else "float (does not fit the kernel)"
-    count = sum(len(m.widths) if isinstance(m, FusedQLinear) else 1 for m in quantized_modules(model)
-                if not isinstance(m, QLMHead))
+    if not isinstance(out, QLMHead):
+        head = "float (does not fit the kernel)"
+    else:
+        head = f"int4, its {exact} highest scores recomputed in float32" if exact else "int4"
+    count = sum(len(m.widths) if isinstance(m, FusedQLinear) else 1 for m in modules if not isinstance(m, QLMHead))
     return QuantFacts(blocks=SOURCE, bits=4, group=GROUP, scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
-                      activation_dtype=str(ACTIVATION_DTYPE).removeprefix("torch."), head=head, exact_scores=exact,
+                      activation_dtype=str(kernel.activation_dtype).removeprefix("torch."), head=head,
+                      exact_scores=exact, kernel=kernel.name,
                       matrices=count, dequantized=kept_float, weight_bytes=step_weight_bytes(model),
                       quantized_here=True)

@@ -65,3 +65,4 @@ def test_wheel_holds_every_package_and_no_bare_top_level(tmp_path):
             assert rel in names, f"{rel} missing from the wheel"
     for tcss in (REPO / "themes").glob("*.tcss"):
         assert f"tokentui/themes/{tcss.name}" in names
+    assert "tokentui/core/model/native/q4_avx2.cpp" in names  # the AVX2 kernel's source, built on a first start

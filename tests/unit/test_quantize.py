@@ -20,7 +20,7 @@ from tokentui.core.model.engine import Engine
 from tokentui.core.model.gguf_quant import BF16_ROUNDOFF, GROUP
 from tokentui.core.model.lean_step import lean_decoder
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
-from tokentui.core.model.qlinear import (FusedQLinear, QLinear, QLinearPart, QLMHead, kernel_available,
+from tokentui.core.model.qlinear import (FusedQLinear, QLinear, QLinearPart, QLMHead, chosen_kernel, kernel_available,
                                          quantized_modules, step_weight_bytes)
 from tokentui.core.model.quantize import QUANTIZE, quantization_bound, quantize_matrix, quantize_model, quantized_facts
 from tokentui.core.runs.events import PromptEvent, StepEvent
@@ -66,7 +66,10 @@ def test_a_tiny_llama_quantized_whole_with_the_lean_step_and_generate_greedy_ids
     assert len(fused) == 2 * layers and isinstance(model.lm_head, QLMHead) and not model.lm_head.tied
     facts = quantized_facts(model, kept)
     assert facts.quantized_here and facts.blocks == "int4" and facts.matrices == 7 * layers
-    assert facts.summary() == "int4 weights quantized here (4-bit, group 32, bf16 scales) · bf16 activations"
+    kernel = chosen_kernel()  # the scales are bf16 values whichever kernel runs them; the activations its own
+    activations = {"avx2-fp32": "fp32", "torch-int4": "bf16"}[kernel.name]
+    assert facts.kernel == kernel.name and model.lm_head.exact_scores == 256
+    assert facts.summary() == f"int4 weights quantized here (4-bit, group 32, bf16 scales) · {activations} activations"
     assert facts.weight_bytes == step_weight_bytes(model)
     # each module multiplies like F.linear on the float weights it stands for, within the quantizer's bound
     # plus bf16 activations (one product checked against the stock float model)

@@ -16,7 +16,8 @@ from tokentui.core.model.fidelity import agreement, first_divergence, teacher_fo
 from tokentui.core.model.gguf_load import _skeleton, plan_gguf
 from tokentui.core.model.gguf_quant import GROUP, GroupedInt4
 from tokentui.core.model.lean_step import LeanDecoder
-from tokentui.core.model.qlinear import FusedQLinear, QLinear, QLMHead, kernel_available, quantized_modules
+from tokentui.core.model.qlinear import (FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available,
+                                         quantized_modules)
 from tokentui.core.model.precheck import embedded_gguf
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.runs.facts import ModelFacts
@@ -161,9 +162,16 @@ def test_the_logit_lens_still_works_on_the_4bit_path(embedded_quantized):
 def test_the_model_event_says_how_the_weights_run(embedded_quantized, embedded):
     facts = embedded_quantized.facts
     q = facts.quantization
-    assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"
-    assert q.head == "Q8_0 as two 4-bit halves; its 256 highest scores recomputed in float32"
-    assert (q.matrices, q.dequantized, q.dequantized_blocks, q.exact_scores) == (211, 1, "Q8_0", 256)
+    kernel = chosen_kernel()
+    if kernel.exact_scores:  # tokentui's AVX2 kernel: float32 throughout, no score recomputed
+        assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, fp32 scales) · fp32 activations"
+        assert q.head == "Q8_0 as two 4-bit halves"
+    else:
+        assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"
+        assert q.head == "Q8_0 as two 4-bit halves; its 256 highest scores recomputed in float32"
+    assert q.kernel == kernel.name
+    exact = 0 if kernel.exact_scores else 256
+    assert (q.matrices, q.dequantized, q.dequantized_blocks, q.exact_scores) == (211, 1, "Q8_0", exact)
     assert facts.dtype == "float32" and facts.tied_lm_head is True and embedded.facts.quantization is None
     for field in ("parameters", "layers", "hidden_size", "vocab_rows", "kv_bytes_per_token", "max_context"):
         assert getattr(facts, field) == getattr(embedded.facts, field), field

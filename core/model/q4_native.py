@@ -1,0 +1,141 @@
+"""tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp): built here, loaded into torch, and its layout.
+
+Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
+must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's
+C++ compiler (the one `--compile` needs) keeps the wheel pure Python. The library is cached under
+`cache_dir()/kernels`, keyed by the source, torch's version and the compiler; later starts load it in milliseconds.
+Where it cannot be built (no compiler, not x86, no AVX2 / FMA), `NativeQ4.unavailable()` says why and the model
+uses torch's int4 kernel (core/model/qlinear.py's `chosen_kernel`).
+
+Why not torch.utils.cpp_extension: it needs ninja and builds a Python extension module; one compiler call for a
+library of TORCH_LIBRARY ops is all this needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..paths import cache_dir
+from .gguf_quant import GROUP, GroupedInt4
+from .int4_kernel import Int4Kernel
+
+SOURCE = Path(__file__).with_name("native") / "q4_avx2.cpp"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
+BUILD_TIMEOUT_S = 300
+# input k of a group, for word j (0..3) nibble p (0..7) of its 16 bytes: the layout in the C++ file's comment
+_NIBBLE_INPUT = torch.tensor([8 * (p % 4) + j + 4 * (p // 4) for j in range(4) for p in range(8)])
+_SHIFTS = 4 * torch.arange(8, dtype=torch.int64)
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def compiler_name() -> str:
+    """The compiler that builds the kernel ("" when there is none)."""
+    return _compiler() or ""
+
+
+def _cpu_has_avx2() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # AVX2 here means AVX2 and FMA
+
+
+def _library_path(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    ident = "|".join([SOURCE.read_text(), torch.__version__, version.splitlines()[0] if version else compiler,
+                      " ".join(FLAGS), str(torch._C._GLIBCXX_USE_CXX11_ABI)])
+    return cache_dir() / "kernels" / f"q4_avx2-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile the library to `target` (atomically: another process building it at the same time is harmless)."""
+    torch_dir = Path(torch.__file__).parent
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        command = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+                   f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+                   f"-I{Path(sys.base_prefix) / 'include'}", str(SOURCE), "-o", str(out),
+                   f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"{Path(compiler).name} failed: {last[:200]}")
+        os.replace(out, target)
+
+
+def would_build() -> bool:
+    """Loading the kernel now would compile it first (a first start: ~10 s, said as a load stage)."""
+    if _load.cache_info().currsize or not _cpu_has_avx2() or not SOURCE.is_file():
+        return False
+    compiler = _compiler()
+    try:
+        return compiler is not None and not _library_path(compiler).is_file()
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (first start) and load the library; None when loaded, else why not (one line)."""
+    if not _cpu_has_avx2():
+        return f"this CPU has no AVX2 ({platform.machine()}, torch capability {torch.backends.cpu.get_cpu_capability()})"
+    if not SOURCE.is_file():
+        return f"its source is missing ({SOURCE})"
+    compiler = _compiler()
+    if compiler is None:
+        return "no C++ compiler (g++) on PATH"
+    try:
+        target = _library_path(compiler)
+        if not target.is_file():
+            _build(compiler, target)
+        torch.ops.load_library(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        return f"could not build it: {str(err).splitlines()[0][:240]}"
+    torch.library.register_fake("tokentui_q4::q4_linear")(_fake_q4_linear)
+    return None
+
+
+def _fake_q4_linear(x, packed, dm):
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+def pack_values(q: torch.Tensor) -> torch.Tensor:
+    """4-bit values q uint8 [N, K] (0..15) -> [N, K/2] uint8 in the kernel's layout (the C++ file's comment)."""
+    n, k = q.shape
+    groups = q.view(n, k // GROUP, GROUP)[:, :, _NIBBLE_INPUT].view(n, k // GROUP, 4, 8).to(torch.int64)
+    words = (groups << _SHIFTS).sum(-1)  # [N, G, 4] each 0 .. 2^32 - 1
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the same 32 bits, signed
+    return words.view(torch.uint8).reshape(n, k // 2).contiguous()  # little-endian bytes of each word
+
+
+class NativeQ4(Int4Kernel):
+    name = "avx2-fp32"
+    scale_dtype = torch.float32
+    activation_dtype = torch.float32
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """None when the kernel is built and loaded (building it on the first call), else why not."""
+        return _load()
+
+    def pack(self, matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed [N, K/2] uint8, dm [N, K/32, 2] float32 with w = d q + m: d = scale, m = zero - 8 scale, which is
+        the file's Q4_1 m, Q4_0's -8 d and Q4_K's -dmin m_j whenever `zero` was exact: gguf_quant.py)."""
+        m = matrix.zero - 8.0 * matrix.scale
+        return pack_values(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
+
+    def mm(self, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tokentui_q4.q4_linear(a, packed, scales)
