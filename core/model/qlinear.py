@@ -53,9 +53,9 @@ def kernel_available() -> bool:
 
 def chosen_kernel() -> Int4Kernel:
     """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 kernel
-    where torch's int4 kernel runs its AVX2 path (no AVX-512: BENCHMARKS.md measures it 1.5-1.8x slower than
-    ours there, and it rounds activations to bfloat16), else torch's. Raises ValueError for an unknown or
-    unavailable choice (core/model/loader.py makes it one line)."""
+    where torch's int4 kernel runs its AVX2 path (no AVX-512: slower than ours there, BENCHMARKS.md, and it rounds
+    activations to bfloat16), else torch's (fast with AVX-512, and on other CPUs the only one). Raises ValueError
+    for an unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one line)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
     if asked:
         if asked not in KERNELS:

@@ -54,11 +54,12 @@ def file_matrix(kind: str, seed: int, rows: int = 40):
 
 @needs_native
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K", "Q8_0"])
-@pytest.mark.parametrize("rows_of_x", [1, 3, 4, 9])
+@pytest.mark.parametrize("rows_of_x", [1, 3, 4, 9, 16, 37])
 def test_the_product_is_the_files_weights_times_x_in_float32(kind, rows_of_x):
     m, w = file_matrix(kind, seed=rows_of_x)  # 40 rows: not a multiple of the kernel's 16-row chunks
     layer = QLinear.from_matrix(m, kernel=NATIVE)
-    x = torch.randn(rows_of_x, m.in_features)  # 1, 3: single rows; 4: one tile of four; 9: two tiles and a tail
+    # 1, 3: single rows; 4: one tile of four; 9: two tiles and a tail; 16, 37: a prefill's de-quantized blocks
+    x = torch.randn(rows_of_x, m.in_features)
     exact = F.linear(x.double(), w.double())
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows_of_x, m.out_features)
@@ -141,3 +142,10 @@ def test_without_a_compiler_it_says_why_and_torch_kernel_is_used(tmp_path):
     if "no AVX2" not in why:
         assert why.startswith("could not build it:") and "no-such-compiler" in why
     assert name == TorchInt4.name and not list(tmp_path.glob("kernels/*.so"))
+
+
+def test_a_bad_kernel_name_stops_the_command_in_one_line():
+    from cli_run import one_line_error, tokentui
+
+    result = tokentui("--headless", "--max-new-tokens", "1", env_extra={KERNEL_ENV: "fastest"}, timeout=300)
+    one_line_error(result, f"{KERNEL_ENV}='fastest': expected one of torch-int4, avx2-fp32", code=2)

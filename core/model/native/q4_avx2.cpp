@@ -15,14 +15,17 @@
 //
 // Registered as torch.ops.tokentui_q4.q4_linear (TORCH_LIBRARY): one dispatcher call from eager code, an opaque
 // op under torch.compile (its shape function is registered in Python). Threads: at::parallel_for over rows (torch's
-// own pool and thread count); each output is summed by one thread in a fixed order, so the result does not depend
-// on the thread count.
+// own pool and thread count); each output is summed by one thread in a fixed order, so a decode step's result does
+// not depend on the thread count. From kWideRows rows of x on (a prefill) the weights are de-quantized a block at a
+// time and multiplied by torch's float32 matrix product instead (wide_product): the same weights, MKL's sums.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -77,7 +80,50 @@ void rows(const float* x, int64_t K, const uint8_t* packed, const float* dm, con
   }
 }
 
+// Rows [n0, n1) of W de-quantized to float32 into out [n1 - n0, K]: w = d q + m, one multiply-add per weight in
+// float32 (how gguf-py's de-quantization computes them).
+void dequantize_rows(const uint8_t* packed, const float* dm, int64_t K, int64_t n0, int64_t n1, float* out) {
+  const int64_t G = K / kGroup;
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  const __m256i shifts[4] = {_mm256_setr_epi32(0, 0, 0, 0, 16, 16, 16, 16), _mm256_setr_epi32(4, 4, 4, 4, 20, 20, 20, 20),
+                             _mm256_setr_epi32(8, 8, 8, 8, 24, 24, 24, 24),
+                             _mm256_setr_epi32(12, 12, 12, 12, 28, 28, 28, 28)};
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = packed + n * (K / 2);
+    const float* row_dm = dm + n * G * 2;
+    float* dst = out + (n - n0) * K;
+    for (int64_t g = 0; g < G; ++g) {
+      const __m256i w = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16)));
+      const __m256 d = _mm256_set1_ps(row_dm[2 * g]), m = _mm256_set1_ps(row_dm[2 * g + 1]);
+      for (int t = 0; t < 4; ++t) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shifts[t]), mask));
+        _mm256_storeu_ps(dst + g * kGroup + 8 * t, _mm256_fmadd_ps(q, d, m));
+      }
+    }
+  }
+}
+
+// Many rows of x (a prefill): W de-quantized a block of rows at a time into a float32 buffer that stays in the
+// caches, and multiplied by torch's own float32 matrix product (MKL's blocking), which the unpacking above cannot
+// match once it is shared by more than a few rows of x.
+at::Tensor wide_product(const at::Tensor& x, const uint8_t* pk, const float* dmp, int64_t N) {
+  const int64_t K = x.size(1);
+  const int64_t block = std::max<int64_t>(64, (int64_t{4} << 20) / (K * 4));  // rows of W per ~4 MB of float32
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  at::Tensor w = at::empty({std::min(N, block), K}, x.options());
+  float* wd = w.data_ptr<float>();
+  for (int64_t n0 = 0; n0 < N; n0 += block) {
+    const int64_t n1 = std::min(N, n0 + block);
+    at::parallel_for(n0, n1, 16, [&](int64_t b, int64_t e) { dequantize_rows(pk, dmp, K, b, e, wd + (b - n0) * K); });
+    y.narrow(1, n0, n1 - n0).copy_(at::mm(x, w.narrow(0, 0, n1 - n0).t()));
+  }
+  return y;
+}
+
 // x [M, K] float32, packed [N, K / 2] uint8, dm [N, K / 32, 2] float32 -> y [M, N] float32.
+// kWideRows rows of x and more go through wide_product.
+constexpr int64_t kWideRows = 16;
+
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& dm) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "q4_linear: x must be a contiguous float32 CPU matrix [M, K]");
@@ -86,6 +132,9 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
                   && packed.is_contiguous(), "q4_linear: packed must be contiguous uint8 [N, K / 2], K a multiple of 32");
   TORCH_CHECK(dm.scalar_type() == at::kFloat && dm.is_contiguous() && dm.numel() == N * G * 2,
               "q4_linear: dm must be contiguous float32 [N, K / 32, 2]");
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const float* dmp = dm.data_ptr<float>();
+  if (M >= kWideRows) return wide_product(x, pk, dmp, N);
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xd = x.data_ptr<float>();
   std::vector<float> xsum(M * G);  // [M, G]: each group's sum of x
@@ -94,8 +143,6 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
     for (int64_t k = 0; k < kGroup; ++k) s += xd[i * kGroup + k];
     xsum[i] = s;
   }
-  const uint8_t* pk = packed.data_ptr<uint8_t>();
-  const float* dmp = dm.data_ptr<float>();
   float* yd = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
