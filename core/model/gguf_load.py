@@ -76,7 +76,7 @@ def cache_key(path: Path, kernel: Int4Kernel) -> str:
 
     st = path.stat()
     ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}|"
-             f"{torch.backends.cpu.get_cpu_capability()}|{kernel.name}|{FORMAT}")
+             f"{torch.backends.cpu.get_cpu_capability()}|{kernel.name}.{kernel.layout}|{FORMAT}")
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
@@ -371,7 +371,7 @@ def quant_facts(model: nn.Module, manifest: dict):
     if head is None:
         head_words = "float (its block type is not 4-bit)"
     elif head["halves"]:
-        head_words = f"{head['source']} as two 4-bit halves"
+        head_words = f"{head['source']} as two 4-bit halves" if kernel.eight_bit_halves else f"{head['source']} 8-bit"
     else:
         head_words = f"{head['source']} 4-bit"
     exact = 0

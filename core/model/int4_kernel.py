@@ -24,11 +24,16 @@ from .gguf_quant import GROUP, GroupedInt4
 
 class Int4Kernel(ABC):
     """One 4-bit product. `scale_dtype` / `activation_dtype`: what it rounds the scales and the activations to;
-    `exact_scores`: its float32 output needs no rescoring of the head's best candidates (QLMHead)."""
+    `exact_scores`: its float32 output needs no rescoring of the head's best candidates (QLMHead);
+    `eight_bit_halves`: a Q8_0 matrix is multiplied as its two 4-bit halves side by side, so the activations go in
+    twice (else the kernel's pack / mm take the halves as one 8-bit matrix); `layout`: the version of what `pack`
+    makes (core/model/gguf_load.py keys its cache of packed tensors on it: bump it when `pack` changes)."""
 
     name: str
     scale_dtype: torch.dtype
     activation_dtype: torch.dtype
+    eight_bit_halves: bool = True
+    layout: int = 1
 
     @property
     def exact_scores(self) -> bool:

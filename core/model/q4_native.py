@@ -104,11 +104,12 @@ def _load() -> str | None:
         torch.ops.load_library(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         return f"could not build it: {str(err).splitlines()[0][:240]}"
-    torch.library.register_fake("tokentui_q4::q4_linear")(_fake_q4_linear)
+    torch.library.register_fake("tokentui_q4::q4_linear")(_fake_product)
+    torch.library.register_fake("tokentui_q4::q8_linear")(_fake_product)
     return None
 
 
-def _fake_q4_linear(x, packed, dm):
+def _fake_product(x, packed, scales):
     return x.new_empty((x.shape[0], packed.shape[0]))
 
 
@@ -122,9 +123,14 @@ def pack_values(q: torch.Tensor) -> torch.Tensor:
 
 
 class NativeQ4(Int4Kernel):
+    """4-bit matrices through q4_linear; a Q8_0 matrix (held as two 4-bit halves: gguf_quant.py) is put back
+    together as the file's int8 values and goes through q8_linear, one byte a weight and one product."""
+
     name = "avx2-fp32"
     scale_dtype = torch.float32
     activation_dtype = torch.float32
+    eight_bit_halves = False
+    layout = 2  # 2: a Q8_0 matrix as int8 values (1: as two 4-bit halves)
 
     @staticmethod
     def unavailable() -> str | None:
@@ -133,9 +139,18 @@ class NativeQ4(Int4Kernel):
 
     def pack(self, matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed [N, K/2] uint8, dm [N, K/32, 2] float32 with w = d q + m: d = scale, m = zero - 8 scale, which is
-        the file's Q4_1 m, Q4_0's -8 d and Q4_K's -dmin m_j whenever `zero` was exact: gguf_quant.py)."""
+        the file's Q4_1 m, Q4_0's -8 d and Q4_K's -dmin m_j whenever `zero` was exact: gguf_quant.py).
+
+        Q8_0 halves [hi | lo] (hi: scale 16 d, zero 0; lo: scale d, zero 8 d): (q [N, K] int8 = 16 (hi - 8) + lo,
+        the file's values, d [N, K/32] float32, the lo half's scale)."""
+        if matrix.halves:
+            k = matrix.in_features
+            q = 16 * (matrix.q[:, :k].to(torch.int16) - 8) + matrix.q[:, k:].to(torch.int16)
+            return q.to(torch.int8).contiguous(), matrix.scale[:, k // GROUP:].contiguous()
         m = matrix.zero - 8.0 * matrix.scale
         return pack_values(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
 
     def mm(self, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        if packed.dtype == torch.int8:
+            return torch.ops.tokentui_q4.q8_linear(a, packed, scales)
         return torch.ops.tokentui_q4.q4_linear(a, packed, scales)

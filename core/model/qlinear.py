@@ -84,10 +84,10 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, in_
     """x [..., in] (any float dtype) -> [M, N] in the kernel's activation dtype, M the product of x's leading
     dimensions.
 
-    halves: the packed matrix is [hi | lo] of a Q8_0 matrix side by side (gguf_quant.py), so the activations go
-    in twice."""
+    halves: the matrix is [hi | lo] of a Q8_0 matrix side by side (gguf_quant.py); on a kernel that multiplies
+    the two halves as they are, the activations go in twice."""
     a = x.reshape(-1, in_features).to(kernel.activation_dtype)
-    if halves:
+    if halves and kernel.eight_bit_halves:
         a = torch.cat([a, a], dim=1)
     return kernel.mm(a.contiguous(), packed, scales)
 
@@ -128,7 +128,9 @@ class QLinear(nn.Module):
         return self.packed.nbytes + self.scale_zeros.nbytes
 
     def extra_repr(self) -> str:
-        kind = f"{self.source} as two 4-bit halves" if self.halves else f"{self.source} 4-bit"
+        kind = f"{self.source} 4-bit"
+        if self.halves:
+            kind = f"{self.source} as two 4-bit halves" if self.kernel.eight_bit_halves else f"{self.source} 8-bit"
         return (f"in_features={self.in_features}, out_features={self.out_features}, {kind}, group={GROUP}, "
                 f"kernel={self.kernel.name}")
 

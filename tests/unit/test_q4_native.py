@@ -64,6 +64,8 @@ def test_the_product_is_the_files_weights_times_x_in_float32(kind, rows_of_x):
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows_of_x, m.out_features)
     assert ((got.double() - exact).abs() <= f32_bound(x, w)).all()
+    if kind == "Q8_0":  # the file's int8 values put back together: one byte a weight, one product
+        assert layer.packed.dtype == torch.int8 and tuple(layer.packed.shape) == (40, m.in_features)
 
 
 @needs_native

@@ -165,7 +165,7 @@ def test_the_model_event_says_how_the_weights_run(embedded_quantized, embedded):
     kernel = chosen_kernel()
     if kernel.exact_scores:  # tokentui's AVX2 kernel: float32 throughout, no score recomputed
         assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, fp32 scales) · fp32 activations"
-        assert q.head == "Q8_0 as two 4-bit halves"
+        assert q.head == "Q8_0 8-bit"  # its int8 values as stored, one product
     else:
         assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"
         assert q.head == "Q8_0 as two 4-bit halves; its 256 highest scores recomputed in float32"

@@ -13,8 +13,11 @@
 // lane L: four shifts, four masks, four conversions and four multiply-adds per group, no shuffles. dm[n, g] holds
 // (d, m) in float32; sum_k w x = d sum_k q x + m sum_k x, the group sums of x computed once per call.
 //
-// Registered as torch.ops.tokentui_q4.q4_linear (TORCH_LIBRARY): one dispatcher call from eager code, an opaque
-// op under torch.compile (its shape function is registered in Python). Threads: at::parallel_for over rows (torch's
+// An 8-bit matrix (a Q8_0 LM head) has its own product, q8_linear: the file's int8 values converted to float32 in the
+// same way, one scale per group of 32.
+//
+// Registered as torch.ops.tokentui_q4.q4_linear and .q8_linear (TORCH_LIBRARY): one dispatcher call from eager
+// code, opaque ops under torch.compile (their shape functions are registered in Python). Threads: at::parallel_for over rows (torch's
 // own pool and thread count); each output is summed by one thread in a fixed order, so a decode step's result does
 // not depend on the thread count. From kWideRows rows of x on (a prefill) the weights are de-quantized a block at a
 // time and multiplied by torch's float32 matrix product instead (wide_product): the same weights, MKL's sums.
@@ -106,7 +109,9 @@ void dequantize_rows(const uint8_t* packed, const float* dm, int64_t K, int64_t 
 // Many rows of x (a prefill): W de-quantized a block of rows at a time into a float32 buffer that stays in the
 // caches, and multiplied by torch's own float32 matrix product (MKL's blocking), which the unpacking above cannot
 // match once it is shared by more than a few rows of x.
-at::Tensor wide_product(const at::Tensor& x, const uint8_t* pk, const float* dmp, int64_t N) {
+// dequantize(b, e, out) writes rows [b, e) of W to out.
+template <typename Dequantize>
+at::Tensor wide_product(const at::Tensor& x, int64_t N, const Dequantize& dequantize) {
   const int64_t K = x.size(1);
   const int64_t block = std::max<int64_t>(64, (int64_t{4} << 20) / (K * 4));  // rows of W per ~4 MB of float32
   at::Tensor y = at::empty({x.size(0), N}, x.options());
@@ -114,7 +119,7 @@ at::Tensor wide_product(const at::Tensor& x, const uint8_t* pk, const float* dmp
   float* wd = w.data_ptr<float>();
   for (int64_t n0 = 0; n0 < N; n0 += block) {
     const int64_t n1 = std::min(N, n0 + block);
-    at::parallel_for(n0, n1, 16, [&](int64_t b, int64_t e) { dequantize_rows(pk, dmp, K, b, e, wd + (b - n0) * K); });
+    at::parallel_for(n0, n1, 16, [&](int64_t b, int64_t e) { dequantize(b, e, wd + (b - n0) * K); });
     y.narrow(1, n0, n1 - n0).copy_(at::mm(x, w.narrow(0, 0, n1 - n0).t()));
   }
   return y;
@@ -134,7 +139,8 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
               "q4_linear: dm must be contiguous float32 [N, K / 32, 2]");
   const uint8_t* pk = packed.data_ptr<uint8_t>();
   const float* dmp = dm.data_ptr<float>();
-  if (M >= kWideRows) return wide_product(x, pk, dmp, N);
+  if (M >= kWideRows)
+    return wide_product(x, N, [&](int64_t b, int64_t e, float* out) { dequantize_rows(pk, dmp, K, b, e, out); });
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xd = x.data_ptr<float>();
   std::vector<float> xsum(M * G);  // [M, G]: each group's sum of x
@@ -153,8 +159,80 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   return y;
 }
 
+// An 8-bit matrix (a Q8_0 head: w = d q, q in -128..127, one d per group of 32) in the same way: rows [n0, n1)
+// of y for MT rows of x. q [N, K] int8 as the file stores it, d [N, K / 32] float32.
+template <int MT>
+void rows8(const float* x, int64_t K, const int8_t* q, const float* d, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t G = K / kGroup;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* row = q + n * K;
+    __m256 acc[MT];
+    for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int8_t* p = row + g * kGroup;
+      __m256 v[4];
+      for (int t = 0; t < 4; ++t)
+        v[t] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * t))));
+      const __m256 scale = _mm256_set1_ps(d[n * G + g]);
+      for (int i = 0; i < MT; ++i) {
+        const float* xp = x + i * K + g * kGroup;
+        __m256 group = _mm256_mul_ps(v[0], _mm256_loadu_ps(xp));
+        group = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xp + 8), group);
+        group = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xp + 16), group);
+        group = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xp + 24), group);
+        acc[i] = _mm256_fmadd_ps(scale, group, acc[i]);
+      }
+    }
+    for (int i = 0; i < MT; ++i) y[i * N + n] = horizontal_sum(acc[i]);
+  }
+}
+
+void dequantize_rows8(const int8_t* q, const float* d, int64_t K, int64_t n0, int64_t n1, float* out) {
+  const int64_t G = K / kGroup;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      const __m256 scale = _mm256_set1_ps(d[n * G + g]);
+      for (int t = 0; t < 4; ++t) {
+        const int64_t k = g * kGroup + 8 * t;
+        const __m256 v = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + n * K + k))));
+        _mm256_storeu_ps(out + (n - n0) * K + k, _mm256_mul_ps(v, scale));
+      }
+    }
+}
+
+// x [M, K] float32, q [N, K] int8, d [N, K / 32] float32 -> y [M, N] float32.
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "q8_linear: x must be a contiguous float32 CPU matrix [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0), G = K / kGroup;
+  TORCH_CHECK(K % kGroup == 0 && q.dim() == 2 && q.size(1) == K && q.scalar_type() == at::kChar && q.is_contiguous(),
+              "q8_linear: q must be contiguous int8 [N, K], K a multiple of 32");
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() && d.numel() == N * G,
+              "q8_linear: d must be contiguous float32 [N, K / 32]");
+  const int8_t* qd = q.data_ptr<int8_t>();
+  const float* dd = d.data_ptr<float>();
+  if (M >= kWideRows)
+    return wide_product(x, N, [&](int64_t b, int64_t e, float* out) { dequantize_rows8(qd, dd, K, b, e, out); });
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xd = x.data_ptr<float>();
+  float* yd = y.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) rows8<4>(xd + m * K, K, qd, dd, yd + m * N, N, n0, n1);
+    for (; m < M; ++m) rows8<1>(xd + m * K, K, qd, dd, yd + m * N, N, n0, n1);
+  });
+  return y;
+}
+
 }  // namespace
 
-TORCH_LIBRARY(tokentui_q4, m) { m.def("q4_linear(Tensor x, Tensor packed, Tensor dm) -> Tensor"); }
+TORCH_LIBRARY(tokentui_q4, m) {
+  m.def("q4_linear(Tensor x, Tensor packed, Tensor dm) -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor q, Tensor d) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) { m.impl("q4_linear", &q4_linear); }
+TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) {
+  m.impl("q4_linear", &q4_linear);
+  m.impl("q8_linear", &q8_linear);
+}
