@@ -14,9 +14,10 @@ own tests' `_group_quantize_tensor`). The GGUF block types map onto it without c
 What is exact: the 4-bit (and Q8_0's 8-bit) values are the file's. The scales and zeros are computed in float32
 from the file's float16 d / dmin and 6-bit sub-block scales (exact products; a zero's sum rounds at most once, to
 float32), so `GroupedInt4.dequantize()` equals gguf-py's de-quantization to the last float32 bit or one rounding of
-it. The kernel reads the scales and zeros in bfloat16 (its activation dtype): that rounding, relative error at most
-2^-8 each, is the only change to the weights, bounded per element by `scale_bound()` (tests/unit/test_gguf_quant.py
-asserts it per block type).
+it. torch's int4 kernel reads the scales and zeros in bfloat16 (its activation dtype): that rounding, relative error
+at most 2^-8 each, is the only change to the weights, bounded per element by `scale_bound()`
+(tests/unit/test_gguf_quant.py asserts it per block type). tokentui's AVX2 kernel (core/model/q4_native.py) reads
+them in float32, and puts a Q8_0 matrix's halves back together as its int8 values.
 
 Why hand-written: gguf-py de-quantizes straight to floats (it has no API that returns the 4-bit values and the
 scales apart); the block layouts below are ggml's (ggml-common.h), as gguf-py's `dequantize_blocks` reads them, and
@@ -37,8 +38,8 @@ import torch
 
 GROUP = 32  # the kernel's group along the input dimension = the GGUF block (and Q4_K sub-block) size
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types whose values the int4 kernel takes as they are
-SPLIT_EIGHT_BIT = ("Q8_0",)  # taken as two 4-bit halves (the LM head only: core/model/gguf_load.py)
-KERNEL_SCALE_DTYPE = torch.bfloat16
+SPLIT_EIGHT_BIT = ("Q8_0",)  # held as two 4-bit halves (the LM head only: core/model/gguf_load.py)
+KERNEL_SCALE_DTYPE = torch.bfloat16  # what torch's int4 kernel reads scales in (--quantize rounds to it)
 BF16_ROUNDOFF = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits): |bf16(x) - x| <= 2^-8 |x|
 
 
