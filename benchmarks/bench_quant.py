@@ -51,6 +51,7 @@ from tokentui.core.model.adapter import first_capacity, new_cache  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.model.fidelity import agreement, first_divergence, teacher_forced_logits  # noqa: E402
 from tokentui.core.model.loader import LoadedModel, load_model  # noqa: E402
+from tokentui.core.model.native_step import decode_step_for  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions, use_threads  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402
@@ -60,7 +61,9 @@ HEADING = "## The 4-bit path (issue 25)"
 GREEDY = SamplerSettings(temperature=0.0)
 HERE = "float32 reference quantized here (--quantize int4)"
 COMPILED = "4-bit, --compile (the lean step compiled)"
-TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + lean step)"
+TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + native step)"
+DEFAULT = "4-bit, default (fused + native step)"
+EAGER_LEAN = "4-bit, eager lean step (fused, Python between the kernels)"
 
 
 def heading(simd: str) -> str:
@@ -105,7 +108,8 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
     out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed),
            "4-bit, transformers forward, unfused": Engine(unfused, GREEDY, options, speed=speed),
            "4-bit, transformers forward, fused": Engine(quantized, GREEDY, options, speed=speed),
-           "4-bit, default (fused + lean step)": Engine(quantized, GREEDY, options, speed=speed)}
+           EAGER_LEAN: Engine(quantized, GREEDY, options, speed=speed),
+           DEFAULT: Engine(quantized, GREEDY, options, speed=speed)}
     if on_torch_kernel is not None:
         out[TORCH_KERNEL] = Engine(on_torch_kernel, GREEDY, options, speed=speed)
     if here is not None:
@@ -121,10 +125,24 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
 
 def run_without_lean(engine: Engine):
     """A run whose caches carry no lean step: decode through transformers' forward (the same scores)."""
-    from tokentui.core.model.lean_step import disabled
+    from tokentui.core.model import lean_step, native_step
 
-    with disabled(engine.model):
+    with native_step.disabled(engine.model), lean_step.disabled(engine.model):
         return run_engine(engine, PROMPT)
+
+
+def run_without_native(engine: Engine):
+    """A run decoded by the eager lean step (the native step's Python counterpart: the model's scores bit for bit)."""
+    from tokentui.core.model import native_step
+
+    with native_step.disabled(engine.model):
+        return run_engine(engine, PROMPT)
+
+
+def run_contender(name: str, engine: Engine):
+    if "transformers forward" in name:
+        return run_without_lean(engine)
+    return run_without_native(engine) if name == EAGER_LEAN else run_engine(engine, PROMPT)
 
 
 # ---------------------------------------------------------------------------------------------------- server
@@ -167,13 +185,13 @@ def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_ke
         contenders = engines(reference, quantized, unfused, here, threads, options, args.compile, on_torch_kernel)
         ids = {}
         for name, engine in contenders.items():  # a warm-up run each, not counted
-            got = run_without_lean(engine) if "transformers forward" in name else run_engine(engine, PROMPT)
+            got = run_contender(name, engine)
             ids[name] = got[0]
             prompt_ids = got[3]
         series: dict[str, list[float]] = {}
         for rep in range(args.reps):
             for name, engine in contenders.items():
-                got = run_without_lean(engine) if "transformers forward" in name else run_engine(engine, PROMPT)
+                got = run_contender(name, engine)
                 series.setdefault(name, []).append(got[1].decode_tok_s)
             if threads in natives:
                 series.setdefault(f"llama-server -t {threads}", []).append(
@@ -181,7 +199,7 @@ def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_ke
             log(f"  {threads} thread(s), rep {rep + 1}/{args.reps}: "
                 + ", ".join(f"{k} {v[-1]:.1f}" for k, v in series.items()))
             bw = {t: max(b, bandwidth(t)) for t, b in bw.items()}
-        default = series["4-bit, default (fused + lean step)"]
+        default = series[DEFAULT]
         entry = {"tok_s": {k: med(v) for k, v in series.items()}, "each": series, "prompt_tokens": len(prompt_ids),
                  "divergence": {k: first_divergence(v, ids["float32 reference"]) for k, v in ids.items()},
                  "default_over_reference": med([d / r for d, r in zip(default, series["float32 reference"])])}
@@ -192,7 +210,7 @@ def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_ke
             if COMPILED in series:
                 entry["compiled_over_server"] = med([c / s for c, s in zip(series[COMPILED], server)])
         for name in series:
-            if name.startswith("4-bit") and name != "4-bit, default (fused + lean step)":
+            if name.startswith("4-bit") and name != DEFAULT:
                 entry.setdefault("default_over", {})[name] = med([d / o for d, o in zip(default, series[name])])
         res["threads"][threads] = entry
         res["prompt_ids"] = prompt_ids
@@ -220,9 +238,11 @@ def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile
     q_run = collect(Engine(quantized, GREEDY, options).run(PROMPT))
     prompt_ids, tokens = list(ref_run["prompt"].ids), ref_run["ids"]
     ref_scores = teacher_forced_logits(reference.model, prompt_ids, tokens)
-    ours = agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens))
-    out = {"tokens": len(tokens), "quantized": ours.__dict__,
-           "free_run_divergence": first_divergence(q_run["ids"], tokens)}
+    default_step = decode_step_for(quantized.model)  # what a run decodes with: the native step where it serves
+    ours = agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens, lean_step=default_step))
+    out = {"tokens": len(tokens), "quantized": ours.__dict__, "step": type(default_step).__name__,
+           "free_run_divergence": first_divergence(q_run["ids"], tokens),
+           "eager": agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens)).__dict__}
     if here is not None:
         out["quantized_here"] = agreement(ref_scores, teacher_forced_logits(here.model, prompt_ids, tokens)).__dict__
         here_run = collect(Engine(here, GREEDY, options).run(PROMPT))
@@ -328,6 +348,11 @@ def render(res: dict, args, started: float) -> str:
     lines.append(f"| top-1 agreement with the float32 reference, teacher-forced, 4-bit | more than llama-server | "
                  f"{q['agree']}/{q['positions']} | "
                  + ("met" if "server" not in fid or q["agree"] > fid["server"]["agree"] else "**not met**") + " |")
+    if "eager" in fid:
+        e = fid["eager"]
+        lines.append(f"| same, 4-bit through the model's forward (the eager lean step: the default step is "
+                     f"{fid.get('step')}) | — | {e['agree']}/{e['positions']}; max / mean \\|Δp\\| "
+                     f"{e['dp_max']:.4f} / {e['dp_mean']:.5f} | — |")
     if "quantized_here" in fid:
         h = fid["quantized_here"]
         div = fid["quantized_here_divergence"]
@@ -348,7 +373,7 @@ def render(res: dict, args, started: float) -> str:
                      + ("met" if q["dp_max"] < s["dp_max"] and q["dp_mean"] < s["dp_mean"] else "**not met**")
                      + " |")
     dec = res["decode"]
-    d2 = dec["threads"][min(dec["threads"])]["tok_s"]["4-bit, default (fused + lean step)"]
+    d2 = dec["threads"][min(dec["threads"])]["tok_s"][DEFAULT]
     lines.append(f"| 4-bit decode ÷ physical limit ({dec['weight_bytes'] / 1e6:.0f} MB a step ÷ "
                  f"{max(dec['bandwidth'].values()):.1f} GB/s = {dec['limit_tok_s']:.0f} tok/s), "
                  f"{min(dec['threads'])} thread(s) | — | {d2 / dec['limit_tok_s']:.2f} | — |")

@@ -42,15 +42,14 @@ import torch
 import torch.nn.functional as F
 
 from ..runs.events import LoadProgress
-from .adapter import GrowableLayer
+from .adapter import GrowableLayer, growable_layers
 from .compiled import elapsed_reports
 from .gguf_quant import GROUP
-from .lean_step import LeanDecoder, lean_decoder
+from .lean_step import LeanDecoder, lean_decoder, stacked_weights
 from .int4_kernel import TorchInt4
 
 _WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
 _DECODERS: "weakref.WeakKeyDictionary[object, dict[int, CompiledLeanStep]]" = weakref.WeakKeyDictionary()
-_STACKS: "weakref.WeakKeyDictionary[LeanDecoder, list[torch.Tensor | None]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
 
@@ -66,7 +65,7 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     """The step from the embedding row to the final norm, as a function of tensors only (what is compiled).
 
     Shapes: x [1, H]; cos / sin [1, 1, 1, D]; kbufs / vbufs per layer [1, KV, capacity, D], row `pos` written;
-    stacked: _stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
+    stacked: lean_step.stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
     heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
     half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
     kernel = decoder.layers[0].qkv.kernel  # one kernel for the whole model (core/model/qlinear.py chose it)
@@ -110,35 +109,6 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     return body
 
 
-def _stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
-    """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
-    per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
-    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25). The
-    4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/weight_layout.py
-    re-lays float weights), so the weights are held once."""
-    with _LOCK:
-        if decoder in _STACKS:
-            return _STACKS[decoder]
-        rows = [(layer.norm1.weight, layer.qkv.packed, layer.qkv.scale_zeros, layer.qkv_bias,
-                 getattr(layer.q_norm, "weight", None), getattr(layer.k_norm, "weight", None),
-                 layer.o_proj.packed, layer.o_proj.scale_zeros, layer.norm2.weight, layer.gate_up.packed,
-                 layer.gate_up.scale_zeros, layer.down.packed, layer.down.scale_zeros) for layer in decoder.layers]
-        stacked: list[torch.Tensor | None] = []
-        for kind in zip(*rows):
-            if all(t is None for t in kind):
-                stacked.append(None)
-                continue
-            if any(t is None for t in kind) or len({(t.dtype, tuple(t.shape)) for t in kind}) != 1:
-                raise ValueError("layers differ in a weight's shape")
-            stacked.append(torch.stack([t.detach() for t in kind]))
-        for index, layer in enumerate(decoder.layers):  # the packed matrices: one copy, the stacks' rows
-            for module, packed, scale_zeros in ((layer.qkv, 1, 2), (layer.o_proj, 6, 7), (layer.gate_up, 9, 10),
-                                                (layer.down, 11, 12)):
-                module.packed, module.scale_zeros = stacked[packed][index], stacked[scale_zeros][index]
-        _STACKS[decoder] = stacked
-        return stacked
-
-
 @contextlib.contextmanager
 def _compiling(x, cos, sin, buffers, stacked, norm_weight):
     """Around a call that may compile: every size static but the buffers' length (dim 2) and the position, the
@@ -171,7 +141,7 @@ class CompiledLeanStep:
                           float(eps), float(_same([layer.attn.scaling for layer in layers], "attention scale")),
                           _same([layer.gate_up.widths[0] for layer in layers], "MLP width"),
                           decoder.embed.weight.dtype)
-        self._stacked = _stacked_weights(decoder)
+        self._stacked = stacked_weights(decoder)
         self._body = torch.compile(body, dynamic=True, fullgraph=True)
 
     @classmethod
@@ -191,17 +161,10 @@ class CompiledLeanStep:
             return per_model[threads]
 
     # -------------------------------------------------------------------------------------------- the step
-    @staticmethod
-    def _growable(cache) -> list[GrowableLayer] | None:
-        layers = getattr(cache, "layers", None)
-        if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
-            return None
-        return layers
-
     def step(self, token_id: int, cache) -> torch.Tensor:
         """One token through the model, extending `cache` (after a prefill: its layers hold buffers) -> logits
         [V]; the eager lean step where this one cannot serve (`failure`, or a cache of another kind)."""
-        layers = self._growable(cache)
+        layers = growable_layers(cache)
         if self.failure is not None or layers is None:
             return self.decoder.step(token_id, cache)
         stance = torch.compiler.set_stance("fail_on_recompile") if self._warm else contextlib.nullcontext()

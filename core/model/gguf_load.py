@@ -32,7 +32,7 @@ from ..paths import cache_dir
 from ..runs.events import LoadProgress
 from .gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, write_cache
-from .lean_step import lean_decoder
+from .native_step import decode_step_for
 from . import q4_native
 from .int4_kernel import Int4Kernel
 from .qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
@@ -41,7 +41,7 @@ FORMAT = 2  # bump when the cached layout changes
 FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
 STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
 STAGE_PACK = "packing {matrices} 4-bit matrices for the {kernel} kernel (first start only)"
-STAGE_KERNEL = "building tokentui's AVX2 4-bit kernel with {compiler} (first start only)"
+STAGE_KERNEL = "building tokentui's AVX2 4-bit kernel and decode step with {compiler} (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
 
 
@@ -331,7 +331,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
             floats = {k.removeprefix("float."): v for k, v in tensors.items() if k.startswith("float.")}
             model = assemble(model, _modules_from(manifest, tensors), floats)
             tokenizer = AutoTokenizer.from_pretrained(target)
-            lean_decoder(model)  # checked now, while loading, rather than before the first run's prefill
+            decode_step_for(model)  # checked now, while loading, rather than before the first run's prefill
             return QuantizedLoad(model, tokenizer, manifest, converted=False)
         except ModelLoadError:
             raise
@@ -356,7 +356,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
           _tensors(modules, floats))
     model = assemble(model, modules, floats)
-    lean_decoder(model)
+    decode_step_for(model)
     return QuantizedLoad(model, tokenizer, manifest, converted=True)
 
 

@@ -31,6 +31,7 @@ from .qlinear import FusedQLinear, QLinear, QLinearPart, quantized_modules
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _DECODERS: "weakref.WeakKeyDictionary[object, LeanDecoder | None]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()  # held while a model's step is made and checked, so it is checked once
+_STACKS: "weakref.WeakKeyDictionary[LeanDecoder, list[torch.Tensor | None]]" = weakref.WeakKeyDictionary()
 
 
 def _fused_of(*parts) -> FusedQLinear | None:
@@ -120,7 +121,12 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def step(self, token_id: int, cache) -> torch.Tensor:
-        """One token through the model, extending `cache` (a transformers DynamicCache) -> logits [V].
+        """One token through the model, extending `cache` (a transformers DynamicCache) -> logits [V]."""
+        return self.head(self.hidden(token_id, cache))[0]
+
+    @torch.inference_mode()
+    def hidden(self, token_id: int, cache) -> torch.Tensor:
+        """`step` up to the head: the final norm's output [1, H].
 
         Shapes: x [1, H]; q/k rotated together as [1, heads + kv_heads, 1, D]; attention as transformers' sdpa
         path calls it for one query (enable_gqa, no mask, not causal)."""
@@ -148,7 +154,37 @@ class LeanDecoder:
             gate_up = self._product(layer.gate_up, self._norm(layer.norm2, x))
             width = layer.gate_up.widths[0]
             x = x + self._product(layer.down, layer.act(gate_up[:, :width]) * gate_up[:, width:])
-        return self.head(self._norm(self.norm, x))[0]
+        return self._norm(self.norm, x)
+
+
+def stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
+    """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
+    per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
+    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25); the
+    native step (core/model/native_step.py) reads its layers' weights by offsets into the same stacks. The
+    4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/weight_layout.py
+    re-lays float weights), so the weights are held once."""
+    with _LOCK:
+        if decoder in _STACKS:
+            return _STACKS[decoder]
+        rows = [(layer.norm1.weight, layer.qkv.packed, layer.qkv.scale_zeros, layer.qkv_bias,
+                 getattr(layer.q_norm, "weight", None), getattr(layer.k_norm, "weight", None),
+                 layer.o_proj.packed, layer.o_proj.scale_zeros, layer.norm2.weight, layer.gate_up.packed,
+                 layer.gate_up.scale_zeros, layer.down.packed, layer.down.scale_zeros) for layer in decoder.layers]
+        stacked: list[torch.Tensor | None] = []
+        for kind in zip(*rows):
+            if all(t is None for t in kind):
+                stacked.append(None)
+                continue
+            if any(t is None for t in kind) or len({(t.dtype, tuple(t.shape)) for t in kind}) != 1:
+                raise ValueError("layers differ in a weight's shape")
+            stacked.append(torch.stack([t.detach() for t in kind]))
+        for index, layer in enumerate(decoder.layers):  # the packed matrices: one copy, the stacks' rows
+            for module, packed, scale_zeros in ((layer.qkv, 1, 2), (layer.o_proj, 6, 7), (layer.gate_up, 9, 10),
+                                                (layer.down, 11, 12)):
+                module.packed, module.scale_zeros = stacked[packed][index], stacked[scale_zeros][index]
+        _STACKS[decoder] = stacked
+        return stacked
 
 
 def _bit_identical(model, decoder: LeanDecoder) -> bool:

@@ -1,9 +1,10 @@
-"""tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp): built here, loaded into torch, and its layout.
+"""tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp) and whole decode step (native/decode_step.cpp, used
+by core/model/native_step.py): one library, built here and loaded into torch; and the product's layout.
 
 Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
 must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's
 C++ compiler (the one `--compile` needs) keeps the wheel pure Python. The library is cached under
-`cache_dir()/kernels`, keyed by the source, torch's version and the compiler; later starts load it in milliseconds.
+`cache_dir()/kernels`, keyed by the sources, torch's version and the compiler; later starts load it in milliseconds.
 Where it cannot be built (no compiler, not x86, no AVX2 / FMA), `NativeQ4.unavailable()` says why and the model
 uses torch's int4 kernel (core/model/qlinear.py's `chosen_kernel`).
 
@@ -29,7 +30,9 @@ from ..paths import cache_dir
 from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel
 
-SOURCE = Path(__file__).with_name("native") / "q4_avx2.cpp"
+NATIVE = Path(__file__).with_name("native")
+SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp")  # one library; both include q4_kernels.h
+HEADERS = (NATIVE / "q4_kernels.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 # input k of a group, for word j (0..3) nibble p (0..7) of its 16 bytes: the layout in the C++ file's comment
@@ -54,31 +57,49 @@ def _cpu_has_avx2() -> bool:
 
 def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    ident = "|".join([SOURCE.read_text(), torch.__version__, version.splitlines()[0] if version else compiler,
+    ident = "|".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), torch.__version__, version.splitlines()[0] if version else compiler,
                       " ".join(FLAGS), str(torch._C._GLIBCXX_USE_CXX11_ABI)])
     return cache_dir() / "kernels" / f"q4_avx2-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 
 def _build(compiler: str, target: Path) -> None:
-    """Compile the library to `target` (atomically: another process building it at the same time is harmless)."""
+    """Compile the library to `target` (atomically: another process building it at the same time is harmless): each
+    source compiled by its own compiler process, at the same time (a first start waits for the slowest), then
+    linked."""
     torch_dir = Path(torch.__file__).parent
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        compiles = [[compiler, *FLAGS, "-c", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+                     f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+                     f"-I{Path(sys.base_prefix) / 'include'}", str(source), "-o", str(obj)]
+                    for source, obj in zip(SOURCES, objects)]
         out = Path(tmp) / target.name
-        command = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-                   f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-                   f"-I{Path(sys.base_prefix) / 'include'}", str(SOURCE), "-o", str(out),
-                   f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"{Path(compiler).name} failed: {last[:200]}")
+        _run_all(compiles, compiler)
+        _run_all([[compiler, *FLAGS, *map(str, objects), "-o", str(out), f"-L{torch_dir / 'lib'}", "-lc10",
+                   "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]], compiler)
         os.replace(out, target)
+
+
+def _run_all(commands: list[list[str]], compiler: str) -> None:
+    """Run the compiler commands side by side; RuntimeError with the first failure's last line."""
+    running = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    failures = []
+    for process in running:
+        try:
+            _, err = process.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, err = process.communicate()
+        if process.returncode != 0:
+            failures.append((err.strip().splitlines() or ["no output"])[-1])
+    if failures:
+        raise RuntimeError(f"{Path(compiler).name} failed: {failures[0][:200]}")
 
 
 def would_build() -> bool:
     """Loading the kernel now would compile it first (a first start: ~10 s, said as a load stage)."""
-    if _load.cache_info().currsize or not _cpu_has_avx2() or not SOURCE.is_file():
+    if _load.cache_info().currsize or not _cpu_has_avx2() or not all(p.is_file() for p in SOURCES):
         return False
     compiler = _compiler()
     try:
@@ -92,8 +113,8 @@ def _load() -> str | None:
     """Build (first start) and load the library; None when loaded, else why not (one line)."""
     if not _cpu_has_avx2():
         return f"this CPU has no AVX2 ({platform.machine()}, torch capability {torch.backends.cpu.get_cpu_capability()})"
-    if not SOURCE.is_file():
-        return f"its source is missing ({SOURCE})"
+    if missing := [str(p) for p in (*SOURCES, *HEADERS) if not p.is_file()]:
+        return f"its source is missing ({', '.join(missing)})"
     compiler = _compiler()
     if compiler is None:
         return "no C++ compiler (g++) on PATH"
@@ -106,11 +127,16 @@ def _load() -> str | None:
         return f"could not build it: {str(err).splitlines()[0][:240]}"
     torch.library.register_fake("tokentui_q4::q4_linear")(_fake_product)
     torch.library.register_fake("tokentui_q4::q8_linear")(_fake_product)
+    torch.library.register_fake("tokentui_q4::decode_step")(_fake_step)
     return None
 
 
 def _fake_product(x, packed, scales):
     return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+def _fake_step(x, pos, cos, sin, kbufs, vbufs, stacked, norm, heads, kv_heads, eps, scale):
+    return x.new_empty((1, x.shape[-1]))
 
 
 def pack_values(q: torch.Tensor) -> torch.Tensor:

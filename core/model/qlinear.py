@@ -53,9 +53,10 @@ def kernel_available() -> bool:
 
 def chosen_kernel() -> Int4Kernel:
     """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 kernel
-    where torch's int4 kernel runs its AVX2 path (no AVX-512: slower than ours there, BENCHMARKS.md, and it rounds
-    activations to bfloat16), else torch's (fast with AVX-512, and on other CPUs the only one). Raises ValueError
-    for an unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one line)."""
+    wherever it builds (every x86 CPU with AVX2: it keeps the activations in float32, and the native decode step,
+    core/model/native_step.py, runs on it: faster than torch's int4 kernel under the eager lean step even where that
+    one has its AVX-512 path, BENCHMARKS.md), else torch's (on other CPUs the only one). Raises ValueError for an
+    unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one line)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
     if asked:
         if asked not in KERNELS:
@@ -69,9 +70,10 @@ def chosen_kernel() -> Int4Kernel:
 
 
 def wants_native() -> bool:
-    """`chosen_kernel` tries tokentui's AVX2 kernel (so it may build it): asked for, or the default here."""
+    """`chosen_kernel` tries tokentui's AVX2 kernel (so it may build it): asked for, or the default here (an x86
+    CPU that torch runs with AVX2 or AVX-512)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
-    return asked == NativeQ4.name or (not asked and torch.backends.cpu.get_cpu_capability() == "AVX2")
+    return asked == NativeQ4.name or (not asked and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 
 
 def pack(matrix: GroupedInt4, kernel: Int4Kernel) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .adapter import GrowableLayer, cache_keyword, new_cache
-from .lean_step import lean_decoder
+from .native_step import decode_step_for
 
 BUCKET = 256  # positions per attention shape
 
@@ -88,13 +88,14 @@ def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
     """The eager path's cache (core/model/adapter.py's `new_cache`, `capacity` positions reserved), its
     full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). Unbucketed, it
     carries a 4-bit model's lean decode step (core/model/lean_step.py; None for other models), which core/steps/
-    decode.py then calls: that step attends over exactly the keys the cache returns, so never over a padded bucket."""
+    decode.py then calls (the native step where it serves the model, core/model/native_step.py): that step attends
+    over exactly the keys the cache returns, so never over a padded bucket."""
     cache = new_cache(model, capacity)
     if bucketed:
         cache.layers = [BucketedLayer(capacity) if type(layer) is GrowableLayer else layer for layer in cache.layers]
         cache.lean_step = None
     else:
-        cache.lean_step = lean_decoder(model)
+        cache.lean_step = decode_step_for(model)
     return cache
 
 

@@ -127,7 +127,7 @@ def test_the_kernel_can_be_named_and_a_bad_name_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match=r"TOKENTUI_INT4_KERNEL='fastest': expected one of torch-int4, avx2-fp32"):
         chosen_kernel()
     monkeypatch.delenv(KERNEL_ENV)
-    want = NativeQ4.name if (torch.backends.cpu.get_cpu_capability() == "AVX2"
+    want = NativeQ4.name if (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
                              and NativeQ4.unavailable() is None) else TorchInt4.name
     assert chosen_kernel().name == want
 

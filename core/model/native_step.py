@@ -1,0 +1,160 @@
+"""The native decode step: a 4-bit Llama-family model's whole decode step as one C++ call
+(core/model/native/decode_step.cpp, built into the library of core/model/q4_native.py), the default where it builds.
+
+Why: in the eager lean step (core/model/lean_step.py) the host operations between the 121 kernel calls are about
+half of a step; `--compile` removes most of them but first compiles for minutes. This step has none of them: one
+call from the token's embedding row to the final norm, the norms, rotation, cache writes, attention and SiLU done
+in C++ loops between the same kernels (tokentui's, core/model/q4_native.py: a model packed for torch's int4 kernel
+decodes with the eager lean step). The rotation's cos / sin come from the model's own rotary module (so every RoPE
+variant transformers knows), and the head stays the model's own module (a QLMHead), called once.
+
+Its scores are not the model's forward's bit for bit: its sums run in another order. So `decode_step_for(model)`
+accepts it only where, on three tokens after a four-token prompt (scratch caches), its final hidden states are
+within `TOLERANCE` of the eager lean step's, which equals the model's forward bit for bit; tests/unit/test_native_step.py
+holds it to the float32 reference (teacher-forced, closer than llama-server), to `generate`'s greedy ids on tiny
+Llama / Qwen2 / Qwen3 models, and to the eager step's cache rows. Where it is refused, cannot be built, or the cache
+is not growable (bucketed `--kv-shapes`), the eager lean step decodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .adapter import growable_layers
+from .lean_step import LeanDecoder, lean_decoder, stacked_weights
+from .q4_native import NativeQ4
+
+# max |difference| of the final norm's output from the eager lean step's, relative to its largest |value|, for the
+# step to be accepted: float32 sums in another order differ by ~1e-6 of that; a wrong weight or rotation by far more
+TOLERANCE = 1e-4
+_STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def _activation_is_silu(act: nn.Module) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+class NativeStep:
+    """One model's native decode step: `step(token_id, cache) -> logits [V]`, as LeanDecoder's (core/steps/decode.py
+    calls it as `cache.lean_step`). Get one with `decode_step_for`."""
+
+    def __init__(self, decoder: LeanDecoder):
+        layers = decoder.layers
+        if not all(_activation_is_silu(layer.act) for layer in layers):
+            raise ValueError("an MLP activation other than SiLU")
+        epsilons = {layer.norm1.variance_epsilon for layer in layers} | {layer.norm2.variance_epsilon for layer in layers}
+        epsilons |= {n.variance_epsilon for layer in layers for n in (layer.q_norm, layer.k_norm) if n is not None}
+        epsilons.add(decoder.norm.variance_epsilon)
+        scales = {layer.attn.scaling for layer in layers}
+        if len(epsilons) != 1 or len(scales) != 1:
+            raise ValueError("layers differ in their norm epsilon or attention scale")
+        if len({tuple(layer.gate_up.widths) for layer in layers}) != 1 or layers[0].gate_up.widths[0] * 2 != sum(
+                layers[0].gate_up.widths):
+            raise ValueError("gate and up of unequal widths")
+        if any(module.kernel.name != NativeQ4.name for layer in layers
+               for module in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)):
+            raise ValueError("matrices packed for another kernel than tokentui's")
+        self.decoder = decoder
+        self._eps, self._scale = float(epsilons.pop()), float(scales.pop())
+        self._stacked = stacked_weights(decoder)
+        if any(t is not None and t.dtype not in (torch.float32, torch.uint8) for t in self._stacked):
+            raise ValueError("weights of another dtype than float32")
+
+    @torch.inference_mode()
+    def step(self, token_id: int, cache) -> torch.Tensor:
+        """One token through the model, extending `cache` (after a prefill: its layers hold buffers) -> logits
+        [V]; the eager lean step where the cache is of another kind."""
+        return self.decoder.head(self.hidden(token_id, cache))[0]
+
+    @torch.inference_mode()
+    def hidden(self, token_id: int, cache) -> torch.Tensor:
+        """`step` up to the head: the final norm's output [1, H] (the eager lean step's where the cache is not
+        growable).
+
+        Shapes: x [1, H]; cos / sin [D] for this position; the buffers [1, KV, capacity, D], row `position`
+        written by the C++ step, which the layers then count."""
+        layers = growable_layers(cache)
+        decoder = self.decoder
+        if layers is None:
+            return decoder.hidden(token_id, cache)
+        position = cache.get_seq_length()
+        ids = torch.full((1,), token_id, dtype=torch.long, device=decoder.device)  # [1]
+        x = F.embedding(ids, decoder.embed.weight)  # [1, H]
+        cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
+        buffers = [layer.room_for_one() for layer in layers]
+        hidden = torch.ops.tokentui_q4.decode_step(
+            x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
+            [k for k, _ in buffers], [v for _, v in buffers], self._stacked, decoder.norm.weight, decoder.heads,
+            decoder.kv_heads, self._eps, self._scale)  # [1, H]
+        for layer in layers:
+            layer.count_one()
+        return hidden
+
+
+def close_enough(ours: torch.Tensor, lean: torch.Tensor) -> bool:
+    """`ours` within TOLERANCE of `lean` (relative to its largest |value|), every value finite."""
+    bound = TOLERANCE * max(1.0, float(lean.abs().max()))
+    return bool(torch.isfinite(ours).all()) and float((ours - lean).abs().max()) <= bound
+
+
+def _close_to_lean(model, native: NativeStep) -> bool:
+    """Three tokens after a four-token prompt, through `native` and the eager lean step on scratch caches: the
+    final norm's outputs `close_enough`. (Not the scores: a head that recomputes its best scores in float32, a
+    QLMHead of --quantize, may pick another set at the boundary for a hidden state one rounding away, and both are
+    the same module anyway.)"""
+    from .adapter import forward_last_logits, new_cache
+
+    decoder = native.decoder
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a few small steps: on a busy 2-core machine two threads only wait on each other
+    try:
+        prompt = torch.tensor([[1, 2, 3, 4]], device=decoder.device)
+        ours, theirs = new_cache(model, 8), new_cache(model, 8)
+        forward_last_logits(model, prompt, ours)
+        forward_last_logits(model, prompt, theirs)
+        return all(close_enough(native.hidden(token, ours), decoder.hidden(token, theirs)) for token in (5, 6, 7))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def native_step(model) -> NativeStep | None:
+    """The native step for `model` (made and checked once per model), or None where it does not serve it."""
+    with _LOCK:
+        if model not in _STEPS:
+            _STEPS[model] = found = None
+            decoder = lean_decoder(model)
+            if decoder is not None and decoder.device.type == "cpu" and NativeQ4.unavailable() is None:
+                try:
+                    candidate = NativeStep(decoder)
+                    found = candidate if _close_to_lean(model, candidate) else None
+                except (ValueError, RuntimeError):  # a shape or a weight the C++ step does not take
+                    found = None
+            _STEPS[model] = found
+        return _STEPS[model]
+
+
+def decode_step_for(model) -> NativeStep | LeanDecoder | None:
+    """The step a 4-bit model's eager runs decode with: the native step where it serves the model, else the eager
+    lean step, else None (the model's own forward)."""
+    return native_step(model) or lean_decoder(model)
+
+
+@contextlib.contextmanager
+def disabled(model):
+    """Caches made for `model` meanwhile get the eager lean step instead of the native one (for measuring one
+    against the other: benchmarks/bench_quant.py)."""
+    saved = native_step(model)
+    with _LOCK:
+        _STEPS[model] = None
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STEPS[model] = saved

@@ -1,0 +1,149 @@
+"""The native decode step (core/model/native_step.py, core/model/native/decode_step.cpp): a 4-bit Llama-family model's
+whole decode step as one C++ call. Held to the eager lean step (the model's forward bit for bit) within float32
+rounding, scores and cache rows; to `generate`'s greedy ids on tiny Llama / Qwen2 / Qwen3 models on either 4-bit
+kernel; to the float32 reference on the embedded model (teacher-forced, closer than llama-server); the same bits at
+any thread count; and refused, for the eager lean step, where it does not serve a model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from test_quantize import assert_engine_is_generate
+from test_quantized_embedded import LLAMA_SERVER, greedy_ids
+from tiny_models import tiny_model
+from tokentui.core.model import native_step as native
+from tokentui.core.model.adapter import forward_last_logits, new_cache
+from tokentui.core.model.branch import crop_cache
+from tokentui.core.model.engine import Engine
+from tokentui.core.model.fidelity import agreement, teacher_forced_logits
+from tokentui.core.model.int4_kernel import TorchInt4
+from tokentui.core.model.lean_step import LeanDecoder, lean_decoder
+from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.native_step import NativeStep, decode_step_for, native_step
+from tokentui.core.model.q4_native import NativeQ4
+from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
+from tokentui.core.model.quantize import quantize_model
+from tokentui.core.settings import RunOptions, SamplerSettings
+
+pytestmark = [pytest.mark.skipif(NativeQ4.unavailable() is not None,
+                                 reason=f"tokentui's native library: {NativeQ4.unavailable()}"),
+              pytest.mark.usefixtures("one_torch_thread")]
+PROMPT = [1, 504, 2113, 30, 28, 1562]
+
+
+def quantized_tiny(kind: str, tokenizer, kernel: str, monkeypatch, **overrides):
+    monkeypatch.setenv(KERNEL_ENV, kernel)
+    model = tiny_model(kind, tokenizer, **overrides)
+    quantize_model(model)
+    assert chosen_kernel().name == kernel
+    return model
+
+
+def prefilled(model, prompt=PROMPT, capacity: int = 64):
+    cache = new_cache(model, capacity)
+    forward_last_logits(model, torch.tensor([prompt]), cache)
+    return cache
+
+
+def within_float32_rounding(ours: torch.Tensor, lean: torch.Tensor) -> bool:
+    """Final hidden states [1, H] (or scores of a head that scores every id alike) within the acceptance bound."""
+    return native.close_enough(ours, lean)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_tiny_models_decode_natively_with_generates_greedy_ids(kind, smol_tokenizer, monkeypatch):
+    model = quantized_tiny(kind, smol_tokenizer, NativeQ4.name, monkeypatch)
+    step = native_step(model)
+    assert isinstance(step, NativeStep) and decode_step_for(model) is step
+    loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
+    engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4))
+    assert engine.new_eager_cache(8, 4).lean_step is step  # what every eager run decodes with
+    assert_engine_is_generate(model, smol_tokenizer, "Is OpenAI open?", 40)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_states_and_cache_rows_are_the_lean_steps_up_to_float32_rounding(kind, smol_tokenizer, monkeypatch):
+    model = quantized_tiny(kind, smol_tokenizer, NativeQ4.name, monkeypatch, num_attention_heads=4,
+                           num_key_value_heads=1)
+    step, lean = native_step(model), lean_decoder(model)
+    ours, theirs = prefilled(model), prefilled(model)
+    token = 42
+    for _ in range(60):  # past the first buffer's 64 rows: the buffers grow under the step
+        got, expected = step.hidden(token, ours), lean.hidden(token, theirs)
+        assert within_float32_rounding(got, expected)
+        with torch.inference_mode():
+            token = int(model.lm_head(expected)[0].argmax())
+    assert ours.get_seq_length() == theirs.get_seq_length() == len(PROMPT) + 60
+    for a, b in zip(ours.layers, theirs.layers):
+        assert a.keys.shape == b.keys.shape
+        assert torch.allclose(a.keys, b.keys, rtol=0, atol=1e-4) and torch.allclose(a.values, b.values, rtol=0,
+                                                                                      atol=1e-4)
+    # a cropped cache (a branch's) goes on from the shorter prefix, as the lean step's does
+    crop_cache(ours, len(PROMPT) + 10)
+    crop_cache(theirs, len(PROMPT) + 10)
+    assert within_float32_rounding(step.hidden(7, ours), lean.hidden(7, theirs))
+
+
+def test_the_same_bits_at_one_and_two_threads_over_a_long_cache(smol_tokenizer, monkeypatch):
+    model = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch, num_attention_heads=8,
+                           num_key_value_heads=2, intermediate_size=256)
+    step, lean = native_step(model), lean_decoder(model)
+    prompt = [(7 * i) % 4000 + 5 for i in range(300)]  # attention splits its heads over threads from 256 rows
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        cache = prefilled(model, prompt, 320)
+        results.append([step.hidden(token, cache) for token in (3, 99, 1234)])
+    torch.set_num_threads(1)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    cache = prefilled(model, prompt, 320)
+    assert all(within_float32_rounding(ours, lean.hidden(token, cache))
+               for ours, token in zip(results[0], (3, 99, 1234)))
+
+
+def test_a_cache_it_cannot_write_decodes_through_the_lean_step(smol_tokenizer, monkeypatch):
+    model = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch)
+    a, b = DynamicCache(config=model.config), DynamicCache(config=model.config)  # transformers' own layers
+    forward_last_logits(model, torch.tensor([PROMPT]), a)
+    forward_last_logits(model, torch.tensor([PROMPT]), b)
+    assert torch.equal(native_step(model).step(5, a), lean_decoder(model).step(5, b))
+    assert a.get_seq_length() == b.get_seq_length() == len(PROMPT) + 1
+
+
+def test_refused_where_it_would_not_give_the_lean_steps_scores(smol_tokenizer, monkeypatch):
+    # another activation: the lean step serves it (the model's own module), the C++ step computes SiLU only
+    gelu = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch, hidden_act="gelu")
+    assert native_step(gelu) is None and isinstance(decode_step_for(gelu), LeanDecoder)
+    # matrices packed for torch's int4 kernel (bfloat16 activations): the eager lean step, which calls that kernel
+    if TorchInt4.available():
+        on_torch = quantized_tiny("llama", smol_tokenizer, TorchInt4.name, monkeypatch)
+        assert native_step(on_torch) is None and isinstance(decode_step_for(on_torch), LeanDecoder)
+    # the acceptance check itself: with no tolerance at all, float32 sums in another order are refused
+    monkeypatch.setattr(native, "TOLERANCE", 0.0)
+    strict = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch)
+    assert native_step(strict) is None and decode_step_for(strict) is lean_decoder(strict)
+    loaded = LoadedModel(model=strict, tokenizer=smol_tokenizer, facts=model_facts(strict, smol_tokenizer, name="t"))
+    cache = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4)).new_eager_cache(8, 4)
+    assert isinstance(cache.lean_step, LeanDecoder)
+
+
+@pytest.mark.slow
+def test_the_embedded_model_decodes_natively_closer_to_the_reference_than_llama_server(embedded_quantized, embedded):
+    model = embedded_quantized.model
+    step = native_step(model)
+    assert isinstance(step, NativeStep)
+    prompt_ids, steps = greedy_ids(embedded)  # the float32 reference's own greedy answer
+    tokens = [s.id for s in steps]
+    reference = teacher_forced_logits(embedded.model, prompt_ids, tokens)
+    ours_scores = teacher_forced_logits(model, prompt_ids, tokens, lean_step=step)
+    eager_scores = teacher_forced_logits(model, prompt_ids, tokens)  # the model's forward
+    ours = agreement(reference, ours_scores)
+    assert ours.positions == len(tokens) == 128
+    assert ours.agree > LLAMA_SERVER["agree"], ours
+    assert ours.dp_max < LLAMA_SERVER["dp_max"] and ours.dp_mean < LLAMA_SERVER["dp_mean"], ours
+    assert all(margin < 0.05 for _, margin in ours.disagreements)  # any disagreement is a near-tie
+    # and within float32 rounding of the model's own forward at every position (its Q8_0 head scores every id
+    # alike: no boundary of recomputed scores)
+    assert all(within_float32_rounding(a, b) for a, b in zip(ours_scores, eager_scores))
