@@ -61,7 +61,7 @@ HEADING = "## The 4-bit path (issue 25)"
 GREEDY = SamplerSettings(temperature=0.0)
 HERE = "float32 reference quantized here (--quantize int4)"
 COMPILED = "4-bit, --compile (the lean step compiled)"
-TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + native step)"
+TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + eager lean step)"
 DEFAULT = "4-bit, default (fused + native step)"
 EAGER_LEAN = "4-bit, eager lean step (fused, Python between the kernels)"
 

@@ -382,7 +382,7 @@ def quant_facts(model: nn.Module, manifest: dict):
     count = sum(len(e["parts"]) if e["kind"] == "fused" else 1 for e in entries)
     return QuantFacts(blocks="+".join(sources) or (head["source"] if head else ""), bits=4, group=GROUP,
                       scale_dtype=str(kernel.scale_dtype).removeprefix("torch."),
-                      activation_dtype=str(kernel.activation_dtype).removeprefix("torch."), head=head_words,
+                      activation_dtype=kernel.activations, head=head_words,
                       kernel=kernel.name,
                       exact_scores=exact, matrices=count, dequantized=len(manifest.get("dequantized", {})),
                       dequantized_blocks="+".join(sorted(set(manifest.get("dequantized", {}).values()))),

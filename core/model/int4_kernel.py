@@ -1,7 +1,7 @@
 """The 4-bit matrix products a QLinear runs (core/model/qlinear.py), behind one interface: `Int4Kernel`.
 
 A kernel packs a GroupedInt4 (core/model/gguf_quant.py: w = (q - 8) scale + zero per group of 32) into its own layout
-and multiplies activations [M, K] by it. Two kernels:
+and multiplies activations [M, K] by it. Three kernels:
 
 - `TorchInt4` ("torch-int4"): torch's `_weight_int4pack_mm_for_cpu`. Its scales and zeros are bfloat16, and so are
   its activations and its output (with float32 or float16 activations it falls back to scalar code). Its packed
@@ -9,6 +9,9 @@ and multiplies activations [M, K] by it. Two kernels:
 - `NativeQ4` ("avx2-fp32", core/model/q4_native.py): tokentui's own AVX2 kernel (core/model/native/q4_avx2.cpp),
   built with the C++ compiler on the first start. Scales, activations and output are float32, so its product is
   the file's de-quantized weights times the activations up to float32 summation order.
+- `NativeQ4I16` ("avx2-int16", the same file): the same weights multiplied as integers by the activations rounded to
+  int16, a float32 scale per group of 32 (core/model/native/i16_kernels.h): each activation within 1.5e-5 of its
+  group's largest, ~1.7x the float32 kernel's speed.
 
 Which one a model gets: core/model/qlinear.py's `chosen_kernel`.
 """
@@ -23,7 +26,8 @@ from .gguf_quant import GROUP, GroupedInt4
 
 
 class Int4Kernel(ABC):
-    """One 4-bit product. `scale_dtype` / `activation_dtype`: what it rounds the scales and the activations to;
+    """One 4-bit product. `scale_dtype`: what it rounds the scales to; `activation_dtype`: the dtype its activations
+    go in as; `activations`: what it rounds them to inside (the model event's words: "float32" for none);
     `exact_scores`: its float32 output needs no rescoring of the head's best candidates (QLMHead);
     `eight_bit_halves`: a Q8_0 matrix is multiplied as its two 4-bit halves side by side, so the activations go in
     twice (else the kernel's pack / mm take the halves as one 8-bit matrix); `layout`: the version of what `pack`
@@ -32,12 +36,13 @@ class Int4Kernel(ABC):
     name: str
     scale_dtype: torch.dtype
     activation_dtype: torch.dtype
+    activations: str
     eight_bit_halves: bool = True
     layout: int = 1
 
     @property
     def exact_scores(self) -> bool:
-        return self.activation_dtype == torch.float32 and self.scale_dtype == torch.float32
+        return self.activations == "float32" and self.scale_dtype == torch.float32
 
     @abstractmethod
     def pack(self, matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +72,7 @@ class TorchInt4(Int4Kernel):
     name = "torch-int4"
     scale_dtype = torch.bfloat16
     activation_dtype = torch.bfloat16
+    activations = "bfloat16"
 
     @staticmethod
     def available() -> bool:

@@ -32,7 +32,7 @@ from .int4_kernel import Int4Kernel
 
 NATIVE = Path(__file__).with_name("native")
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp")  # one library; both include q4_kernels.h
-HEADERS = (NATIVE / "q4_kernels.h",)
+HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 # input k of a group, for word j (0..3) nibble p (0..7) of its 16 bytes: the layout in the C++ file's comment
@@ -127,6 +127,8 @@ def _load() -> str | None:
         return f"could not build it: {str(err).splitlines()[0][:240]}"
     torch.library.register_fake("tokentui_q4::q4_linear")(_fake_product)
     torch.library.register_fake("tokentui_q4::q8_linear")(_fake_product)
+    torch.library.register_fake("tokentui_q4::q4_linear_i16")(_fake_product)
+    torch.library.register_fake("tokentui_q4::q8_linear_i16")(_fake_product)
     torch.library.register_fake("tokentui_q4::decode_step")(_fake_step)
     return None
 
@@ -135,7 +137,7 @@ def _fake_product(x, packed, scales):
     return x.new_empty((x.shape[0], packed.shape[0]))
 
 
-def _fake_step(x, pos, cos, sin, kbufs, vbufs, stacked, norm, heads, kv_heads, eps, scale):
+def _fake_step(x, pos, cos, sin, kbufs, vbufs, stacked, norm, heads, kv_heads, eps, scale, int16):
     return x.new_empty((1, x.shape[-1]))
 
 
@@ -155,6 +157,7 @@ class NativeQ4(Int4Kernel):
     name = "avx2-fp32"
     scale_dtype = torch.float32
     activation_dtype = torch.float32
+    activations = "float32"
     eight_bit_halves = False
     layout = 2  # 2: a Q8_0 matrix as int8 values (1: as two 4-bit halves)
 
@@ -180,3 +183,32 @@ class NativeQ4(Int4Kernel):
         if packed.dtype == torch.int8:
             return torch.ops.tokentui_q4.q8_linear(a, packed, scales)
         return torch.ops.tokentui_q4.q4_linear(a, packed, scales)
+
+
+def pack_values_i16(q: torch.Tensor) -> torch.Tensor:
+    """4-bit values q uint8 [N, K] (0..15) -> [N, K/2] uint8 in the int16 kernel's layout (native/i16_kernels.h): byte
+    j of a group holds its input j in the low nibble and input 16 + j in the high one."""
+    n, k = q.shape
+    groups = q.view(n, k // GROUP, 2, GROUP // 2)  # [N, G, half, j]
+    return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+class NativeQ4I16(NativeQ4):
+    """The same weights as NativeQ4 (a Q8_0 matrix as its int8 values), multiplied as integers by the activations
+    rounded to int16 with a float32 scale per group of 32 (native/i16_kernels.h says how close, and why)."""
+
+    name = "avx2-int16"
+    activations = "int16"
+    layout = 1
+
+    def pack(self, matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
+        """NativeQ4's (packed, dm) with the 4-bit values in this kernel's nibble order; a Q8_0 matrix as NativeQ4's."""
+        if matrix.halves:
+            return super().pack(matrix)
+        m = matrix.zero - 8.0 * matrix.scale
+        return pack_values_i16(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
+
+    def mm(self, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        if packed.dtype == torch.int8:
+            return torch.ops.tokentui_q4.q8_linear_i16(a, packed, scales)
+        return torch.ops.tokentui_q4.q4_linear_i16(a, packed, scales)

@@ -8,7 +8,9 @@ core/model/int4_kernel.py (`chosen_kernel` below picks it):
   float32; it writes bfloat16 (with float16 or float32 activations it falls back to scalar code, ~35x slower:
   BENCHMARKS.md). So with it the activations going into a 4-bit product are rounded to bfloat16, and so is its
   output.
-- tokentui's AVX2 kernel (core/model/q4_native.py) keeps the scales, the activations and the output in float32.
+- tokentui's AVX2 kernels (core/model/q4_native.py) keep the scales and the output in float32; "avx2-fp32" keeps
+  the activations float32 too, "avx2-int16" (the default where it builds) rounds each group of 32 to int16 with a
+  float32 scale (each within 1.5e-5 of the group's largest).
 
 Everything between the products (norms, attention, the residual stream, the KV cache) stays in the model's own
 dtype (float32), cast back after each product.
@@ -17,8 +19,9 @@ Scores: a bfloat16 logit of ~20 is only good to ±0.06, which would tie candidat
 percents. With torch's kernel `QLMHead` therefore computes every score with the kernel and then recomputes the
 `EXACT_SCORES` highest in float32 from the head's own float32 rows (for a tied head: the embedding table, which holds
 the file's de-quantized values): the candidates the dashboard shows, the greedy pick and every token a sampler could
-plausibly draw are scored by the file's weights in float32; the rest stay within bfloat16 rounding. With the AVX2
-kernel every score is float32 from the file's weights already, and none is recomputed.
+plausibly draw are scored by the file's weights in float32; the rest stay within bfloat16 rounding. The int16
+kernel's scores are recomputed the same way (they are within ~1e-4 already). With "avx2-fp32" every score is
+float32 from the file's weights already, and none is recomputed.
 
 `FusedQLinear` multiplies sibling projections that read the same input (q/k/v, gate/up) as one matrix: one kernel
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
@@ -39,11 +42,12 @@ from torch import nn
 from .fused_linear import SharedProduct
 from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel, TorchInt4
-from .q4_native import NativeQ4
+from .q4_native import NativeQ4, NativeQ4I16
 
 EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel with bf16 output)
-KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4" or "avx2-fp32": which kernel to use (default: chosen_kernel)
-KERNELS: dict[str, Int4Kernel] = {k.name: k for k in (TorchInt4(), NativeQ4())}
+KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4", "avx2-fp32" or "avx2-int16": the kernel (default: chosen_kernel)
+KERNELS: dict[str, Int4Kernel] = {k.name: k for k in (TorchInt4(), NativeQ4(), NativeQ4I16())}
+NATIVE = (NativeQ4.name, NativeQ4I16.name)  # tokentui's own kernels (one library, core/model/q4_native.py)
 
 
 def kernel_available() -> bool:
@@ -52,20 +56,22 @@ def kernel_available() -> bool:
 
 
 def chosen_kernel() -> Int4Kernel:
-    """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 kernel
-    wherever it builds (every x86 CPU with AVX2: it keeps the activations in float32, and the native decode step,
-    core/model/native_step.py, runs on it: faster than torch's int4 kernel under the eager lean step even where that
-    one has its AVX-512 path, BENCHMARKS.md), else torch's (on other CPUs the only one). Raises ValueError for an
-    unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one line)."""
+    """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 int16
+    kernel wherever it builds (every x86 CPU with AVX2: its activations are within 1.5e-5 of their group's largest,
+    where torch's kernel rounds them to bfloat16, and the native decode step, core/model/native_step.py, runs on
+    it: faster than torch's kernel even where that one has its AVX-512 path, BENCHMARKS.md), else torch's (on
+    other CPUs the only one). "avx2-fp32" keeps the activations float32 (exact up to float32 sums, slower).
+    Raises ValueError for an unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one
+    line)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
     if asked:
         if asked not in KERNELS:
             raise ValueError(f"{KERNEL_ENV}={asked!r}: expected one of {', '.join(KERNELS)}")
-        if asked == NativeQ4.name and (why := NativeQ4.unavailable()) is not None:
+        if asked in NATIVE and (why := NativeQ4.unavailable()) is not None:
             raise ValueError(f"{KERNEL_ENV}={asked}: tokentui's AVX2 kernel cannot run here: {why}")
         return KERNELS[asked]
     if wants_native() and NativeQ4.unavailable() is None:
-        return KERNELS[NativeQ4.name]
+        return KERNELS[NativeQ4I16.name]
     return KERNELS[TorchInt4.name]
 
 
@@ -73,7 +79,7 @@ def wants_native() -> bool:
     """`chosen_kernel` tries tokentui's AVX2 kernel (so it may build it): asked for, or the default here (an x86
     CPU that torch runs with AVX2 or AVX-512)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
-    return asked == NativeQ4.name or (not asked and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+    return asked in NATIVE or (not asked and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 
 
 def pack(matrix: GroupedInt4, kernel: Int4Kernel) -> tuple[torch.Tensor, torch.Tensor]:

@@ -188,7 +188,7 @@ def quantized_facts(model: nn.Module, kept_float: int):
         head = f"int4, its {exact} highest scores recomputed in float32" if exact else "int4"
     count = sum(len(m.widths) if isinstance(m, FusedQLinear) else 1 for m in modules if not isinstance(m, QLMHead))
     return QuantFacts(blocks=SOURCE, bits=4, group=GROUP, scale_dtype=str(KERNEL_SCALE_DTYPE).removeprefix("torch."),
-                      activation_dtype=str(kernel.activation_dtype).removeprefix("torch."), head=head,
+                      activation_dtype=kernel.activations, head=head,
                       exact_scores=exact, kernel=kernel.name,
                       matrices=count, dequantized=kept_float, weight_bytes=step_weight_bytes(model),
                       quantized_here=True)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from tokentui.core.model.gguf_quant import GROUP, GroupedInt4, read_blocks
 from tokentui.core.model.int4_kernel import TorchInt4
-from tokentui.core.model.q4_native import NativeQ4, pack_values
+from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16, pack_values
 from tokentui.core.model.qlinear import KERNEL_ENV, KERNELS, QLinear, QLMHead, chosen_kernel
 from test_gguf_quant import COLS, ROWS, gguf_weights, raw_blocks
 from test_qlinear import matrix
@@ -127,7 +127,7 @@ def test_the_kernel_can_be_named_and_a_bad_name_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match=r"TOKENTUI_INT4_KERNEL='fastest': expected one of torch-int4, avx2-fp32"):
         chosen_kernel()
     monkeypatch.delenv(KERNEL_ENV)
-    want = NativeQ4.name if (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    want = NativeQ4I16.name if (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
                              and NativeQ4.unavailable() is None) else TorchInt4.name
     assert chosen_kernel().name == want
 

@@ -88,7 +88,7 @@ def count_kernel_calls(fn) -> int:
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ in ("_weight_int4pack_mm_for_cpu", "q4_linear"):
+            if func.overloadpacket.__name__ in ("_weight_int4pack_mm_for_cpu", "q4_linear", "q4_linear_i16"):
                 calls.append(1)
             return func(*args, **(kwargs or {}))
 

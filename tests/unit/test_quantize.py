@@ -67,7 +67,7 @@ def test_a_tiny_llama_quantized_whole_with_the_lean_step_and_generate_greedy_ids
     facts = quantized_facts(model, kept)
     assert facts.quantized_here and facts.blocks == "int4" and facts.matrices == 7 * layers
     kernel = chosen_kernel()  # the scales are bf16 values whichever kernel runs them; the activations its own
-    activations = {"avx2-fp32": "fp32", "torch-int4": "bf16"}[kernel.name]
+    activations = {"avx2-fp32": "fp32", "avx2-int16": "int16", "torch-int4": "bf16"}[kernel.name]
     assert facts.kernel == kernel.name and model.lm_head.exact_scores == 256
     assert facts.summary() == f"int4 weights quantized here (4-bit, group 32, bf16 scales) · {activations} activations"
     assert facts.weight_bytes == step_weight_bytes(model)

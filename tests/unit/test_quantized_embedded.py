@@ -163,9 +163,12 @@ def test_the_model_event_says_how_the_weights_run(embedded_quantized, embedded):
     facts = embedded_quantized.facts
     q = facts.quantization
     kernel = chosen_kernel()
-    if kernel.exact_scores:  # tokentui's AVX2 kernel: float32 throughout, no score recomputed
+    if kernel.exact_scores:  # tokentui's float32 kernel: float32 throughout, no score recomputed
         assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, fp32 scales) · fp32 activations"
         assert q.head == "Q8_0 8-bit"  # its int8 values as stored, one product
+    elif kernel.name == "avx2-int16":  # its int16 activations: the best scores recomputed from the float rows
+        assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, fp32 scales) · int16 activations"
+        assert q.head == "Q8_0 8-bit; its 256 highest scores recomputed in float32"
     else:
         assert q.summary() == "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"
         assert q.head == "Q8_0 as two 4-bit halves; its 256 highest scores recomputed in float32"

@@ -14,15 +14,17 @@
 //   per query head: softmax(scale q . k_t) over t <= pos, times v_t (its kv head: head / (heads / kv_heads));
 //   x += attn Wo^T;  h = rms_norm(x) w2;  x += (silu(h Wg^T) * h Wu^T) Wd^T;   at the end rms_norm(x) w.
 // Sums are float32 in a fixed order (not the model's order: the scores differ from the eager step's by float32
-// rounding, which native_step.py bounds when it accepts the step). Products through the kernels of q4_kernels.h,
-// so the model's matrices must be packed for tokentui's kernel (core/model/q4_native.py; with torch's int4 kernel
-// the eager lean step decodes). Threads: each product's rows split over torch's pool (at::parallel_for);
+// rounding, which native_step.py bounds when it accepts the step). Products through the kernels of q4_kernels.h
+// (float32 activations) or i16_kernels.h (`int16`: activations rounded to int16 per group of 32), so the model's
+// matrices must be packed for one of tokentui's kernels (core/model/q4_native.py; with torch's int4 kernel the
+// eager lean step decodes). Threads: each product's rows split over torch's pool (at::parallel_for);
 // attention's heads too, once the cache is long enough to pay for it.
 #include <torch/library.h>
 
 #include <cmath>
 #include <optional>
 
+#include "i16_kernels.h"
 #include "q4_kernels.h"
 
 namespace {
@@ -60,9 +62,14 @@ T* row(const at::Tensor& stack, int64_t l) {
   return stack.data_ptr<T>() + l * stack.stride(0);
 }
 
-// y [N] = x [K] W^T, W layer l's matrix of a stack [L, N, K / 2] of 4-bit matrices, dm [L, N, K / 32, 2].
-void product(const float* x, int64_t K, const at::Tensor& packed, const at::Tensor& dm, int64_t l, float* y) {
-  q4_rows_product(x, 1, K, row<uint8_t>(packed, l), row<float>(dm, l), y, packed.size(1));
+// y [N] = x [K] W^T, W layer l's matrix of a stack [L, N, K / 2] of 4-bit matrices, dm [L, N, K / 32, 2], in the
+// int16 kernel's layout when `int16`.
+void product(bool int16, const float* x, int64_t K, const at::Tensor& packed, const at::Tensor& dm, int64_t l,
+             float* y) {
+  if (int16)
+    q4_rows_product_i16(x, 1, K, row<uint8_t>(packed, l), row<float>(dm, l), y, packed.size(1));
+  else
+    q4_rows_product(x, 1, K, row<uint8_t>(packed, l), row<float>(dm, l), y, packed.size(1));
 }
 
 // Attention of the query heads [heads, D] over rows 0..pos of the layer's buffers [KV, capacity, D] -> out
@@ -92,10 +99,12 @@ void attend(const float* q, const float* keys, const float* values, int64_t capa
 
 // x [1, H] float32 (the token's embedding row), cos / sin [D] (the rotation at `pos`), kbufs / vbufs per layer
 // [1, KV, capacity, D] float32 contiguous (row `pos` is written here), stacked: the 13 kinds of
-// stacked_weights [L, ...] (None where the model has no such weight), norm [H] -> the final norm's output [1, H].
+// stacked_weights [L, ...] (None where the model has no such weight), norm [H], int16: the matrices are packed for
+// the int16 kernel -> the final norm's output [1, H].
 at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& cos, const at::Tensor& sin,
                        at::TensorList kbufs, at::TensorList vbufs, const c10::List<std::optional<at::Tensor>>& stacked,
-                       const at::Tensor& norm, int64_t heads, int64_t kv_heads, double eps_in, double scale_in) {
+                       const at::Tensor& norm, int64_t heads, int64_t kv_heads, double eps_in, double scale_in,
+                       bool int16) {
   TORCH_CHECK(stacked.size() == 13, "decode_step: expected the 13 kinds of stacked weights");
   const int64_t L = static_cast<int64_t>(kbufs.size()), H = x_in.size(-1), D = cos.numel();
   const float eps = static_cast<float>(eps_in), scale = static_cast<float>(scale_in);
@@ -133,7 +142,7 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
   std::vector<float> rotated(D);
   for (int64_t l = 0; l < L; ++l) {
     rms_norm(xd, row<float>(*norm1, l), H, eps, h.data());
-    product(h.data(), H, *qkv_p, *qkv_s, l, qkv.data());
+    product(int16, h.data(), H, *qkv_p, *qkv_s, l, qkv.data());
     if (qkv_b.has_value()) axpy(1.f, row<float>(*qkv_b, l), qkv.data(), qkv_width);
     for (int64_t head = 0; head < heads + kv_heads; ++head) {  // q then k: [Qwen3's norm,] the rotation
       float* v = qkv.data() + head * D;
@@ -148,15 +157,15 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
       std::copy_n(qkv.data() + q_width + kv_width + g * D, D, values + (g * capacity + pos) * D);
     }
     attend(qkv.data(), keys, values, capacity, heads, kv_heads, D, pos, scale, scores.data(), attn.data());
-    product(attn.data(), q_width, *o_p, *o_s, l, add.data());
+    product(int16, attn.data(), q_width, *o_p, *o_s, l, add.data());
     axpy(1.f, add.data(), xd, H);
     rms_norm(xd, row<float>(*norm2, l), H, eps, h.data());
-    product(h.data(), H, *gu_p, *gu_s, l, gu.data());
+    product(int16, h.data(), H, *gu_p, *gu_s, l, gu.data());
     for (int64_t i = 0; i < width; ++i) {
       const float g = gu[i];
       h[i] = g / (1.f + std::exp(-g)) * gu[width + i];  // silu(gate) * up
     }
-    product(h.data(), width, *d_p, *d_s, l, add.data());
+    product(int16, h.data(), width, *d_p, *d_s, l, add.data());
     axpy(1.f, add.data(), xd, H);
   }
   at::Tensor out = at::empty({1, H}, x.options());
@@ -168,7 +177,7 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
 
 TORCH_LIBRARY_FRAGMENT(tokentui_q4, m) {
   m.def("decode_step(Tensor x, int pos, Tensor cos, Tensor sin, Tensor(a!)[] kbufs, Tensor(b!)[] vbufs, "
-        "Tensor?[] stacked, Tensor norm, int heads, int kv_heads, float eps, float scale) -> Tensor");
+        "Tensor?[] stacked, Tensor norm, int heads, int kv_heads, float eps, float scale, bool int16) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) { m.impl("decode_step", &decode_step); }
