@@ -33,9 +33,9 @@ from .q4_native import NativeQ4, NativeQ4I16
 # max |difference| of the final norm's output from the eager lean step's, relative to its largest |value|, for the
 # step to be accepted, by what the kernel rounds the activations to (Int4Kernel.activations). float32: sums in
 # another order differ by ~1e-6 of that. int16: a sum one rounding away moves an activation by a step of its group's
-# int16 scale, measured up to 7e-4 over 128 steps of the embedded model (BENCHMARKS.md). A wrong weight, rotation or
-# cache row differs by far more than either.
-TOLERANCES = {"float32": 1e-4, "int16": 5e-3}
+# int16 scale, and 30 layers amplify it: measured up to 7e-4 over 128 steps of the embedded model and 7e-3 on its
+# --quantize int4 copy (BENCHMARKS.md). A wrong weight, rotation or cache row differs by far more than either.
+TOLERANCES = {"float32": 1e-4, "int16": 3e-2}
 _STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 

@@ -71,17 +71,26 @@ inline void rows_i16(const int16_t* x16, const float* sx, const float* xsum, int
       acc[i] = _mm256_setzero_ps();
       min_acc[i] = 0.f;
     }
-    for (int64_t g = 0; g < G; ++g) {
+    __m256 odd[MT];  // odd groups' sums: two chains of dependent multiply-adds instead of one (a group's work is
+                     // shorter than a multiply-add's latency), added at the end in a fixed order
+    for (int i = 0; i < MT; ++i) odd[i] = _mm256_setzero_ps();
+    auto group = [&](int64_t g, __m256* sums) {
       const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 16)));
       const __m256i w0 = _mm256_and_si256(bytes, low), w1 = _mm256_srli_epi16(bytes, 4);
       const float d = row_dm[2 * g], m = row_dm[2 * g + 1];
       for (int i = 0; i < MT; ++i) {
         const __m256i p = group_dot(w0, w1, x16 + i * K + g * kGroup);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * sx[i * G + g]), acc[i]);
+        sums[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * sx[i * G + g]), sums[i]);
         min_acc[i] += m * xsum[i * G + g];
       }
+    };
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {
+      group(g, acc);
+      group(g + 1, odd);
     }
-    for (int i = 0; i < MT; ++i) y[i * N + n] = horizontal_sum(acc[i]) + min_acc[i];
+    if (g < G) group(g, acc);
+    for (int i = 0; i < MT; ++i) y[i * N + n] = horizontal_sum(_mm256_add_ps(acc[i], odd[i])) + min_acc[i];
   }
 }
 
