@@ -9,12 +9,15 @@ alternated (A B C ... A B C ...), every figure a median of --reps, every target 
 
  A. decode tok/s at each thread count of --threads (prefill and decode both): the float32 reference engine
     (--dtype float32, wide weights re-laid as tokentui does), and the same weights quantized here (--quantize int4,
-    core/model/quantize.py); the 4-bit model through transformers' forward, its
-    projections unfused and fused (q/k/v, gate/up); the default (fused + core/model/lean_step.py); llama-server
-    -t N (its own `timings` of a plain request: no HTTP per token, no tokentui client). Target: default ÷
-    llama-server >= 1.0 at 2 threads. With --compile also the 4-bit model's --compile step.
+    core/model/quantize.py); the 4-bit model through transformers' forward, its projections unfused and fused
+    (q/k/v, gate/up); through the eager lean step (core/model/lean_step.py); the default, the native step
+    (core/model/native_step.py); the same model on torch's int4 kernel and on tokentui's float32-activation kernel
+    where the default is another; llama-server -t N (its own `timings` of a plain request: no HTTP per token, no
+    tokentui client). Target: default ÷ llama-server >= 1.0 at 2 threads. With --compile also the 4-bit model's
+    --compile step.
  B. fidelity against the float32 reference, teacher-forced on its own 128 greedy tokens: top-1 agreement and max /
-    mean |dp| over the shown (top-10) candidates, for the 4-bit path (core/model/fidelity.py) and for llama-server
+    mean |dp| over the shown (top-10) candidates, for the 4-bit path as a run decodes (the native step), through the
+    model's forward, on the float32-activation kernel (core/model/fidelity.py) and for llama-server
     (one /completion per position, benchmarks/server_vs_local.py's teacher_forced); the free-running first
     divergence.
  C. the physical limit: bytes of weights a 4-bit step reads (ModelFacts.quantization.weight_bytes) ÷ the read
@@ -63,6 +66,7 @@ HERE = "float32 reference quantized here (--quantize int4)"
 COMPILED = "4-bit, --compile (the lean step compiled)"
 TORCH_KERNEL = "4-bit, torch's int4 kernel (fused + eager lean step)"
 DEFAULT = "4-bit, default (fused + native step)"
+FP32_KERNEL = "4-bit, float32-activation kernel avx2-fp32 (fused + native step)"
 EAGER_LEAN = "4-bit, eager lean step (fused, Python between the kernels)"
 
 
@@ -102,8 +106,22 @@ def torch_kernel_copy() -> LoadedModel | None:
         del os.environ[KERNEL_ENV]
 
 
+def fp32_kernel_copy() -> LoadedModel | None:
+    """The 4-bit model on tokentui's float32-activation kernel, where the default is its int16 one (else None)."""
+    from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16
+    from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
+
+    if chosen_kernel().name != NativeQ4I16.name:
+        return None
+    os.environ[KERNEL_ENV] = NativeQ4.name
+    try:
+        return load_model(None, device="cpu")
+    finally:
+        del os.environ[KERNEL_ENV]
+
+
 def engines(reference, quantized, unfused, here, threads: int, options: RunOptions, with_compile: bool,
-            on_torch_kernel: LoadedModel | None = None) -> dict:
+            on_torch_kernel: LoadedModel | None = None, on_fp32_kernel: LoadedModel | None = None) -> dict:
     speed = SpeedOptions(threads=threads, prefill_threads=threads)
     out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed),
            "4-bit, transformers forward, unfused": Engine(unfused, GREEDY, options, speed=speed),
@@ -112,6 +130,8 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
            DEFAULT: Engine(quantized, GREEDY, options, speed=speed)}
     if on_torch_kernel is not None:
         out[TORCH_KERNEL] = Engine(on_torch_kernel, GREEDY, options, speed=speed)
+    if on_fp32_kernel is not None:
+        out[FP32_KERNEL] = Engine(on_fp32_kernel, GREEDY, options, speed=speed)
     if here is not None:
         out[HERE] = Engine(here, GREEDY, options, speed=speed)
     if with_compile:
@@ -174,7 +194,7 @@ def server_own_tok_s(native, prompt_ids: list[int], steps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- A + B + C
-def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel=None) -> dict:
+def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel=None, on_fp32_kernel=None) -> dict:
     from server_vs_local import Native
 
     options = RunOptions(max_new_tokens=args.steps, ignore_eos=True)
@@ -182,7 +202,8 @@ def bench_decode(reference, quantized, unfused, here, args, servers, on_torch_ke
     natives = {n: Native(s.url) for n, s in servers.items()}
     bw = {1: bandwidth(1), TORCH_DEFAULT_THREADS: bandwidth(TORCH_DEFAULT_THREADS)}
     for threads in args.threads:
-        contenders = engines(reference, quantized, unfused, here, threads, options, args.compile, on_torch_kernel)
+        contenders = engines(reference, quantized, unfused, here, threads, options, args.compile, on_torch_kernel,
+                             on_fp32_kernel)
         ids = {}
         for name, engine in contenders.items():  # a warm-up run each, not counted
             got = run_contender(name, engine)
@@ -227,7 +248,7 @@ def reference_weight_bytes(model) -> int:
     return sum(p.nbytes for p in model.parameters())  # tied: the table is the head, read whole
 
 
-def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile: bool) -> dict:
+def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile: bool, on_fp32_kernel=None) -> dict:
     """B: teacher-forced on the reference's own greedy tokens, every contender against the reference (`here`: the
     reference's own weights quantized by --quantize int4, core/model/quantize.py)."""
     from server_vs_local import Native, collect, teacher_forced
@@ -243,6 +264,9 @@ def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile
     out = {"tokens": len(tokens), "quantized": ours.__dict__, "step": type(default_step).__name__,
            "free_run_divergence": first_divergence(q_run["ids"], tokens),
            "eager": agreement(ref_scores, teacher_forced_logits(quantized.model, prompt_ids, tokens)).__dict__}
+    if on_fp32_kernel is not None:
+        out["float32_kernel"] = agreement(ref_scores, teacher_forced_logits(
+            on_fp32_kernel.model, prompt_ids, tokens, lean_step=decode_step_for(on_fp32_kernel.model))).__dict__
     if here is not None:
         out["quantized_here"] = agreement(ref_scores, teacher_forced_logits(here.model, prompt_ids, tokens)).__dict__
         here_run = collect(Engine(here, GREEDY, options).run(PROMPT))
@@ -327,6 +351,12 @@ def _ratio_rows(res: dict) -> list[str]:
         if TORCH_KERNEL in entry.get("default_over", {}):
             rows.append(f"| 4-bit default ({res.get('kernel')}) ÷ the same on torch's int4 kernel, {threads} thread(s) "
                         f"| — | {entry['default_over'][TORCH_KERNEL]:.2f} | — |")
+        if FP32_KERNEL in entry.get("default_over", {}):
+            rows.append(f"| 4-bit default ({res.get('kernel')}) ÷ the same on the float32-activation kernel, {threads} "
+                        f"thread(s) | — | {entry['default_over'][FP32_KERNEL]:.2f} | — |")
+        if EAGER_LEAN in entry.get("default_over", {}):
+            rows.append(f"| 4-bit default (native step) ÷ the eager lean step, same kernel, {threads} thread(s) | — | "
+                        f"{entry['default_over'][EAGER_LEAN]:.2f} | — |")
     return rows
 
 
@@ -353,6 +383,10 @@ def render(res: dict, args, started: float) -> str:
         lines.append(f"| same, 4-bit through the model's forward (the eager lean step: the default step is "
                      f"{fid.get('step')}) | — | {e['agree']}/{e['positions']}; max / mean \\|Δp\\| "
                      f"{e['dp_max']:.4f} / {e['dp_mean']:.5f} | — |")
+    if "float32_kernel" in fid:
+        f = fid["float32_kernel"]
+        lines.append(f"| same, 4-bit on the float32-activation kernel (avx2-fp32, native step) | — | "
+                     f"{f['agree']}/{f['positions']}; max / mean \\|Δp\\| {f['dp_max']:.5f} / {f['dp_mean']:.6f} | — |")
     if "quantized_here" in fid:
         h = fid["quantized_here"]
         div = fid["quantized_here_divergence"]
@@ -369,7 +403,7 @@ def render(res: dict, args, started: float) -> str:
         s = fid["server"]
         lines.append(f"| same, llama-server | — | {s['agree']}/{s['comparable']} | — |")
         lines.append(f"| max / mean \\|Δp\\| over the shown candidates, 4-bit vs llama-server | 4-bit lower | "
-                     f"{q['dp_max']:.4f} / {q['dp_mean']:.5f} vs {s['dp_max']:.4f} / {s['dp_mean']:.5f} | "
+                     f"{q['dp_max']:.5f} / {q['dp_mean']:.6f} vs {s['dp_max']:.4f} / {s['dp_mean']:.5f} | "
                      + ("met" if q["dp_max"] < s["dp_max"] and q["dp_mean"] < s["dp_mean"] else "**not met**")
                      + " |")
     dec = res["decode"]
@@ -451,13 +485,15 @@ def main() -> int:
     unfused = unfused_copy(quantized)
     here = load_model(None, device="cpu", dtype="float32", quantize="int4")  # the reference, quantized here
     on_torch_kernel = torch_kernel_copy()
+    on_fp32_kernel = fp32_kernel_copy()
     res["kernel"] = quantized.facts.quantization.kernel
     servers, res["server_notes"] = ({}, []) if args.no_server else start_servers(args.threads)
     try:
         log("A, C: decode ...")
-        res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel)
+        res["decode"] = bench_decode(reference, quantized, unfused, here, args, servers, on_torch_kernel,
+                                     on_fp32_kernel)
         log("B: fidelity ...")
-        res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps, args.compile)
+        res["fidelity"] = bench_fidelity(reference, quantized, here, servers, args.steps, args.compile, on_fp32_kernel)
     finally:
         for server in servers.values():
             server.stop()

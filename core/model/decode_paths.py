@@ -2,7 +2,9 @@
 gate/up fused, core/model/fused_linear.py; wide float32 matrices transposed on CPU, core/model/weight_layout.py)
 and, with --compile, which compiled step serves the decode (core/model/compiled_lean.py for a 4-bit Llama-family
 model, else core/model/compiled.py's whole step), warmed up here (minutes on a small CPU, reported through
-`progress`). The engine (core/model/engine.py) owns the result."""
+`progress`). A 4-bit model the native step serves (core/model/native_step.py) is not compiled: that step, one C++
+call, measured faster than the compiled lean step (BENCHMARKS.md), and the notice says so. The engine
+(core/model/engine.py) owns the result."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..runs.events import LoadProgress
 from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
+from .native_step import native_step
 from .speed import SpeedOptions, cpu_cores, use_threads
 from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 
@@ -18,7 +21,10 @@ if TYPE_CHECKING:  # annotations only: the compile modules are imported only wit
     from .compiled import CompiledDecoder
     from .compiled_lean import CompiledLeanStep
 
-__all__ = ["DecodePaths", "prepare_decode"]
+__all__ = ["DecodePaths", "prepare_decode", "NATIVE_INSTEAD"]
+
+NATIVE_INSTEAD = ("--compile: this 4-bit model's native decode step (one C++ call a token) is faster than a compiled "
+                  "one, so nothing is compiled: decoding natively")
 
 
 @dataclass
@@ -29,7 +35,7 @@ class DecodePaths:
     fusion: FuseReport = field(default_factory=FuseReport)  # the sibling projections fused (none: untouched)
     compiled: CompiledDecoder | None = None  # --compile's whole step; None when not chosen
     compiled_lean: CompiledLeanStep | None = None  # --compile on a 4-bit model: its lean step compiled
-    notice: str | None = None  # why --compile decodes eagerly, said first in every run; None: nothing to say
+    notice: str | None = None  # why --compile does not compile, said first in every run; None: nothing to say
 
     def drop_failed(self) -> None:
         """A compiled step that stopped (its `failure`) is dropped: runs decode eagerly (the 4-bit model through
@@ -70,6 +76,8 @@ def _choose_compiled(paths: DecodePaths, model, device, speed: SpeedOptions, top
     problem = compile_problem(model)  # sliding / recurrent layers: not compiled at all
     if problem is not None:
         paths.notice = f"{problem}: decoding eagerly"
+    elif native_step(model) is not None:
+        paths.notice = NATIVE_INSTEAD
     elif (lean := CompiledLeanStep.for_model(model, speed.decode_threads())) is not None:
         # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/compiled_lean.py)
         use_threads(device, speed.decode_threads())

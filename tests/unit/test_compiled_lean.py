@@ -9,9 +9,12 @@ import torch
 
 from tokentui.core.model.adapter import forward_last_logits, new_cache
 from tokentui.core.model.compiled_lean import CompiledLeanStep
+from tokentui.core.model.decode_paths import NATIVE_INSTEAD
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.fidelity import agreement, first_divergence, teacher_forced_logits
 from tokentui.core.model.lean_step import lean_decoder
+from tokentui.core.model.native_step import decode_step_for, native_step
+from tokentui.core.model.native_step import disabled as native_step_disabled
 from tokentui.core.model.qlinear import kernel_available
 from tokentui.core.model.speed import SpeedOptions
 from tokentui.core.runs.events import Notice, StepEvent
@@ -26,11 +29,28 @@ GREEDY = SamplerSettings(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def compiled_engine(embedded_quantized):
-    """An engine with --compile on the 4-bit model: it compiles the lean step while it is made (minutes cold)."""
+    """An engine with --compile on the 4-bit model made while the native step does not serve it (where it does,
+    --compile keeps that step: test_compile_keeps_the_native_step_where_it_serves): it compiles the lean step while
+    it is made (minutes cold)."""
     stages = []
-    engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=40, ignore_eos=True),
-                    speed=SpeedOptions(compile=True, threads=1), progress=stages.append)
+    with native_step_disabled(embedded_quantized.model):
+        engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=40, ignore_eos=True),
+                        speed=SpeedOptions(compile=True, threads=1), progress=stages.append)
     return engine, [s.stage for s in stages]
+
+
+def test_compile_keeps_the_native_step_where_it_serves(embedded_quantized):
+    model = embedded_quantized.model
+    if native_step(model) is None:
+        pytest.skip("the native step does not serve this model here")
+    stages = []
+    engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=3, ignore_eos=True),
+                    speed=SpeedOptions(compile=True, threads=1), progress=stages.append)
+    assert not any(s.stage.startswith("compiling") for s in stages)
+    assert engine.new_eager_cache(8, 8).lean_step is native_step(model)
+    events = list(engine.run(PROMPT))
+    assert [e.message for e in events if isinstance(e, Notice)] == [NATIVE_INSTEAD]
+    assert len([e for e in events if isinstance(e, StepEvent)]) == 3
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +89,10 @@ def test_the_engine_compiles_the_lean_step_and_its_caches_carry_it(compiled_engi
     engine, stages = compiled_engine
     assert any(s.startswith("compiling the 4-bit decode step") for s in stages), stages
     assert engine.new_eager_cache(8, 8).lean_step is step
-    # an engine without --compile keeps the eager lean step
+    # an engine without --compile keeps the eager step (the native one where it serves)
     model = embedded_quantized.model
     plain = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=4))
-    assert plain.new_eager_cache(8, 8).lean_step is lean_decoder(model)
+    assert plain.new_eager_cache(8, 8).lean_step is decode_step_for(model)
     # the compiled step reads the layers' weights stacked, and the modules now hold rows of those stacks: the
     # weights are held once, and the eager lean step still gives the forward's scores bit for bit
     storages = {layer.self_attn.q_proj.fused.packed.untyped_storage().data_ptr() for layer in model.model.layers}
@@ -150,8 +170,9 @@ def test_a_cache_it_cannot_write_goes_through_the_eager_step(step, embedded_quan
 
 
 def test_the_logit_lens_works_with_compile_on_the_4bit_path(compiled_engine, embedded_quantized):
-    engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=3, ignore_eos=True, logit_lens=True),
-                    speed=SpeedOptions(compile=True, threads=1))
+    with native_step_disabled(embedded_quantized.model):
+        engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=3, ignore_eos=True, logit_lens=True),
+                        speed=SpeedOptions(compile=True, threads=1))
     steps = [e for e in engine.run(PROMPT) if isinstance(e, StepEvent)]
     assert len(steps) == 3 and all(s.lens for s in steps)
 
