@@ -40,6 +40,12 @@ _STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKey
 _LOCK = threading.RLock()
 
 
+def _kernels(decoder: LeanDecoder) -> set[str]:
+    """The names of the 4-bit kernels the decoder's layers are packed for."""
+    return {module.kernel.name for layer in decoder.layers
+            for module in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)}
+
+
 def _activation_is_silu(act: nn.Module) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
 
@@ -61,8 +67,7 @@ class NativeStep:
         if len({tuple(layer.gate_up.widths) for layer in layers}) != 1 or layers[0].gate_up.widths[0] * 2 != sum(
                 layers[0].gate_up.widths):
             raise ValueError("gate and up of unequal widths")
-        kernels = {module.kernel.name for layer in layers for module in (layer.qkv, layer.o_proj, layer.gate_up,
-                                                                          layer.down)}
+        kernels = _kernels(decoder)
         if len(kernels) != 1 or not kernels <= {NativeQ4.name, NativeQ4I16.name}:
             raise ValueError("matrices packed for another kernel than one of tokentui's")
         self._int16 = kernels == {NativeQ4I16.name}
@@ -138,7 +143,9 @@ def native_step(model) -> NativeStep | None:
         if model not in _STEPS:
             _STEPS[model] = found = None
             decoder = lean_decoder(model)
-            if decoder is not None and decoder.device.type == "cpu" and NativeQ4.unavailable() is None:
+            # packed for tokentui's kernels, the library is loaded already (a model on torch's builds nothing here)
+            if decoder is not None and decoder.device.type == "cpu" and _kernels(decoder) <= {NativeQ4.name,
+                                                                                           NativeQ4I16.name}:
                 try:
                     candidate = NativeStep(decoder)
                     found = candidate if _close_to_lean(model, candidate) else None

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "i16_kernels.h"
 #include "q4_kernels.h"
@@ -119,10 +120,15 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
   const auto norm1 = kind(0), qkv_p = kind(1), qkv_s = kind(2), qkv_b = kind(3), qn = kind(4), kn = kind(5),
              o_p = kind(6), o_s = kind(7), norm2 = kind(8), gu_p = kind(9), gu_s = kind(10), d_p = kind(11),
              d_s = kind(12);
+  for (const auto* needed : {&norm1, &qkv_p, &qkv_s, &o_p, &o_s, &norm2, &gu_p, &gu_s, &d_p, &d_s})
+    TORCH_CHECK(needed->has_value(), "decode_step: a layer weight every model has is missing");
+  TORCH_CHECK(qn.has_value() == kn.has_value(), "decode_step: a q norm without a k norm, or the reverse");
   const int64_t q_width = heads * D, kv_width = kv_heads * D, qkv_width = q_width + 2 * kv_width;
   const int64_t width = gu_p->size(1) / 2;  // gate and up, stacked
-  for (const auto& scales : {qkv_s, o_s, gu_s, d_s})
-    TORCH_CHECK(scales->scalar_type() == at::kFloat, "decode_step: matrices packed for tokentui's kernel");
+  for (const auto& [packed, dm] : {std::pair{qkv_p, qkv_s}, {o_p, o_s}, {gu_p, gu_s}, {d_p, d_s}})
+    TORCH_CHECK(packed->scalar_type() == at::kByte && dm->scalar_type() == at::kFloat
+                    && dm->numel() == L * packed->size(1) * (2 * packed->size(2) / kGroup) * 2,
+                "decode_step: matrices packed for tokentui's kernels ([L, N, K / 2] uint8, [L, N, K / 32, 2] float32)");
   TORCH_CHECK(qkv_p->size(1) == qkv_width && 2 * qkv_p->size(2) == H && o_p->size(1) == H
                   && 2 * o_p->size(2) == q_width && 2 * gu_p->size(2) == H && d_p->size(1) == H
                   && 2 * d_p->size(2) == width && D % 2 == 0,
