@@ -160,6 +160,7 @@ class NativeQ4(Int4Kernel):
     activations = "float32"
     eight_bit_halves = False
     layout = 2  # 2: a Q8_0 matrix as int8 values (1: as two 4-bit halves)
+    ops = ("q4_linear", "q8_linear")  # its ops in torch.ops.tokentui_q4: 4-bit, 8-bit
 
     @staticmethod
     def unavailable() -> str | None:
@@ -177,12 +178,15 @@ class NativeQ4(Int4Kernel):
             q = 16 * (matrix.q[:, :k].to(torch.int16) - 8) + matrix.q[:, k:].to(torch.int16)
             return q.to(torch.int8).contiguous(), matrix.scale[:, k // GROUP:].contiguous()
         m = matrix.zero - 8.0 * matrix.scale
-        return pack_values(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
+        return self.pack_values(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
+
+    @staticmethod
+    def pack_values(q: torch.Tensor) -> torch.Tensor:
+        return pack_values(q)
 
     def mm(self, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        if packed.dtype == torch.int8:
-            return torch.ops.tokentui_q4.q8_linear(a, packed, scales)
-        return torch.ops.tokentui_q4.q4_linear(a, packed, scales)
+        op = self.ops[1] if packed.dtype == torch.int8 else self.ops[0]
+        return getattr(torch.ops.tokentui_q4, op)(a, packed, scales)
 
 
 def pack_values_i16(q: torch.Tensor) -> torch.Tensor:
@@ -194,21 +198,15 @@ def pack_values_i16(q: torch.Tensor) -> torch.Tensor:
 
 
 class NativeQ4I16(NativeQ4):
-    """The same weights as NativeQ4 (a Q8_0 matrix as its int8 values), multiplied as integers by the activations
-    rounded to int16 with a float32 scale per group of 32 (native/i16_kernels.h says how close, and why)."""
+    """The same weights as NativeQ4 (a Q8_0 matrix as its int8 values; the 4-bit values in another nibble order),
+    multiplied as integers by the activations rounded to int16 with a float32 scale per group of 32
+    (native/i16_kernels.h says how close, and why)."""
 
     name = "avx2-int16"
     activations = "int16"
     layout = 1
+    ops = ("q4_linear_i16", "q8_linear_i16")
 
-    def pack(self, matrix: GroupedInt4) -> tuple[torch.Tensor, torch.Tensor]:
-        """NativeQ4's (packed, dm) with the 4-bit values in this kernel's nibble order; a Q8_0 matrix as NativeQ4's."""
-        if matrix.halves:
-            return super().pack(matrix)
-        m = matrix.zero - 8.0 * matrix.scale
-        return pack_values_i16(matrix.q), torch.stack([matrix.scale, m], dim=-1).contiguous()
-
-    def mm(self, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        if packed.dtype == torch.int8:
-            return torch.ops.tokentui_q4.q8_linear_i16(a, packed, scales)
-        return torch.ops.tokentui_q4.q4_linear_i16(a, packed, scales)
+    @staticmethod
+    def pack_values(q: torch.Tensor) -> torch.Tensor:
+        return pack_values_i16(q)
