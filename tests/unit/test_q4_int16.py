@@ -99,3 +99,17 @@ def test_it_is_one_opaque_op_under_torch_compile():
     x = torch.randn(1, 128)
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), layer(x))
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_a_nan_or_an_infinity_in_the_activations_comes_out_non_finite(kind):
+    """As float32's product would: a group holding one is not rounded into finite integers (selection's NaN / inf
+    check reads the scores, core/steps/select.py)."""
+    m, _ = file_matrix(kind, seed=4)
+    layer = QLinear.from_matrix(m, kernel=INT16)
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(3, m.in_features)
+        x[1, 40] = bad
+        y = layer(x)
+        assert not torch.isfinite(y[1]).any()
+        assert torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()

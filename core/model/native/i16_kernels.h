@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "q4_kernels.h"
@@ -40,11 +41,15 @@ struct RoundedRows {
         top = std::max(top, std::fabs(v[k]));
         s += v[k];
       }
+      xsum[i] = s;
+      if (!std::isfinite(s)) {  // a NaN or an infinity in the group: its products come out NaN, as float32's would
+        sx[i] = std::numeric_limits<float>::quiet_NaN();
+        continue;  // (x16 stays 0: a NaN has no int16 value)
+      }
       const float inv = top > 0.f ? 32767.f / top : 0.f;
       for (int64_t k = 0; k < kGroup; ++k)
         x16[i * kGroup + k] = static_cast<int16_t>(std::clamp(std::nearbyint(v[k] * inv), -32767.f, 32767.f));
       sx[i] = top / 32767.f;
-      xsum[i] = s;
     }
   }
 };
