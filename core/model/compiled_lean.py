@@ -7,7 +7,9 @@ kernel has just streamed megabytes through the caches. Here the whole step is on
 cache writes, residuals, SiLU, the casts) fused by inductor into a few generated loops per layer. Attention is
 written out (two batched products and a softmax): for one query, torch's flash-attention kernel cost more than
 that. The general `--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured
-slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead.
+slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead; and a model
+the native step serves (core/model/native_step.py, one C++ call a token, faster still) compiles nothing
+(core/model/decode_paths.py).
 
 * Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the

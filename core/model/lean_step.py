@@ -10,7 +10,8 @@ between it and the model's forward at any step (the logit lens asks the forward 
 
 It is used only where it gives the model's own scores: `lean_decoder(model)` runs three tokens through both on a
 scratch cache and keeps the lean step only if every score is bit-identical (torch.equal); else decode stays the
-model's forward. Supported: decoder-only Llama, Mistral, Qwen2 and Qwen3 models with full attention (no sliding
+model's forward. On tokentui's own kernels the native step (core/model/native_step.py: this step's arithmetic in
+C++, one call a token) decodes instead, checked against this one. Supported: decoder-only Llama, Mistral, Qwen2 and Qwen3 models with full attention (no sliding
 window) and transformers' sdpa attention.
 """
 

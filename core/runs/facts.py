@@ -69,7 +69,7 @@ class QuantFacts:
     dequantized_blocks: str = ""
     weight_bytes: int = 0
     quantized_here: bool = False  # float weights quantized by tokentui (--quantize int4), not a file's blocks
-    kernel: str = ""  # the 4-bit product that runs them: "torch-int4" or "avx2-fp32" (core/model/int4_kernel.py)
+    kernel: str = ""  # the 4-bit product: "avx2-int16", "avx2-fp32" or "torch-int4" (core/model/int4_kernel.py)
 
     def stored_words(self) -> str:
         """"Q4_1 as stored" for a file's blocks, "int4 quantized here" for --quantize."""
