@@ -17,6 +17,7 @@ from cli_run import tokentui
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.model.engine import Engine
+from tokentui.core.model.fidelity import first_divergence
 from tokentui.core.model.gguf_quant import BF16_ROUNDOFF, GROUP
 from tokentui.core.model.lean_step import lean_decoder
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
@@ -31,12 +32,24 @@ pytestmark = [pytest.mark.skipif(not kernel_available(), reason="no int4 CPU ker
 
 
 def assert_engine_is_generate(model, tokenizer, prompt: str, n: int) -> None:
-    """The engine's greedy ids for `prompt` on `model` are transformers' generate's (the engine's oracle)."""
+    """The engine's greedy ids for `prompt` on `model` are transformers' generate's (the engine's oracle). On a
+    kernel that rounds the activations to int16, the engine's native step and generate's forward may part at a
+    near-tie only (a sum one rounding away moves an activation by an int16 step): the engine's own top-1 margin
+    there under 1 % of its top probability."""
     engine = Engine(LoadedModel(model=model, tokenizer=tokenizer, facts=model_facts(model, tokenizer, name="t")),
                     SamplerSettings(temperature=0), RunOptions(max_new_tokens=n, ignore_eos=True))
     events = list(engine.run(prompt))
     shown = next(e for e in events if isinstance(e, PromptEvent))
-    assert [e.id for e in events if isinstance(e, StepEvent)] == generate_ids(model, shown.ids, n, stop_at_eos=False)
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    expected = generate_ids(model, shown.ids, n, stop_at_eos=False)
+    modules = quantized_modules(model)
+    if not modules or modules[0].kernel.activations != "int16":
+        assert [e.id for e in steps] == expected
+        return
+    at = first_divergence([e.id for e in steps], expected)
+    if at is not None:
+        raw = sorted((c.raw_prob for c in steps[at].candidates), reverse=True)
+        assert raw[0] - raw[1] < 1e-2 * raw[0], f"step {at + 1}: the engine's top-1 margin {raw[0] - raw[1]:.2e}"
 
 
 def test_each_weight_within_the_bound_and_the_kernel_constants_exact():
