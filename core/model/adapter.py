@@ -117,7 +117,6 @@ class GrowableLayer(DynamicLayer):
         return 0 if self._kbuf is None else self._kbuf.nbytes + self._vbuf.nbytes
 
 
-
 def growable_layers(cache) -> list[GrowableLayer] | None:
     """`cache`'s layers when every one is a GrowableLayer holding buffers (after a prefill), for a step that writes
     the buffers itself (core/model/compiled_lean.py, core/model/native_step.py); else None."""
@@ -125,6 +124,7 @@ def growable_layers(cache) -> list[GrowableLayer] | None:
     if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
         return None
     return layers
+
 
 def new_cache(model, capacity: int | None = None) -> DynamicCache:
     """An empty KV cache shaped like the one `generate` makes (sliding/hybrid layers from the config).

@@ -10,8 +10,8 @@ variant transformers knows), and the head stays the model's own module (a QLMHea
 
 Its scores are not the model's forward's bit for bit: its sums run in another order. So `decode_step_for(model)`
 accepts it only where, on three tokens after a four-token prompt (scratch caches), its final hidden states are
-within `TOLERANCES` of the eager lean step's, which equals the model's forward bit for bit; tests/unit/test_native_step.py
-holds it to the float32 reference (teacher-forced, closer than llama-server), to `generate`'s greedy ids on tiny
+within `TOLERANCES` of the eager lean step's, which equals the model's forward bit for bit;
+tests/unit/test_native_step.py holds it to the float32 reference (teacher-forced, closer than llama-server), to `generate`'s greedy ids on tiny
 Llama / Qwen2 / Qwen3 models, and to the eager step's cache rows. Where it is refused, cannot be built, or the cache
 is not growable (bucketed `--kv-shapes`), the eager lean step decodes.
 """
@@ -58,8 +58,8 @@ class NativeStep:
         layers = decoder.layers
         if not all(_activation_is_silu(layer.act) for layer in layers):
             raise ValueError("an MLP activation other than SiLU")
-        epsilons = {layer.norm1.variance_epsilon for layer in layers} | {layer.norm2.variance_epsilon for layer in layers}
-        epsilons |= {n.variance_epsilon for layer in layers for n in (layer.q_norm, layer.k_norm) if n is not None}
+        epsilons = {n.variance_epsilon for layer in layers
+                    for n in (layer.norm1, layer.norm2, layer.q_norm, layer.k_norm) if n is not None}
         epsilons.add(decoder.norm.variance_epsilon)
         scales = {layer.attn.scaling for layer in layers}
         if len(epsilons) != 1 or len(scales) != 1:

@@ -1,5 +1,6 @@
 """tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp) and whole decode step (native/decode_step.cpp, used
-by core/model/native_step.py): one library, built here and loaded into torch; and the product's layout.
+by core/model/native_step.py): one library, built here and loaded into torch; and the products' layouts (float32 and
+int16 activations: NativeQ4, NativeQ4I16).
 
 Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
 must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's
@@ -57,8 +58,9 @@ def _cpu_has_avx2() -> bool:
 
 def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    ident = "|".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), torch.__version__, version.splitlines()[0] if version else compiler,
-                      " ".join(FLAGS), str(torch._C._GLIBCXX_USE_CXX11_ABI)])
+    ident = "|".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), torch.__version__,
+                      version.splitlines()[0] if version else compiler, " ".join(FLAGS),
+                      str(torch._C._GLIBCXX_USE_CXX11_ABI)])
     return cache_dir() / "kernels" / f"q4_avx2-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.so"
 
 
@@ -98,8 +100,8 @@ def _run_all(commands: list[list[str]], compiler: str) -> None:
 
 
 def would_build() -> bool:
-    """Loading the kernel now would compile it first (a first start: ~10 s, said as a load stage)."""
-    if _load.cache_info().currsize or not _cpu_has_avx2() or not all(p.is_file() for p in SOURCES):
+    """Loading the kernel now would compile it first (a first start: ~20 s, said as a load stage)."""
+    if _load.cache_info().currsize or not _cpu_has_avx2() or not all(p.is_file() for p in (*SOURCES, *HEADERS)):
         return False
     compiler = _compiler()
     try:

@@ -44,7 +44,7 @@ from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel, TorchInt4
 from .q4_native import NativeQ4, NativeQ4I16
 
-EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel with bf16 output)
+EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel that rounds activations)
 KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4", "avx2-fp32" or "avx2-int16": the kernel (default: chosen_kernel)
 KERNELS: dict[str, Int4Kernel] = {k.name: k for k in (TorchInt4(), NativeQ4(), NativeQ4I16())}
 NATIVE = (NativeQ4.name, NativeQ4I16.name)  # tokentui's own kernels (one library, core/model/q4_native.py)

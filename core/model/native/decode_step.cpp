@@ -53,7 +53,8 @@ float dot(const float* a, const float* b, int64_t n) {
 void axpy(float p, const float* x, float* y, int64_t n) {
   const __m256 pv = _mm256_set1_ps(p);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += p * x[i];
 }
 

@@ -136,8 +136,10 @@ inline void dequantize_rows_i16(const uint8_t* packed, const float* dm, int64_t 
       const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
       const __m256 d = _mm256_set1_ps(row_dm[2 * g]), m = _mm256_set1_ps(row_dm[2 * g + 1]);
       const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};  // inputs 0-7, 8-15, ...
-      for (int t = 0; t < 4; ++t)
-        _mm256_storeu_ps(dst + g * kGroup + 8 * t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[t])), d, m));
+      for (int t = 0; t < 4; ++t) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[t]));
+        _mm256_storeu_ps(dst + g * kGroup + 8 * t, _mm256_fmadd_ps(q, d, m));
+      }
     }
   }
 }
