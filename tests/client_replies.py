@@ -59,6 +59,13 @@ class Replies:
         self.client.start(prompt, system)
         return await self.rest()
 
+    def start_anew(self, prompt: str, system: str | None = None) -> int:
+        """Start a run that supersedes the current one. What the old run delivered before this call may still sit in
+        the queue (the engine works on while the test reads), so it is dropped first; after the call nothing of the
+        old run may arrive but how it ended (RunEnded), which is what the tests check."""
+        self.drain()
+        return self.client.start(prompt, system)
+
     def drain(self) -> list:
         out = []
         while not self.queue.empty():

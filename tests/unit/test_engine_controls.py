@@ -219,7 +219,7 @@ async def test_a_superseded_or_stopped_run_ends_and_its_record_ends_with_done(ti
         for _ in range(5):
             await replies.next_step()
         client.set_options(RunOptions(max_new_tokens=3, ignore_eos=True))
-        second = client.start("Hi")  # the first run ends at its next step; its events no longer arrive
+        second = replies.start_anew("Hi")  # the first run ends at its next step; its events no longer arrive
         assert second == first + 1 == client.run_id
         events = await replies.rest()
         assert isinstance(events[0], PromptEvent) and [e.index for e in events if isinstance(e, StepEvent)] == [0, 1, 2]

@@ -101,7 +101,7 @@ async def test_a_new_run_supersedes_the_current_one_whose_events_never_arrive(ch
     first = child.start("Count to a thousand.")
     await replies.next_step()
     child.set_options(RunOptions(max_new_tokens=5, ignore_eos=True))
-    second = child.start("Hi")
+    second = replies.start_anew("Hi")
     assert second == first + 1 == child.run_id
     events = await replies.rest()
     assert isinstance(events[0], PromptEvent) and events[0].user_prompt == "Hi"  # nothing of the first run
