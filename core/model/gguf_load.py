@@ -41,7 +41,6 @@ FORMAT = 2  # bump when the cached layout changes
 FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
 STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
 STAGE_PACK = "packing {matrices} 4-bit matrices for the {kernel} kernel (first start only)"
-STAGE_KERNEL = "building tokentui's AVX2 4-bit kernel and decode step with {compiler} (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
 
 
@@ -315,8 +314,8 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     if not kernel_available():
         raise ModelLoadError(f"this torch ({torch.__version__}) has no int4 CPU kernel; pass --dtype float32 "
                              "to de-quantize the GGUF instead")
-    if wants_native() and q4_native.would_build():
-        progress(LoadProgress(STAGE_KERNEL.format(compiler=Path(q4_native.compiler_name()).name), None))
+    if wants_native():
+        q4_native.load(progress)  # chosen_kernel says why not, if it does not load
     try:
         kernel = chosen_kernel()
     except ValueError as err:

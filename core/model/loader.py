@@ -300,6 +300,10 @@ def load_model(
         raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
     if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
         facts = replace(facts, dequantized_from=dequantized_from(Path(folder), where.gguf_file))
+    if model.device.type == "cpu":  # step 4 on CPU is one call into tokentui's native library: built now, not in a step
+        from . import q4_native
+
+        q4_native.load(progress)  # where it does not build, selection runs torch operations (core/steps/select.py)
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
     return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)

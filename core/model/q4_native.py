@@ -1,6 +1,6 @@
-"""tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp) and whole decode step (native/decode_step.cpp, used
-by core/model/native_step.py): one library, built here and loaded into torch; and the products' layouts (float32 and
-int16 activations: NativeQ4, NativeQ4I16).
+"""tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp), whole decode step (native/decode_step.cpp, used
+by core/model/native_step.py) and selection (native/select.cpp, used by core/steps/select.py on CPU): one library,
+built here and loaded into torch; and the products' layouts (float32 and int16 activations: NativeQ4, NativeQ4I16).
 
 Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
 must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's
@@ -24,18 +24,22 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..paths import cache_dir
+from ..runs.events import LoadProgress
 from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel
 
 NATIVE = Path(__file__).with_name("native")
-SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp")  # one library; both include q4_kernels.h
+# one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py)
+SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
+STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"
 # input k of a group, for word j (0..3) nibble p (0..7) of its 16 bytes: the layout in the C++ file's comment
 _NIBBLE_INPUT = torch.tensor([8 * (p % 4) + j + 4 * (p // 4) for j in range(4) for p in range(8)])
 _SHIFTS = 4 * torch.arange(8, dtype=torch.int64)
@@ -108,6 +112,14 @@ def would_build() -> bool:
         return compiler is not None and not _library_path(compiler).is_file()
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def load(progress: Callable[[LoadProgress], None]) -> str | None:
+    """Build (a first start: said first as a load stage of its own) and load the library; None when loaded, else why
+    not (one line). Model loading calls it for every model that runs on the CPU, so that no step has to build it."""
+    if would_build():
+        progress(LoadProgress(STAGE_BUILD.format(compiler=Path(compiler_name()).name), None))
+    return _load()
 
 
 @functools.cache

@@ -22,6 +22,7 @@ entries top-k and then top-p kept. Nothing here imports textual.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -100,6 +101,7 @@ def select(
     generator: torch.Generator | None,
     top_n: int = 10,
     to_host: Callable[[torch.Tensor], list] | None = None,
+    native: bool | None = None,
 ) -> Selection:
     """Pick the next token from the last position's scores ([V] or [1, V], any float dtype).
 
@@ -107,10 +109,41 @@ def select(
     noise drawn from `generator` (on the scores' device; None uses torch's global RNG), so a seeded generator
     replays a run, and the compiled whole step (core/model/fused_step.py) draws the same token from the same noise.
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
-    Raises GenerationError when the scores hold NaN or ±inf.
+    On CPU one C++ call does it all (`native_op`) where tokentui's library builds; `native=False` runs the torch
+    operations below instead (the same distribution and report: tests compare both with the warpers), `native=True`
+    insists on the C++ call. Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
+        op = native_op() if native is not False and logits.device.type == "cpu" else None
+        if native and op is None:
+            raise RuntimeError("select(native=True): tokentui's native library is not available here")
+        if op is not None and (generator is None or generator.device.type == "cpu"):
+            return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)
+
+
+@functools.cache
+def native_op() -> Callable | None:
+    """The one-call CPU selection (core/model/native/select.cpp), or None where tokentui's native library does not
+    build (no compiler, no AVX2); the torch path below is then the only one. Loading it builds the library the first
+    time (the model's load does that first, as a stage of its own: core/model/loader.py)."""
+    from ..model.q4_native import NativeQ4  # the library's one owner
+
+    return None if NativeQ4.unavailable() else torch.ops.tokentui_q4.select
+
+
+def _select_native(op: Callable, logits: torch.Tensor, settings: SamplerSettings, generator: torch.Generator | None,
+                   top_n: int, to_host: Callable[[torch.Tensor], list]) -> Selection:
+    """`_select`'s result from one C++ call: the same packed vector, the same noise per token id from the same
+    generator stream (core/model/native/select.cpp says how it finds the kept set without sorting)."""
+    x = _scores(logits).contiguous()  # [V] float32
+    vocab = x.numel()
+    n = max(0, min(int(top_n), vocab))
+    greedy = settings.is_greedy
+    top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
+    top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    packed = op(x, 1.0 if greedy else float(settings.temperature), top_k, top_p, n, greedy, generator)
+    return _unpack(to_host(packed), n, greedy=greedy, all_k=None if greedy or settings.top_k < vocab else vocab)
 
 
 def _tolist(packed: torch.Tensor) -> list:

@@ -20,6 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from tokentui.core.errors import GenerationError
+from tokentui.core.steps import select as select_module
 from tokentui.core.steps.select import (Selection, draw_noise, draw_uniforms, exp_noise, race_index, reference_probs,
                                         select)
 from tokentui.core.settings import SamplerSettings
@@ -29,6 +30,17 @@ PROB_TOL = 1e-6
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+@pytest.fixture(autouse=True, params=["one C++ call", "torch operations"])
+def path(request, monkeypatch):
+    """Every test here runs through both of select's CPU paths: the one C++ call (core/model/native/select.cpp)
+    and the torch operations (what runs on accelerators, or where the native library does not build)."""
+    if request.param == "one C++ call" and select_module.native_op() is None:
+        pytest.skip("tokentui's native library does not build here")
+    if request.param == "torch operations":
+        monkeypatch.setattr(select_module, "native_op", lambda: None)
+    return request.param
 
 
 def sampler(temperature: float = 0.7, top_k: int = 0, top_p: float = 0.9, greedy: bool = False) -> SamplerSettings:
