@@ -30,6 +30,19 @@ def verdict(key: str, value: float) -> str:
     return "met" if ok else "**not met**"
 
 
+def select_paths(sel: dict) -> list[str]:
+    """The one C++ call against the torch operations select() runs without it, timed alternately (ms, ratio)."""
+    rows = [(k, v) for k, v in sel.items() if isinstance(v, dict) and "torch_ms" in v]
+    if not rows:
+        return ["select() ran its torch operations here (tokentui's native library is not available).", ""]
+    out = ["The same calls through the torch operations select() runs where the native library is not available "
+           "(accelerators, no compiler), timed alternately with the C++ call:", "",
+           "| Vocabulary, setting | C++ call ms | torch operations ms | torch ÷ C++ |", "|---|---|---|---|"]
+    for (vocab, name), v in rows:
+        out.append(f"| {vocab}, {name} | {v['ms']:.3f} | {v['torch_ms']:.3f} | {v['torch_ms'] / v['ms']:.1f}x |")
+    return out + [""]
+
+
 def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, over: dict, pre: dict,
                  launch: dict | None, started: float, load_before, load_after, args, lens: dict | None = None,
                  branch: dict | None = None, replay: dict | None = None) -> str:
@@ -161,6 +174,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
         r.append(f"| {name} | {a['ms']:.2f} | {100 * a['share']:.1f} % | {b['ms']:.2f} | {100 * b['share']:.1f} % | "
                  f"{c['ms']:.2f} | {100 * c['share']:.1f} % |")
     r.append("")
+    r += select_paths(sel)
     r.append(f"In a real greedy run the whole step outside the model (selection, reporting, detokenizing, the "
              f"event) took {over['outside_ms']:.2f} ms of {over['step_ms']:.1f} ms ({100 * over['share']:.1f} %).\n")
     if lens:

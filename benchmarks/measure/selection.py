@@ -6,7 +6,7 @@ import statistics
 import time
 import torch  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
-from tokentui.core.steps.select import select  # noqa: E402
+from tokentui.core.steps.select import native_op, select  # noqa: E402
 from tokentui.core.settings import SamplerSettings  # noqa: E402
 from measure.common import med, run_engine  # noqa: E402
 
@@ -29,26 +29,32 @@ def bench_select(step_ms: float, threads: int, real: list[torch.Tensor], reps: i
     """select() per setting on random N(0, sigma^2) logits, sigma = the model's own score spread, at both vocabulary
     sizes (the targets), and on the model's own scores (V = 49,152; not a target). Gaussian scores are a hard case
     for top-p: their nucleus holds hundreds to thousands of tokens, where real next-token distributions have a
-    perplexity of ~10."""
+    perplexity of ~10. `ms` is select() as a run calls it (on CPU the one C++ call where tokentui's library
+    builds); `torch_ms` the torch operations it runs otherwise (accelerators, no compiler), timed alternately in
+    the same loop (absent where the native call is not available: then `ms` is the torch path)."""
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     src = torch.Generator().manual_seed(1)
     sigma = statistics.median(float(s.std()) for s in real)
     out: dict = {"sigma": sigma}
+    paths = (None, False) if native_op() is not None else (None,)
     for vocab in (49152, 151936, "real"):
         if vocab == "real":
             logits = real
         else:
             logits = [torch.randn(vocab, generator=src) * sigma for _ in range(16)]
         for name, settings in SELECT_CASES.items():
-            times = []
+            times: dict = {path: [] for path in paths}
             for i in range(reps + 20):
                 x = logits[i % len(logits)]
-                start = time.perf_counter()
-                select(x, settings, gen, 10)
-                times.append((time.perf_counter() - start) * 1000)
-            ms = med(times[20:])
+                for path in paths:
+                    start = time.perf_counter()
+                    select(x, settings, gen, 10, native=path)
+                    times[path].append((time.perf_counter() - start) * 1000)
+            ms = med(times[None][20:])
             out[(vocab, name)] = {"ms": ms, "share": ms / (step_ms + ms)}
+            if False in times:
+                out[(vocab, name)]["torch_ms"] = med(times[False][20:])
     return out
 
 

@@ -148,3 +148,17 @@ def test_seeded_runs_pick_the_same_tokens_through_either_path():
     a = [select(x, s, ours, native=True).token_id for _ in range(100)]
     b = [select(x, s, theirs, native=False).token_id for _ in range(100)]
     assert a == b and len(set(a)) > 50
+
+
+@pytest.mark.parametrize("top_k", [1, 5, 50, 300])
+def test_scores_tied_by_a_bfloat16_head_keep_every_token_tied_at_the_k_th(top_k):
+    # a bfloat16 head gives a few hundred distinct scores over a whole vocabulary: the k-th is tied with many more
+    x = (torch.randn(49_152, generator=gen(top_k)) * 3).bfloat16().float()
+    s = SamplerSettings(temperature=0.7, top_k=top_k, top_p=1.0)
+    ref = reference_probs(x, s)
+    ours, theirs = gen(1), gen(1)
+    a = select(x, s, ours, 10, native=True)
+    b = select(x, s, theirs, 10, native=False)
+    assert a.top_k_kept == b.top_k_kept == a.kept_count == int((ref > 0).sum()) >= top_k
+    assert a.token_id == b.token_id and ref[a.token_id] > 0  # the same kept set, the same noise: the same draw
+    assert x[a.top_ids].tolist() == x[b.top_ids].tolist()

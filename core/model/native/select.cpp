@@ -328,6 +328,12 @@ class Selector {
     return NB - 1;
   }
 
+  // The first bucket after `b` that holds a token (NB - 1 when none does).
+  int next_bucket(int b) const {
+    while (b < NB - 1 && counts_[++b] == 0) {}
+    return b;
+  }
+
   // The ids of every token in buckets 0..last, by score descending (ids ascending on ties).
   std::vector<int64_t> candidates(int last) const {
     std::vector<int64_t> start(last + 2, 0);
@@ -422,12 +428,16 @@ at::Tensor select_cpu(const at::Tensor& scores, double temperature, int64_t top_
 
   int64_t need = std::max<int64_t>(n, 1);
   if (top_k) need = std::max(need, top_k + 1);  // one past the k-th: the tie check below then rarely takes all
-  std::vector<int64_t> ids = sel.candidates(sel.last_bucket(need, by_mass ? (top_p + MASS_MARGIN) * scan.zs : 0));
-  if (top_k && static_cast<int64_t>(ids.size()) < v) {
-    // The candidates hold every raw score >= the k-th; if dividing by T ties one outside with the k-th, take all.
+  int last = sel.last_bucket(need, by_mass ? (top_p + MASS_MARGIN) * scan.zs : 0);
+  std::vector<int64_t> ids = sel.candidates(last);
+  while (top_k && static_cast<int64_t>(ids.size()) < v) {
+    // The candidates hold every raw score >= the k-th, and every score outside is below the lowest candidate. If
+    // the lowest candidate's score after temperature still equals the k-th's (tied scores, as a bfloat16 head
+    // gives, or two scores the division makes equal), one outside might too: take the next bucket as well.
     const float kth = scaled ? x[ids[top_k - 1]] / t : x[ids[top_k - 1]];
     const float lowest = scaled ? x[ids.back()] / t : x[ids.back()];
-    if (!(lowest < kth)) ids = sel.candidates(NB - 1);
+    if (lowest < kth) break;
+    ids = sel.candidates(last = sel.next_bucket(last));
   }
   const int64_t k = static_cast<int64_t>(ids.size());
   std::vector<float> vals = gather(x, ids, k);  // [k] raw scores, descending
