@@ -6,8 +6,8 @@ Why built at run time: it is a few hundred lines of intrinsics against torch's C
 must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's
 C++ compiler (the one `--compile` needs) keeps the wheel pure Python. The library is cached under
 `cache_dir()/kernels`, keyed by the sources, torch's version and the compiler; later starts load it in milliseconds.
-Where it cannot be built (no compiler, not x86, no AVX2 / FMA), `NativeQ4.unavailable()` says why and the model
-uses torch's int4 kernel (core/model/qlinear.py's `chosen_kernel`).
+Where it cannot be built (no compiler, not x86, no AVX2 / FMA), `NativeQ4.unavailable()` says why, the model
+uses torch's int4 kernel (core/model/qlinear.py's `chosen_kernel`) and selection runs torch operations.
 
 Why not torch.utils.cpp_extension: it needs ninja and builds a Python extension module; one compiler call for a
 library of TORCH_LIBRARY ops is all this needs.

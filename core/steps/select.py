@@ -13,6 +13,11 @@ warpers: every token past the prefix has probability 0 there.
 
 The topk of a prefix and of the reported candidates goes through core/steps/topn.py, exact and cheaper on CPU.
 
+On a CPU where tokentui's native library builds, `select` is one C++ call instead (core/model/native/select.cpp,
+`native_op`): the same distribution, report and packed vector, the same noise from the same generator stream, the
+kept set found by a histogram of the scores instead of topk passes. The torch operations below run everywhere
+else (accelerators, no compiler) and are held to the same oracles (tests/unit/test_select.py runs both paths).
+
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
 host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
 through the caller's `to_host` when given (the engine's core/model/timing.py times that copy and counts its bytes).
