@@ -176,7 +176,7 @@ inline __m256 lanes(int64_t n) {  // a mask of the first n lanes
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx));
 }
 
-// exp(in[i] - shift) for n values (SLEEF, as the whole-vocabulary pass computes them).
+// exp(in[i] - shift) for n values (exp8, as the whole-vocabulary pass computes them).
 void exp_shifted(const float* in, int64_t n, float shift, float* out) {
   const __m256 sh = _mm256_set1_ps(shift);
   int64_t i = 0;
