@@ -28,7 +28,7 @@ from tokentui.core.model.kvcache import cache_tokens
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.record_reader import event_from_dict
 from tokentui.core.runs.run import Run
-from tokentui.core.steps.select import _HEADER, select
+from tokentui.core.steps.select import _HEADER, native_op, select
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.model.timing import StepClock
 
@@ -242,12 +242,17 @@ def test_a_branch_that_reuses_the_cache_sends_one_id(smol_tokenizer):
     check_split(branch)
 
 
-def test_a_widened_selection_copies_twice_and_counts_both():
+@pytest.mark.parametrize("native", [False, True], ids=["torch operations", "one C++ call"])
+def test_a_widened_selection_copies_twice_and_counts_both(native):
+    """The torch path (accelerators, no compiler) widens a prefix that did not hold the kept set and copies its
+    packed vector again: both copies are timed and counted. The one C++ call finds the kept set first: one copy."""
+    if native and native_op() is None:
+        pytest.skip("tokentui's native library does not build here")
     clock = StepClock(torch.device("cpu"), torch.device("cpu"))
     clock.first(forward_ms=5.0, fed=3, exact=False)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(2000, generator=g) - 10.0  # 3 leaders, then 300 ties at 4th place: top-k 5 keeps 303, more
-    x[:3] = torch.tensor([5.0, 4.5, 4.0])      # than the first prefix holds, so the selection widens it
+    x[:3] = torch.tensor([5.0, 4.5, 4.0])      # than the first prefix holds, so the torch path widens it
     x[torch.randperm(1997, generator=g)[:300] + 3] = 1.0
     copies = []
 
@@ -256,10 +261,10 @@ def test_a_widened_selection_copies_twice_and_counts_both():
         return clock.to_host(packed)
 
     sel = select(x, SamplerSettings(temperature=1.0, top_k=5, top_p=1.0), torch.Generator().manual_seed(0), 10,
-                 to_host)
+                 to_host, native=native)
     clock.selected()
     timing = clock.finish(time.perf_counter())
-    assert len(copies) == 2 and timing.d2h_bytes == 4 * sum(copies) and timing.h2d_bytes == 24
+    assert len(copies) == (1 if native else 2) and timing.d2h_bytes == 4 * sum(copies) and timing.h2d_bytes == 24
     assert sel.top_k_kept == sel.kept_count == 303 and sel.top_p_kept is None
     assert timing.forward_ms == 5.0 and timing.copy_ms > 0
 
