@@ -421,9 +421,10 @@ def render(res: dict, args, started: float) -> str:
         lines.append(f"| selection share of a 4-bit step ({r['step_ms']:.1f} ms), V = 49,152, worst setting | ≤ 3 % | "
                      f"{100 * worst[0]:.1f} % | {'met' if worst[0] <= 0.03 else '**not met**'} |")
         if "torch_ms" in (w := r["select"][worst[1]]):
+            torch_share = 100 * w["torch_ms"] / (r["step_ms"] + w["torch_ms"])
             lines.append(f"| selection at that setting: torch operations ÷ the one C++ call ({w['torch_ms']:.2f} ÷ "
-                         f"{w['ms']:.2f} ms; the torch path's share: {100 * w['torch_ms'] / (r['step_ms'] + w['torch_ms']):.1f} %)"
-                         f" | — | {w['torch_ms'] / w['ms']:.1f} | — |")
+                         f"{w['ms']:.2f} ms; the torch path's share: {torch_share:.1f} %) | — | "
+                         f"{w['torch_ms'] / w['ms']:.1f} | — |")
     if res.get("launch"):
         la = res["launch"]
         lines.append(f"| launch to first token, warm / cold (4-bit default, fresh processes; importing torch and "

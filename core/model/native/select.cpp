@@ -304,8 +304,8 @@ class Selector {
         const __m256 r = _mm256_blendv_ps(_mm256_set1_ps(-1.f), _mm256_div_ps(es, nz), valid);  // padding: -1
         const __m256 up = _mm256_cmp_ps(r, best, _CMP_GT_OQ);
         best = _mm256_blendv_ps(best, r, up);
-        best_at = _mm256_blendv_epi8(best_at, _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                                     _mm256_castps_si256(up));
+        const __m256i at = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        best_at = _mm256_blendv_epi8(best_at, at, _mm256_castps_si256(up));
         const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(es, _mm256_setzero_ps(), _CMP_GT_OQ), valid);
         positive = _mm256_sub_epi32(positive, _mm256_castps_si256(pos));
         add_d(p0, p1, _mm256_and_ps(e, pos));
