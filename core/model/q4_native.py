@@ -36,7 +36,7 @@ from .int4_kernel import Int4Kernel
 NATIVE = Path(__file__).with_name("native")
 # one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py)
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp")
-HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h")
+HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"

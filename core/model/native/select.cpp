@@ -19,212 +19,23 @@
 // token the sampler can keep: a token outside has a lower score than every token inside. Those are then ordered
 // bucket by bucket (score descending, id ascending on ties).
 //
-// The exponentials and the logarithms are hand-written 8-wide polynomials (exp8 and log8 say why).
+// The random stream is select_draw.h's; the exponentials and logarithms are hand-written 8-wide polynomials
+// (select_math.h: exp8 and log8 say why).
 #include <torch/library.h>
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/MT19937RNGEngine.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <limits>
-#include <mutex>
 #include <vector>
 
+#include "select_draw.h"
+#include "select_math.h"
 
 namespace {
-
-// ---- the random stream: at::mt19937 (ATen/core/MT19937RNGEngine.h) and uniform_'s float conversion ----------
-namespace mt {
-constexpr int N = 624, M = 397;
-constexpr uint32_t MATRIX_A = 0x9908b0df, UMASK = 0x80000000, LMASK = 0x7fffffff;
-
-inline uint32_t twist(uint32_t u, uint32_t v) {
-  return (((u & UMASK) | (v & LMASK)) >> 1) ^ ((v & 1) ? MATRIX_A : 0);
-}
-
-inline __m256i load(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-inline __m256i twist8(__m256i u, __m256i v) {
-  const __m256i mix = _mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(UMASK))),
-                                      _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(LMASK))));
-  const __m256i odd = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, _mm256_set1_epi32(1)));
-  return _mm256_xor_si256(_mm256_srli_epi32(mix, 1), _mm256_and_si256(odd, _mm256_set1_epi32(static_cast<int>(MATRIX_A))));
-}
-
-// mt19937_engine::next_state, 8 words at a time: word i reads words i + 1 (not yet rewritten) and i + M (first
-// loop, not yet rewritten) or i + M - N (second loop, rewritten at least 8 words earlier), as the scalar loop does.
-void next_state(uint32_t* s) {
-  int i = 0;
-  for (; i + 8 <= N - M; i += 8)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s + i), _mm256_xor_si256(load(s + i + M), twist8(load(s + i), load(s + i + 1))));
-  for (; i < N - M; ++i) s[i] = s[i + M] ^ twist(s[i], s[i + 1]);
-  for (; i + 8 <= N - 1; i += 8)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s + i), _mm256_xor_si256(load(s + i + M - N), twist8(load(s + i), load(s + i + 1))));
-  for (; i < N - 1; ++i) s[i] = s[i + M - N] ^ twist(s[i], s[i + 1]);
-  s[N - 1] = s[M - 1] ^ twist(s[N - 1], s[0]);
-}
-
-// The engine's tempering, then uniform_real_distribution<float>: the low 24 bits times 2^-24 (exact in float).
-inline float uniform1(uint32_t y) {
-  y ^= (y >> 11);
-  y ^= (y << 7) & 0x9d2c5680;
-  y ^= (y << 15) & 0xefc60000;
-  y ^= (y >> 18);
-  return static_cast<float>(y & 0xFFFFFF) * (1.0f / 16777216.0f);
-}
-
-void temper(const uint32_t* s, int64_t n, float* out) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256i y = load(s + i);
-    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 11));
-    y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_slli_epi32(y, 7), _mm256_set1_epi32(static_cast<int>(0x9d2c5680))));
-    y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_slli_epi32(y, 15), _mm256_set1_epi32(static_cast<int>(0xefc60000))));
-    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 18));
-    const __m256 u = _mm256_cvtepi32_ps(_mm256_and_si256(y, _mm256_set1_epi32(0xFFFFFF)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(u, _mm256_set1_ps(1.0f / 16777216.0f)));
-  }
-  for (; i < n; ++i) out[i] = uniform1(s[i]);
-}
-
-// The next `count` outputs of the engine as uniform_ turns them into floats; the engine ends where count calls of
-// mt19937_engine::operator() leave it (left_ counts down to a twist; a block's first output follows its twist).
-void uniforms(at::mt19937_data_pod& d, int64_t count, float* out) {
-  uint32_t* s = d.state_.data();
-  const int64_t ready = d.left_ - 1;  // outputs before the next twist
-  const int64_t first = std::min(ready, count);
-  temper(s + d.next_, first, out);
-  if (count <= ready) {
-    d.next_ += static_cast<uint32_t>(count);
-    d.left_ -= static_cast<int>(count);
-    return;
-  }
-  int64_t at = first, take = 0;
-  while (at < count) {
-    next_state(s);
-    take = std::min<int64_t>(N, count - at);
-    temper(s, take, out + at);
-    at += take;
-  }
-  d.next_ = static_cast<uint32_t>(take);
-  d.left_ = static_cast<int>(N + 1 - take);
-}
-}  // namespace mt
-
-// Draw `count` uniforms from the generator (the default CPU generator when none), as Tensor.uniform_ does.
-void draw(const std::optional<at::Generator>& gen, int64_t count, float* out) {
-  auto* g = at::get_generator_or_default<at::CPUGeneratorImpl>(gen, at::detail::getDefaultCPUGenerator());
-  std::lock_guard<std::mutex> lock(g->mutex_);
-  at::mt19937 engine = g->engine();
-  at::mt19937_data_pod data = engine.data();
-  mt::uniforms(data, count, out);
-  engine.set_data(data);
-  g->set_engine(engine);
-}
-
-// ---- exp for arguments <= 0 -------------------------------------------------------------------------------
-// Cephes' expf (range reduction by ln 2 in two parts, then a degree-6 polynomial; relative error below 2e-7),
-// hand-written because it is ~4x faster than SLEEF's IEEE-complete expf8_u10 here, which was 40 % of a call. The
-// scale 2^n is applied in two halves so that results below FLT_MIN come out as the denormals (and, below about
-// -103.97, the zeros) that torch's exp gives: a token whose probability underflows is not kept, as in the torch path.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-174.f));  // exp(-174) is 0 in float; keeps both halves of n >= -126
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i k = _mm256_cvtps_epi32(n);  // in [-251, 0]
-  const __m256i half = _mm256_srai_epi32(k, 1);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(k, half), _mm256_set1_epi32(127)), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
-}
-
-// log for the draw's uniforms, in [0, 1): Cephes' logf (the mantissa in [sqrt(1/2), sqrt(2)), a degree-8 polynomial,
-// ln 2 in two parts; relative error below 1e-7), hand-written for the same reason as exp8: SLEEF's logf8_u10 was
-// ~70 us of the whole-vocabulary draw at V = 49,152. log(0) is -inf, as std::log's (a u of 0 never wins the race).
-inline __m256 log8(__m256 x) {
-  const __m256 zero_in = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ);
-  const __m256i bits = _mm256_castps_si256(x);
-  __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(126)));
-  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)),
-                                                 _mm256_set1_epi32(0x3f000000)));  // in [1/2, 1)
-  const __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
-  e = _mm256_sub_ps(e, _mm256_and_ps(small, _mm256_set1_ps(1.f)));
-  m = _mm256_sub_ps(_mm256_add_ps(m, _mm256_and_ps(small, m)), _mm256_set1_ps(1.f));  // in [sqrt(1/2) - 1, sqrt(2) - 1)
-  const __m256 z = _mm256_mul_ps(m, m);
-  __m256 y = _mm256_set1_ps(7.0376836292e-2f);
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.1514610310e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(1.1676998740e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.2420140846e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(1.4249322787e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-1.6668057665e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(2.0000714765e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(-2.4999993993e-1f));
-  y = _mm256_fmadd_ps(y, m, _mm256_set1_ps(3.3333331174e-1f));
-  y = _mm256_mul_ps(_mm256_mul_ps(y, m), z);
-  y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
-  y = _mm256_fnmadd_ps(z, _mm256_set1_ps(0.5f), y);
-  const __m256 r = _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(m, y));
-  return _mm256_blendv_ps(r, _mm256_set1_ps(-INFINITY), zero_in);
-}
-
-// ---- small vector helpers ------------------------------------------------------------------------------------
-inline double hsum(__m256d v) {
-  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-inline void add_d(__m256d& lo, __m256d& hi, __m256 v) {  // float32 lanes summed in float64
-  lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-  hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-}
-
-inline __m256 load_part(const float* p, int64_t n, float pad) {  // n < 8 lanes of p, the rest `pad`
-  alignas(32) float tmp[8];
-  for (int i = 0; i < 8; ++i) tmp[i] = i < n ? p[i] : pad;
-  return _mm256_load_ps(tmp);
-}
-
-inline __m256 lanes(int64_t n) {  // a mask of the first n lanes
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx));
-}
-
-// exp(in[i] - shift) for n values (exp8, as the whole-vocabulary pass computes them).
-void exp_shifted(const float* in, int64_t n, float shift, float* out) {
-  const __m256 sh = _mm256_set1_ps(shift);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(in + i), sh)));
-  if (i < n) {
-    alignas(32) float tmp[8];
-    _mm256_store_ps(tmp, exp8(_mm256_sub_ps(load_part(in + i, n - i, shift), sh)));
-    for (int64_t j = i; j < n; ++j) out[j] = tmp[j - i];
-  }
-}
-
-// Exp(1) noise from uniforms: max(-log(u), FLT_MIN), as select.py's exp_noise (a u of 0 gives +inf noise).
-void exp_noise(const float* u, int64_t n, float* out) {
-  const __m256 tiny = _mm256_set1_ps(FLT_MIN), zero = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_max_ps(_mm256_sub_ps(zero, log8(_mm256_loadu_ps(u + i))), tiny));
-  if (i < n) {
-    alignas(32) float tmp[8];
-    _mm256_store_ps(tmp, _mm256_max_ps(_mm256_sub_ps(zero, log8(load_part(u + i, n - i, 1.0f))), tiny));
-    for (int64_t j = i; j < n; ++j) out[j] = tmp[j - i];
-  }
-}
+using namespace tokentui_select;
 
 // ---- the packed report: select.py's layout ----------------------------------------------------------------
 enum Slot { FINITE, ENOUGH, TOKEN, RANK, KEPT, RAW, PROB, MASS, H, HS, PREFIX_MASS, LAST_PROB, TEMP_H, K_KEPT, P_KEPT, HEADER };
