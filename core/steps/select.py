@@ -119,10 +119,11 @@ def select(
     insists on the C++ call. Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
-        op = native_op() if native is not False and logits.device.type == "cpu" else None
+        on_cpu = logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu")
+        op = native_op() if native is not False and on_cpu else None
         if native and op is None:
             raise RuntimeError("select(native=True): tokentui's native library is not available here")
-        if op is not None and (generator is None or generator.device.type == "cpu"):
+        if op is not None:
             return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)
 
@@ -145,10 +146,18 @@ def _select_native(op: Callable, logits: torch.Tensor, settings: SamplerSettings
     vocab = x.numel()
     n = max(0, min(int(top_n), vocab))
     greedy = settings.is_greedy
-    top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
-    top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    top_k, all_k, top_p = _cuts(settings, vocab)
     packed = op(x, 1.0 if greedy else float(settings.temperature), top_k, top_p, n, greedy, generator)
-    return _unpack(to_host(packed), n, greedy=greedy, all_k=None if greedy or settings.top_k < vocab else vocab)
+    return _unpack(to_host(packed), n, greedy=greedy, all_k=None if greedy else all_k)
+
+
+def _cuts(settings: SamplerSettings, vocab: int) -> tuple[int, int | None, float]:
+    """(top_k, all_k, top_p) as both paths apply them: top_k 0 when off, and top_k >= V keeps everything, so it is
+    off too, with all_k = V (what top-k reports it kept; None otherwise); top_p 1.0 when off."""
+    top_k = settings.top_k if 0 < settings.top_k < vocab else 0
+    all_k = vocab if settings.top_k >= vocab else None
+    top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    return top_k, all_k, top_p
 
 
 def _tolist(packed: torch.Tensor) -> list:
@@ -165,9 +174,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
 
     temperature = float(settings.temperature)
     assert temperature > 0, "temperature must be > 0 when sampling (0 means greedy)"
-    top_k = settings.top_k if 0 < settings.top_k < vocab else 0  # top_k >= V keeps everything: off
-    all_k = vocab if settings.top_k >= vocab else None  # ...and that is what top-k kept
-    top_p = float(settings.top_p) if settings.top_p < 1.0 else 1.0
+    top_k, all_k, top_p = _cuts(settings, vocab)
     uniforms = draw_uniforms(generator, vocab, x.device)  # [V] the step's one draw (exp_noise makes it Exp(1))
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.amax() - x  # [V] >= 0, shared by both entropies
