@@ -9,14 +9,16 @@ last whole line and the run's `cut_line` says so.
 
 A record is outside input (a shared file, a hand-edited one): it is read a line at a time, no line longer than
 MAX_LINE_BYTES; each line is strict JSON (core/strict_json.py: no NaN / Infinity, nothing nested past the recursion
-limit); integers must fit 64 bits, token ids 0..2^31-1 (and the model's vocabulary, when the record gives its
-size), probabilities 0..1 and times >= 0 (`_RANGES`). Whatever is wrong is one RecordError line naming the file and
-the line, never another exception.
+limit); integers must fit 64 bits and numbers be finite (1e400 reads as infinity: refused), token ids 0..2^31-1
+(and below the model's `vocab_rows`, when the record gives it: 1..2^31, 0 or null for not known), probabilities
+0..1, a step's or a prefill's times 0 ms to a day (`MAX_DURATION_MS`: a replay waits them out) and other times >= 0
+(`_RANGES`). Whatever is wrong is one RecordError line naming the file and the line, never another exception.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +32,7 @@ from .events import (
     ErrorEvent,
     Event,
     FanoutEvent,
+    FanoutProgress,
     LensRow,
     LoadProgress,
     MultiTokenChar,
@@ -51,7 +54,7 @@ from .architecture import BlockGroup, KVGroup, ModelAnatomy
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
-    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, SampleEvent)}
+    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, FanoutProgress, SampleEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
@@ -59,12 +62,23 @@ NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near
+MAX_DURATION_MS = 24 * 3600 * 1000.0  # a step, a prefill or a part of one taking a day: a corrupt record
 _INT64 = 2**63
 
 
 def _token_id(value, where: str) -> None:
     if not 0 <= value <= MAX_TOKEN_ID:
         raise ValueError(f"{where} should be a token id in 0..{MAX_TOKEN_ID}, got {value}")
+
+
+def _vocabulary(value, where: str) -> None:
+    if not 0 <= value <= MAX_TOKEN_ID + 1:  # 0: not known (as null), like an older record's
+        raise ValueError(f"{where} should be a vocabulary size in 1..{MAX_TOKEN_ID + 1} (0: not known), got {value}")
+
+
+def _duration(value, where: str) -> None:
+    if not 0 <= value <= MAX_DURATION_MS:
+        raise ValueError(f"{where} should be a time in 0..{MAX_DURATION_MS:.0f} ms (a day), got {value:g}")
 
 
 def _probability(value, where: str) -> None:
@@ -83,18 +97,24 @@ _RANGES = {
                                   ("Candidate", "id"), ("LensRow", "id"), ("BranchEvent", "id"),
                                   ("BranchEvent", "parent_id"), ("BranchEvent", "prompt_ids"),
                                   ("BranchEvent", "tokens"), ("ScoreEvent", "ids"), ("ScoredToken", "id"),
-                                  ("FanoutEvent", "prompt_ids"), ("FanoutEvent", "tokens"), ("SampleEvent", "ids"))},
+                                  ("FanoutEvent", "prompt_ids"), ("FanoutEvent", "tokens"), ("SampleEvent", "ids"),
+                                  ("BranchEvent", "phrase_ids"), ("FanoutEvent", "parent_id"))},
+    ("ModelFacts", "vocab_rows"): _vocabulary,
     **{key: _probability for key in (("Candidate", "raw_prob"), ("Candidate", "prob"), ("LensRow", "prob"),
                                      ("StepEvent", "chosen_raw_prob"), ("StepEvent", "chosen_prob"),
                                      ("StepEvent", "kept_mass"), ("StepEvent", "server_kv_usage"),
                                      ("LoadProgress", "fraction"), ("ScoredToken", "raw_prob"),
                                      ("SampleEvent", "raw_probs"), ("SampleEvent", "probs"))},
-    **{key: _not_negative for key in (("StepEvent", "latency_ms"), ("StepEvent", "forward_ms"),
-                                      ("StepEvent", "reissue_ttft_ms"), ("PrefillEvent", "ms"),
-                                      ("DoneEvent", "ttft_ms"), ("DoneEvent", "paused_ms"),
-                                      ("DoneEvent", "decode_tok_s"), ("StepTiming", "forward_ms"),
-                                      ("StepTiming", "select_ms"), ("StepTiming", "copy_ms"),
-                                      ("StepTiming", "detok_ms"), ("StepTiming", "wait_ms"))},
+    # the times a replay waits out (core/runs/replay.py), and their parts
+    **{key: _duration for key in (("StepEvent", "latency_ms"), ("StepEvent", "forward_ms"),
+                                  ("StepEvent", "reissue_ttft_ms"), ("PrefillEvent", "ms"),
+                                  ("PrefillProgress", "elapsed_ms"), ("DoneEvent", "ttft_ms"),
+                                  ("ScoreSummary", "forward_ms"), ("StepTiming", "forward_ms"),
+                                  ("StepTiming", "select_ms"), ("StepTiming", "copy_ms"),
+                                  ("StepTiming", "detok_ms"), ("StepTiming", "wait_ms"))},
+    # a run may sit paused for days (a fan-out's elapsed time counts its pauses); a rate has no bound
+    **{key: _not_negative for key in (("DoneEvent", "paused_ms"), ("DoneEvent", "decode_tok_s"),
+                                      ("FanoutProgress", "elapsed_ms"))},
 }
 
 
@@ -121,7 +141,12 @@ def _value(value, annotation: str, where: str):
         raise ValueError(f"{where} should be {annotation}, got {_preview(value)}")
     if annotation == "int" and not -_INT64 <= value < _INT64:
         raise ValueError(f"{where} should be a 64-bit integer, got one of {len(str(value))} digits")
-    return float(value) if annotation == "float" else value
+    if annotation == "float":
+        number = float(value) if not isinstance(value, int) or -_INT64 <= value < _INT64 else math.inf
+        if not math.isfinite(number):  # 1e400 (read as infinity), or an integer of hundreds of digits
+            raise ValueError(f"{where} should be a finite number, got {_preview(value)}")
+        return number
+    return value
 
 
 def _preview(value) -> str:
@@ -265,7 +290,7 @@ def read_run(path: str | Path, run_class):
         elif isinstance(event, PromptEvent) and run.prompt is not None:
             raise RecordError(f"{where}: a second prompt event (a record holds one run)")
         rows = run.facts.vocab_rows if run.facts is not None else None
-        if rows is not None and rows > 0:  # ids inside the model's vocabulary, where the record says its size
+        if rows:  # ids inside the model's vocabulary, where the record says its size (1..2^31: `_vocabulary`)
             named = _ids_of(event)
             if named and max(named) >= rows:
                 raise RecordError(f"{where}: token id {max(named)} is outside the model's vocabulary of {rows}")
@@ -287,8 +312,17 @@ def _ids_of(event: Event) -> list[int]:
     if isinstance(event, StepEvent):
         return [event.id, *(c.id for c in event.candidates), *(r.id for r in event.lens or ())]
     if isinstance(event, PromptEvent):
-        return list(event.ids)
+        return [*event.ids, *(p.id for p in event.pieces)]
     if isinstance(event, BranchEvent):
-        return [event.id, *event.prompt_ids, *event.tokens] + ([event.parent_id] if event.parent_id is not None
-                                                                else [])
+        return [event.id, *event.prompt_ids, *event.tokens, *(event.phrase_ids or ())] + (
+            [event.parent_id] if event.parent_id is not None else [])
+    if isinstance(event, ScoreEvent):
+        return [*event.ids, *(p.id for p in event.pieces)]
+    if isinstance(event, FanoutEvent):
+        return [*event.prompt_ids, *event.tokens, *(c.id for c in event.candidates)] + (
+            [event.parent_id] if event.parent_id is not None else [])
+    if isinstance(event, SampleEvent):
+        return list(event.ids)
+    if isinstance(event, ScoreSummary):
+        return [t.id for t in event.least_likely]
     return []

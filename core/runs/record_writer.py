@@ -3,7 +3,8 @@ when, and how a cut-off run still ends with `done`, is core/runs/recording.py's 
 
 Each line is flushed (and fsync'd at the end) so a kill loses at most the step in flight; file names carry a
 timestamp and pid and are opened with "x" so an old record is never overwritten. A record holds a prompt and its
-answer: it is created 0600 in a folder created 0700 (core/paths.py).
+answer: it is created 0600 in a folder created 0700 (core/paths.py). A record nothing could be written to (a disk
+full from the start) is removed when it is closed: no empty `.jsonl` is left behind.
 """
 
 from __future__ import annotations
@@ -23,21 +24,24 @@ class JsonLinesFile:
 
     def __init__(self, fh: TextIO) -> None:
         self._fh: TextIO | None = fh
+        self.lines = 0  # lines written and flushed
 
     def write(self, data: dict) -> None:
         if self._fh is None:
             return
         self._fh.write(json.dumps(data, ensure_ascii=False) + "\n")
         self._fh.flush()
+        self.lines += 1
 
     def close(self) -> None:
-        if self._fh is not None:
+        """Closed, even when the last flush fails (a full disk: that OSError is raised after)."""
+        fh, self._fh = self._fh, None
+        if fh is not None:
             try:
-                os.fsync(self._fh.fileno())
+                os.fsync(fh.fileno())
             except OSError:
                 pass
-            self._fh.close()
-            self._fh = None
+            fh.close()
 
 
 class RunRecorder:
@@ -77,6 +81,16 @@ class RunRecorder:
             self._file.write(event.to_dict() if isinstance(event, Event) else event)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the record; one nothing could be written to is removed (`path` is then None)."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        try:
+            file.close()
+        finally:
+            if file.lines == 0 and self.path is not None:
+                try:
+                    self.path.unlink()
+                    self.path = None
+                except OSError:
+                    pass

@@ -12,7 +12,8 @@ and closes the record when the run ends. Every record ends with `done`: an engin
   them, so the caller shows them as it would an engine's own.
 
 Recording never ends a run: a record that cannot be opened or written is said once through `on_note` and the
-run goes on unrecorded (`cut_short` then names the record that stopped early).
+run goes on unrecorded (`cut_short` then names the record that stopped early; a record that not even the model's
+facts could be written to is removed by the recorder, and the note says the run was not recorded).
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ class RecordedRun:
             return None
         try:
             self.path = recorder.open_run()
-            recorder.write(self.facts)
         except OSError as err:
             self._drop_recorder()
-            self.path = None
             self._on_note(f"run not recorded: {why_not(err)}")
+            return None
+        try:
+            recorder.write(self.facts)
+        except OSError as err:  # a disk full from the start: the empty record is removed (RunRecorder.close)
+            self._drop_recorder()
+            self.path = None
+            self._on_note(f"run not recorded: {why_not(err)} writing to {recorder.directory}")
         return self.path
 
     def _write(self, event: Event) -> None:

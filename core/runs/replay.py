@@ -5,14 +5,17 @@ dashboard (and headless mode) can show a record as if a model were writing it: `
 any other point is refused in one line.
 
 Timing: each step comes after its recorded latency (the prefill after its recorded time), divided by `speed`
-(2 = twice as fast); speed 0 plays it as fast as it can be read. Pause, step and stop act at step boundaries, as
-in the engine. The sampler cannot change a recorded run: `set_sampler` refuses with a SettingsError; nor can a
-replay branch (`branch_refusal` says how to branch a record instead).
+(2 = twice as fast), and no wait longer than MAX_WAIT_S; speed 0 plays it as fast as it can be read. Pause, step and
+stop act at step boundaries, as in the engine, and never wait for a recorded time: pausing (space) ends the wait in
+progress and holds the replay at the next step, and while paused a step let through (n) or the resumed run comes at
+once (a replay has nothing to compute). The sampler cannot change a recorded run: `set_sampler` refuses with a
+SettingsError; nor can a replay branch (`branch_refusal` says how to branch a record instead).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -29,6 +32,8 @@ from ..settings import RunOptions, SamplerSettings
 
 
 MIN_SPEED = 0.001  # a thousand times slower than recorded: a 20 ms step takes 20 s (1e-300 would take forever)
+MAX_WAIT_S = 60.0  # the longest a replay waits for one step (or prefill), whatever the record and the speed say
+_LOOK_S = 0.05  # how often a wait looks whether the replay was paused meanwhile (pausing wakes no one)
 
 
 def check_speed(speed: float) -> float:
@@ -130,9 +135,18 @@ class ReplayEngine(BaseEngine):
                             f"{point.token} is not one of them (branch the record with `tokentui branch`)")
 
     def _wait(self, ms: float, serial: int) -> bool:
-        """Sleep `ms` of recorded time at the replay's speed; False when stopped meanwhile."""
-        seconds = ms / 1000.0 / self.speed if self.speed > 0 and ms > 0 else 0.0
-        return self.sleep_at_gate(seconds, serial)
+        """Sleep `ms` of recorded time at the replay's speed, at most MAX_WAIT_S; not at all while paused (the gate
+        holds the step: n or space lets it through at once), and no longer once paused meanwhile. False when
+        stopped."""
+        seconds = min(ms / 1000.0 / self.speed, MAX_WAIT_S) if self.speed > 0 and ms > 0 else 0.0
+        deadline = time.monotonic() + seconds
+        while not self.paused:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if not self.sleep_at_gate(min(left, _LOOK_S), serial):
+                return False
+        return not self.stopping(serial)
 
     # ---- the run -------------------------------------------------------------------------------------------
     def run(self, prompt: str | None = None, system: str | None = None, *, run_id: int | None = None

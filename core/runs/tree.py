@@ -13,15 +13,20 @@ per prompt (a restart or a new prompt starts another) and writes it as it grows,
 
 One JSON object a line, appended and flushed as each thing happens, so the file is whole after any crash (a last
 line cut short is ignored by the reader; a run without a `tree_end` is one whose end its record tells, or that
-was cut). Records are named relative to the tree file's folder; each record stands alone (a branch's record carries
-its prompt and its prefix), so any of them also replays by itself. `at` is the 0-based step index (the dashboard
-shows at + 1); `steps` counts the run's own steps (a branch's: from its branch point on; the run's total from the
-prompt is at + steps). A forced phrase's branch (or an adopted fan-out sample) also names every id it forced:
+was cut). A record is named by its file name alone, in the tree file's folder: a tree is outside input, and a name
+with a folder in it (`../x.jsonl`, `/etc/passwd`), or one that resolves outside the folder through a symlink, or
+names no file there, is refused with one line that reads the same whether or not what it names exists
+(`record_refusal`). Each record stands alone (a branch's record carries its prompt and its prefix), so any of them
+also replays by itself. `at` is the 0-based step index (the dashboard shows at + 1); `steps` counts the run's own
+steps (a branch's: from its branch point on; the run's total from the prompt is at + steps). A forced phrase's
+branch (or an adopted fan-out sample) also names every id it forced:
 `"phrase": [262, 3458, 314]`, with `"phrase_text"` (what was typed) or `"sample"` (the sample's number).
 """
 
 from __future__ import annotations
 
+import json
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -49,7 +54,7 @@ class TreeNode:
     piece: str = ""
     parent_token: int | None = None
     parent_piece: str | None = None
-    record: str | None = None  # the run's record, relative to the tree file's folder (None: not recorded)
+    record: str | None = None  # the run's record: a file name in the tree file's folder (None: not recorded)
     # a forced phrase (core/runs/branch_point.py): every id it forced from `at` on (`token` is the first), the text
     # typed, the fan-out sample adopted; written only where set
     phrase: tuple[int, ...] | None = None
@@ -76,6 +81,8 @@ class TreeNode:
                     raise ValueError(f"a branch's {name} must be an integer, got {value!r}")
             if self.parent >= self.number:
                 raise ValueError(f"run {self.number} cannot branch from run {self.parent}, which came after it")
+        if self.record is not None and not is_record_name(self.record):
+            raise ValueError(record_refusal(self.number, self.record))
 
     @property
     def is_branch(self) -> bool:
@@ -158,9 +165,10 @@ class RunTree:
     def read(cls, path: str | Path, *, with_runs: bool = True) -> "RunTree":
         """A tree file read back (and, `with_runs`, each run's record next to it: Run.from_record). RecordError,
         one line naming the file and the line, when it is not a tree this version can read or a record it names
-        is missing."""
+        is not a file in its folder (`record_refusal`)."""
         path = Path(path)
         tree = cls(path=path)
+        lines: dict[int, int] = {}  # each run's line, for what its record's check says
         for number, data in _tree_lines(path):
             where = f"{path}: line {number}"
             kind = data.get("event")
@@ -175,7 +183,7 @@ class RunTree:
                     tree.system = _text(data.get("system"), "system", optional=True)
                     tree.model = _text(data.get("model", ""), "model")
                 elif kind == "tree_run":
-                    tree.add(TreeNode(**_fields(data, TreeNode)))
+                    lines[tree.add(TreeNode(**_fields(data, TreeNode))).number] = number
                 elif kind == "tree_end":
                     tree.end(TreeEnd(**_fields(data, TreeEnd)))
                 else:
@@ -188,11 +196,38 @@ class RunTree:
             for node in tree.nodes:
                 if node.record is None:
                     continue
-                record = path.parent / node.record
-                if not record.is_file():
-                    raise RecordError(f"{path}: run {node.number}'s record {node.record} is not in {path.parent}")
+                record = record_in(path.parent, node.record)
+                if record is None:
+                    raise RecordError(f"{path}: line {lines[node.number]}: {record_refusal(node.number, node.record)}")
                 tree.runs[node.number] = Run.from_record(record)
         return tree
+
+
+def is_record_name(name) -> bool:
+    """Whether a tree may name `name` as a record: a plain file name (no folder in it, not `.` or `..`, no NUL)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0"))
+
+
+def record_refusal(number: int, name) -> str:
+    """The one line for every record name a tree cannot use: the same text for a name with a folder in it, a
+    symlink out of the folder and a file that is not there (so it tells nothing of what exists outside)."""
+    shown = json.dumps(name, ensure_ascii=False) if isinstance(name, str) else type(name).__name__
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"run {number}'s record {shown} is not a file in the tree's folder (a tree names each record by its " \
+           "file name, beside the tree)"
+
+
+def record_in(folder: Path, name: str) -> Path | None:
+    """The file `name` is in `folder`, resolved (a symlink to a file in the same folder is followed); None when
+    it is not a plain file name, or it resolves outside the folder, or no file is there."""
+    if not is_record_name(name):
+        return None
+    try:
+        home = folder.resolve()
+        target = (folder / name).resolve()
+        return target if target.parent == home and target.is_file() else None
+    except (OSError, RuntimeError, ValueError):  # unreadable, a symlink loop, a name the system cannot take
+        return None
 
 
 def is_tree_file(path: str | Path) -> bool:
@@ -241,7 +276,14 @@ class TreeWriter:
         self.path = path
         # created, never replaced, readable by its owner alone (core/paths.py): it names what was asked and answered
         self._file = JsonLinesFile(open_private(path))
-        self._file.write(tree.header())
+        try:
+            self._file.write(tree.header())
+        except OSError:  # a full disk: no file is left that nothing could be written to
+            with suppress(OSError):
+                self._file.close()
+            with suppress(OSError):
+                path.unlink()
+            raise
 
     @classmethod
     def beside(cls, record: Path, tree: RunTree) -> "TreeWriter":
@@ -267,10 +309,12 @@ class TreeWriter:
 
 
 def relative_record(tree_path: Path, record: Path | None) -> str | None:
-    """How the tree file names a record: relative to its folder when the record is in it, else the full path."""
+    """How the tree file names a record: its file name, when it is in the tree file's folder (as the dashboard's
+    records are: the tree is written beside the first); None (not named) elsewhere, since a tree names no other."""
     if record is None:
         return None
     try:
-        return str(record.resolve().relative_to(tree_path.resolve().parent))
-    except ValueError:
-        return str(record)
+        same = record.parent.resolve() == tree_path.parent.resolve()
+    except (OSError, RuntimeError):
+        return None
+    return record.name if same and is_record_name(record.name) else None
