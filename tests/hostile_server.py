@@ -3,6 +3,8 @@ the answers below put in place of the normal one. `hostile(name)` makes it, the 
 for a test (indirect parametrization by mode); `HOSTILE` lists the modes:
 
 - key echoes: the Authorization header sent back in a line that is not JSON, and at the end of a long 401 body;
+  the key sent back as generated text ("key-as-tokens": split over tokens of a few characters, then whole in one
+  token, and in the candidates; "key-cut-off": the run ends partway into it);
 - escapes: terminal escape sequences in an error body and in the answer's text;
 - malformed chunks: a list, a number, a text that is a number, a log-probability of 1000, NaN / Infinity, a
   probability of 148.4 or -3, ids of 10^30, 10^12 and -1;
@@ -64,6 +66,44 @@ def _key_in_line(write, handler):
     write(b"data: oops " + handler.headers.get("Authorization", "").encode() + b"\n\n")
 
 
+KEY_TOKEN = 1000  # the first id of the key's tokens (ids the fake's own vocabulary does not use)
+
+
+def key_of(handler) -> str:
+    """The API key the request came with (its Authorization header, less "Bearer ")."""
+    return handler.headers.get("Authorization", "").removeprefix("Bearer ")
+
+
+def key_pieces(key: str, every: int = 3) -> list[str]:
+    """What "key-as-tokens" generates: a lead-in, the key `every` characters a token, a word, the key as one
+    token, a full stop."""
+    return ["Your key is ", *(key[i:i + every] for i in range(0, len(key), every)), " ok", key, "."]
+
+
+def text_chunk(token_id: int, text: str, alternatives: list[tuple[int, str]] = (), finish=None) -> bytes:
+    """One data line in the "content" shape naming the token's id and text (its bytes), with `alternatives`
+    ((id, text) pairs) after it among the candidates."""
+    top = [{"id": token_id, "token": text, "logprob": -0.1}]
+    top += [{"id": i, "token": t, "logprob": -3.0 - n} for n, (i, t) in enumerate(alternatives)]
+    entry = {"id": token_id, "token": text, "logprob": -0.1, "top_logprobs": top}
+    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                                "logprobs": {"content": [entry]}}]}).encode() + b"\n\n"
+
+
+def _key_as_tokens(write, handler):
+    key = key_of(handler)
+    for n, piece in enumerate(key_pieces(key)):  # the candidates: the whole key, and 10 characters of it
+        write(text_chunk(KEY_TOKEN + n, piece, [(KEY_TOKEN + 100, key), (KEY_TOKEN + 101, f"is {key[5:15]}")]))
+    write(END)
+
+
+def _key_cut_off(write, handler):
+    key = key_of(handler)
+    for n, piece in enumerate(["So: ", key[:4], key[4:8], key[8:12]]):  # 12 characters of it, then the end
+        write(text_chunk(KEY_TOKEN + n, piece))
+    write(END)
+
+
 def _no_newline(write, handler):
     for _ in range(12):  # 12 MiB without a newline, then nothing more (a client buffering it would hold it all)
         write(b"x" * 2**20)
@@ -84,6 +124,8 @@ LONG = "x" * 260
 
 HOSTILE: dict[str, dict] = {
     "key-in-line": {"stream": _key_in_line},
+    "key-as-tokens": {"stream": _key_as_tokens},
+    "key-cut-off": {"stream": _key_cut_off},
     "key-in-long-body": {"routes": {"/v1/models": Reply(401, {"error": {"message": f"{LONG} you sent <auth>"}})}},
     "escapes-in-error": {"routes": {"/v1/completions": Reply(500, {"error": {"message": f"bad {ESCAPES} thing"}})}},
     "escapes-in-text": {"stream": lines(content_chunk(-0.1, f"a{ESCAPES}b", key="logprob"))},

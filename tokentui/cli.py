@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --server: the served model to watch, where the server hosts several")
     p.add_argument("--api-key-env", default="TOKENTUI_API_KEY", metavar="VAR",
                    help="with --server: the environment variable holding the API key (TOKENTUI_API_KEY)")
+    p.add_argument("--allow-plain-http-key", action="store_true",
+                   help="with --server: send the API key over plain http:// to another host, unencrypted (refused "
+                        "without this flag; https:// and 127.0.0.1 need no flag)")
     p.add_argument("--server-probs", choices=("auto", "raw", "post-sampler"), default="auto",
                    help="with --server: what the server's token probabilities are. auto: llama-server is asked for "
                         "raw ones; for vLLM / SGLang say which their --logprobs-mode gives, else they are shown as "

@@ -10,6 +10,10 @@ request's send and each token's arrival, with the network inside it. What the se
 A fault (the server gone, a refused request, a stream cut short, a read timeout) is a ServerError: it ends the run
 with an `error` event that says it in one line (kind "server") and a `done` with reason "error", as every engine's
 failure does (core/interface.py), so the record keeps what came before and ends with `done`.
+
+The API key never leaves in what a run yields: each run's, branch's and fan-out's events pass through the
+connection's KeyMask (core/server/key_mask.py), which masks the key in the text the server generates, split over
+tokens or not, before anything records, prints or draws it. Token ids pass as the server sent them.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..runs.facts import ModelFacts
 from ..interface import BaseEngine
 from ..settings import RunOptions, SamplerSettings
 from ..errors import ServerError
-from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key
+from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key, key_for
 from .probe import QUIET, Dialect, probe, served_model
 from .completions import ServerRun
 from .fanout import ServerFanout, refusal as fanout_refusal
@@ -46,6 +50,8 @@ class ServerOptions:
     # whether the API key may go to `url`: only when the user named it on the command line (--server), never when
     # it came from a file (a record's server, which `tokentui branch` would otherwise send the key to)
     send_key: bool = True
+    # --allow-plain-http-key: the key may go over plain http:// to another host (refused without it: http.key_for)
+    allow_plain_http_key: bool = False
 
     def __post_init__(self) -> None:
         if self.probs not in ("auto", "raw", "post-sampler"):
@@ -54,11 +60,15 @@ class ServerOptions:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:  # NaN fails `> 0` too
             raise ServerError(f"--server-timeout must be a number of seconds > 0 (inf: no limit), got {t!r}")
         ServerAddress.parse(self.url)  # a bad URL is refused here, before anything connects
+        self.key  # noqa: B018 - and a key that would cross plain http:// to another host, before anything connects
 
     @property
     def key(self) -> str | None:
-        """The API key for this server: from the environment, and only for a server named on the command line."""
-        return api_key(self.key_env) if self.send_key else None
+        """The API key for this server: from the environment, only for a server named on the command line, and not
+        over plain http:// to another host without --allow-plain-http-key (a ServerError: http.key_for)."""
+        if not self.send_key:
+            return None
+        return key_for(ServerAddress.parse(self.url), api_key(self.key_env), self.key_env, self.allow_plain_http_key)
 
 
 class ServerEngine(BaseEngine):
@@ -73,8 +83,9 @@ class ServerEngine(BaseEngine):
         self.options = options or RunOptions()
         self.vocab = ServerVocab(self._lookup)
         self._model_lock = threading.Lock()
-        self._warning = conn.address.plain_http_warning  # said at the first run's start
-        self.model_id = facts.server.model if facts.server is not None else facts.name  # as the server names it
+        self._warning = conn.address.plain_http_warning(conn.sends_key)  # said at the first run's start
+        # as the server names it (the facts show it with the key masked)
+        self.model_id = dialect.model or (facts.server.model if facts.server is not None else facts.name)
         self._one_request = False  # a fan-out's request is streaming: a settings change leaves it be
 
     @staticmethod
@@ -136,14 +147,14 @@ class ServerEngine(BaseEngine):
             if self._warning:
                 yield Notice(self._warning)
                 self._warning = None
-            yield from ServerRun(self, run_id).events(prompt, system)
+            yield from self.conn.key_mask().events(ServerRun(self, run_id).events(prompt, system))
 
     def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         """A branch of an earlier run of this server (core/model/branch.py's events: BranchEvent, PrefillEvent, the forced
         StepEvent at `point.at`, steps, done): the prefix is sent as ids with the forced token after it, so the
         server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
         with self._model_lock:
-            yield from ServerRun(self, run_id).branch(point)
+            yield from self.conn.key_mask().events(ServerRun(self, run_id).branch(point))
 
     @property
     def fanout_refusal(self) -> str | None:
@@ -152,7 +163,7 @@ class ServerEngine(BaseEngine):
     def _fanout(self, request, run_id: int) -> Iterator[Event]:
         """A fan-out as one request for `n` completions (core/server/fanout.py; the local engine's events)."""
         with self._model_lock:
-            for event in ServerFanout(self, run_id).events(request):
+            for event in self.conn.key_mask().events(ServerFanout(self, run_id).events(request)):
                 yield event
                 if self._warning and isinstance(event, FanoutEvent):  # said after it: the fan-out event comes first
                     yield Notice(self._warning)

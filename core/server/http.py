@@ -5,8 +5,10 @@ response that another thread can close (`stop()` while a token is awaited).
 
 What a server can do to tokentui is bounded here, since everything it sends is outside input:
 - the API key comes from an environment variable and goes only into the Authorization header of requests to the
-  address the user named (`ServerAddress`; redirects are never followed): never into an error, a record or the
-  screen. Server text shown in an error is scrubbed of the key first, then made safe to print, then cut (`shown`);
+  address the user named (`ServerAddress`; redirects are never followed), and not over plain http:// to another
+  host unless the user says so (`key_for`): never into an error, a record or the screen. Server text shown in an
+  error is scrubbed of the key first, then made safe to print, then cut (`shown`); the text a server generates is
+  masked by core/server/key_mask.py (`Connection.key_mask`);
 - a streamed line may be at most MAX_LINE_BYTES and a JSON answer MAX_BODY_BYTES (an answer without a newline is
   not buffered without end); JSON is parsed strictly (no NaN / Infinity, which are not JSON) and one nested past
   Python's recursion limit is refused in one line;
@@ -26,7 +28,7 @@ import threading
 from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -35,6 +37,9 @@ from ..errors import ServerError
 from ..strict_json import loads as parse_json
 from ..steps.display import printable_line
 from .stream import NO_EVENTS, Deadline, EventStream, message_of, shutdown_stream
+
+if TYPE_CHECKING:
+    from .key_mask import KeyMask
 
 DEFAULT_KEY_ENV = "TOKENTUI_API_KEY"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # one JSON answer (a long prompt's /tokenize with pieces is a few MiB)
@@ -79,13 +84,17 @@ class ServerAddress:
             return False
 
     @property
-    def plain_http_warning(self) -> str | None:
-        """A warning for plain http:// to another host: the prompt, the answer and any API key cross the network
-        unencrypted."""
-        if urlsplit(self.url).scheme == "http" and not self.loopback:
-            return (f"{self.url} is plain http:// to another host: the prompt, the answer and the API key cross "
-                    "the network unencrypted (use https://, or an SSH tunnel to 127.0.0.1)")
-        return None
+    def plain_http(self) -> bool:
+        """Plain http:// to another host: what is sent crosses the network unencrypted."""
+        return urlsplit(self.url).scheme == "http" and not self.loopback
+
+    def plain_http_warning(self, key_sent: bool = False) -> str | None:
+        """A warning for plain http:// to another host (None for https:// or a loopback address)."""
+        if not self.plain_http:
+            return None
+        what = "the prompt, the answer and the API key" if key_sent else "the prompt and the answer"
+        return (f"{self.url} is plain http:// to another host: {what} cross the network unencrypted (use https://, "
+                "or an SSH tunnel to 127.0.0.1)")
 
 
 def api_key(env_name: str) -> str | None:
@@ -94,14 +103,33 @@ def api_key(env_name: str) -> str | None:
     return value or None
 
 
+ALLOW_PLAIN_HTTP_KEY = "--allow-plain-http-key"
+
+
+def key_for(address: ServerAddress, key: str | None, env_name: str = DEFAULT_KEY_ENV,
+            allow_plain_http: bool = False) -> str | None:
+    """The API key that may go to `address`: `key`, unless it would cross the network unencrypted (plain http://
+    to another host) and the user did not say to send it anyway (ALLOW_PLAIN_HTTP_KEY): then a ServerError, raised
+    before anything connects, so the key is never sent that way by default."""
+    if key and address.plain_http and not allow_plain_http:
+        raise ServerError(f"--server {address.url} is plain http:// to another host: the API key in ${env_name} would "
+                          "cross the network unencrypted, so tokentui does not send it; use https:// or an SSH "
+                          f"tunnel to 127.0.0.1, or pass {ALLOW_PLAIN_HTTP_KEY} to send it anyway")
+    return key
+
+
 _SECRETS: set[str] = set()  # every API key a Connection of this process holds: `shown` scrubs them all
 
 
+def key_forms(secret: str) -> set[str]:
+    """The forms a server might echo a key in: as sent, JSON-escaped, URL-encoded."""
+    return {secret, json.dumps(secret)[1:-1], quote(secret, safe="")} if secret else set()
+
+
 def scrub(text: str, key: str | None = None) -> str:
-    """`text` without `key` nor any key a Connection holds, in the forms a server might echo one (as sent,
-    JSON-escaped, URL-encoded)."""
+    """`text` without `key` nor any key a Connection holds, in any of its `key_forms`."""
     for secret in {key, *_SECRETS} - {None, ""}:
-        for form in {secret, json.dumps(secret)[1:-1], quote(secret, safe="")}:
+        for form in key_forms(secret):
             text = text.replace(form, "<key>")
     return text
 
@@ -155,6 +183,18 @@ class Connection:
     def scrub(self, text: str) -> str:
         """`text` without this connection's key."""
         return scrub(text, self._key)
+
+    @property
+    def sends_key(self) -> bool:
+        """Whether this connection's requests carry an API key."""
+        return bool(self._key)
+
+    def key_mask(self) -> "KeyMask":
+        """A masker of this connection's key for one run's events: the text a server generates (core/server/
+        key_mask.py); it masks nothing when no key is sent."""
+        from .key_mask import KeyMask  # it reads key_forms from here
+
+        return KeyMask(self._key)
 
     def shown(self, text: str, limit: int = SHOWN_CHARS) -> str:
         return shown(text, self._key, limit)

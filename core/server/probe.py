@@ -36,6 +36,7 @@ class Dialect:
     detokenize: str | None
     kv_metric: str | None  # the /metrics name of the KV cache use, when /metrics reports one
     kv_source: str | None  # where the KV cache use is read: "/metrics", "/slots" (llama-server), None: nowhere
+    model: str = ""  # the served model's id as requests name it (the facts show it with the API key masked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,8 @@ def probe(conn: Connection, model: str | None, probs: str, top_logprobs: int, st
         kv_source = "/slots"
     dialect = Dialect(engine=engine, llama_cpp=llama_cpp,
                       template="/apply-template" if llama_cpp else "/tokenize",
-                      tokenize="/tokenize", detokenize="/detokenize", kv_metric=kv_metric, kv_source=kv_source)
+                      tokenize="/tokenize", detokenize="/detokenize", kv_metric=kv_metric, kv_source=kv_source,
+                      model=model)
     if probs == "auto":
         probs = "raw" if llama_cpp else "unknown"  # llama-server: raw unless asked for post_sampling_probs
     server = ServerFacts(url=conn.address.url, engine=engine, model=model, probs=probs, top_logprobs=top_logprobs,
@@ -171,5 +173,5 @@ def probe(conn: Connection, model: str | None, probs: str, top_logprobs: int, st
         vocab_rows=entry.n_vocab, attention_heads=None, kv_heads=None, head_dim=None,
         kv_bytes_per_token=None, max_context=n_ctx, device=f"{engine} server", dtype="not reported by the server",
         chat_template=True, load_seconds=time.perf_counter() - started, kv_bytes_per_value=0, server=server)
-    return facts, dialect
+    return conn.key_mask().value(facts), dialect  # what the server names (its model, version) without the key
 

@@ -1,6 +1,7 @@
 """--server against a misbehaving OpenAI-compatible server (tests/fake_openai_server.py, vLLM's shapes): each
 fault ends the run with one line and a record that ends with `done`; the API key never reaches a record, an error
-or the screen; plain http:// to another host is warned about."""
+or the screen; plain http:// to another host is warned about (tests/server/test_key_never_shown.py: the key in
+generated text, and held back from plain http://)."""
 
 from __future__ import annotations
 
@@ -122,10 +123,12 @@ def test_cli_headless_error_is_one_line_and_exit_status(tmp_path):
 
 
 def test_plain_http_to_another_host_is_warned_about():
-    assert ServerAddress.parse("http://127.0.0.1:8080").plain_http_warning is None
+    assert ServerAddress.parse("http://127.0.0.1:8080").plain_http_warning() is None
     assert ServerAddress.parse("localhost:8080/v1").url == "http://localhost:8080"
-    assert "unencrypted" in ServerAddress.parse("http://gpu-box.example:8000").plain_http_warning
-    assert ServerAddress.parse("https://gpu-box.example").plain_http_warning is None
+    assert "the prompt and the answer cross the network unencrypted" in \
+        ServerAddress.parse("http://gpu-box.example:8000").plain_http_warning()
+    assert "and the API key cross" in ServerAddress.parse("http://gpu-box.example:8000").plain_http_warning(True)
+    assert ServerAddress.parse("https://gpu-box.example").plain_http_warning(True) is None
     with pytest.raises(ServerError, match="not in the URL"):
         ServerAddress.parse("http://user:key@host:8000")
 

@@ -91,6 +91,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="a served model's record: the server to branch it on (default: the one it was recorded from)")
     p.add_argument("--api-key-env", default="TOKENTUI_API_KEY", metavar="VAR",
                    help="with a served model's record: the variable holding the server's API key")
+    p.add_argument("--allow-plain-http-key", action="store_true",
+                   help="with --server: send the API key over plain http:// to another host, unencrypted (refused "
+                        "without this flag)")
     p.add_argument("--server-probs", choices=("auto", "raw", "post-sampler"), default=None,
                    help="with a served model's record: as tokentui --server-probs (default: the record's)")
     p.add_argument("--server-timeout", type=number("server-timeout"), default=60.0, metavar="SECONDS",
@@ -171,7 +174,8 @@ def prepare(args) -> dict:
                                                         else facts.server.probs),
                   "api_key_env": args.api_key_env, "server_timeout": args.server_timeout,
                   # the key goes only to a server named on this command line, never to one a file names
-                  "server_send_key": args.server is not None}
+                  "server_send_key": args.server is not None,
+                  "allow_plain_http_key": args.allow_plain_http_key}
         if args.server is None and api_key(args.api_key_env):
             raise TokentuiError(f"{args.file} was recorded on {facts.server.url}: the API key in ${args.api_key_env} "
                                 "goes only to a server named on the command line; to branch there with it, add "

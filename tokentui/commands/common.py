@@ -110,7 +110,8 @@ def server_options(args):
                                 "model (drop one of them)")
     return ServerOptions(url=args.server, model=args.server_model, key_env=args.api_key_env,
                          probs=args.server_probs, timeout=args.server_timeout,
-                         send_key=getattr(args, "server_send_key", True))  # False: a URL a record named
+                         send_key=getattr(args, "server_send_key", True),  # False: a URL a record named
+                         allow_plain_http_key=getattr(args, "allow_plain_http_key", False))
 
 
 def make_loader(args):
