@@ -21,25 +21,22 @@ The stream's side of this (its line cap, the Deadline, EventStream) is core/serv
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import os
 import threading
 from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from ..errors import ServerError
 from ..strict_json import loads as parse_json
 from ..steps.display import printable_line
+from .key_mask import KeyMask, key_forms
 from .stream import NO_EVENTS, Deadline, EventStream, message_of, shutdown_stream
-
-if TYPE_CHECKING:
-    from .key_mask import KeyMask
 
 DEFAULT_KEY_ENV = "TOKENTUI_API_KEY"
 MAX_BODY_BYTES = 64 * 1024 * 1024  # one JSON answer (a long prompt's /tokenize with pieces is a few MiB)
@@ -121,11 +118,6 @@ def key_for(address: ServerAddress, key: str | None, env_name: str = DEFAULT_KEY
 _SECRETS: set[str] = set()  # every API key a Connection of this process holds: `shown` scrubs them all
 
 
-def key_forms(secret: str) -> set[str]:
-    """The forms a server might echo a key in: as sent, JSON-escaped, URL-encoded."""
-    return {secret, json.dumps(secret)[1:-1], quote(secret, safe="")} if secret else set()
-
-
 def scrub(text: str, key: str | None = None) -> str:
     """`text` without `key` nor any key a Connection holds, in any of its `key_forms`."""
     for secret in {key, *_SECRETS} - {None, ""}:
@@ -189,11 +181,9 @@ class Connection:
         """Whether this connection's requests carry an API key."""
         return bool(self._key)
 
-    def key_mask(self) -> "KeyMask":
+    def key_mask(self) -> KeyMask:
         """A masker of this connection's key for one run's events: the text a server generates (core/server/
         key_mask.py); it masks nothing when no key is sent."""
-        from .key_mask import KeyMask  # it reads key_forms from here
-
         return KeyMask(self._key)
 
     def shown(self, text: str, limit: int = SHOWN_CHARS) -> str:

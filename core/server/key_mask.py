@@ -21,18 +21,24 @@ pieces) is masked the same way as a whole. Nothing is held, and nothing changes,
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import fields, is_dataclass, replace
 from typing import Iterator
+from urllib.parse import quote
 
 from ..runs.events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, SampleEvent, StepEvent
 from ..steps.display import display_text
-from .http import key_forms
 
 KEY_MASK = "[API key]"
 MIN_PART = 8  # consecutive characters of the key that are masked wherever they appear
 
-__all__ = ["KEY_MASK", "MIN_PART", "KeyMask"]
+__all__ = ["KEY_MASK", "MIN_PART", "KeyMask", "key_forms"]
+
+
+def key_forms(secret: str) -> set[str]:
+    """The forms a server might echo a key in: as sent, JSON-escaped, URL-encoded (http.scrub reads them too)."""
+    return {secret, json.dumps(secret)[1:-1], quote(secret, safe="")} if secret else set()
 
 
 class KeyMask:
