@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 
-from hostile_server import ESCAPES, hostile
+from hostile_server import END, ESCAPES, chunk, hostile
 from run_checks import failure_of
 from tokentui.core.errors import ErrorKind, ServerError
 from tokentui.core.runs.record_writer import RunRecorder
@@ -139,16 +139,25 @@ def test_a_stream_without_a_newline_is_refused_at_the_line_cap_without_holding_i
     assert peak < 3 * MAX_LINE_BYTES, peak
 
 
+def drip_then_a_token(write, handler):
+    """The drip mode's stream, ending in a second token after 10 s of bytes (50 of them, never a whole line): a run
+    whose deadline did not hold would read it, or stumble on the dripped line."""
+    write(chunk())
+    for _ in range(50):
+        write(b"d")
+        time.sleep(0.2)
+    write(b"\n\n" + chunk(text="i") + END)
+
+
 def test_a_server_dripping_bytes_meets_the_timeout_between_tokens(tmp_path):
-    with hostile("drip") as server:
+    # ordered against the server's drip, not timed: the 1 s deadline ends the run ten times sooner than the drip
+    # ends (a byte every 0.2 s kept the run going without end before)
+    with hostile("drip", stream=drip_then_a_token) as server:
         engine = connect(server, timeout=1.0)
-        started = time.perf_counter()
         events, record = run_recorded(engine, tmp_path)
-        took = time.perf_counter() - started
     error = failure_of(events)
     assert "the server sent no further token within 1 s" in error.message and "--server-timeout" in error.message
-    assert len([e for e in events if isinstance(e, StepEvent)]) == 1  # the token before the drip is kept
-    assert took < 4.0, took  # a byte every 0.2 s kept the run going without end before
+    assert [e.text for e in events if isinstance(e, StepEvent)] == ["H"]  # the token before the drip is kept
     assert record.done.reason == "error"
 
 

@@ -194,28 +194,47 @@ def test_the_parts_add_up_to_the_latency_on_the_embedded_model(embedded):
 
 def test_the_wait_is_the_time_the_consumer_held_the_engine(smol_tokenizer):
     engine = Engine(loaded_tiny("llama", smol_tokenizer), SAMPLING, RunOptions(max_new_tokens=6, ignore_eos=True))
-    steps = []
-    for event in engine.run("Hi"):
+    steps, received, released = [], [], []  # per step: when it reached us, when we handed the engine back (ms)
+    events = engine.run("Hi")
+    while (event := next(events, None)) is not None:
         if isinstance(event, StepEvent):
             steps.append(event)
+            received.append(time.perf_counter() * 1000.0)
             time.sleep(0.03)  # a slow UI
+            released.append(time.perf_counter() * 1000.0)
     check_split(steps)
-    assert all(30.0 <= s.timing.wait_ms < 30.0 + 25.0 for s in steps[1:])
-    assert all(s.latency_ms < 30.0 for s in steps[1:])  # the wait is not in the step's latency
+    # Orderings on one clock, not thresholds: step k's wait runs from handing over step k - 1 to starting step k, so
+    # it holds our 30 ms hold; its latency starts after we let go of step k - 1; and step k - 1's latency, step k's
+    # wait and its latency are three disjoint spans between letting go of step k - 2 and receiving step k.
+    for k in range(1, len(steps)):
+        assert steps[k].timing.wait_ms >= 30.0, k
+        assert steps[k].latency_ms <= received[k] - released[k - 1], k  # the wait is not in the step's latency
+    for k in range(2, len(steps)):
+        spans = steps[k - 1].latency_ms + steps[k].timing.wait_ms + steps[k].latency_ms
+        assert spans <= received[k] - released[k - 2], k  # the wait is the hold, not more
 
 
 def test_a_pause_is_not_a_wait(smol_tokenizer):
     engine = Engine(loaded_tiny("llama", smol_tokenizer), SAMPLING, RunOptions(max_new_tokens=4, ignore_eos=True))
-    steps = []
-    for event in engine.run("Hi"):
+    steps, stamps = [], {}
+
+    def resume():
+        stamps["resumed"] = time.perf_counter() * 1000.0
+        engine.resume()
+
+    events = engine.run("Hi")
+    while (event := next(events, None)) is not None:
         if isinstance(event, StepEvent):
             steps.append(event)
             if len(steps) == 2:
                 engine.pause()
-                timer = __import__("threading").Timer(0.1, engine.resume)
+                timer = __import__("threading").Timer(0.1, resume)
                 timer.start()
+                stamps["released"] = time.perf_counter() * 1000.0
     timer.join()
-    assert steps[2].timing.wait_ms < 50.0  # 100 ms paused at the gate, not held by the consumer
+    # From letting go of step 2 to the resume, the engine stood paused at the gate (100 ms or more): step 3's wait
+    # would hold all of it if the pause counted; it holds the time outside it, less than the pause (one clock)
+    assert steps[2].timing.wait_ms < stamps["resumed"] - stamps["released"]
 
 
 def test_with_the_logit_lens_the_lens_counts_as_forward(smol_tokenizer):
