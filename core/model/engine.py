@@ -74,6 +74,7 @@ class Engine(BaseEngine):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
+        self._load_notice = loaded.notice  # said in the first run (e.g. the model cache is off, and why)
         self.options = options or RunOptions()  # settings are valid by construction (core/settings.py)
         super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
         self._model_lock = threading.Lock()  # one run on the model at a time
@@ -223,6 +224,9 @@ class Engine(BaseEngine):
         self._paths.drop_failed()
         if self._paths.notice:
             yield Notice(self._paths.notice)
+        if self._load_notice:
+            yield Notice(self._load_notice)
+            self._load_notice = None
         # Step 1 — chat template.
         templated = apply_template(tok, prompt, system)
         if not templated.templated:

@@ -8,8 +8,10 @@ processor for the architecture): a 4-bit matrix of an `nn.Linear` (and a 4-bit o
 values and scales and packed for the kernel; every other tensor is de-quantized exactly as transformers does. The
 model is built with its parameters on the meta device (accelerate's init_empty_weights; buffers such as rotary
 frequencies are made for real), the 4-bit modules put in place of the Linear layers, the float tensors assigned.
-The packed tensors, the float tensors, the config, the tokenizer and a manifest are saved together; later starts
-read those and build the same modules with no GGUF parsing.
+Before any of this the file's metadata is checked against its tensor table (core/model/gguf_check.py), and the
+model built is cached only once its first pass gives finite scores (core/model/model_cache.py). The packed tensors,
+the float tensors, the config, the tokenizer and a manifest are saved together; later starts read those and build
+the same modules with no GGUF parsing (where the cache cannot be written, the model runs from memory, with a notice).
 
 Why a cache of packed tensors rather than the file: reading the blocks and packing them takes ~1.5 s for
 SmolLM2-135M on this machine, and transformers' GGUF tokenizer and config conversion ~3 s more, every start.
@@ -31,7 +33,8 @@ from ..errors import ModelLoadError, error_line
 from ..paths import cache_dir
 from ..runs.events import LoadProgress
 from .gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
-from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, write_cache
+from .gguf_check import check_gguf, checked_reader
+from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from .native_step import decode_step_for
 from . import q4_native
 from .int4_kernel import Int4Kernel
@@ -59,15 +62,11 @@ class Plan:
 
 def quantizable_gguf(path: Path) -> bool:
     """Whether the file has any 4-bit tensor: yes when its 4-bit cache is there (a later start), else a look at its
-    tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary)."""
-    from gguf import GGUFReader
-
+    tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary), the
+    file checked on the way (core/model/gguf_check.py: ModelLoadError when its metadata and tensors disagree)."""
     if any((cached_folder(path, kernel) / ".complete").is_file() for kernel in KERNELS.values()):
         return True
-    try:
-        return any(t.tensor_type.name in FOUR_BIT for t in GGUFReader(str(path)).tensors)
-    except Exception:  # unreadable: the float path reports it with its own message
-        return False
+    return any(t.tensor_type.name in FOUR_BIT for t in checked_reader(path).tensors)
 
 
 def cache_key(path: Path, kernel: Int4Kernel) -> str:
@@ -284,7 +283,9 @@ def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str,
     return modules
 
 
-def _save(target: Path, source: Path, config, generation_config, tokenizer, manifest: dict, tensors: dict) -> None:
+def _save(target: Path, source: Path, config, generation_config, tokenizer, manifest: dict,
+          tensors: dict) -> str | None:
+    """Cache the conversion (core/model/model_cache.py's write_cache: None, or why the cache is off)."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
@@ -295,7 +296,7 @@ def _save(target: Path, source: Path, config, generation_config, tokenizer, mani
         save_file(tensors, str(tmp / "weights.safetensors"))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
 
-    write_cache(target, write, source)
+    return write_cache(target, write, source)
 
 
 @dataclass
@@ -304,6 +305,7 @@ class QuantizedLoad:
     tokenizer: object
     manifest: dict
     converted: bool  # True on the first start (the GGUF was read here), False from the cache
+    notice: str | None = None  # why the conversion was not cached (a cache folder that cannot be written)
 
 
 def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: bool = True) -> QuantizedLoad:
@@ -337,6 +339,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
         except Exception:  # a damaged cache: convert again below
             shutil.rmtree(target, ignore_errors=True)
     folder, name = str(path.parent), path.name
+    check_gguf(path)  # its metadata against its tensors, before anything is built from them
     try:
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -351,12 +354,17 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices), kernel=kernel.name), None))
     modules, floats = build_modules(plan, kernel, fuse=fuse)
     manifest = _manifest(modules, plan, kernel)
-    progress(LoadProgress(STAGE_SAVE, None))
-    _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest,
-          _tensors(modules, floats))
-    model = assemble(model, modules, floats)
+    tensors = _tensors(modules, floats)
+    try:
+        model = assemble(model, modules, floats)
+    except RuntimeError as err:  # load_state_dict: a tensor whose shape the config does not give
+        raise ModelLoadError(f"{path}: corrupt GGUF file: its tensors do not fit its own metadata "
+                             f"({error_line(err)}); download it again or pass another --model") from err
     decode_step_for(model)
-    return QuantizedLoad(model, tokenizer, manifest, converted=True)
+    check_first_pass(model, tokenizer, path)  # cached only once its first scores are numbers
+    progress(LoadProgress(STAGE_SAVE, None))
+    notice = _save(target, path, config, getattr(model, "generation_config", None), tokenizer, manifest, tensors)
+    return QuantizedLoad(model, tokenizer, manifest, converted=True, notice=notice)
 
 
 def quant_facts(model: nn.Module, manifest: dict):

@@ -22,8 +22,9 @@ from ..errors import ModelLoadError, SettingsError, error_line
 from ..runs.events import LoadProgress
 from ..runs.facts import ModelFacts
 from ..paths import cache_dir
+from .gguf_check import check_gguf
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
-                          STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, write_cache)
+                          STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
 from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
                        resolve_model, too_few_cuda_message)
 
@@ -39,6 +40,7 @@ class LoadedModel:
     model: object
     tokenizer: object
     facts: ModelFacts
+    notice: str | None = None  # said in the first run: why a model converted here was not cached
 
 
 def _noop(_: LoadProgress) -> None:
@@ -128,19 +130,23 @@ def _gguf_cache_key(path: Path) -> str:
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
-def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, object | None, object | None]:
-    """Return (folder of safetensors + tokenizer converted from `path`, model, tokenizer).
+def converted_gguf_dir(path: Path, progress: Progress = _noop
+                       ) -> tuple[Path, object | None, object | None, str | None]:
+    """Return (folder of safetensors + tokenizer converted from `path`, model, tokenizer, notice).
 
-    On first use the GGUF is de-quantized, saved, and the just-converted model and tokenizer are returned too
-    (no second load); later calls return (folder, None, None).
+    On first use the GGUF is checked (core/model/gguf_check.py), de-quantized, its first pass checked, saved, and the
+    just-converted model and tokenizer are returned too (no second load); later calls return (folder, None, None,
+    None). `notice`: why the conversion was not saved (a cache folder that cannot be written; the folder is then
+    absent and the model in memory is all there is).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
 
     target = cache_dir() / "converted" / _gguf_cache_key(path)
     if (target / "config.json").is_file() and (target / ".complete").is_file():
-        return target, None, None
+        return target, None, None, None
     folder, name = str(path.parent), path.name
+    check_gguf(path)  # its metadata against its tensors, before transformers builds anything from them
     try:
         # No fraction for these two: transformers gives no progress for them (the GGUF's vocabulary and merges
         # become a tokenizer; the file's metadata becomes a config and an empty model).
@@ -160,6 +166,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    check_first_pass(model, tokenizer, path)  # cached only once its first scores are numbers
     progress(LoadProgress(STAGE_GGUF_SAVE, None))
 
     def write(tmp: Path) -> None:
@@ -167,8 +174,8 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop) -> tuple[Path, ob
         tokenizer.save_pretrained(tmp)
         (tmp / BLOCKS_FILE).write_text(json.dumps(sorted(block_types)))
 
-    write_cache(target, write, source=path)
-    return target, model, tokenizer
+    notice = write_cache(target, write, source=path)
+    return target, model, tokenizer, notice
 
 
 BLOCKS_FILE = "gguf_block_types.json"  # in a converted folder: the GGUF block types its weights were stored as
@@ -187,11 +194,12 @@ def dequantized_from(folder: Path, gguf_file: Path) -> str | None:
             from gguf import GGUFReader
 
             types = sorted({t.tensor_type.name for t in GGUFReader(str(gguf_file)).tensors})
+        except Exception:  # an unreadable file: not known, shown as nothing
+            return None
+        with contextlib.suppress(OSError):  # a read-only cache (or none: not cached): read again next time
             tmp = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(types))
             os.replace(tmp, saved)
-        except Exception:  # an unreadable file or a read-only cache: not known, shown as nothing
-            return None
     quantized = sorted(str(t) for t in types if t not in FLOAT_TYPES) if isinstance(types, list) else []
     return "+".join(quantized) or None
 
@@ -250,9 +258,12 @@ def load_model(
                         quantization=quant_facts(loaded.model, loaded.manifest))
         if ready:
             progress(LoadProgress(STAGE_READY, 1.0))
-        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts)
+        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts, notice=loaded.notice)
+    notice = None
     if where.gguf_file is not None:
-        folder, model, tokenizer = converted_gguf_dir(where.gguf_file, progress)
+        folder, model, tokenizer, notice = converted_gguf_dir(where.gguf_file, progress)
+        if device_map and notice:
+            raise ModelLoadError(f"--device-map places the weights from the converted model's files, and {notice}")
         if device_map:  # let accelerate place the weights from the cached files
             model = None
 
@@ -306,7 +317,7 @@ def load_model(
         q4_native.load(progress)  # where it does not build, selection runs torch operations (core/steps/select.py)
     if ready:
         progress(LoadProgress(STAGE_READY, 1.0))
-    return LoadedModel(model=model, tokenizer=tokenizer, facts=facts)
+    return LoadedModel(model=model, tokenizer=tokenizer, facts=facts, notice=notice)
 
 
 def _check_quantize(quantize: str, dtype: str, device, device_map: str | None) -> None:

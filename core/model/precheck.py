@@ -84,7 +84,8 @@ def check_folder(folder: Path, allow_pickle: bool) -> None:
 
 
 def check_gguf_file(path: Path) -> None:
-    """Present, not tiny, and starting with the GGUF magic (the loader finds anything deeper)."""
+    """Present, not tiny, and starting with the GGUF magic (the loader finds anything deeper, its metadata against
+    its tensors first: core/model/gguf_check.py)."""
     if not path.is_file() or path.stat().st_size < 32:
         raise ModelLoadError(f"{path}: empty or truncated GGUF file")
     with open(path, "rb") as handle:
