@@ -12,7 +12,7 @@ import pytest
 from fakes import FACTS, ScriptedEngine, wait_for
 from snapshot_apps import SnapshotApp
 from tokentui.commands.replay import replay_config
-from tokentui.core.runs.events import Candidate, StepEvent
+from tokentui.core.runs.events import StepEvent
 from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import SamplerSettings
@@ -125,7 +125,6 @@ def test_a_candidate_piece_is_drawn_like_every_other_panel_draws_it():
     assert fit_piece("␣Open", 8) == "␣Open   "
     assert fit_piece(" Open", 8) == "␣Open   "
     assert fit_piece("␣accountability", 10) == "␣accounta…"
-    assert Candidate  # the record's type is the engine's
 
 
 async def test_a_long_chose_line_keeps_its_numbers_and_cuts_words_first(tmp_path):
