@@ -17,9 +17,10 @@ The dashboard's engine clients (core/link/) and the commands (tokentui/commands/
 
 The stream of a run or a branch, whatever the engine: [Notice...], PromptEvent (a branch: BranchEvent first),
 [PrefillProgress...], PrefillEvent, StepEvent..., and always a DoneEvent last (a scored text: PromptEvent, ScoreEvent,
-PrefillEvent, StepEvent..., ScoreSummary, DoneEvent; a fan-out: FanoutEvent, PrefillEvent, SampleEvent..., DoneEvent). A failure is one ErrorEvent (a line
-and a kind, core/errors.py) followed by that DoneEvent with reason "error" — the one error path: an engine raises a
-TokentuiError (or yields an ErrorEvent) and `run` / `branch` here turn it into those two events.
+PrefillEvent, StepEvent..., ScoreSummary, DoneEvent; a fan-out: FanoutEvent, PrefillEvent, [FanoutProgress...],
+SampleEvent..., DoneEvent). A failure is one ErrorEvent (a line and a kind, core/errors.py) followed by that
+DoneEvent with reason "error" — the one error path: an engine raises a TokentuiError (or yields an ErrorEvent) and
+`run` / `branch` here turn it into those two events.
 """
 
 from __future__ import annotations

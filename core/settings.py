@@ -4,6 +4,7 @@ and an invalid value cannot exist."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, replace
 
 from .errors import SettingsError
@@ -13,6 +14,29 @@ from .errors import SettingsError
 # from. 0 (greedy) is what the user wants there.
 MIN_TEMPERATURE = 1e-30
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit seed
+
+# --threads: at most this many per CPU (os.cpu_count(), hyper-threads counted). Past the core count more threads only
+# wait on each other at OpenMP's barriers (core/model/speed.py, BENCHMARKS.md), so 4x is already room to spare for
+# experiments with oversubscription; far past it the thread pools themselves fail as the threads are made, and
+# --threads 100000 killed the process with a segfault and nothing said.
+THREADS_PER_CPU = 4
+
+
+def max_threads() -> int:
+    """The most CPU threads a model may be given on this machine (THREADS_PER_CPU per CPU)."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
+def check_threads(value, name: str = "threads") -> None:
+    """A thread count (None: the default policy) must be an integer in 1..max_threads(); else one SettingsError
+    line. Every front end and SpeedOptions check it here."""
+    if value is None:
+        return
+    top = max_threads()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        got = f"a {len(str(value))}-digit number" if isinstance(value, int) and abs(value) > 10**30 else repr(value)
+        raise SettingsError(f"{name} must be an integer from 1 to {top} ({THREADS_PER_CPU} per CPU, "
+                            f"{os.cpu_count() or 1} CPUs here), got {got}")
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from tokentui import __version__
 from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
-from tokentui.commands.common import (DEFAULT_PROMPT, bad_input, check_record_dir,
-                                      integer, interrupted, number, read_prompt, server_options, settings_from_args)
+from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, bad_input, check_record_dir, integer,
+                                      interrupted, number, read_prompt, server_options, settings_from_args)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"tokentui: {message} (see tokentui --help)\n")
 
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "float32: a GGUF de-quantized, the exact reference)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
     p.add_argument("--threads", type=integer("threads"), default=None,
-                   help="CPU threads for the model (default: all cores but one, which the dashboard needs)")
+                   help="CPU threads for the model, at most 4 per CPU (default: all cores but one, which the "
+                        "dashboard needs)")
     p.add_argument("--compile", action="store_true",
                    help="static KV cache + torch.compile'd decode step: faster decoding after a one-time compile "
                         "(minutes on a small CPU; CUDA graphs on a GPU)")
@@ -159,11 +160,9 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         prompt = read_prompt(args)
-        settings_from_args(args)  # validate before any slow import
+        settings_from_args(args)  # validate before any slow import (--threads too)
         if args.json and not args.headless:
             raise TokentuiError("--json needs --headless")
-        if args.threads is not None and args.threads < 1:
-            raise TokentuiError(f"--threads must be >= 1, got {args.threads}")
         check_record_dir(args)
         # A dropped SSH session (SIGHUP) or a kill (SIGTERM) while starting up ends like Ctrl-C. Once running,
         # headless mode stops the run cleanly (record ends with "done"), and the dashboard quits like `q`.
@@ -178,8 +177,9 @@ def _main(argv: list[str]) -> int:
             from tokentui.core.server.engine import ServerEngine
 
             ServerEngine.check(server)  # an unreachable server: the same line and status as headless, no dashboard
-            from tokentui.commands.dashboard import run_dashboard
+            from tokentui.commands.dashboard import check_terminal, run_dashboard
 
+            check_terminal()  # no terminal: one line, not a dashboard drawn into a file
             return run_dashboard(args, prompt)
         from tokentui.core.model.precheck import check_model_and_device, parse_device, resolve_model
 
@@ -193,8 +193,9 @@ def _main(argv: list[str]) -> int:
             return run_headless(args, prompt)
         # Bad --model / --device found before the dashboard opens: the same line and status as headless.
         check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)
-        from tokentui.commands.dashboard import run_dashboard
+        from tokentui.commands.dashboard import check_terminal, run_dashboard
 
+        check_terminal()  # before the model process starts
         return run_dashboard(args, prompt)
     except TokentuiError as err:
         return bad_input(err)

@@ -144,8 +144,8 @@ class Engine(BaseEngine):
         yield from self._locked(lambda: score_events(self, request, run_id))
 
     def _fanout(self, request, run_id: int) -> Iterator[Event]:
-        """A fan-out (core/model/fanout.py): FanoutEvent, PrefillEvent, SampleEvent × N, DoneEvent. Reuses the held
-        KV cache when it holds the prefix, and holds the prefix's afterwards."""
+        """A fan-out (core/model/fanout.py): FanoutEvent, PrefillEvent, [FanoutProgress...], SampleEvent × N,
+        DoneEvent. Reuses the held KV cache when it holds the prefix, and holds the prefix's afterwards."""
         yield from self._locked(lambda: fanout_events(self, request, run_id))
 
     def phrase_pieces(self, text: str) -> list:

@@ -1,7 +1,7 @@
 """Fan-out: "what else does the distribution hold from here?" — N continuations of M tokens each, drawn from one
 step under the sampler settings in force, in one batched decode that shares the prefix's KV cache.
 
-    FanoutEvent, [Notice], [PrefillProgress...], PrefillEvent, SampleEvent × N, DoneEvent
+    FanoutEvent, [Notice], [PrefillProgress...], PrefillEvent, [FanoutProgress...], SampleEvent × N, DoneEvent
 
 The prefix (prompt + the run's tokens before the step) is in the KV cache once: the engine's held cache cut back
 to it (core/model/branch.py's reuse rule: one decode recomputes the step's scores), or a fresh prefill. That cache
@@ -17,6 +17,9 @@ with that seed makes — so sample i is reproducible on its own. Its `raw_probs`
 probability, `probs` its post-sampler probability, `logprob` the sum of the latter's logs. A row that draws an end
 token stops there (unless the run options ignore end tokens); its row is still fed, and its output ignored, until
 every row is done.
+
+A FanoutProgress (the steps so far, the samples ended, the tokens drawn) follows a decode step at most once a
+second, so a long fan-out shows how far it has gone (`tokentui fanout` on a terminal).
 
 Pause and stop act between steps, as in a run; a fan-out stopped part-way reports each sample's tokens so far.
 Afterwards the engine holds the prefix's own cache (batch 1, the prefix fed), so a sample adopted as a branch
@@ -35,7 +38,8 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import SettingsError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import Candidate, DoneEvent, Event, FanoutEvent, Notice, PrefillEvent, PrefillProgress, SampleEvent
+from ..runs.events import (Candidate, DoneEvent, Event, FanoutEvent, FanoutProgress, Notice, PrefillEvent,
+                           PrefillProgress, SampleEvent)
 from ..runs.requests import FanoutRequest
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer
@@ -48,6 +52,8 @@ from .kvcache import cache_nbytes, cache_tokens
 from .speed import use_threads
 
 __all__ = ["expand_cache", "fanout_events"]
+
+PROGRESS_EVERY_S = 1.0  # a FanoutProgress at most this often: a person's progress line, a line a second in --json
 
 
 def expand_cache(model, cache, n: int, capacity: int):
@@ -212,6 +218,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     forwards = 1
     reason = "length"
     device = input_device(model)
+    reported = time.perf_counter()  # the last FanoutProgress (PROGRESS_EVERY_S apart), or the decode's start
     for t in range(m):
         if t:
             go, waited = engine.timed_gate(serial)
@@ -243,6 +250,10 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
             first_ms = (time.perf_counter() - started) * 1000.0
         if all(row.reason is not None for row in rows):
             break
+        if time.perf_counter() - reported >= PROGRESS_EVERY_S:
+            reported = time.perf_counter()
+            yield FanoutProgress(steps_done=t + 1, steps=m, samples_ended=sum(row.reason is not None for row in rows),
+                                 tokens=sum(len(row.ids) for row in rows), elapsed_ms=(reported - started) * 1000.0)
     if reason != "stopped" and all(row.reason == "eos" for row in rows):
         reason = "eos"
     for row in rows:

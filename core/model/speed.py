@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SettingsError
+from ..settings import check_threads
 from .weight_layout import LAYOUTS
 
 KV_SHAPES = ("auto", "dynamic", "bucketed")  # core/model/static_cache.py
@@ -58,9 +59,7 @@ class SpeedOptions:
         if self.kv_shapes not in KV_SHAPES:
             raise SettingsError(f"kv-shapes must be {', '.join(KV_SHAPES)}, got {self.kv_shapes!r}")
         for name in ("threads", "prefill_threads"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise SettingsError(f"{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+            check_threads(getattr(self, name), name.replace("_", "-"))  # 1..a few per CPU (core/settings.py)
         object.__setattr__(self, "compile", bool(self.compile))  # frozen: the one place a field is normalised
 
     def decode_threads(self) -> int:

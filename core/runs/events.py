@@ -79,6 +79,25 @@ class PrefillProgress(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class FanoutProgress(Event):
+    """A fan-out's batched decode under way (core/model/fanout.py; a served model's one request sends none): at
+    most one a second, none for a decode that takes less. Between the PrefillEvent and the `sample` events."""
+
+    event: ClassVar[str] = "fanout_progress"
+    steps_done: int  # tokens drawn per sample so far
+    steps: int  # tokens per sample in all (the fan-out's m)
+    samples_ended: int  # samples that have ended before that (an end token), of the fan-out's n
+    tokens: int  # tokens drawn so far, every sample's
+    elapsed_ms: float  # since the fan-out began, its prefill included
+
+    def __post_init__(self):
+        if not 0 <= self.steps_done <= self.steps:
+            raise ValueError(f"fan-out progress {self.steps_done} of {self.steps} tokens is out of range")
+        if self.samples_ended < 0 or self.tokens < 0 or self.elapsed_ms < 0:
+            raise ValueError("fan-out progress counts and elapsed_ms must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillEvent(Event):
     """Step 3: the whole prompt through the model (in chunks when it is long); `ms` is the whole prefill, i.e.
     the time to the first token's scores. For a branch (core/model/branch.py) that reused a held KV cache, `tokens` is

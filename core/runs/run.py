@@ -35,6 +35,7 @@ from .events import (
     ErrorEvent,
     Event,
     FanoutEvent,
+    FanoutProgress,
     LensRow,
     LoadProgress,
     MultiTokenChar,
@@ -259,7 +260,7 @@ class Run:
             if self.fanout is None or len(self):
                 raise RunError("a sample must follow its fanout event")
             self.samples.append(event)
-        elif not isinstance(event, LoadProgress):
+        elif not isinstance(event, (LoadProgress, FanoutProgress)):  # progress: no field of its own
             raise RunError(f"a run has no place for a {type(event).__name__}")
         self._others.append((len(self), event))
 

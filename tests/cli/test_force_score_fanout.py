@@ -102,7 +102,8 @@ def test_fanout_json_samples_are_each_their_seed_s_single_sequence_run(record, e
     parent = Run.from_record(record)
     args = ("fanout", str(record), "--at", "5", "--tokens", "6", "--temperature", "0.8", "--top-p", "1",
             "--ignore-eos", "--json", "--no-record")
-    events = json_lines(tokentui(*args, "-n", "4", "--seed", "11"))
+    events = [e for e in json_lines(tokentui(*args, "-n", "4", "--seed", "11"))
+              if e["event"] != "fanout_progress"]  # at most one a second: a slow machine may send one
     kinds = [e["event"] for e in events]
     assert kinds == ["model", "fanout", "prefill"] + ["sample"] * 4 + ["done"]
     fan = events[1]

@@ -21,14 +21,14 @@ from pathlib import Path
 
 from tokentui.core.errors import EXIT_BAD_INPUT
 
-from .common import (answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
+from .common import (TextArgumentParser, answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
                      make_loader, number, recorded_line, say)
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLER_FLAGS = ("temperature", "top_k", "top_p", "greedy", "seed")
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"tokentui branch: {message} (see tokentui branch --help)\n")
 
@@ -140,7 +140,7 @@ def prepare(args) -> dict:
     from tokentui.core.errors import TokentuiError
     from tokentui.core.model.precheck import parse_device, resolve_model
     from tokentui.core.runs.run import Run
-    from tokentui.core.settings import RunOptions, SamplerSettings
+    from tokentui.core.settings import RunOptions, SamplerSettings, check_threads
 
     run = Run.from_record(args.file)
     facts = run.facts
@@ -190,8 +190,7 @@ def prepare(args) -> dict:
         else:
             raise TokentuiError(f"{args.file}: the record's model {facts.name!r} ({facts.source}) cannot be located "
                                 "from the record; pass --model with its folder or .gguf file")
-    if args.threads is not None and args.threads < 1:
-        raise TokentuiError(f"--threads must be >= 1, got {args.threads}")
+    check_threads(args.threads)  # 1..a few per CPU: far more crashed the thread pools
     parse_device(args.device)
     if server["server"] is None:
         resolve_model(model, allow_pickle=args.allow_pickle)  # a bad --model: one line, before torch is imported

@@ -13,6 +13,35 @@ from tokentui.core.errors import EXIT_BAD_INPUT
 DEFAULT_PROMPT = "Is OpenAI open?"
 
 
+class TextArgumentParser(argparse.ArgumentParser):
+    """The parser of every tokentui command: its text arguments must be UTF-8. On POSIX Python decodes the command
+    line with surrogateescape, so a byte that is not UTF-8 arrives as a lone surrogate (U+DC80..U+DCFF) that would
+    fail later, wherever the text is encoded; here each text value is checked once, as the arguments are parsed:
+    one line, exit status 2. File names (type=Path) are not text: the system takes any bytes."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            problem = not_utf8(value) if isinstance(value, str) else None
+            if problem is not None:
+                flag = max(action.option_strings, key=len) if action.option_strings else action.dest
+                self.exit(EXIT_BAD_INPUT, say(f"{flag} is not UTF-8 text ({problem}); pass it as UTF-8 (check the "
+                                              "encoding of the terminal or script that gave it)") + "\n")
+        return namespace, extras
+
+
+def not_utf8(text: str) -> str | None:
+    """Why `text` (a command-line argument) is not UTF-8, in words; None when it is."""
+    try:
+        text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeEncodeError as err:  # a surrogate that no byte became (a caller's own string)
+        return f"a lone surrogate U+{ord(text[err.start]):04X} at character {err.start}"
+    except UnicodeDecodeError as err:
+        return f"bad byte 0x{err.object[err.start]:02x} at offset {err.start}"
+    return None
+
+
 def number(name: str):
     def parse(text: str) -> float:
         try:
@@ -73,8 +102,10 @@ def check_record_dir(args) -> None:
 
 
 def settings_from_args(args):
-    from tokentui.core.settings import RunOptions, SamplerSettings
+    """The sampler settings and run options of the arguments, checked (and --threads, which the engine spec takes)."""
+    from tokentui.core.settings import RunOptions, SamplerSettings, check_threads
 
+    check_threads(getattr(args, "threads", None))
     sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               greedy=args.greedy, seed=args.seed)
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,

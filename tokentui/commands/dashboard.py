@@ -8,6 +8,30 @@ import argparse
 from .common import engine_spec, make_loader, settings_from_args
 
 
+def check_terminal() -> None:
+    """The dashboard reads keys from stdin and draws on stderr (textual's Linux driver writes to sys.__stderr__), so
+    both must be a terminal; stdout it does not use (`tokentui > file` works). Without one textual would spin on an
+    input that never comes, or write its escape codes into a file for ever: a TokentuiError line instead, before
+    anything is loaded. Called by the commands that open the dashboard, not by the app (tests drive the app with
+    textual's pilot, no terminal needed)."""
+    import sys
+
+    from tokentui.core.errors import TokentuiError
+
+    def is_terminal(stream) -> bool:
+        try:
+            return stream is not None and stream.isatty()
+        except (AttributeError, ValueError, OSError):  # closed, or not a file
+            return False
+
+    missing = [name for name, stream in (("stdin", sys.__stdin__), ("stderr", sys.__stderr__))
+               if not is_terminal(stream)]
+    if missing:
+        what = " and ".join(missing) + (" is not one" if len(missing) == 1 else " are not terminals")
+        raise TokentuiError(f"the dashboard needs a terminal ({what}: it reads keys from stdin and draws on "
+                            "stderr): use --headless")
+
+
 class ProcessSource:
     """The dashboard's engine: the model in a child process (core/link/process_client.py says why), started at once so it
     imports torch while the dashboard starts; `client()` makes the dashboard's engine client for it."""

@@ -5,8 +5,11 @@ prefix's KV cache (core/model/fanout.py); sample i draws with seed S + i, so it 
 
 Text: the samples sorted by sequence log-probability (sum of the log post-sampler probabilities), where each one
 first differs from the run, and the first tokens drawn against the step's post-sampler probabilities. --json: the
-headless JSON lines (`fanout`, N `sample`, `done`). STEP is numbered from 1 (the JSON's `at` is STEP - 1); STEP may be
-one past the record's last step (go on from its end). Bad input: one line, exit status 2.
+headless JSON lines (`fanout`, `fanout_progress` about once a second while a long one decodes, N `sample`, `done`).
+On a terminal's stderr (text mode) one line shows the model's loading, then how far the decode has gone (tokens a
+sample, tokens drawn, samples ended, seconds), erased before the result (load_progress.py). STEP is numbered from 1
+(the JSON's `at` is STEP - 1); STEP may be one past the record's last step (go on from its end). Bad input: one
+line, exit status 2.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import sys
 from .branch import _Parser, _check_model, add_model_arguments, add_record_arguments, prepare
 from .common import answer_text, bad_input, integer, interrupted, make_loader, say
+from .load_progress import ProgressLine
 
 
 def build_fanout_parser():
@@ -50,22 +54,31 @@ def fanout_main(argv: list[str]) -> int:
         request = FanoutRequest(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, args.n, args.tokens, seed,
                                 plan["parent"], ids[at] if at < len(ids) else None)
         request.check_context(run.facts.max_context)
-        engine = make_loader(plan["spec_args"])(lambda progress: None)
+        loading = ProgressLine(sys.stderr)  # a terminal's stderr only
+        if args.json:  # as headless --json: no line on stderr
+            loading.shown = False
+        loading.update("starting")
+        try:
+            engine = make_loader(plan["spec_args"])(lambda event: loading.update(event.stage, event.fraction))
+        finally:
+            loading.finish()
         _check_model(engine, run)
         from .stream import stream_run
 
         samples: list = []
         served = engine.facts.server is not None  # one request seeded S, not a seed per sample (core/server/fanout.py)
+        progress = None if args.json else ProgressLine(sys.stderr, what="fan-out")
         return stream_run(args, engine, lambda: engine.fanout(request),
-                          lambda e, emit: _show(e, emit, samples, tuple(ids[at:]), served), "fan-out")
+                          lambda e, emit: _show(e, emit, samples, tuple(ids[at:]), served, progress), "fan-out",
+                          progress)
     except TokentuiError as err:
         return bad_input(err)
     except KeyboardInterrupt:
         return interrupted(signal.SIGINT)
 
 
-def _show(event, emit, samples: list, run_after: tuple[int, ...], served: bool = False) -> None:
-    from tokentui.core.runs.events import DoneEvent, FanoutEvent, Notice, SampleEvent
+def _show(event, emit, samples: list, run_after: tuple[int, ...], served: bool = False, progress=None) -> None:
+    from tokentui.core.runs.events import DoneEvent, FanoutEvent, FanoutProgress, Notice, SampleEvent
 
     if isinstance(event, FanoutEvent):
         samples.append(event)
@@ -79,10 +92,18 @@ def _show(event, emit, samples: list, run_after: tuple[int, ...], served: bool =
                  f"{event.seed}..{event.seed + event.n - 1}; {kv}\n", sys.stderr)
     elif isinstance(event, SampleEvent):
         samples.append(event)
+    elif isinstance(event, FanoutProgress) and progress is not None and samples:
+        progress.update(progress_text(event, samples[0].n))
     elif isinstance(event, Notice):
         emit(say(event.message) + "\n", sys.stderr)
     elif isinstance(event, DoneEvent) and samples and isinstance(samples[0], FanoutEvent):
         emit(answer_text(fanout_text(samples[0], samples[1:], run_after)))
+
+
+def progress_text(event, n: int) -> str:
+    """How far a fan-out of `n` samples has gone, from its FanoutProgress."""
+    return (f"{event.steps_done}/{event.steps} tokens a sample ({event.steps_done / event.steps:.0%}), "
+            f"{event.tokens} tokens drawn, {event.samples_ended}/{n} samples ended early")
 
 
 def fanout_text(fanout, samples, run_after: tuple[int, ...]) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
 
-from .common import answer_text, bad_input, interrupted, json_line, say
+from .common import TextArgumentParser, answer_text, bad_input, interrupted, json_line, say
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"tokentui replay: {message} (see tokentui replay --help)\n")
 
@@ -58,6 +58,9 @@ def replay_main(argv: list[str]) -> int:
         engine = ReplayEngine.from_file(args.file, speed=args.speed)
         if args.headless:
             return replay_headless(engine, args.json)
+        from .dashboard import check_terminal
+
+        check_terminal()  # no terminal: one line, not a dashboard drawn into a file
         return replay_dashboard(engine, args.theme)
     except TokentuiError as err:
         return bad_input(err)

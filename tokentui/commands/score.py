@@ -77,8 +77,9 @@ def score_main(argv: list[str], build_parser) -> int:
 
         if not args.headless:
             check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)
-            from tokentui.commands.dashboard import run_dashboard
+            from tokentui.commands.dashboard import check_terminal, run_dashboard
 
+            check_terminal()  # before the model process starts
             return run_dashboard(args, prompt, score=request)
         parse_device(args.device)
         resolve_model(args.model, allow_pickle=args.allow_pickle)

@@ -5,7 +5,8 @@ the headless command's signal handling and exit statuses, and the lines that des
 `stream_run(args, engine, events, show)`: each event recorded (--record-dir, --no-record), written as one JSON line
 with --json, else handed to `show(event, emit)` which writes what a person reads; an error event's line on stderr
 and its kind's exit status (core/errors.py's one table); a signal stops the run at its next step (a second one, or
-one before anything ran, interrupts at once; the record still ends with `done`).
+one before anything ran, interrupts at once; the record still ends with `done`). `progress`: a ProgressLine
+(load_progress.py) that `show` draws, erased before anything else is written and at the end.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from .common import SignalStop, interrupted, json_line, say, silence_stdio
 Emit = Callable[..., None]
 
 
-def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, what: str) -> int:
+def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, what: str, progress=None) -> int:
     from tokentui.core.errors import exit_status
-    from tokentui.core.runs.events import ErrorEvent, StepEvent, SampleEvent
+    from tokentui.core.runs.events import ErrorEvent, FanoutProgress, SampleEvent, StepEvent
     from tokentui.core.runs.record_writer import RunRecorder
     from tokentui.core.runs.recording import RecordedRun
 
@@ -31,6 +32,8 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
     def emit(text: str, stream=None) -> None:
         if gone:
             return
+        if progress is not None:
+            progress.clear()
         try:
             (stream or out).write(text)
             (stream or out).flush()
@@ -52,7 +55,7 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
                     for event in recorded.record(events()):
                         if stopped_by:
                             engine.stop()
-                        if isinstance(event, (StepEvent, SampleEvent)):
+                        if isinstance(event, (StepEvent, SampleEvent, FanoutProgress)):  # decoding: stop at a step
                             stop.decoding()
                         if args.json:
                             emit(json_line(event))
@@ -64,6 +67,9 @@ def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, wha
                             status = exit_status(event.kind)
                 except KeyboardInterrupt:
                     stop.note_interrupt()
+                finally:
+                    if progress is not None:
+                        progress.finish()
             if recorded.cut_off is not None and args.json:
                 emit(json_line(recorded.cut_off))
             if stopped_by:
