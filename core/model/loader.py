@@ -22,6 +22,7 @@ from ..errors import ModelLoadError, SettingsError, error_line
 from ..runs.events import LoadProgress
 from ..runs.facts import ModelFacts
 from ..paths import cache_dir
+from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
@@ -266,6 +267,8 @@ def load_model(
             raise ModelLoadError(f"--device-map places the weights from the converted model's files, and {notice}")
         if device_map:  # let accelerate place the weights from the cached files
             model = None
+    elif isinstance(folder, Path):  # config.json against the weights' headers, before transformers builds anything
+        check_model_folder(folder, name, trust_remote_code=trust_remote_code)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
@@ -293,7 +296,7 @@ def load_model(
         raise ModelLoadError(f"{name} does not fit in GPU memory ({_first_line(err)}); "
                              "try --dtype bfloat16, a smaller model or --device cpu") from err
     except Exception as err:
-        raise ModelLoadError(_explain_load_error(name, err)) from err
+        raise ModelLoadError(load_report_line(name, err) or _explain_load_error(name, err)) from err
     model.eval()
     quantized = None
     if quantize == "int4":  # core/model/quantize.py: weight-only, group 32, the 4-bit GGUF path's layout
