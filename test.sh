@@ -3,13 +3,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bash "$root/scripts/setup.sh" "[dev]"
-# The end-to-end test drives the real dashboard in tmux; install it where we can (Debian, as root).
+# The end-to-end tests drive the real dashboard in tmux; install it where we can (Debian, as root).
 if ! command -v tmux >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq tmux) >/dev/null 2>&1 || echo "test.sh: could not install tmux" >&2
 fi
 # Issue 15's --server tests run against a real llama.cpp llama-server, built from source once per machine and
 # cached (minutes the first time; a no-op after). A failed build stops here; without it those tests would fail.
 "$root/.venv/bin/python" "$root/scripts/llama_server.py" build
-export TOKENTUI_REQUIRE_LLAMA_SERVER=1
+# Nothing the suite needs may skip here: tmux, tokentui's native library (a C++ compiler, g++) and llama-server are
+# required, and a missing one stops pytest at its start in one line saying how to install it (tests/conftest.py).
+# -rs lists the skips that remain: only ones a CI machine cannot meet (a CUDA GPU), each saying so in its reason.
+export TOKENTUI_REQUIRE_LLAMA_SERVER=1 TOKENTUI_REQUIRE_TMUX=1 TOKENTUI_REQUIRE_NATIVE=1
 cd "$root"
-exec "$root/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+exec "$root/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$@"

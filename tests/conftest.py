@@ -13,6 +13,37 @@ from llama_server_fixture import llama_server, llama_server_factory  # noqa: F40
 from hostile_server import hostile_server  # noqa: F401  (the misbehaving server's modes, issue 21)
 
 
+def required_but_missing() -> list[str]:
+    """What test.sh requires (TOKENTUI_REQUIRE_TMUX, _NATIVE, _LLAMA_SERVER = 1) and this machine lacks, each with
+    how to install it. Without the switches a missing tool skips its tests; test.sh sets them, so none is skipped."""
+    missing = []
+    if os.environ.get("TOKENTUI_REQUIRE_TMUX") == "1":
+        from tmux_pane import have_tmux
+
+        if not have_tmux():
+            missing.append("tmux is not installed (the end-to-end tests drive the dashboard in it): "
+                           "apt-get install tmux")
+    if os.environ.get("TOKENTUI_REQUIRE_NATIVE") == "1":
+        from tokentui.core.model.q4_native import NativeQ4
+
+        if (why := NativeQ4.unavailable()) is not None:  # builds it the first time, as collecting its tests does
+            missing.append(f"tokentui's native library is not available: {why} (it needs a C++ compiler: "
+                           "apt-get install g++)")
+    if os.environ.get("TOKENTUI_REQUIRE_LLAMA_SERVER") == "1":
+        from llama_server_fixture import build_tool
+
+        if build_tool.binary_path() is None:
+            missing.append(build_tool.missing_message())
+    return missing
+
+
+def pytest_configure(config):
+    """Under test.sh a missing requirement stops the run before it starts, in one line, rather than failing or
+    skipping test by test."""
+    if missing := required_but_missing():
+        raise pytest.UsageError("; ".join(missing))
+
+
 
 @pytest.fixture(scope="session")
 def isolated_dirs(tmp_path_factory) -> dict[str, Path]:

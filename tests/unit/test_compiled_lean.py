@@ -4,6 +4,8 @@ and against the eager lean step on the same cache."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -41,8 +43,10 @@ def compiled_engine(embedded_quantized):
 
 def test_compile_keeps_the_native_step_where_it_serves(embedded_quantized):
     model = embedded_quantized.model
-    if native_step(model) is None:
-        pytest.skip("the native step does not serve this model here")
+    if native_step(model) is None:  # it serves it wherever the native library builds (test.sh requires that)
+        if os.environ.get("TOKENTUI_REQUIRE_NATIVE") == "1":
+            pytest.fail("the native step does not serve the embedded model", pytrace=False)
+        pytest.skip("the native step does not serve this model here (the native library does not build)")
     stages = []
     engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=3, ignore_eos=True),
                     speed=SpeedOptions(compile=True, threads=1), progress=stages.append)

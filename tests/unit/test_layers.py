@@ -13,13 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp  # import-linter's import graph: a dev dependency (pyproject.toml), so never skipped
 import pytest
 
 from import_graph import strongly_connected
 from tiny_models import REPO
-
-grimp = pytest.importorskip("grimp")
-
 
 @pytest.fixture(scope="module")
 def installed_layout(tmp_path_factory) -> Path:

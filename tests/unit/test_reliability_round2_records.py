@@ -200,7 +200,7 @@ def full_disk(monkeypatch):
     """Files are created as ever (0600, never overwritten), but every write to them fails as a full disk's does:
     their handle writes to /dev/full."""
     if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full here")
+        pytest.skip("no /dev/full: not a Linux machine")
 
     def patch(module):
         real = module.open_private
