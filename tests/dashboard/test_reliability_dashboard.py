@@ -39,7 +39,7 @@ from tokentui.tui.panels.sampler import describe
 from tokentui.tui.screens import ErrorDialog, PromptEditor
 
 SIZE = (160, 48)
-FIGURES: dict[str, str] = {}  # measured numbers, printed by test_report_figures (run with -s)
+FIGURES: dict[str, str] = {}  # measured numbers for assertion messages; benchmarks/reliability_figures.py prints them
 
 
 def make_app(load, **config) -> TokentuiApp:
@@ -512,8 +512,3 @@ async def test_the_dashboard_says_when_remote_code_is_trusted(trusted):
         shown = ("trust-remote-code" in status(app), "trust-remote-code" in app.query_one(ModelPanel).last_text.plain)
         assert shown == (trusted, trusted)
 
-
-def test_report_figures():
-    """Not a check: prints the measured figures (run with -s)."""
-    for name, figure in FIGURES.items():
-        print(f"{name}: {figure}")
