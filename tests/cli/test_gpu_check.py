@@ -13,7 +13,7 @@ import pytest
 from tiny_models import REPO
 from tmux_pane import have_tmux
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="no tmux: apt-get install tmux")]
 
 
 def test_the_gpu_check_dry_run_prints_every_row(tmp_path, embedded):

@@ -22,7 +22,7 @@ from cli_run import record_files
 from tmux_pane import assert_terminal_restored
 from tmux_pane import Pane, have_tmux, listening_sockets, read_pid, wait_gone
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="no tmux: apt-get install tmux")]
 
 LONG_RUN = ["--ignore-eos", "--max-new-tokens", "2000"]
 EXIT_LIMIT_S = 15.0

@@ -14,7 +14,7 @@ import pytest
 
 from tmux_pane import Pane, assert_terminal_restored, have_tmux, read_pid, wait_gone
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="no tmux: apt-get install tmux")]
 
 
 def record_of(pid: int, runs_dir) -> list[dict]:

@@ -16,7 +16,7 @@ import pytest
 from cli_run import record_files
 from tmux_pane import Pane, assert_terminal_restored, have_tmux, read_pid, wait_gone
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="needs tmux")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_tmux(), reason="no tmux: apt-get install tmux")]
 
 
 def children(pid: int) -> list[int]:
