@@ -4,7 +4,10 @@ for. tests/unit/test_architecture_matrix.py asserts the checks; scripts/arch_tab
 architectures × features from the same observations (and a test keeps the two equal).
 
 `observe(name, tokenizer)` measures, for one architecture, against oracles that do not use tokentui's own readings:
-greedy ids against `model.generate`; the cache's bytes after each position, summed off a plain transformers cache's
+greedy ids against `model.generate`, on tiny models whose output depends on the context (`build`'s init
+scale: `generate`'s ids must vary, `assert_varies`); the teacher-forced logits: at every step, the engine's raw
+log-probabilities of its candidates against one full forward of the whole sequence without a cache, at that position
+(`forced_gaps`: this checks what the cache holds, not only its size, and needs no varied output); the cache's bytes after each position, summed off a plain transformers cache's
 tensors, against the KV figures (per token, the totals' formula, the engine's step figures); each logit-lens row
 against the model's final norm, LM head and logit post-processing applied by hand (the modules named here) to the
 blocks' outputs caught with this module's own forward hooks, and the last row against the model's own logits; each
@@ -23,6 +26,16 @@ from dataclasses import dataclass, field
 # sliding windows and attention chunks: 40, so a 31-token prompt ("Hi" in the chat template) crosses them while
 # decoding (the layer keeps 39 positions). Soft-caps, scales and divisors are set where they change the tiny
 # models' distributions (Gemma's cap with larger weights), so that a lens without them would not match.
+# INIT: the weights' init scale (initializer_range). At transformers' default (0.02) `generate`'s 24 greedy ids are one
+# repeated id for most families: an oracle any cache bug passes. At 0.2 (0.4 where a family still repeats: Bloom,
+# Falcon's new decoder, the Mamba family) at least half of them are distinct on every family; Gemma 2/3 also need an
+# untied head (with a tied one the token predicts itself whatever the context).
+INIT = 0.2
+# FORCED_TOL: the largest |log p| difference allowed between the engine's cached decoding and one full forward
+# (float32; the two differ only in reduction order: attention over a cache vs one pass, a chunked scan vs a
+# step-by-step one). Measured worst over the matrix: 5e-5 (Qwen3-Next's linear attention), ~1e-5 elsewhere; a cache
+# that is not read moves it by more than 0.1.
+FORCED_TOL = 2e-4
 WINDOW = 40
 NEW_TOKENS = 24
 PROMPT = "Hi"
@@ -43,6 +56,7 @@ class Spec:
     logits_op: tuple = ()  # what the model does to the head's output: ("softcap", c), ("scale", s), ("divide", d)
     compiles: bool = True  # --compile: a static cache and a compiled decode step (else a Notice, eager)
     style: str = "llama"  # which config keys the family takes: "llama" (the Llama names), "gpt2", "mamba", "own"
+    init: float = INIT  # initializer_range (INIT's comment)
 
 
 def _llama(**extra) -> dict:
@@ -83,12 +97,12 @@ SPECS: dict[str, Spec] = {
                       "model.norm", FULL, moe=True),
     "gemma": Spec("Gemma", "GemmaConfig", "GemmaForCausalLM", _llama(head_dim=16), "model.norm", FULL),
     "gemma2": Spec("Gemma 2", "Gemma2Config", "Gemma2ForCausalLM",
-                   _llama(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=2.0, initializer_range=0.1),
-                   "model.norm", SLIDING, order="sandwich", logits_op=("softcap", 2.0), compiles=False),
+                   _llama(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=5.0, tie_word_embeddings=False),
+                   "model.norm", SLIDING, order="sandwich", logits_op=("softcap", 5.0), compiles=False),
     "gemma3": Spec("Gemma 3 (text)", "Gemma3TextConfig", "Gemma3ForCausalLM",
-                   _llama(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=2.0, initializer_range=0.1,
+                   _llama(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=5.0, tie_word_embeddings=False,
                           layer_types=["sliding_attention", "full_attention"]), "model.norm", SLIDING,
-                   order="sandwich", logits_op=("softcap", 2.0), compiles=False),
+                   order="sandwich", logits_op=("softcap", 5.0), compiles=False),
     "phi": Spec("Phi", "PhiConfig", "PhiForCausalLM", _llama(partial_rotary_factor=0.5), "model.final_layernorm",
                 FULL, order="parallel", norm_kind="LayerNorm"),
     "phi3": Spec("Phi-3", "Phi3Config", "Phi3ForCausalLM", _llama(), "model.norm", FULL),
@@ -99,7 +113,7 @@ SPECS: dict[str, Spec] = {
     "gpt2": Spec("GPT-2", "GPT2Config", "GPT2LMHeadModel", _gpt2(), "transformer.ln_f", FULL, positions="learned",
                  norm_kind="LayerNorm", style="gpt2"),
     "opt": Spec("OPT", "OPTConfig", "OPTForCausalLM",
-                dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, init_std=INIT,
                      max_position_embeddings=1024, word_embed_proj_dim=64), "model.decoder.final_layer_norm", FULL,
                 positions="learned", norm_kind="LayerNorm", compiles=False, style="own"),
     "falcon_mqa": Spec("Falcon (multi-query)", "FalconConfig", "FalconForCausalLM",
@@ -109,7 +123,7 @@ SPECS: dict[str, Spec] = {
     "falcon_new": Spec("Falcon (new decoder)", "FalconConfig", "FalconForCausalLM",
                        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
                             new_decoder_architecture=True, max_position_embeddings=1024), "transformer.ln_f", FULL,
-                       order="parallel", norm_kind="LayerNorm", style="own"),
+                       order="parallel", norm_kind="LayerNorm", style="own", init=0.4),
     "stablelm": Spec("StableLM", "StableLmConfig", "StableLmForCausalLM", _llama(), "model.norm", FULL,
                      norm_kind="LayerNorm"),
     "olmo": Spec("OLMo", "OlmoConfig", "OlmoForCausalLM", _llama(), "model.norm", FULL, norm_kind="LayerNorm"),
@@ -143,7 +157,7 @@ SPECS: dict[str, Spec] = {
     "gptj": Spec("GPT-J", "GPTJConfig", "GPTJForCausalLM", _gpt2(rotary_dim=8, tie_word_embeddings=False),
                  "transformer.ln_f", FULL, order="parallel", norm_kind="LayerNorm", style="gpt2"),
     "bloom": Spec("Bloom (ALiBi)", "BloomConfig", "BloomForCausalLM", dict(hidden_size=64, n_layer=2, n_head=4),
-                  "transformer.ln_f", FULL, positions="ALiBi", norm_kind="LayerNorm", style="own"),
+                  "transformer.ln_f", FULL, positions="ALiBi", norm_kind="LayerNorm", style="own", init=0.4),
     "llama4": Spec("Llama 4 (text, chunked)", "Llama4TextConfig", "Llama4ForCausalLM",
                    _llama(intermediate_size_mlp=128, num_local_experts=4, num_experts_per_tok=1, head_dim=16,
                           attention_chunk_size=WINDOW, num_hidden_layers=4, interleave_moe_layer_step=2),
@@ -156,17 +170,18 @@ SPECS: dict[str, Spec] = {
                  _llama(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"]),
                  "model.embedding_norm", STATE, positions="none"),
     "mamba": Spec("Mamba", "MambaConfig", "MambaForCausalLM", _mamba(), "backbone.norm_f", frozenset({"state"}),
-                  positions="none", compiles=False, style="mamba"),
+                  positions="none", compiles=False, style="mamba", init=0.4),
     "mamba2": Spec("Mamba-2", "Mamba2Config", "Mamba2ForCausalLM",
                    _mamba(num_heads=8, head_dim=16, n_groups=1, chunk_size=32), "backbone.norm_f",
                    frozenset({"state"}), positions="none", compiles=False, style="mamba"),
     "falcon_mamba": Spec("FalconMamba", "FalconMambaConfig", "FalconMambaForCausalLM", _mamba(), "backbone.norm_f",
-                         frozenset({"state"}), positions="none", compiles=False, style="mamba"),
+                         frozenset({"state"}), positions="none", compiles=False, style="mamba", init=0.4),
 }
 
 
 def build(name: str, tokenizer, **overrides):
-    """A random-weight model of `SPECS[name]` (seeded), sharing the embedded model's tokenizer."""
+    """A random-weight model of `SPECS[name]` (seeded, at the family's init scale), sharing the embedded model's
+    tokenizer."""
     import torch
     import transformers
 
@@ -175,7 +190,8 @@ def build(name: str, tokenizer, **overrides):
     ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     if spec.style != "gpt2":
         ids["pad_token_id"] = tokenizer.pad_token_id
-    config = getattr(transformers, spec.config)(**{**ids, **spec.overrides, **overrides})
+    config = getattr(transformers, spec.config)(**{**ids, "initializer_range": spec.init, **spec.overrides,
+                                                   **overrides})
     model = getattr(transformers, spec.model)(config).eval()
     model.config.architectures = [spec.model]
     return model
@@ -191,6 +207,7 @@ class Observation:
     prompt_tokens: int = 0
     ids: list = field(default_factory=list)  # the engine's greedy ids
     generated: list = field(default_factory=list)  # model.generate's
+    forced: list = field(default_factory=list)  # per step: (worst |log p| gap, top id agrees), `forced_gaps`
     errors: list = field(default_factory=list)  # ErrorEvents (none expected)
     notices: list = field(default_factory=list)
     oracle_bytes: dict = field(default_factory=dict)  # positions -> bytes of a plain transformers cache's tensors
@@ -312,12 +329,38 @@ def observe(name: str, tokenizer) -> Observation:
         own = torch.log_softmax(logits[0].double(), -1)
         seen.lens_without_op_kl = float((own.exp() * (own - bare.double())).sum())
     seen.generated = generate_ids(model, prompt.ids, NEW_TOKENS, stop_at_eos=False)
+    seen.forced = forced_gaps(model, prompt.ids, steps)
     seen.oracle_bytes = _cache_growth(model, prompt.ids + seen.generated, len(prompt.ids))
     seen.stage_shapes = _stage_shapes(model, facts)
     seen.mlp_moves = _mlp_moves(model, facts)
     seen.norm_centres = _centres(model.get_submodule(spec.norm))
     _observe_compile(seen, model, tokenizer, facts)
     return seen
+
+
+def forced_gaps(model, prompt_ids, steps) -> list[tuple[float, bool]]:
+    """The teacher-forced oracle: one forward of the prompt and every chosen id but the last, without a cache; per
+    step, the largest |log p| difference between the engine's candidates' raw probabilities (softmax of its raw
+    logits) and that forward's at the step's position, and whether its first candidate is that forward's argmax.
+    Run it on the model as it is, outside anything planted in the engine's calls (tests/planted_bugs.py)."""
+    import math
+
+    import torch
+
+    ids = list(prompt_ids) + [s.id for s in steps[:-1]]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, len(prompt_ids) - 1:]
+    full = torch.log_softmax(logits.double(), -1)  # [steps, V]
+    out = []
+    for step, row in zip(steps, full):
+        gap = max(abs(math.log(max(c.raw_prob, 1e-300)) - float(row[c.id])) for c in step.candidates)
+        out.append((gap, step.candidates[0].id == int(row.argmax())))
+    return out
+
+
+def forced_ok(gaps) -> bool:
+    """Every step within FORCED_TOL of the full forward, with its argmax first."""
+    return bool(gaps) and all(gap <= FORCED_TOL and top for gap, top in gaps)
 
 
 def _cache_growth(model, ids, prompt: int) -> dict[int, int]:
@@ -528,7 +571,8 @@ def _blocks_words(facts) -> str:
 def row(seen: Observation) -> str:
     """One architecture's line of the table, from what `observe` measured (✓: the check held)."""
     spec, facts = SPECS[seen.name], seen.facts
-    greedy = seen.ids == seen.generated and not seen.errors
+    greedy = seen.ids == seen.generated and not seen.errors and 2 * len(set(seen.generated)) >= len(seen.generated)
+    forced = forced_ok(seen.forced)
     totals = all(kv_ok(seen))
     lens = bool(seen.lens_rows) and all(
         [i for i, _ in ours] == [j for j, _ in hand] and hand[-1][0] == own[0]
@@ -542,7 +586,8 @@ def row(seen: Observation) -> str:
                      "eager: no KV cache (said first)" if "recurrent state" in notice else
                      "eager: windowed layers (said first)")
     return (f"| {spec.label} | {_ok(greedy)} {sum(a == b for a, b in zip(seen.ids, seen.generated))}/"
-            f"{len(seen.generated)} | {facts.kv_bytes_per_token:,} B {_ok(totals)} | {_cache_words(facts)} "
+            f"{len(seen.generated)} ({len(set(seen.generated))} distinct) | {_ok(forced)} {len(seen.forced)} steps, "
+            f"within {FORCED_TOL:g} | {facts.kv_bytes_per_token:,} B {_ok(totals)} | {_cache_words(facts)} "
             f"| {_ok(lens)}{op} | {_ok(all(shapes))} {len(shapes)} shapes; {_blocks_words(facts) or 'plain'} "
             f"| {_ok(compiled)} {compile_words} |")
 
@@ -556,9 +601,10 @@ def kv_ok(seen: Observation) -> list[bool]:
 
 
 def render(observations: list[Observation]) -> str:
-    head = ("| architecture (tiny config) | greedy = `generate` | KV per token = the cache's growth, totals = its "
+    head = ("| architecture (tiny config) | greedy ids = `generate`'s (which vary) | teacher-forced "
+            "logits = one full forward (log p) | KV per token = the cache's growth, totals = its "
             "nbytes | what each layer caches | logit lens = by hand | one pass: shapes = hooks | `--compile` |\n"
-            "| --- | --- | --- | --- | --- | --- | --- |")
+            "| --- | --- | --- | --- | --- | --- | --- | --- |")
     return "\n".join([BEGIN, head, *(row(seen) for seen in observations), END])
 
 

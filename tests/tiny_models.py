@@ -1,5 +1,5 @@
-"""Tiny random-weight models built from a config (no downloads), and the `generate` oracle the engine is checked
-against."""
+"""Tiny random-weight models built from a config (no downloads), the `generate` oracle the engine is checked
+against, and the guard that keeps that oracle from being vacuous (`assert_varies`)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,16 @@ def generate_ids(model, prompt_ids, n, *, stop_at_eos: bool = True):
     extra = {} if stop_at_eos else {"eos_token_id": -1}
     out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, **extra)
     return out[0, len(prompt_ids):].tolist()
+
+
+def assert_varies(ids, what: str = "the reference ids") -> None:
+    """The guard every shared oracle helper runs on its reference sequence: at least half its ids distinct. A tiny
+    model at the default init (initializer_range 0.02) repeats one id whatever the context, and then "the engine's
+    ids == generate's" holds even when the engine never reads its cache. Build it at a larger init scale (0.2:
+    `tiny_model(..., initializer_range=0.2)`; tests/arch_matrix.py's INIT)."""
+    ids = list(ids)
+    distinct = len(set(ids))
+    assert ids and 2 * distinct >= len(ids), (
+        f"vacuous oracle: {what} hold {distinct} distinct ids out of {len(ids)} ({ids[:12]}...); the model's output "
+        "does not depend on its context, so a broken cache would pass. Use a context-dependent tiny model "
+        "(a larger initializer_range).")

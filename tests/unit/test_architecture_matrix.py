@@ -1,6 +1,8 @@
 """Issue 24: every feature on every architecture. For each tiny random-weight model of tests/arch_matrix.py (37 decoder
-families, built from configs, the embedded model's tokenizer), against oracles that do not use tokentui's readings
-(arch_matrix.py's docstring says which): greedy ids equal `generate`; the KV figure per token is the cache's real
+families, built from configs at an init scale where their output depends on the context, the embedded model's
+tokenizer), against oracles that do not use tokentui's readings (arch_matrix.py's docstring says which): greedy ids
+equal `generate`'s, which vary (at least half distinct, or the oracle is vacuous); at every step the engine's raw
+log-probabilities equal one full forward's without a cache (teacher-forced, FORCED_TOL); the KV figure per token is the cache's real
 growth, also after a sliding window fills while decoding; the totals equal the cache tensors' nbytes at every
 length; the layer kinds are the architecture's; the logit lens's rows equal the final norm, LM head and logit
 post-processing applied by hand to hooked block outputs, and the last row is the model's own distribution; every
@@ -18,8 +20,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from arch_matrix import NEW_TOKENS, SPECS, Observation, build, observe, tensor_bytes
-from tiny_models import REPO, generate_ids
+from arch_matrix import FORCED_TOL, NEW_TOKENS, SPECS, Observation, build, forced_gaps, observe, tensor_bytes
+from tiny_models import REPO, assert_varies, generate_ids
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.architecture import kv_bytes_at
@@ -43,15 +45,26 @@ def seen(request, smol_tokenizer) -> Observation:
 
 
 def each(test):
-    return pytest.mark.parametrize("seen", NAMES, indirect=True, ids=NAMES)(test)
+    """One test per family; `pytest -m matrix` selects the matrix alone."""
+    return pytest.mark.matrix(pytest.mark.parametrize("seen", NAMES, indirect=True, ids=NAMES)(test))
 
 
 # ---------------------------------------------------------------------------------------------- the matrix
 @each
 def test_it_runs_without_a_traceback_and_greedy_equals_generate(seen):
     assert seen.errors == []
+    assert_varies(seen.generated, f"generate's {NEW_TOKENS} greedy ids on tiny {seen.name}")
     assert len(seen.ids) == NEW_TOKENS and seen.ids == seen.generated
     assert not any("could not reproduce" in n or "KV cache holds" in n for n in seen.notices), seen.notices
+
+
+@each
+def test_teacher_forced_logits_are_one_full_forwards(seen):
+    """What the cache holds, not only its size: every step's raw log-probabilities (its candidates') are one full
+    forward's of the whole sequence at that position, within FORCED_TOL, and its first candidate is that argmax."""
+    assert len(seen.forced) == NEW_TOKENS
+    worst = max(gap for gap, _ in seen.forced)
+    assert worst <= FORCED_TOL and all(top for _, top in seen.forced), seen.forced
 
 
 @each
@@ -161,16 +174,29 @@ def _run(model, tokenizer, prompt: str, n: int, **options):
 LONG = " ".join(f"word{i % 97} and" for i in range(160))  # ~670 tokens: two prefill chunks of 512
 
 
-@pytest.mark.parametrize("name", ["mistral", "gemma2", "qwen3_next", "lfm2", "mamba"])
+MAMBA_CHUNKS = pytest.mark.xfail(strict=True, reason=(
+    "a defect this oracle found (issue 45): Mamba's (and FalconMamba's) second prefill chunk does not continue the "
+    "first chunk's state (teacher-forced gaps ~1 nat from the first answer token; one chunk, or Mamba-2, match to "
+    "1e-5)"))
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "qwen3_next", "lfm2",
+                                  pytest.param("mamba", marks=MAMBA_CHUNKS)])
 def test_a_prompt_longer_than_a_prefill_chunk(name, smol_tokenizer):
     """Chunked prefill across a sliding window and through recurrent layers: the same ids as generate's one
-    pass, and the totals the formula gives."""
+    pass (which vary), every step's log-probabilities one full forward's (so a chunk dropped or misplaced shows
+    whatever the ids do), and the totals the formula gives."""
     model = build(name, smol_tokenizer)
     facts, events = _run(model, smol_tokenizer, LONG, 8)
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     assert len(prompt.ids) > 512 and not [e for e in events if isinstance(e, (ErrorEvent, Notice))]
     steps = [e for e in events if isinstance(e, StepEvent)]
-    assert [s.id for s in steps] == generate_ids(model, prompt.ids, 8, stop_at_eos=False)
+    expected = generate_ids(model, prompt.ids, 8, stop_at_eos=False)
+    assert_varies(expected, f"generate's 8 ids on tiny {name} after the long prompt")
+    assert [s.id for s in steps] == expected
+    forced = forced_gaps(model, prompt.ids, steps)
+    assert max(gap for gap, _ in forced) <= FORCED_TOL and all(top for _, top in forced), forced
     assert all(s.kv_bytes == kv_bytes_at(facts.kv_groups, s.kv_tokens, 4) for s in steps)
 
 
