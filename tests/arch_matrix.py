@@ -358,6 +358,21 @@ def forced_gaps(model, prompt_ids, steps) -> list[tuple[float, bool]]:
     return out
 
 
+def sampler_gaps(model, prompt_ids, steps, settings) -> list[float]:
+    """The sampler's teacher-forced oracle: per step, the largest |p| difference between the engine's candidates'
+    post-sampler probabilities and transformers' warpers (temperature, top-k, top-p) applied to one full forward's
+    logits at the step's position. Outside anything planted, as `forced_gaps`."""
+    import torch
+
+    from tokentui.core.steps.select import reference_probs
+
+    ids = list(prompt_ids) + [s.id for s in steps[:-1]]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, len(prompt_ids) - 1:]
+    return [max(abs(c.prob - float(ref[c.id])) for c in step.candidates)
+            for step, ref in zip(steps, (reference_probs(row, settings) for row in logits))]
+
+
 def forced_ok(gaps) -> bool:
     """Every step within FORCED_TOL of the full forward, with its argmax first."""
     return bool(gaps) and all(gap <= FORCED_TOL and top for gap, top in gaps)

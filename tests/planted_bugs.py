@@ -7,13 +7,16 @@ every other oracle must be computed outside it (the patches are class- and modul
     chunk_dropped    the prompt's first prefill chunk is never fed: generation starts from the second chunk alone
                      (the engine still counts the whole prompt)
     positions_off    a decode step's position ids are one past the truth (rotary and learned positions)
+    temperature_skipped  the sampler leaves out its temperature stage (samples at temperature 1)
+    top_p_one_short  top-p keeps one token too few: the last token it keeps is cut, the rest renormalised (in the
+                     selection the engine reports and steps on; the token drawn is the sampler's)
 """
 
 from __future__ import annotations
 
 import contextlib
 
-BUGS = ("cache_unread", "chunk_dropped", "positions_off")
+BUGS = ("cache_unread", "chunk_dropped", "positions_off", "temperature_skipped", "top_p_one_short")
 
 
 def _cache_of(kwargs):
@@ -31,8 +34,8 @@ def planted(bug: str, model):
     if bug not in BUGS:
         raise ValueError(f"no planted bug {bug!r}: {BUGS}")
     with contextlib.ExitStack() as stack:
-        {"cache_unread": _cache_unread, "chunk_dropped": _chunk_dropped,
-         "positions_off": _positions_off}[bug](stack, model)
+        {"cache_unread": _cache_unread, "chunk_dropped": _chunk_dropped, "positions_off": _positions_off,
+         "temperature_skipped": _temperature_skipped, "top_p_one_short": _top_p_one_short}[bug](stack, model)
         yield
 
 
@@ -102,3 +105,36 @@ def _positions_off(stack, model):
 
     handle = model.register_forward_pre_hook(shift, with_kwargs=True)
     stack.callback(handle.remove)
+
+
+def _temperature_skipped(stack, model):
+    from dataclasses import replace
+
+    import tokentui.core.model.engine as engine
+
+    original = engine.select  # the engine looks `select` up at each run (core/model/engine.py)
+
+    def select(logits, settings, *args, **kwargs):
+        return original(logits, replace(settings, temperature=1.0), *args, **kwargs)
+
+    _patch(stack, engine, "select", select)
+
+
+def _top_p_one_short(stack, model):
+    from dataclasses import replace
+
+    import tokentui.core.model.engine as engine
+
+    original = engine.select
+
+    def select(logits, settings, *args, **kwargs):
+        sel = original(logits, settings, *args, **kwargs)
+        kept = [i for i, p in enumerate(sel.top_probs) if p > 0]
+        if settings.top_p >= 1.0 or len(kept) < 2 or sel.kept_count != len(kept):
+            return sel  # nothing to cut, or the last kept token is not among those reported
+        last = min(kept, key=lambda i: sel.top_probs[i])
+        mass = sum(sel.top_probs[i] for i in kept if i != last)
+        probs = [0.0 if i == last else p / mass for i, p in enumerate(sel.top_probs)]
+        return replace(sel, top_probs=probs, kept_count=sel.kept_count - 1)
+
+    _patch(stack, engine, "select", select)
