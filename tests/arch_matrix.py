@@ -7,7 +7,7 @@ architectures × features from the same observations (and a test keeps the two e
 greedy ids against `model.generate`, on tiny models whose output depends on the context (`build`'s init
 scale: `generate`'s ids must vary, `assert_varies`); the teacher-forced logits: at every step, the engine's raw
 log-probabilities of its candidates against one full forward of the whole sequence without a cache, at that position
-(`forced_gaps`: this checks what the cache holds, not only its size, and needs no varied output); the cache's bytes after each position, summed off a plain transformers cache's
+(tests/tiny_models.py's `forced_gaps`: this checks what the cache holds, not only its size, and needs no varied output); the cache's bytes after each position, summed off a plain transformers cache's
 tensors, against the KV figures (per token, the totals' formula, the engine's step figures); each logit-lens row
 against the model's final norm, LM head and logit post-processing applied by hand (the modules named here) to the
 blocks' outputs caught with this module's own forward hooks, and the last row against the model's own logits; each
@@ -23,19 +23,15 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from tiny_models import FORCED_TOL, INIT, forced_gaps, forced_ok  # noqa: F401  (the tests import them from here too)
+
 # sliding windows and attention chunks: 40, so a 31-token prompt ("Hi" in the chat template) crosses them while
 # decoding (the layer keeps 39 positions). Soft-caps, scales and divisors are set where they change the tiny
 # models' distributions (Gemma's cap with larger weights), so that a lens without them would not match.
-# INIT: the weights' init scale (initializer_range). At transformers' default (0.02) `generate`'s 24 greedy ids are one
-# repeated id for most families: an oracle any cache bug passes. At 0.2 (0.4 where a family still repeats: Bloom,
-# Falcon's new decoder, the Mamba family) at least half of them are distinct on every family; Gemma 2/3 also need an
-# untied head (with a tied one the token predicts itself whatever the context).
-INIT = 0.2
-# FORCED_TOL: the largest |log p| difference allowed between the engine's cached decoding and one full forward
-# (float32; the two differ only in reduction order: attention over a cache vs one pass, a chunked scan vs a
-# step-by-step one). Measured worst over the matrix: 5e-5 (Qwen3-Next's linear attention), ~1e-5 elsewhere; a cache
-# that is not read moves it by more than 0.1.
-FORCED_TOL = 2e-4
+# INIT (tests/tiny_models.py): the weights' init scale, where the output depends on the context. At 0.2 (0.4 where a
+# family still repeats: Bloom, Falcon's new decoder, the Mamba family) at least half of `generate`'s 24 ids are
+# distinct on every family; Gemma 2/3 also need an untied head (with a tied one the token predicts itself whatever
+# the context). FORCED_TOL (tests/tiny_models.py): the teacher-forced oracle's tolerance.
 WINDOW = 40
 NEW_TOKENS = 24
 PROMPT = "Hi"
@@ -338,26 +334,6 @@ def observe(name: str, tokenizer) -> Observation:
     return seen
 
 
-def forced_gaps(model, prompt_ids, steps) -> list[tuple[float, bool]]:
-    """The teacher-forced oracle: one forward of the prompt and every chosen id but the last, without a cache; per
-    step, the largest |log p| difference between the engine's candidates' raw probabilities (softmax of its raw
-    logits) and that forward's at the step's position, and whether its first candidate is that forward's argmax.
-    Run it on the model as it is, outside anything planted in the engine's calls (tests/planted_bugs.py)."""
-    import math
-
-    import torch
-
-    ids = list(prompt_ids) + [s.id for s in steps[:-1]]
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, len(prompt_ids) - 1:]
-    full = torch.log_softmax(logits.double(), -1)  # [steps, V]
-    out = []
-    for step, row in zip(steps, full):
-        gap = max(abs(math.log(max(c.raw_prob, 1e-300)) - float(row[c.id])) for c in step.candidates)
-        out.append((gap, step.candidates[0].id == int(row.argmax())))
-    return out
-
-
 def sampler_gaps(model, prompt_ids, steps, settings) -> list[float]:
     """The sampler's teacher-forced oracle: per step, the largest |p| difference between the engine's candidates'
     post-sampler probabilities and transformers' warpers (temperature, top-k, top-p) applied to one full forward's
@@ -371,11 +347,6 @@ def sampler_gaps(model, prompt_ids, steps, settings) -> list[float]:
         logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, len(prompt_ids) - 1:]
     return [max(abs(c.prob - float(ref[c.id])) for c in step.candidates)
             for step, ref in zip(steps, (reference_probs(row, settings) for row in logits))]
-
-
-def forced_ok(gaps) -> bool:
-    """Every step within FORCED_TOL of the full forward, with its argmax first."""
-    return bool(gaps) and all(gap <= FORCED_TOL and top for gap, top in gaps)
 
 
 def _cache_growth(model, ids, prompt: int) -> dict[int, int]:

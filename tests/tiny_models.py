@@ -1,11 +1,25 @@
-"""Tiny random-weight models built from a config (no downloads), the `generate` oracle the engine is checked
-against, and the guard that keeps that oracle from being vacuous (`assert_varies`)."""
+"""Tiny random-weight models built from a config (no downloads), and the oracles the engine is checked against:
+`generate`'s greedy ids, with the guard that keeps them from being vacuous (`assert_varies`), and the teacher-forced
+logits (`forced_gaps`: every step against one full forward without a cache). `assert_engine_is_the_oracle` runs all
+three on an engine run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+# INIT: an init scale (initializer_range) at which a tiny model's output depends on its context. At transformers'
+# default (0.02) `generate`'s greedy ids are one repeated id whatever the prompt for most families (24 of 24 ids one
+# id on 26 of the matrix's 38): an oracle that a cache never read passes. At 0.2 at least half are distinct
+# (tests/arch_matrix.py raises it to 0.4 for the few families that still repeat). Build with
+# `tiny_model(kind, tokenizer, initializer_range=INIT)` wherever ids are compared with `generate`'s.
+INIT = 0.2
+# FORCED_TOL: the largest |log p| difference allowed between the engine's cached decoding and one full forward
+# (float32; the two differ only in reduction order: attention over a cache vs one pass, a chunked scan vs a
+# step-by-step one). Measured worst over the architecture matrix: 5e-5 (Qwen3-Next's linear attention), ~1e-5
+# elsewhere; a cache that is not read moves it by more than 0.1 (tests/unit/test_planted_bugs.py).
+FORCED_TOL = 2e-4
 
 def tiny_model(kind: str, tokenizer, **overrides):
     """A random-weight causal LM of a given architecture, sized to run in milliseconds, sharing the
@@ -45,16 +59,19 @@ def tiny_gpt2(tokenizer):
     return model
 
 
-def generate_ids(model, prompt_ids, n, *, stop_at_eos: bool = True):
+def generate_ids(model, prompt_ids, n, *, stop_at_eos: bool = True, vary: bool = False):
     """transformers' own greedy continuation of `prompt_ids`: up to n tokens (stop_at_eos=False: exactly n, no early
     stop, like --ignore-eos). The attention mask is explicit: generate would otherwise mask prompt tokens that share
-    the pad id (SmolLM2's <|im_end|>)."""
+    the pad id (SmolLM2's <|im_end|>). vary=True: `assert_varies` on them (a tiny model's oracle)."""
     import torch
 
     x = torch.tensor([list(prompt_ids)])
     extra = {} if stop_at_eos else {"eos_token_id": -1}
     out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, **extra)
-    return out[0, len(prompt_ids):].tolist()
+    ids = out[0, len(prompt_ids):].tolist()
+    if vary:
+        assert_varies(ids, f"generate's {n} greedy ids")
+    return ids
 
 
 def assert_varies(ids, what: str = "the reference ids") -> None:
@@ -68,3 +85,36 @@ def assert_varies(ids, what: str = "the reference ids") -> None:
         f"vacuous oracle: {what} hold {distinct} distinct ids out of {len(ids)} ({ids[:12]}...); the model's output "
         "does not depend on its context, so a broken cache would pass. Use a context-dependent tiny model "
         "(a larger initializer_range).")
+
+
+def forced_gaps(model, prompt_ids, steps) -> list[tuple[float, bool]]:
+    """The teacher-forced oracle: one forward of the prompt and every chosen id but the last, without a cache; per
+    step, the largest |log p| difference between the engine's candidates' raw probabilities (softmax of its raw
+    logits) and that forward's at the step's position, and whether its first candidate is that forward's argmax.
+    Run it on the model as it is, outside anything planted in the engine's calls (tests/planted_bugs.py)."""
+    import math
+
+    import torch
+
+    ids = list(prompt_ids) + [s.id for s in steps[:-1]]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, len(prompt_ids) - 1:]
+    full = torch.log_softmax(logits.double(), -1)  # [steps, V]
+    out = []
+    for step, row in zip(steps, full):
+        gap = max(abs(math.log(max(c.raw_prob, 1e-300)) - float(row[c.id])) for c in step.candidates)
+        out.append((gap, step.candidates[0].id == int(row.argmax())))
+    return out
+
+
+def forced_ok(gaps) -> bool:
+    """Every step within FORCED_TOL of the full forward, with its argmax first."""
+    return bool(gaps) and all(gap <= FORCED_TOL and top for gap, top in gaps)
+
+
+def assert_engine_is_the_oracle(model, prompt_ids, steps) -> None:
+    """An engine's greedy run (its StepEvents after `prompt_ids`) against the oracles: its ids are `generate`'s,
+    which vary (`assert_varies`), and every step's raw log-probabilities are one full forward's (`forced_gaps`)."""
+    assert [s.id for s in steps] == generate_ids(model, prompt_ids, len(steps), stop_at_eos=False, vary=True)
+    gaps = forced_gaps(model, prompt_ids, steps)
+    assert forced_ok(gaps), f"teacher-forced logits off the full forward (gap, top-1 agrees) per step: {gaps}"

@@ -1,12 +1,13 @@
 """Other architectures end to end: tiny random-weight Llama, Qwen2 and Qwen3 models built from configs here,
-saved as a folder (safetensors + the embedded tokenizer) and loaded the way a user's model is."""
+saved as a folder (safetensors + the embedded tokenizer) and loaded the way a user's model is; at an init where their
+output depends on the context, so `generate`'s ids vary and every step's logits are checked against one full
+forward (tests/tiny_models.py's oracles)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from tiny_models import tiny_model
+from tiny_models import INIT, assert_engine_is_the_oracle, tiny_model
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import DoneEvent, PrefillEvent, PromptEvent, StepEvent
 from tokentui.core.model.loader import load_model
@@ -16,7 +17,7 @@ from tokentui.core.settings import RunOptions, SamplerSettings
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny_folder(request, smol_tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    model = tiny_model(request.param, smol_tokenizer)
+    model = tiny_model(request.param, smol_tokenizer, initializer_range=INIT)
     model.save_pretrained(folder)
     smol_tokenizer.save_pretrained(folder)
     return request.param, folder
@@ -34,10 +35,7 @@ def test_tiny_models_run_end_to_end(tiny_folder):
     prefill = next(e for e in events if isinstance(e, PrefillEvent))
     steps = [e for e in events if isinstance(e, StepEvent)]
     ids = [s.id for s in steps]
-    x = torch.tensor([prompt.ids])
-    expected = loaded.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24,
-                                     min_new_tokens=0, eos_token_id=None)[0, len(prompt.ids):].tolist()
-    assert ids == expected
+    assert_engine_is_the_oracle(loaded.model, prompt.ids, steps)
     per_token = 2 * 2 * 2 * facts.head_dim * 4
     assert facts.kv_bytes_per_token == per_token
     assert prefill.kv_bytes == per_token * len(prompt.ids)
