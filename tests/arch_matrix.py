@@ -4,19 +4,19 @@ for. tests/unit/test_architecture_matrix.py asserts the checks; scripts/arch_tab
 architectures × features from the same observations (and a test keeps the two equal).
 
 `observe(name, tokenizer)` measures, for one architecture, against oracles that do not use tokentui's own readings:
-greedy ids against `model.generate`, on tiny models whose output depends on the context (`build`'s init
-scale: `generate`'s ids must vary, `assert_varies`); the teacher-forced logits: at every step, the engine's raw
+greedy ids against `model.generate`, on tiny models whose output depends on the context (`build`'s init scale:
+`generate`'s ids must vary, `assert_varies`); the teacher-forced logits: at every step, the engine's raw
 log-probabilities of its candidates against one full forward of the whole sequence without a cache, at that position
-(tests/tiny_models.py's `forced_gaps`: this checks what the cache holds, not only its size, and needs no varied output); the cache's bytes after each position, summed off a plain transformers cache's
-tensors, against the KV figures (per token, the totals' formula, the engine's step figures); each logit-lens row
-against the model's final norm, LM head and logit post-processing applied by hand (the modules named here) to the
-blocks' outputs caught with this module's own forward hooks, and the last row against the model's own logits; each
-one-pass stage's shape against its module's output (forward hooks) or the cache's tensors; whether the MLP reads
-the attention's output (zeroing the attention's output by a hook: a parallel block's MLP input does not move);
-whether the final norm centres (LayerNorm) or only scales (RMSNorm); and `--compile`: a static cache and the
-decode step captured whole by dynamo (the eager backend: seconds, where inductor would take minutes; inductor
-itself is checked on Llama in tests/unit/test_fastpaths.py), no recompile, the same ids; or a Notice before the run.
-"""
+(tests/tiny_models.py's `forced_gaps`: this checks what the cache holds, not only its size, and needs no varied
+output); the cache's bytes after each position, summed off a plain transformers cache's tensors, against the KV
+figures (per token, the totals' formula, the engine's step figures); each logit-lens row against the model's final
+norm, LM head and logit post-processing applied by hand (the modules named here) to the blocks' outputs caught with
+this module's own forward hooks, and the last row against the model's own logits; each one-pass stage's shape
+against its module's output (forward hooks) or the cache's tensors; whether the MLP reads the attention's output
+(zeroing the attention's output by a hook: a parallel block's MLP input does not move); whether the final norm
+centres (LayerNorm) or only scales (RMSNorm); and `--compile`: a static cache and the decode step captured whole by
+dynamo (the eager backend: seconds, where inductor would take minutes; inductor itself is checked on Llama in
+tests/unit/test_fastpaths.py), no recompile, the same ids; or a Notice before the run."""
 
 from __future__ import annotations
 

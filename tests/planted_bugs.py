@@ -3,7 +3,8 @@ oracle that cannot fail checks nothing). `planted(bug)` is a context manager; `g
 every other oracle must be computed outside it (the patches are class- and module-wide while it is open).
 
     cache_unread     a decode step's attention sees only the row it has just written, at every cached position (the
-                     cache is written, never read back); recurrent layers (linear attention, convolutions, Mamba's scan) read a zeroed state
+                     cache is written, never read back); recurrent layers (linear attention, convolutions, Mamba's
+                     scan) read a zeroed state
     chunk_dropped    the prompt's first prefill chunk is never fed: generation starts from the second chunk alone
                      (the engine still counts the whole prompt)
     positions_off    a decode step's position ids are one past the truth (rotary and learned positions)

@@ -1,12 +1,12 @@
-"""Issue 24: every feature on every architecture. For each tiny random-weight model of tests/arch_matrix.py (37 decoder
+"""Issue 24: every feature on every architecture. For each tiny random-weight model of tests/arch_matrix.py (38 decoder
 families, built from configs at an init scale where their output depends on the context, the embedded model's
 tokenizer), against oracles that do not use tokentui's readings (arch_matrix.py's docstring says which): greedy ids
 equal `generate`'s, which vary (at least half distinct, or the oracle is vacuous); at every step the engine's raw
-log-probabilities equal one full forward's without a cache (teacher-forced, FORCED_TOL); the KV figure per token is the cache's real
-growth, also after a sliding window fills while decoding; the totals equal the cache tensors' nbytes at every
-length; the layer kinds are the architecture's; the logit lens's rows equal the final norm, LM head and logit
-post-processing applied by hand to hooked block outputs, and the last row is the model's own distribution; every
-one-pass shape is the real tensor's; the blocks' order (parallel or not), positions, norm and experts are read
+log-probabilities equal one full forward's without a cache (teacher-forced, FORCED_TOL); the KV figure per token is
+the cache's real growth, also after a sliding window fills while decoding; the totals equal the cache tensors'
+nbytes at every length; the layer kinds are the architecture's; the logit lens's rows equal the final norm, LM head
+and logit post-processing applied by hand to hooked block outputs, and the last row is the model's own distribution;
+every one-pass shape is the real tensor's; the blocks' order (parallel or not), positions, norm and experts are read
 right; `--compile` compiles without recompiling and gives the same ids, or says before the run why it decodes
 eagerly; and the README's table is these observations. Then: prompts longer than a prefill chunk, bfloat16, records,
 and a Mamba folder loaded and run the way a user's is."""

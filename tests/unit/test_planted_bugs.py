@@ -8,6 +8,8 @@ the bug the same run passes the oracle (the control), so a failure is the bug's.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from arch_matrix import SPECS, build, forced_gaps, forced_ok, sampler_gaps
@@ -44,7 +46,7 @@ def _gaps(loaded: LoadedModel, bug: str | None, chunked: bool = False):
     """The engine's run (the bug planted in it, or none), then the teacher-forced oracle outside the bug."""
     chunk = dict(prefill_chunk=CHUNK) if chunked else {}
     engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=STEPS, ignore_eos=True, **chunk))
-    with planted(bug, loaded.model) if bug else _nothing():
+    with planted(bug, loaded.model) if bug else contextlib.nullcontext():
         events = list(engine.run("Hi"))
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     steps = [e for e in events if isinstance(e, StepEvent)]
@@ -54,20 +56,12 @@ def _gaps(loaded: LoadedModel, bug: str | None, chunked: bool = False):
 
 def _sampled(loaded: LoadedModel, bug: str | None) -> list[float]:
     engine = Engine(loaded, SAMPLED, RunOptions(max_new_tokens=STEPS, ignore_eos=True))
-    with planted(bug, loaded.model) if bug else _nothing():
+    with planted(bug, loaded.model) if bug else contextlib.nullcontext():
         events = list(engine.run("Hi"))
     prompt = next(e for e in events if isinstance(e, PromptEvent))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert len(steps) == STEPS
     return sampler_gaps(loaded.model, prompt.ids, steps, SAMPLED)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("name", NAMES)
