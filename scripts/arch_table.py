@@ -1,7 +1,9 @@
 """Write the README's table of architectures × features from the architecture matrix (tests/arch_matrix.py): each
 tiny model is built and checked as tests/unit/test_architecture_matrix.py checks it (a minute or two on 2 cores),
 and the table between the README's markers is replaced by what was measured. The test fails when the README's table
-is not the matrix's.
+is not the matrix's. Each row says what was checked, not only that it held: the greedy ids against `generate`'s and
+how many of those are distinct (the tiny models are built at an init where their output depends on the context), and
+the teacher-forced logits (every step's raw log-probabilities against one full forward, within the tolerance shown).
 
     .venv/bin/python scripts/arch_table.py          # rewrite the README's table
     .venv/bin/python scripts/arch_table.py --check  # exit 1 when it differs
