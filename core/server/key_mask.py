@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 from typing import Iterator
 from urllib.parse import quote
 
 from ..runs.events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, SampleEvent, StepEvent
-from ..steps.display import display_text
+from ..steps.display import display_text, map_strings
 
 KEY_MASK = "[API key]"
 MIN_PART = 8  # consecutive characters of the key that are masked wherever they appear
@@ -114,25 +114,7 @@ class KeyMask:
     def value(self, value):
         """`value` (an event, any dataclass, a list, a string) with every string in it masked (`text`); the same
         object when nothing in it held the key."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, list):
-            items = [self.value(v) for v in value]
-            return value if all(a is b for a, b in zip(items, value)) else items
-        if not is_dataclass(value) or isinstance(value, type):
-            return value
-        names = _FIELDS.get(type(value))
-        if names is None:
-            names = _FIELDS[type(value)] = tuple(f.name for f in fields(value) if f.init)
-        changes = {}
-        for name in names:
-            old = getattr(value, name)
-            if old is None or old.__class__ in _PLAIN:
-                continue
-            new = self.value(old)
-            if new is not old:
-                changes[name] = new
-        return replace(value, **changes) if changes else value
+        return map_strings(value, self.text)
 
     # ---- a run's events -------------------------------------------------------------------------------------
     def events(self, events: Iterator[Event]) -> Iterator[Event]:
@@ -233,6 +215,3 @@ class KeyMask:
                                        for c in step.candidates])
         return self.value(step)
 
-
-_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's init fields, looked up once per class
-_PLAIN = (int, float, bool)  # values with no string in them

@@ -91,10 +91,16 @@ def printable_copy(value):
     screen that draws it as it is (the dashboard draws text segments raw: an escape sequence in a record's answer
     would reach the terminal). The same object when nothing needed it, so the usual event costs one scan of its
     strings. The record keeps the original: only what is drawn is escaped."""
+    return map_strings(value, lambda text: printable_text(text) if _NEEDS_ESCAPE.search(text) else text)
+
+
+def map_strings(value, change):
+    """`value` (an event, any dataclass, a list, a string) with `change` applied to every string in it; the same
+    object when `change` returned each string as it was (so an event nothing changed is not copied)."""
     if isinstance(value, str):
-        return printable_text(value) if _NEEDS_ESCAPE.search(value) else value
+        return change(value)
     if isinstance(value, list):
-        items = [printable_copy(v) for v in value]
+        items = [map_strings(v, change) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else items
     names = _FIELDS.get(type(value))
     if names is None:
@@ -106,7 +112,7 @@ def printable_copy(value):
         old = getattr(value, name)
         if old is None or old.__class__ in _PLAIN:
             continue
-        new = printable_copy(old)
+        new = map_strings(old, change)
         if new is not old:
             changes[name] = new
     return replace(value, **changes) if changes else value
