@@ -9,6 +9,12 @@ long prompt. A prompt of one chunk or less is one pass, exactly as before.
 Prefill is always eager (also under --compile: one call per run, with a different length each time); a static
 cache from core/model/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens written, so
 each chunk lands after the previous one), which keeps the token count on the host.
+
+Mamba-1's mixers in transformers (Mamba, FalconMamba, and the Mamba layers of Jamba and Zamba) cannot continue a
+multi-token forward from a state: their conv takes the cached tail, but their selective scan starts from zeros (the
+torch scan, like the mamba_ssm kernel, has no initial state) and then overwrites the cached SSM state with its own.
+So a second chunk would forget the first; after the first chunk those models take their prompt one token at a time
+(the decode path, which does read the state) — see `continues_chunks`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,18 @@ import torch
 from ..model.adapter import forward_last_logits, input_device, synchronize
 from ..model.lens import forward_last_states
 from ..settings import PREFILL_CHUNK  # the default of RunOptions.prefill_chunk (tests lower it)
+
+
+# model_type of the families whose multi-token forward restarts the SSM scan from zeros (transformers' Mamba-1
+# mixer: mamba_selective_scan's "Initial hidden state is not supported"); Mamba-2 passes `initial_states` and
+# continues, as do the other recurrent families (Qwen3-Next, LFM2)
+_SCAN_RESTARTS = frozenset({"mamba", "falcon_mamba", "jamba", "zamba"})
+
+
+def continues_chunks(model) -> bool:
+    """Whether a multi-token forward of `model` continues the state its cache holds (a later prefill chunk can be
+    one forward). False for transformers' Mamba-1 mixers, whose scan over more than one token starts from zeros."""
+    return getattr(getattr(model, "config", None), "model_type", None) not in _SCAN_RESTARTS
 
 
 def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None
@@ -42,6 +60,12 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache
     if decoder is not None and states_out is not None:
         raise ValueError("a compiled run's prefill returns no hidden states (the logit lens is eager only)")
+    # A Mamba-1 model's later chunks go in one token at a time (module docstring): correct, slower than a forward per
+    # chunk, and it keeps what chunking is for — progress and stop between chunks, and the memory of at most one
+    # chunk in flight. One pass over the whole prompt would not: the torch scan holds three float32 tensors of
+    # [d_inner, T, d_state] per layer (~96 x hidden floats per token, more than an attention layer's), so a long
+    # prompt's single pass is not small. The first chunk starts from zeros, as the scan does, and stays one forward.
+    stepwise = decoder is None and not continues_chunks(model)
     synchronize(device)
     spent = 0.0  # seconds in the model, not counting time the caller held this generator suspended
     done = 0
@@ -50,11 +74,15 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
         part = ids[:, done:done + chunk]  # [1, <= chunk]
         if decoder is not None:
             logits = decoder.prefill(part, cache, first=(done == 0))
-        elif states_out is not None and done + part.shape[1] == total:
-            logits, states = forward_last_states(model, part, cache)  # [V], [L, H]
-            states_out.append(states)
         else:
-            logits = forward_last_logits(model, part, cache)  # [V]
+            pieces = part.split(1, dim=1) if stepwise and done > 0 else (part,)  # [1, 1] each, or [1, <= chunk]
+            for piece in pieces[:-1]:
+                forward_last_logits(model, piece, cache)
+            if states_out is not None and done + part.shape[1] == total:
+                logits, states = forward_last_states(model, pieces[-1], cache)  # [V], [L, H]
+                states_out.append(states)
+            else:
+                logits = forward_last_logits(model, pieces[-1], cache)  # [V]
         done += part.shape[1]
         synchronize(logits.device)
         spent += time.perf_counter() - start
