@@ -28,10 +28,6 @@ STEPS = 8
 SAMPLED = SamplerSettings(temperature=0.6, top_k=8, top_p=0.6, seed=3)  # top-p cuts inside the 10 reported
 SAMPLER_TOL = 1e-4  # |p|: float32 warpers on a cached vs an uncached forward (measured ≤ 1e-6)
 CHUNK = 16  # chunk_dropped's runs: the "Hi" prompt (31 tokens in the chat template) is two prefill chunks
-# Mamba and FalconMamba: a second prefill chunk does not continue the first one's state (a defect the teacher-forced
-# oracle found; tests/unit/test_architecture_matrix.py's MAMBA_CHUNKS), so a chunked run fails the oracle with no bug
-# planted, and a dropped chunk cannot be told from it there.
-CHUNKS_BROKEN = ("mamba", "falcon_mamba")
 MODELS: dict = {}
 
 
@@ -66,10 +62,10 @@ def _sampled(loaded: LoadedModel, bug: str | None) -> list[float]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_oracle_holds_without_a_bug(name, smol_tokenizer):
-    """The control: the same runs, nothing planted, pass (chunked: except CHUNKS_BROKEN, which fail it)."""
+    """The control: the same runs, nothing planted, pass, chunked too."""
     loaded = _loaded(name, smol_tokenizer)
     assert forced_ok(_gaps(loaded, None))
-    assert forced_ok(_gaps(loaded, None, chunked=True)) is (name not in CHUNKS_BROKEN)
+    assert forced_ok(_gaps(loaded, None, chunked=True))
     assert max(_sampled(loaded, None)) <= SAMPLER_TOL
 
 
@@ -78,7 +74,7 @@ def test_a_cache_written_but_never_read_fails_the_teacher_forced_oracle(name, sm
     assert not forced_ok(_gaps(_loaded(name, smol_tokenizer), "cache_unread"))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in CHUNKS_BROKEN])
+@pytest.mark.parametrize("name", NAMES)
 def test_a_dropped_prefill_chunk_fails_the_teacher_forced_oracle(name, smol_tokenizer):
     assert not forced_ok(_gaps(_loaded(name, smol_tokenizer), "chunk_dropped", chunked=True))
 
