@@ -6,7 +6,8 @@ rank and its probability, as if it had been generated.
 
 How. The prefill's last scores are step 0's (the answer's first token); one forward over the answer's tokens but
 the last gives every later step's scores at once (core/model/adapter.py `forward_all_logits`; with the logit lens,
-every position's block outputs too). The steps are then the engine's own loop (core/model/engine.py
+every position's block outputs too; a Mamba-1 model's answer goes in one token a pass, as its later prefill chunks
+do). The steps are then the engine's own loop (core/model/engine.py
 `generate_from`), with core/model/forcing.py's ForcePhrase choosing the answer's tokens and `AnswerForward` standing
 in for step 5's decode: its first call is the one forward, each later call hands out the next position's scores.
 So a scored step is built exactly as a generated one (selection under the settings in force, detokenizing, the KV
@@ -36,7 +37,7 @@ from ..runs.requests import ScoreRequest
 from ..runs.scoring import score_summary
 from ..steps.detokenize import oneshot_text
 from ..steps.display import display_piece
-from ..steps.prefill import prefill_chunks
+from ..steps.prefill import continues_chunks, prefill_chunks
 from ..steps.template import apply_template
 from ..steps.tokenization import tokenize
 from .adapter import forward_all_logits, input_device, new_cache, synchronize
@@ -72,10 +73,15 @@ class AnswerForward:
         if self._logits is None:
             start = time.perf_counter()
             x = torch.tensor([self.ids], dtype=torch.long, device=input_device(model))  # [1, A - 1]
+            # a Mamba-1 mixer's multi-token scan starts from zeros, not from the prompt's state (core/steps/
+            # prefill.py continues_chunks): there the answer goes in one token a pass, each reading the state
+            parts = [x] if continues_chunks(model) else list(x.split(1, dim=1))  # [1, A - 1] or A - 1 of [1, 1]
             if self.with_states:
-                self._logits, self._states = forward_all_states(model, x, cache)  # [A - 1, V], [A - 1, L, H]
+                done = [forward_all_states(model, part, cache) for part in parts]
+                self._logits = torch.cat([logits for logits, _ in done])  # [A - 1, V]
+                self._states = torch.cat([states for _, states in done])  # [A - 1, L, H]
             else:
-                self._logits = forward_all_logits(model, x, cache)  # [A - 1, V]
+                self._logits = torch.cat([forward_all_logits(model, part, cache) for part in parts])  # [A - 1, V]
             if sync:
                 synchronize(self._logits.device)
             forward_ms = self.ms = (time.perf_counter() - start) * 1000.0

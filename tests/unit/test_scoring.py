@@ -143,3 +143,24 @@ def test_the_summary_of_no_steps_and_of_a_zero_probability():
                      kv_bytes=1)
     summary = score_summary([step])
     assert summary.logprob == -math.inf and summary.perplexity == math.inf and summary.least_likely[0].rank == 9
+
+
+@pytest.mark.parametrize("name", ["mamba", "falcon_mamba", "mamba2"])
+def test_a_state_space_models_scored_answer_continues_the_prompts_state(name, smol_tokenizer):
+    """Mamba-1's multi-token scan starts from zeros (core/steps/prefill.py continues_chunks): the answer's forward
+    must read the state the prompt left, so every scored step equals one teacher-forced forward of prompt + answer
+    (Mamba-2, whose scan continues its state, checks the other route)."""
+    from arch_matrix import build
+
+    model = build(name, smol_tokenizer)
+    loaded = LoadedModel(model, smol_tokenizer, model_facts(model, smol_tokenizer, name=f"tiny-{name}"))
+    answer = " Partly. Some weights are open, the rest is not."
+    events = list(engine_for(loaded).score(ScoreRequest(PROMPT, answer)))
+    prompt, steps = of(PromptEvent, events)[0], of(StepEvent, events)
+    ids = smol_tokenizer(answer, add_special_tokens=False)["input_ids"]
+    assert [s.id for s in steps] == ids
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([prompt.ids + ids])).logits[0].float(), dim=-1)
+    for i, step in enumerate(steps):
+        expected = float(logp[len(prompt.ids) - 1 + i, ids[i]])
+        assert math.log(step.chosen_raw_prob) == pytest.approx(expected, abs=2e-4), f"step {i + 1}"
