@@ -97,9 +97,10 @@ class RunControls:
         go = self.wait_at_gate(run_id)
         return go, time.perf_counter() - started
 
-    def sleep_at_gate(self, seconds: float, run_id: int) -> bool:
-        """Wait up to `seconds` (a replay's recorded latency), waking early to stop; False when stopping."""
-        return self._step_gate.sleep(seconds, lambda: self.stopping(run_id))
+    def sleep_at_gate(self, seconds: float, run_id: int, until_paused: bool = False) -> bool:
+        """Wait up to `seconds` (a replay's recorded latency), waking early to stop (and, `until_paused`, at a
+        pause: core/gate.py); False when stopping."""
+        return self._step_gate.sleep(seconds, lambda: self.stopping(run_id), until_paused)
 
     def stopping(self, run_id: int) -> bool:
         """True when this run must stop (checked between prefill chunks, which do not wait for pause)."""

@@ -29,6 +29,7 @@ class StepGate:
         with self.lock:
             self._paused = True
             self._credits = 0
+            self.lock.notify_all()  # a sleep `until_paused` ends here
 
     def resume(self) -> None:
         with self.lock:
@@ -60,12 +61,14 @@ class StepGate:
                     return True
                 self.lock.wait()
 
-    def sleep(self, seconds: float, stopping: Callable[[], bool]) -> bool:
-        """Wait up to `seconds` (a replay's recorded latency), waking early to stop; False when stopping."""
+    def sleep(self, seconds: float, stopping: Callable[[], bool], until_paused: bool = False) -> bool:
+        """Wait up to `seconds` (a replay's recorded latency), waking early to stop; False when stopping.
+        `until_paused`: not at all while paused, and no longer once paused (a replay's wait: the paused run is then
+        held at `wait`, where n or space lets its next step through at once)."""
         # a recorded latency is a number from a file: NaN waits nothing, and a wait longer than the platform's
         # longest timeout (inf, 1e300 s) waits that long, never an OverflowError
         seconds = min(seconds, threading.TIMEOUT_MAX) if seconds == seconds else 0.0
         with self.lock:
             if seconds > 0:
-                self.lock.wait_for(stopping, timeout=seconds)
+                self.lock.wait_for(lambda: stopping() or (until_paused and self._paused), timeout=seconds)
             return not stopping()

@@ -15,7 +15,6 @@ SettingsError; nor can a replay branch (`branch_refusal` says how to branch a re
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -33,7 +32,6 @@ from ..settings import RunOptions, SamplerSettings
 
 MIN_SPEED = 0.001  # a thousand times slower than recorded: a 20 ms step takes 20 s (1e-300 would take forever)
 MAX_WAIT_S = 60.0  # the longest a replay waits for one step (or prefill), whatever the record and the speed say
-_LOOK_S = 0.05  # how often a wait looks whether the replay was paused meanwhile (pausing wakes no one)
 
 
 def check_speed(speed: float) -> float:
@@ -139,14 +137,7 @@ class ReplayEngine(BaseEngine):
         holds the step: n or space lets it through at once), and no longer once paused meanwhile. False when
         stopped."""
         seconds = min(ms / 1000.0 / self.speed, MAX_WAIT_S) if self.speed > 0 and ms > 0 else 0.0
-        deadline = time.monotonic() + seconds
-        while not self.paused:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not self.sleep_at_gate(min(left, _LOOK_S), serial):
-                return False
-        return not self.stopping(serial)
+        return self.sleep_at_gate(seconds, serial, until_paused=True)
 
     # ---- the run -------------------------------------------------------------------------------------------
     def run(self, prompt: str | None = None, system: str | None = None, *, run_id: int | None = None

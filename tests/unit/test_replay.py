@@ -80,29 +80,23 @@ def test_a_cut_record_replays_up_to_its_last_whole_line_with_a_notice(tmp_path):
 
 
 class VirtualClock:
-    """The replay's clock and its sleeps, counted instead of slept: `now` is the time the replay waited for."""
+    """The replay's sleeps, counted instead of slept: `now` is the time the replay waited for."""
 
     def __init__(self) -> None:
         self.now = 0.0
 
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float, run_id: int) -> bool:  # the engine's sleep_at_gate: False would mean stopping
+    def sleep(self, seconds: float, run_id: int, until_paused: bool = False) -> bool:  # the engine's sleep_at_gate
         self.now += seconds
         return True
 
 
 def test_speed_zero_is_fast_and_the_recorded_speed_takes_the_recorded_time(tmp_path, monkeypatch):
     """The time a replay waits, counted on a virtual clock (not measured: a busy machine only sleeps longer)."""
-    import tokentui.core.runs.replay as replay_module
-
     path, events = record_scripted(tmp_path)
     recorded_s = sum(e.latency_ms for e in events if isinstance(e, StepEvent)) / 1000  # 0.35 s
     waited = {}
     for speed in (1.0, 4.0, 0.0):
         clock = VirtualClock()
-        monkeypatch.setattr(replay_module, "time", clock)
         engine = ReplayEngine.from_record(path, speed=speed)
         monkeypatch.setattr(engine, "sleep_at_gate", clock.sleep)
         assert played(engine) == events
