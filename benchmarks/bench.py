@@ -37,7 +37,7 @@ import os
 import time
 from pathlib import Path
 from measure.common import ROOT, log, machine  # noqa: E402  (first: it notes torch's default thread count)
-from tokentui.core.model.loader import load_model  # noqa: E402
+from tokentui.core.model.load.loader import load_model  # noqa: E402
 from measure.branch import bench_branch  # noqa: E402
 from measure.dashboard import bench_dashboard  # noqa: E402
 from measure.decode import bench_decode  # noqa: E402

@@ -1,4 +1,4 @@
-"""Issue 25: the embedded model's 4-bit path (its GGUF's Q4_1 blocks as stored, core/model/gguf_load.py) against
+"""Issue 25: the embedded model's 4-bit path (its GGUF's Q4_1 blocks as stored, core/model/load/gguf_load.py) against
 its float32 de-quantized reference and against llama-server on the same file; writes its section of BENCHMARKS.md.
 
     .venv/bin/python benchmarks/bench_quant.py [--reps 3] [--steps 128] [--threads 1,2] [--no-server]
@@ -9,15 +9,15 @@ alternated (A B C ... A B C ...), every figure a median of --reps, every target 
 
  A. decode tok/s at each thread count of --threads (prefill and decode both): the float32 reference engine
     (--dtype float32, wide weights re-laid as tokentui does), and the same weights quantized here (--quantize int4,
-    core/model/quantize.py); the 4-bit model through transformers' forward, its projections unfused and fused
-    (q/k/v, gate/up); through the eager lean step (core/model/lean_step.py); the default, the native step
-    (core/model/native_step.py); the same model on torch's int4 kernel and on tokentui's float32-activation kernel
+    core/model/quant/quantize.py); the 4-bit model through transformers' forward, its projections unfused and fused
+    (q/k/v, gate/up); through the eager lean step (core/model/decode/lean_step.py); the default, the native step
+    (core/model/native/native_step.py); the same model on torch's int4 kernel and on tokentui's float32-activation kernel
     where the default is another; llama-server -t N (its own `timings` of a plain request: no HTTP per token, no
     tokentui client). Target: default ÷ llama-server >= 1.0 at 2 threads. With --compile also the 4-bit model's
     --compile step.
  B. fidelity against the float32 reference, teacher-forced on its own 128 greedy tokens: top-1 agreement and max /
     mean |dp| over the shown (top-10) candidates, for the 4-bit path as a run decodes (the native step), through the
-    model's forward, on the float32-activation kernel (core/model/fidelity.py) and for llama-server
+    model's forward, on the float32-activation kernel (core/model/observe/fidelity.py) and for llama-server
     (one /completion per position, benchmarks/server_vs_local.py's teacher_forced); the free-running first
     divergence.
  C. the physical limit: bytes of weights a 4-bit step reads (ModelFacts.quantization.weight_bytes) ÷ the read
@@ -50,11 +50,11 @@ from measure.common import (TORCH_DEFAULT_THREADS, bandwidth, log, machine, med,
 from measure.dashboard import bench_dashboard  # noqa: E402
 from measure.launch import bench_launch  # noqa: E402
 from measure.selection import bench_select, real_scores  # noqa: E402
-from tokentui.core.model.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
-from tokentui.core.model.fidelity import agreement, first_divergence, teacher_forced_logits  # noqa: E402
-from tokentui.core.model.loader import LoadedModel, load_model  # noqa: E402
-from tokentui.core.model.native_step import decode_step_for  # noqa: E402
+from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits  # noqa: E402
+from tokentui.core.model.load.loader import LoadedModel, load_model  # noqa: E402
+from tokentui.core.model.native.native_step import decode_step_for  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions, use_threads  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402
@@ -81,9 +81,9 @@ def unfused_copy(quantized: LoadedModel) -> LoadedModel:
     """The same 4-bit weights with every projection its own kernel call (no fused q/k/v, gate/up): read from the
     GGUF again and packed without fusing (the lean step needs the fused products, so this one decodes through
     transformers' forward)."""
-    from tokentui.core.model.gguf_load import _skeleton, assemble, build_modules, plan_gguf
-    from tokentui.core.model.precheck import embedded_gguf
-    from tokentui.core.model.qlinear import chosen_kernel
+    from tokentui.core.model.load.gguf_load import _skeleton, assemble, build_modules, plan_gguf
+    from tokentui.core.model.load.precheck import embedded_gguf
+    from tokentui.core.model.quant.qlinear import chosen_kernel
 
     skeleton = _skeleton(quantized.model.config)
     plan = plan_gguf(embedded_gguf(), skeleton)
@@ -94,8 +94,8 @@ def unfused_copy(quantized: LoadedModel) -> LoadedModel:
 
 def torch_kernel_copy() -> LoadedModel | None:
     """The 4-bit model on torch's int4 kernel, where the default is tokentui's AVX2 kernel (else None)."""
-    from tokentui.core.model.int4_kernel import TorchInt4
-    from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
+    from tokentui.core.model.quant.int4_kernel import TorchInt4
+    from tokentui.core.model.quant.qlinear import KERNEL_ENV, chosen_kernel
 
     if chosen_kernel().name == TorchInt4.name or not TorchInt4.available():
         return None
@@ -108,8 +108,8 @@ def torch_kernel_copy() -> LoadedModel | None:
 
 def fp32_kernel_copy() -> LoadedModel | None:
     """The 4-bit model on tokentui's float32-activation kernel, where the default is its int16 one (else None)."""
-    from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16
-    from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
+    from tokentui.core.model.native.q4_native import NativeQ4, NativeQ4I16
+    from tokentui.core.model.quant.qlinear import KERNEL_ENV, chosen_kernel
 
     if chosen_kernel().name != NativeQ4I16.name:
         return None
@@ -135,7 +135,7 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
     if here is not None:
         out[HERE] = Engine(here, GREEDY, options, speed=speed)
     if with_compile:  # where the native step serves, --compile keeps it: made without it, to measure the compiled one
-        from tokentui.core.model import native_step
+        from tokentui.core.model.native import native_step
 
         log(f"  compiling the 4-bit lean decode step at {threads} thread(s) (minutes) ...")
         started = time.perf_counter()
@@ -148,7 +148,8 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
 
 def run_without_lean(engine: Engine):
     """A run whose caches carry no lean step: decode through transformers' forward (the same scores)."""
-    from tokentui.core.model import lean_step, native_step
+    from tokentui.core.model.decode import lean_step
+    from tokentui.core.model.native import native_step
 
     with native_step.disabled(engine.model), lean_step.disabled(engine.model):
         return run_engine(engine, PROMPT)
@@ -156,7 +157,7 @@ def run_without_lean(engine: Engine):
 
 def run_without_native(engine: Engine):
     """A run decoded by the eager lean step (the native step's Python counterpart: the model's scores bit for bit)."""
-    from tokentui.core.model import native_step
+    from tokentui.core.model.native import native_step
 
     with native_step.disabled(engine.model):
         return run_engine(engine, PROMPT)
@@ -253,7 +254,7 @@ def reference_weight_bytes(model) -> int:
 
 def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile: bool, on_fp32_kernel=None) -> dict:
     """B: teacher-forced on the reference's own greedy tokens, every contender against the reference (`here`: the
-    reference's own weights quantized by --quantize int4, core/model/quantize.py)."""
+    reference's own weights quantized by --quantize int4, core/model/quant/quantize.py)."""
     from server_vs_local import Native, collect, teacher_forced
 
     use_threads(torch.device("cpu"), 1)
@@ -275,7 +276,7 @@ def bench_fidelity(reference, quantized, here, servers, steps: int, with_compile
         here_run = collect(Engine(here, GREEDY, options).run(PROMPT))
         out["quantized_here_divergence"] = first_divergence(here_run["ids"], tokens)
     if with_compile:
-        from tokentui.core.model.compiled_lean import CompiledLeanStep
+        from tokentui.core.model.decode.compiled_lean import CompiledLeanStep
 
         step = CompiledLeanStep.for_model(quantized.model, 1)
         step.warm_up(quantized.model)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from measure.dashboard import bench_dashboard  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
-from tokentui.core.model.loader import load_model  # noqa: E402
+from tokentui.core.model.load.loader import load_model  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
 
 

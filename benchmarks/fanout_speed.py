@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokentui.core.model.build import load_engine  # noqa: E402
+from tokentui.core.model.load.build import load_engine  # noqa: E402
 from tokentui.core.link.protocol import EngineSpec  # noqa: E402
 from tokentui.core.runs.branch_point import BranchPoint  # noqa: E402
 from tokentui.core.runs.events import DoneEvent, PromptEvent, SampleEvent, StepEvent  # noqa: E402

@@ -58,7 +58,7 @@ def build_model(folder: Path, tiny: bool, dtype: str, tokenizer_dir: Path | None
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     else:
         sys.path.insert(0, str(ROOT))
-        from tokentui.core.model.precheck import embedded_gguf
+        from tokentui.core.model.load.precheck import embedded_gguf
 
         gguf = embedded_gguf()
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -154,7 +154,7 @@ def tokentui_args(folder: Path, device: str, dtype: str, tokens: int, compile_: 
 WARM = r"""
 import json, statistics, sys
 from tokentui.core.link.protocol import EngineSpec
-from tokentui.core.model.build import load_engine
+from tokentui.core.model.load.build import load_engine
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 folder, device, dtype, n, compile_ = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     for compile_ in ([False] if args.no_compile else [False, True]):
         name = "headless" + (" --compile" if compile_ else " (eager)")
         say(f"{name} ..."); rows.append((name, run_headless(folder, args.device, dtype, tokens, compile_, env)))
-    # eager with the KV shapes --kv-shapes auto does not pick on this device (core/model/static_cache.py): bucketed
+    # eager with the KV shapes --kv-shapes auto does not pick on this device (core/model/decode/static_cache.py): bucketed
     # on a CPU, dynamic (a new attention shape every step) on CUDA
     other = "dynamic" if args.device.startswith("cuda") else "bucketed"
     name = f"headless --kv-shapes {other}"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/kv_shapes.py [--tokens 300] [--reps 3] [--json out.json]
 
 The embedded SmolLM2-135M-Instruct (weights re-laid as the engine does), a 38-token chat prompt prefilled into
-both caches (`--kv-shapes dynamic` and `bucketed`: core/model/static_cache.py's `new_eager_cache`), then decode
+both caches (`--kv-shapes dynamic` and `bucketed`: core/model/decode/static_cache.py's `new_eager_cache`), then decode
 forwards through each alternated step by step, both fed the dynamic cache's greedy token. Reports each cache's
 forward p50 / p95 / mean, the p50 ratio, and how often the two caches' scores pick the same greedy token. `--device cuda` runs the same on a GPU (the cuDNN plan-per-shape effect the
 bucketing is for shows there, on the first run in a process: run it fresh, `--reps 1`).
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tokentui.core.model.loader import load_model  # noqa: E402
+from tokentui.core.model.load.loader import load_model  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
 
 PROMPT = "What does a KV cache store?"
@@ -38,8 +38,8 @@ def measure(tokens: int, reps: int, device: str) -> dict:
     feeding both the dynamic cache's greedy token; the ids each cache's scores pick are compared."""
     import torch
 
-    from tokentui.core.model.adapter import synchronize
-    from tokentui.core.model.static_cache import new_eager_cache
+    from tokentui.core.model.decode.adapter import synchronize
+    from tokentui.core.model.decode.static_cache import new_eager_cache
     from tokentui.core.steps.template import apply_template
     from tokentui.core.steps.tokenization import tokenize
     from tokentui.core.model.engine import Engine

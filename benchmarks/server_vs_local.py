@@ -273,7 +273,7 @@ def main(argv=None) -> int:
 
     from tokentui.core.link.protocol import EngineSpec
 
-    from tokentui.core.model.build import load_engine
+    from tokentui.core.model.load.build import load_engine
     from tokentui.core.server.engine import ServerEngine, ServerOptions
     from tokentui.core.settings import RunOptions, SamplerSettings
     from tokentui.core.model.speed import SpeedOptions

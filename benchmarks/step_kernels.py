@@ -33,8 +33,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from measure.common import print_and_save  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
-from tokentui.core.model.fused_linear import fuse_siblings  # noqa: E402
-from tokentui.core.model.loader import LoadedModel, load_model, model_facts  # noqa: E402
+from tokentui.core.model.quant.fused_linear import fuse_siblings  # noqa: E402
+from tokentui.core.model.load.loader import LoadedModel, load_model, model_facts  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions  # noqa: E402
 from tokentui.core.runs.events import StepEvent  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
@@ -141,7 +141,7 @@ def main() -> int:
     result["eager"], _ = _engine_step_kernels(loaded, False, args.steps, greedy)
     result["eager_sampling"], _ = _engine_step_kernels(loaded, False, args.steps, sampling)
     fused = LoadedModel(model=copy.deepcopy(model), tokenizer=base.tokenizer, facts=loaded.facts)
-    fuse_siblings(fused.model)  # what the engine does on CUDA (core/model/fused_linear.py)
+    fuse_siblings(fused.model)  # what the engine does on CUDA (core/model/quant/fused_linear.py)
     result["eager_fused"], _ = _engine_step_kernels(fused, False, args.steps, greedy)
     result["eager_sampling_fused"], _ = _engine_step_kernels(fused, False, args.steps, sampling)
     if not args.no_compile:

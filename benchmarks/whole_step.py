@@ -1,4 +1,4 @@
-"""--compile's whole step (core/model/compiled.py, core/model/fused_step.py): recompiles over 1,000 steps with sampler
+"""--compile's whole step (core/model/decode/compiled.py, core/model/decode/fused_step.py): recompiles over 1,000 steps with sampler
 changes (--steps), and what Dynamo's guards cost per call, in one process.
 
     .venv/bin/python benchmarks/whole_step.py [--model embedded|tiny] [--calls 400] [--json out.json]
@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-import tokentui.core.model.compiled as compiled  # noqa: E402
+import tokentui.core.model.decode.compiled as compiled  # noqa: E402
 from measure.common import print_and_save  # noqa: E402
-from tokentui.core.model.loader import load_model  # noqa: E402
+from tokentui.core.model.load.loader import load_model  # noqa: E402
 from tokentui.core.settings import SamplerSettings  # noqa: E402
 
 SAMPLERS = [SamplerSettings(temperature=0), SamplerSettings(temperature=0.8, top_k=40, seed=3),

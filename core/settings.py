@@ -99,9 +99,9 @@ class RunOptions:
     ignore_eos: bool = False
     top_candidates: int = 10
     prefill_chunk: int = PREFILL_CHUNK  # a prompt longer than this is prefilled in chunks, with progress events
-    logit_lens: bool = False  # each step also reports every layer's top token (core/model/lens.py); costs time per step
+    logit_lens: bool = False  # each step also reports every layer's top token (core/model/observe/lens.py); costs time per step
     # On CUDA, time each step's stages exactly, at the cost of a device sync after the forward and before the copy
-    # (core/model/timing.py); off, CUDA events time them with no sync added. No effect on CPU, which is always exact.
+    # (core/model/observe/timing.py); off, CUDA events time them with no sync added. No effect on CPU, which is always exact.
     time_stages: bool = False
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ def main() -> int:
     import torch
 
     from arch_matrix import BEGIN, END, SPECS, observe, readme_section, render
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     torch.set_num_threads(1)
     tokenizer = load_model(None, device="cpu", dtype="float32").tokenizer  # the embedded model's

@@ -282,7 +282,7 @@ def observe(name: str, tokenizer) -> Observation:
 
     from tiny_models import generate_ids
     from tokentui.core.model.engine import Engine
-    from tokentui.core.model.loader import LoadedModel, model_facts
+    from tokentui.core.model.load.loader import LoadedModel, model_facts
     from tokentui.core.runs.events import ErrorEvent, Notice, PromptEvent, StepEvent
     from tokentui.core.settings import RunOptions, SamplerSettings
 
@@ -385,8 +385,8 @@ def _stage_shapes(model, facts) -> list[tuple[str, tuple, tuple]]:
     layers (the cache's tensors after the forward), on a prefill of 50 ids (past the windows), then a decode step."""
     import torch
 
-    from tokentui.core.model.adapter import call_model, new_cache
-    from tokentui.core.model.anatomy import one_pass
+    from tokentui.core.model.decode.adapter import call_model, new_cache
+    from tokentui.core.model.observe.anatomy import one_pass
 
     checks = []
     cache = new_cache(model, 64)
@@ -478,10 +478,10 @@ def _observe_compile(seen: Observation, model, tokenizer, facts) -> None:
     the ids, and the static cache's real allocation against the notice's figure (bucket × per-token bytes)."""
     import torch
 
-    import tokentui.core.model.compiled as compiled
-    from tokentui.core.model.adapter import cache_allocated_nbytes
+    import tokentui.core.model.decode.compiled as compiled
+    from tokentui.core.model.decode.adapter import cache_allocated_nbytes
     from tokentui.core.model.engine import Engine
-    from tokentui.core.model.loader import LoadedModel
+    from tokentui.core.model.load.loader import LoadedModel
     from tokentui.core.model.speed import SpeedOptions
     from tokentui.core.runs.architecture import kv_bytes_at
     from tokentui.core.runs.events import Notice, PromptEvent, StepEvent

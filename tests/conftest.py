@@ -24,7 +24,7 @@ def required_but_missing() -> list[str]:
             missing.append("tmux is not installed (the end-to-end tests drive the dashboard in it): "
                            "apt-get install tmux")
     if os.environ.get("TOKENTUI_REQUIRE_NATIVE") == "1":
-        from tokentui.core.model.q4_native import NativeQ4
+        from tokentui.core.model.native.q4_native import NativeQ4
 
         if (why := NativeQ4.unavailable()) is not None:  # builds it the first time, as collecting its tests does
             missing.append(f"tokentui's native library is not available: {why} (it needs a C++ compiler: "
@@ -60,7 +60,7 @@ def isolated_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def embedded_cold(isolated_dirs):
     """The embedded model loaded the first time: de-quantized from the GGUF (and cached as safetensors)."""
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     stages = []
     loaded = load_model(None, device="cpu", dtype="float32", progress=stages.append)
@@ -70,16 +70,16 @@ def embedded_cold(isolated_dirs):
 @pytest.fixture(scope="session")
 def embedded(embedded_cold):
     """The embedded model as every later start loads it: from the safetensors cache."""
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     return load_model(None, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def embedded_stock(embedded_cold):
-    """A second copy that no Engine is ever given: engines store wide weights transposed (core/model/weight_layout.py), so
+    """A second copy that no Engine is ever given: engines store wide weights transposed (core/model/quant/weight_layout.py), so
     oracles that must run on the model exactly as transformers loads it use this one."""
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     return load_model(None, device="cpu", dtype="float32")
 
@@ -99,8 +99,8 @@ def quantized_cache(isolated_dirs):
 @pytest.fixture(scope="session")
 def embedded_quantized_cold(isolated_dirs):
     """The embedded model as tokentui runs it by default on CPU, the first time: its 4-bit matrices read from the
-    GGUF as stored, packed for the int4 kernel and cached (core/model/gguf_load.py)."""
-    from tokentui.core.model.loader import load_model
+    GGUF as stored, packed for the int4 kernel and cached (core/model/load/gguf_load.py)."""
+    from tokentui.core.model.load.loader import load_model
 
     stages = []
     with quantized_cache(isolated_dirs):
@@ -112,7 +112,7 @@ def embedded_quantized_cold(isolated_dirs):
 def embedded_quantized(embedded_quantized_cold, isolated_dirs):
     """The default CPU model as every later start loads it: the packed 4-bit tensors from the cache. The float32
     `embedded` fixture is its reference (the same file de-quantized)."""
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     with quantized_cache(isolated_dirs):
         return load_model(None, device="cpu")

@@ -50,7 +50,7 @@ def _cache_unread(stack, model):
     import torch
     from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionLayer
 
-    from tokentui.core.model.adapter import GrowableLayer
+    from tokentui.core.model.decode.adapter import GrowableLayer
 
     for cls in (GrowableLayer, DynamicSlidingWindowLayer):
         original = cls.update

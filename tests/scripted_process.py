@@ -51,7 +51,7 @@ def load_engine(spec, progress):
     return Stamped(delay={delay}, options=RunOptions(max_new_tokens={steps}, ignore_eos=True), raise_at={raise_at})
 
 process_main.load_engine = load_engine
-import tokentui.core.model.build as build
+import tokentui.core.model.load.build as build
 build.load_engine = load_engine
 process_main._child(int(sys.argv[1]))
 """

@@ -181,7 +181,7 @@ def _main(argv: list[str]) -> int:
 
             check_terminal()  # no terminal: one line, not a dashboard drawn into a file
             return run_dashboard(args, prompt)
-        from tokentui.core.model.precheck import check_model_and_device, parse_device, resolve_model
+        from tokentui.core.model.load.precheck import check_model_and_device, parse_device, resolve_model
 
         if args.headless:
             # A bad --model (or an unreachable hub) is reported before torch is imported, in a fraction of a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import torch  # noqa: E402
-from tokentui.core.model.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.runs.events import StepEvent  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402

@@ -40,7 +40,7 @@ def matvec_sweep_tok_s(model, threads: int, reps: int = 15) -> float:
 
 
 def bench_decode(loaded, stock, reps: int, with_compile: bool) -> dict:
-    """`loaded` goes to the engines (which re-lay its wide weights, core/model/weight_layout.py); `stock`, a second copy exactly
+    """`loaded` goes to the engines (which re-lay its wide weights, core/model/quant/weight_layout.py); `stock`, a second copy exactly
     as transformers loads it, runs generate (what a user would run instead) and the stock-layout engine."""
     model = stock.model
     opts = RunOptions(max_new_tokens=NEW_TOKENS, ignore_eos=True)

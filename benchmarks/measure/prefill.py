@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import torch  # noqa: E402
-from tokentui.core.model.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions, use_threads  # noqa: E402
 from measure.common import NEW_TOKENS, ROOT, TORCH_DEFAULT_THREADS, log, med  # noqa: E402

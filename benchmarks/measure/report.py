@@ -148,7 +148,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
              f"on {TORCH_DEFAULT_THREADS}; the limit uses the larger. All contenders produced the same "
              f"{NEW_TOKENS} token IDs (asserted); generate ran on a second copy of the model, exactly as "
              f"transformers loads it, the engines on a copy whose {d['layout'].matrices} wide matrices "
-             f"({d['layout'].bytes / 2**20:.0f} MiB) they stored transposed (core/model/weight_layout.py)." + (" Compiling took " + " and ".join(
+             f"({d['layout'].bytes / 2**20:.0f} MiB) they stored transposed (core/model/quant/weight_layout.py)." + (" Compiling took " + " and ".join(
                  f"{v:.0f} s ({names[k]})" for k, v in d["compile_s"].items()) + ", once per process."
                  if "compile_s" in d else "") + "\n")
     if "compiled@all-threads" in d["tok_s"]:
@@ -184,7 +184,7 @@ def write_report(path: Path, info: dict, d: dict, dash: dict | None, sel: dict, 
                  f"{lens['on_ms']:.1f} ms on. Asking the forward for its hidden states moves the forward from "
                  f"{lens['forward_off_ms']:.1f} to {lens['forward_on_ms']:.1f} ms; the rest is the lens itself, "
                  f"the final norm and the LM head over all {lens['layers']} layers' states (one "
-                 f"[{lens['layers']}, hidden] x [hidden, vocab] product per step, core/model/lens.py).\n")
+                 f"[{lens['layers']}, hidden] x [hidden, vocab] product per step, core/model/observe/lens.py).\n")
     if branch:
         r.append("### 8 — branch\n")
         r.append(f"A greedy branch at step {branch['at'] + 1} after a {branch['prompt_tokens']}-token prompt (a "

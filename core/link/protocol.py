@@ -27,7 +27,7 @@ from ..settings import RunOptions, SamplerSettings
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Everything needed to build an engine (core/model/build.py): what the command line says about the model and
+    """Everything needed to build an engine (core/model/load/build.py): what the command line says about the model and
     the run. Sent to the model process as its first message (Load)."""
 
     model: str | None = None
@@ -40,7 +40,7 @@ class EngineSpec:
     threads: int | None = None
     weight_layout: str = "auto"
     kv_shapes: str = "auto"
-    quantize: str = "none"  # "int4": a float model's matrices quantized here (core/model/quantize.py)
+    quantize: str = "none"  # "int4": a float model's matrices quantized here (core/model/quant/quantize.py)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     options: RunOptions = field(default_factory=RunOptions)
 

@@ -247,7 +247,7 @@ def compile_problem(model) -> str | None:
     graph bakes in: every step would compile again. The Mamba family takes its state under another keyword
     (`cache_params`) and has no static cache. Full attention, MLA and the linear-attention / conv layers of hybrids
     (Qwen3-Next, LFM2), whose states have fixed shapes, compile."""
-    from .adapter import cache_keyword
+    from .decode.adapter import cache_keyword
 
     if cache_keyword(model) != "past_key_values":
         return "--compile covers models with a KV cache; this one keeps only a recurrent state (the Mamba family)"

@@ -38,16 +38,16 @@ from typing import Iterator
 
 from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer
+from .decode.adapter import GrowableLayer
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..errors import PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
-from .kvcache import cache_nbytes, cache_tokens
+from .decode.kvcache import cache_nbytes, cache_tokens
 from .forcing import ForcePhrase, check_phrase, forced_selection
-from .lens import lens_unavailable
+from .observe.lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
 from ..runs.branch_point import BranchPoint
 from .speed import use_threads
@@ -67,7 +67,7 @@ class HeldCache:
 # --------------------------------------------------------------------------------------------- the cache
 def crop_problem(cache) -> str | None:
     """Why `cache` cannot be cut back to a prefix (None: it can)."""
-    if getattr(cache, "decoder", None) is not None:  # core/model/compiled.py's StaticKV
+    if getattr(cache, "decoder", None) is not None:  # core/model/decode/compiled.py's StaticKV
         return ("--compile's static KV cache is shared by the compiled decode step and has no crop "
                 "(transformers' StaticLayer cannot drop positions)")
     for layer in cache.layers:

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .adapter import first_capacity, input_device, synchronize
+from .decode.adapter import first_capacity, input_device, synchronize
 from .branch import BranchPoint, HeldCache, branch_events
 from .fanout import fanout_events
 from .forcing import phrase_pieces
@@ -34,19 +34,19 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.events import (Candidate, DoneEvent, Event, Notice, PrefillEvent, PrefillProgress,
                            PromptEvent, StepEvent)
 from ..runs.facts import ModelFacts
-from .kvcache import cache_nbytes, cache_tokens, kv_mismatch
-from .decode_paths import prepare_decode
-from .fused_linear import FuseReport
-from .weight_layout import LayoutReport
-from .lens import lens_unavailable, logit_lens
-from .loader import LoadedModel
+from .decode.kvcache import cache_nbytes, cache_tokens, kv_mismatch
+from .decode.decode_paths import prepare_decode
+from .quant.fused_linear import FuseReport
+from .quant.weight_layout import LayoutReport
+from .observe.lens import lens_unavailable, logit_lens
+from .load.loader import LoadedModel
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select, unpack
 from ..settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, use_threads
-from .static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
+from .decode.static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
 from ..steps.template import apply_template, default_system_prompt
-from .timing import StepClock
+from .observe.timing import StepClock
 from ..steps.tokenization import tokenize
 
 
@@ -69,7 +69,7 @@ class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
         """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py). The
-        weights are prepared in place and the decode path chosen by core/model/decode_paths.py; with compile, the
+        weights are prepared in place and the decode path chosen by core/model/decode/decode_paths.py; with compile, the
         decode step is compiled here (minutes on a small CPU), reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -88,7 +88,7 @@ class Engine(BaseEngine):
         # the weights prepared in place and, with --compile, the compiled step chosen and warmed up
         self._paths = prepare_decode(self.model, self.device, self.speed, self.options.top_candidates,
                                      self.options.max_new_tokens, self.facts.max_context, progress)
-        # Eager decode's cache: bucketed attention shapes or the exact length (core/model/static_cache.py)
+        # Eager decode's cache: bucketed attention shapes or the exact length (core/model/decode/static_cache.py)
         problem = bucketing_problem(self.model) if self.speed.kv_shapes != "dynamic" else None
         self.kv_bucketed = kv_shapes_for(self.speed.kv_shapes, self.device) and problem is None
         self.facts = replace(self.facts, kv_cache=describe(self.kv_bucketed, problem, self.speed.kv_shapes,
@@ -104,12 +104,12 @@ class Engine(BaseEngine):
 
     @property
     def layout(self) -> LayoutReport:
-        """The wide matrices this engine stored transposed (core/model/weight_layout.py)."""
+        """The wide matrices this engine stored transposed (core/model/quant/weight_layout.py)."""
         return self._paths.layout
 
     @property
     def fusion(self) -> FuseReport:
-        """The sibling projections this engine fused (core/model/fused_linear.py)."""
+        """The sibling projections this engine fused (core/model/quant/fused_linear.py)."""
         return self._paths.fusion
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
@@ -179,7 +179,7 @@ class Engine(BaseEngine):
 
     @property
     def compiled(self):
-        """The --compile whole decode step (core/model/compiled.py); None without --compile, on a 4-bit model
+        """The --compile whole decode step (core/model/decode/compiled.py); None without --compile, on a 4-bit model
         whose lean step is compiled instead, or once it failed."""
         return self._paths.compiled
 
@@ -295,7 +295,7 @@ class Engine(BaseEngine):
         what the caller's forward filled (None: no lens). `lens_said`: the caller already said the lens is not
         available (None, from core/model/branch.py: taken as said when the lens is wanted now and the caller ran without
         it), so that Notice comes once per run. `fed`: the ids the forward that scored the first step read (default
-        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/model/timing.py).
+        the prompt and `prefix`: a fresh prefill). Each step's time is split by a StepClock (core/model/observe/timing.py).
 
         `choose` may force tokens (core/model/forcing.py's ForcePhrase): while its `pending` ids remain, an end token
         does not end the run. `decode`: step 5 in place of decode_one_token, with its signature (a scored text's
@@ -320,7 +320,7 @@ class Engine(BaseEngine):
         decode_started = None
         decode_paused_s = 0.0  # paused time inside the decode span, taken out of the decode speed
         compile_said = False  # a compiled decoder that stopped mid-run: said once
-        # --compile's whole step (core/model/compiled.py `step_select`): the forward of the last token and the next
+        # --compile's whole step (core/model/decode/compiled.py `step_select`): the forward of the last token and the next
         # selection in one compiled call, run once the next step's settings are known; `pending` is that token.
         whole = getattr(cache, "decoder", None)
         # (not for a forced phrase's selection or a scored text's forward: they replace steps 4 and 5 themselves)
@@ -351,7 +351,7 @@ class Engine(BaseEngine):
                 compile_said = True
                 yield Notice(whole.failure)  # this step was eager, as the rest of the run will be
             vocab = self.token_bytes
-            lens = None  # the logit lens of the forward that scored this token (core/model/lens.py)
+            lens = None  # the logit lens of the forward that scored this token (core/model/observe/lens.py)
             if lens_states:
                 lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i), logits)
                 clock.lensed()

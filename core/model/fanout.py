@@ -46,9 +46,9 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select
-from .adapter import GrowableLayer, first_capacity, forward_batch_logits, input_device, new_cache
+from .decode.adapter import GrowableLayer, first_capacity, forward_batch_logits, input_device, new_cache
 from .branch import HeldCache, crop_cache, reusable_positions
-from .kvcache import cache_nbytes, cache_tokens
+from .decode.kvcache import cache_nbytes, cache_tokens
 from .speed import use_threads
 
 __all__ = ["expand_cache", "fanout_events"]

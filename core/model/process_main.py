@@ -98,7 +98,7 @@ class _Child:
         # `import torch` the process once failed to exit; that case was not looked into further.)
         self.send(Loading(LoadProgress("importing torch and transformers", None)))
         try:
-            from .build import load_engine
+            from .load.build import load_engine
 
             engine = load_engine(first.spec, lambda p: self.send(Loading(p)))
         except TokentuiError as err:

@@ -5,7 +5,7 @@ rank and its probability, as if it had been generated.
     PromptEvent, ScoreEvent, [PrefillProgress...], PrefillEvent, StepEvent(forced)..., ScoreSummary, DoneEvent
 
 How. The prefill's last scores are step 0's (the answer's first token); one forward over the answer's tokens but
-the last gives every later step's scores at once (core/model/adapter.py `forward_all_logits`; with the logit lens,
+the last gives every later step's scores at once (core/model/decode/adapter.py `forward_all_logits`; with the logit lens,
 every position's block outputs too; a Mamba-1 model's answer goes in one token a pass, as its later prefill chunks
 do). The steps are then the engine's own loop (core/model/engine.py
 `generate_from`), with core/model/forcing.py's ForcePhrase choosing the answer's tokens and `AnswerForward` standing
@@ -40,10 +40,10 @@ from ..steps.display import display_piece
 from ..steps.prefill import continues_chunks, prefill_chunks
 from ..steps.template import apply_template
 from ..steps.tokenization import tokenize
-from .adapter import forward_all_logits, input_device, new_cache, synchronize
+from .decode.adapter import forward_all_logits, input_device, new_cache, synchronize
 from .forcing import ForcePhrase, phrase_ids
-from .kvcache import cache_nbytes, cache_tokens
-from .lens import forward_all_states, lens_unavailable
+from .decode.kvcache import cache_nbytes, cache_tokens
+from .observe.lens import forward_all_states, lens_unavailable
 from .speed import use_threads
 
 __all__ = ["AnswerForward", "score_events"]

@@ -25,9 +25,9 @@ import torch
 
 from ..errors import SettingsError
 from ..settings import check_threads
-from .weight_layout import LAYOUTS
+from .quant.weight_layout import LAYOUTS
 
-KV_SHAPES = ("auto", "dynamic", "bucketed")  # core/model/static_cache.py
+KV_SHAPES = ("auto", "dynamic", "bucketed")  # core/model/decode/static_cache.py
 
 def cpu_cores() -> int:
     """CPU cores this process may use: torch's default (physical cores) within the affinity mask."""
@@ -43,14 +43,14 @@ _TORCH_DEFAULT_THREADS = torch.get_num_threads()  # read at import, before anyon
 
 @dataclass(frozen=True)
 class SpeedOptions:
-    """compile: static KV cache + torch.compile'd decode step (core/model/compiled.py); threads / prefill_threads: CPU
-    threads for decode / prefill, None = the policy above; weight_layout: see core/model/weight_layout.py."""
+    """compile: static KV cache + torch.compile'd decode step (core/model/decode/compiled.py); threads / prefill_threads: CPU
+    threads for decode / prefill, None = the policy above; weight_layout: see core/model/quant/weight_layout.py."""
 
     compile: bool = False
     threads: int | None = None
     prefill_threads: int | None = None
-    weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/model/weight_layout.py); "stock"
-    kv_shapes: str = "auto"  # eager decode's attention shapes (core/model/static_cache.py): auto, dynamic, bucketed
+    weight_layout: str = "auto"  # "auto": wide fp32 CPU weights stored transposed (core/model/quant/weight_layout.py); "stock"
+    kv_shapes: str = "auto"  # eager decode's attention shapes (core/model/decode/static_cache.py): auto, dynamic, bucketed
 
     def __post_init__(self) -> None:
         """Checked here, once: an invalid SpeedOptions cannot exist."""

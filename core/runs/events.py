@@ -157,7 +157,7 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class LensRow:
-    """The logit lens at one layer (core/model/lens.py): the top token when the model's final norm and LM head are
+    """The logit lens at one layer (core/model/observe/lens.py): the top token when the model's final norm and LM head are
     applied to the residual stream after decoder layer `layer` (1..L; row L is the model's own output)."""
 
     layer: int
@@ -177,7 +177,7 @@ class MultiTokenChar:
 
 @dataclass(frozen=True, slots=True)
 class StepTiming:
-    """Where one step's time went (core/model/timing.py measures it; its docstring says how on each device).
+    """Where one step's time went (core/model/observe/timing.py measures it; its docstring says how on each device).
 
     forward: the model run (prefill for a run's first step) plus, with the logit lens on, the lens's readout.
     select: the sampler (temperature, top-k / top-p, softmax, the draw, the reported candidates) up to the

@@ -45,7 +45,7 @@ SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # how
 
 @dataclass(frozen=True, slots=True)
 class QuantFacts:
-    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/gguf_quant.py, core/model/qlinear.py):
+    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/quant/gguf_quant.py, core/model/quant/qlinear.py):
     what is the file's and what is rounded. `blocks`: the GGUF block types kept (e.g. "Q4_1"); their 4-bit values
     are the file's, in groups of `group` along the input with one scale and one zero each, the scales rounded to
     `scale_dtype`; `activation_dtype`: what the activations are rounded to going into those products (the rest of
@@ -53,7 +53,7 @@ class QuantFacts:
     of each position recomputed in float32 from the file's de-quantized head (0: none); `matrices`: weight matrices
     kept quantized (a fused q/k/v counts as three); `dequantized`: other matrices, de-quantized to ModelFacts.dtype
     (their block types in `dequantized_blocks`); `weight_bytes`: bytes of weights one decode step reads.
-    `quantized_here`: the model's float weights were quantized by tokentui (`--quantize int4`, core/model/quantize.py)
+    `quantized_here`: the model's float weights were quantized by tokentui (`--quantize int4`, core/model/quant/quantize.py)
     into the same layout: `blocks` is then "int4", the 4-bit values are tokentui's, and `dequantized` counts the
     matrices kept float."""
 
@@ -69,7 +69,7 @@ class QuantFacts:
     dequantized_blocks: str = ""
     weight_bytes: int = 0
     quantized_here: bool = False  # float weights quantized by tokentui (--quantize int4), not a file's blocks
-    kernel: str = ""  # the 4-bit product: "avx2-int16", "avx2-fp32" or "torch-int4" (core/model/int4_kernel.py)
+    kernel: str = ""  # the 4-bit product: "avx2-int16", "avx2-fp32" or "torch-int4" (core/model/quant/int4_kernel.py)
 
     def stored_words(self) -> str:
         """"Q4_1 as stored" for a file's blocks, "int4 quantized here" for --quantize."""
@@ -122,7 +122,7 @@ class ModelFacts(Event):
     # blocks the one-pass panel draws; read off the loaded model. None: not known (a served model, an older record).
     kv_groups: list[KVGroup] | None = None
     anatomy: ModelAnatomy | None = None
-    # Which KV cache the engine decodes with and why (core/model/static_cache.py: "bucketed: ..." or "dynamic: ...",
+    # Which KV cache the engine decodes with and why (core/model/decode/static_cache.py: "bucketed: ..." or "dynamic: ...",
     # with --compile "static: ..." first); None: not an engine's (a served model, an older record)
     kv_cache: str | None = None
 

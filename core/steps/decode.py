@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from ..model.adapter import forward_last_logits, input_device, synchronize
-from ..model.lens import forward_last_states
+from ..model.decode.adapter import forward_last_logits, input_device, synchronize
+from ..model.observe.lens import forward_last_states
 
 
 def decode_one_token(model, token_id: int, cache, states_out: list | None = None, sync: bool = True
@@ -18,14 +18,14 @@ def decode_one_token(model, token_id: int, cache, states_out: list | None = None
 
     The timed span ends with a device sync on GPUs, so `forward_ms` is real; selection syncs right after anyway
     (it has to read the chosen token). `sync=False` leaves the forward queued on the device (the milliseconds are
-    then only the host's time to queue it): the engine does so when CUDA events time the step (core/model/timing.py).
+    then only the host's time to queue it): the engine does so when CUDA events time the step (core/model/observe/timing.py).
     `states_out`: when a list, the forward also catches each decoder block's output at this position and appends
-    them, [L, H], for the logit lens (core/model/lens.py; eager only). None: the forward is exactly the plain one.
+    them, [L, H], for the logit lens (core/model/observe/lens.py; eager only). None: the forward is exactly the plain one.
     """
-    decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache (core/model/compiled.py)
+    decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache (core/model/decode/compiled.py)
     if decoder is not None and states_out is not None:
         raise ValueError("the compiled decode step returns no hidden states (the logit lens is eager only)")
-    lean = getattr(cache, "lean_step", None) if states_out is None else None  # core/model/lean_step.py
+    lean = getattr(cache, "lean_step", None) if states_out is None else None  # core/model/decode/lean_step.py
     start = time.perf_counter()
     if decoder is not None:
         logits = decoder.step(token_id, cache)  # [V]

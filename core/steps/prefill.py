@@ -7,7 +7,7 @@ so the engine can report progress (and honour stop) between chunks instead of go
 long prompt. A prompt of one chunk or less is one pass, exactly as before.
 
 Prefill is always eager (also under --compile: one call per run, with a different length each time); a static
-cache from core/model/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens written, so
+cache from core/model/decode/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens written, so
 each chunk lands after the previous one), which keeps the token count on the host.
 
 Mamba-1's mixers in transformers (Mamba, FalconMamba, and the Mamba layers of Jamba and Zamba) cannot continue a
@@ -24,8 +24,8 @@ from typing import Iterator
 
 import torch
 
-from ..model.adapter import forward_last_logits, input_device, synchronize
-from ..model.lens import forward_last_states
+from ..model.decode.adapter import forward_last_logits, input_device, synchronize
+from ..model.observe.lens import forward_last_states
 from ..settings import PREFILL_CHUNK  # the default of RunOptions.prefill_chunk (tests lower it)
 
 
@@ -50,7 +50,7 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     generator suspended between chunks). A caller may stop iterating between chunks; the cache
     then holds the chunks done.
     `states_out`: when a list, the last chunk's forward also catches each decoder block's output at the last prompt
-    position and appends them, [L, H], for the logit lens (core/model/lens.py; eager only, earlier chunks unchanged).
+    position and appends them, [L, H], for the logit lens (core/model/observe/lens.py; eager only, earlier chunks unchanged).
     """
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")

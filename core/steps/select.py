@@ -20,7 +20,7 @@ else (accelerators, no compiler) and are held to the same oracles (tests/unit/te
 
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
 host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
-through the caller's `to_host` when given (the engine's core/model/timing.py times that copy and counts its bytes).
+through the caller's `to_host` when given (the engine's core/model/observe/timing.py times that copy and counts its bytes).
 The sampler's shape rides in the same vector: the entropy after temperature and before any cut, and how many
 entries top-k and then top-p kept. Nothing here imports textual.
 """
@@ -112,7 +112,7 @@ def select(
 
     Greedy: torch.argmax of the raw scores. Sampling: an exponential race over the kept tokens (`race_index`) with
     noise drawn from `generator` (on the scores' device; None uses torch's global RNG), so a seeded generator
-    replays a run, and the compiled whole step (core/model/fused_step.py) draws the same token from the same noise.
+    replays a run, and the compiled whole step (core/model/decode/fused_step.py) draws the same token from the same noise.
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     On CPU one C++ call does it all (`native_op`) where tokentui's library builds; `native=False` runs the torch
     operations below instead (the same distribution and report: tests compare both with the warpers), `native=True`
@@ -132,8 +132,8 @@ def select(
 def native_op() -> Callable | None:
     """The one-call CPU selection (core/model/native/select.cpp), or None where tokentui's native library does not
     build (no compiler, no AVX2); the torch path below is then the only one. Loading it builds the library the first
-    time (the model's load does that first, as a stage of its own: core/model/loader.py)."""
-    from ..model.q4_native import NativeQ4  # the library's one owner
+    time (the model's load does that first, as a stage of its own: core/model/load/loader.py)."""
+    from ..model.native.q4_native import NativeQ4  # the library's one owner
 
     return None if NativeQ4.unavailable() else torch.ops.tokentui_q4.select
 
@@ -230,7 +230,7 @@ def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     as [1]: argmax(probs / noise), the exponential race (P(entry i wins) = probs[i] / sum(probs); torch.multinomial
     draws one sample the same way). Hand-written instead of torch.multinomial so that the noise belongs to the
     token id, not to the position in whatever subset is sampled: the eager prefix and the compiled whole-vocabulary
-    step (core/model/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
+    step (core/model/decode/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
     (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is").
     The index comes from `max(dim=0)` (the first maximal entry, as argmax gives it), which on CPU is one vectorised
     pass where torch.argmax is several times slower (same section)."""
@@ -311,7 +311,7 @@ def _count(value: float) -> int | None:
 
 def unpack(values: list[float], n: int, greedy: bool) -> Selection:
     """The Selection in a packed vector (the layout above) moved to the host: `select`'s own, or the compiled whole
-    step's (core/model/fused_step.py). Raises GenerationError for non-finite scores."""
+    step's (core/model/decode/fused_step.py). Raises GenerationError for non-finite scores."""
     return _unpack(values, n, greedy)
 
 

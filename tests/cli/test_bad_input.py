@@ -11,7 +11,7 @@ import torch
 from tiny_models import tiny_model
 from cli_run import tokentui
 from cli_run import one_line_error
-from tokentui.core.model.loader import embedded_gguf
+from tokentui.core.model.load.loader import embedded_gguf
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_no_bare_top_level_core_or_tui_is_importable(tmp_path):
 
 
 def test_core_never_imports_textual():
-    code = ("import sys; import tokentui.core.model.engine, tokentui.core.model.loader, tokentui.core.steps.select, "
+    code = ("import sys; import tokentui.core.model.engine, tokentui.core.model.load.loader, tokentui.core.steps.select, "
             "tokentui.core.steps.detokenize, tokentui.core.runs.record_writer, tokentui.cli; "
             "bad = [m for m in sys.modules if m == 'textual' or m.startswith('textual.')]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -21,7 +21,7 @@ from run_checks import failure_of
 from tokentui.core.errors import ErrorKind
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import ErrorEvent, StepEvent
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.64 GiB of which "
@@ -122,7 +122,7 @@ def test_headless_out_of_memory_is_one_line_and_a_failed_exit(embedded, isolated
 
 def test_bfloat16_on_a_gpu_that_cannot_do_it(monkeypatch):
     from tokentui.core.errors import SettingsError
-    from tokentui.core.model.loader import resolve_dtype
+    from tokentui.core.model.load.loader import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     gpu = SimpleNamespace(type="cuda", index=0)
@@ -172,7 +172,7 @@ def test_headless_output_closed_mid_run_stops_the_run_and_keeps_the_record(embed
 
 
 def test_half_written_caches_of_dead_processes_are_removed(tmp_path):
-    from tokentui.core.model.model_cache import _remove_abandoned
+    from tokentui.core.model.load.model_cache import _remove_abandoned
 
     target = tmp_path / "converted" / "model-abc"
     target.parent.mkdir()

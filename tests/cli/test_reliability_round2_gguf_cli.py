@@ -14,7 +14,7 @@ import pytest
 from gguf import GGUFReader
 
 from cli_run import one_line_error, tokentui
-from tokentui.core.model.loader import embedded_gguf
+from tokentui.core.model.load.loader import embedded_gguf
 
 
 def test_a_billion_blocks_is_refused_in_seconds(tmp_path, isolated_dirs):

@@ -1,6 +1,6 @@
 """The one-pass panel (issue 16) in the dashboard, through Textual's pilot against the scripted engine: `a` shows
 and hides it and turns the engine's stage timing on and off with it; it is on by default at ≥160×48 in a row of
-its own; its rows are core/model/anatomy.py's stages for the step in view (the cursor moves it); its last line adds the
+its own; its rows are core/model/observe/anatomy.py's stages for the step in view (the cursor moves it); its last line adds the
 parts up against the latency; a step without timing and an architecture it cannot take apart are said plainly.
 The panel's helpers are checked on hand-made steps."""
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from fakes import FACTS, make_loader, screen_text, wait_for
 from snapshot_apps_anatomy import TimedEngine
-from tokentui.core.model.anatomy import Stage, one_pass
+from tokentui.core.model.observe.anatomy import Stage, one_pass
 from tokentui.core.runs.events import StepEvent, StepTiming
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp

@@ -12,7 +12,7 @@ import pytest
 from arch_matrix import build
 from fakes import make_loader, wait_for
 from snapshot_apps_anatomy import TimedEngine
-from tokentui.core.model.loader import model_facts
+from tokentui.core.model.load.loader import model_facts
 from tokentui.core.runs.architecture import formula_terms, state_bytes
 from tokentui.core.settings import RunOptions
 from tokentui.tui import DashboardConfig, TokentuiApp

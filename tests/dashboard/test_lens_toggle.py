@@ -13,7 +13,7 @@ from tiny_models import tiny_gpt2, tiny_model
 from tokentui.core.model.branch import BranchPoint
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import Notice, PromptEvent, StepEvent
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0)

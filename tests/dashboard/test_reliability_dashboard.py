@@ -28,7 +28,7 @@ from fakes import FACTS, ScriptedEngine, make_loader, screen_text, slow_engine, 
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs import run as run_tree_module
 from tokentui.core.runs.events import StepEvent
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
@@ -481,7 +481,7 @@ async def test_export_from_the_command_palette_while_generating(tmp_path):
 def test_trust_remote_code_is_off_unless_asked(monkeypatch):
     from tokentui.cli import build_parser
     from tokentui.commands.common import engine_spec, make_loader as cli_loader
-    import tokentui.core.model.loader as loader
+    import tokentui.core.model.load.loader as loader
 
     seen = []
 

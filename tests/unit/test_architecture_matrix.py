@@ -23,7 +23,7 @@ import torch
 from arch_matrix import FORCED_TOL, NEW_TOKENS, SPECS, Observation, build, forced_gaps, observe, tensor_bytes
 from tiny_models import REPO, assert_varies, generate_ids
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import LoadedModel, load_model, model_facts
+from tokentui.core.model.load.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.architecture import kv_bytes_at
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, PromptEvent, StepEvent
 from tokentui.core.runs.facts import ModelFacts

@@ -10,7 +10,7 @@ import pytest
 from tiny_models import INIT, assert_engine_is_the_oracle, tiny_model
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import DoneEvent, PrefillEvent, PromptEvent, StepEvent
-from tokentui.core.model.loader import load_model
+from tokentui.core.model.load.loader import load_model
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 

@@ -19,17 +19,17 @@ from cli_run import tokentui
 from run_checks import failure_of
 from tokentui.core.errors import ErrorKind
 from tokentui.core.model import branch as branch_module
-from tokentui.core.model.adapter import new_cache
+from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.branch import BranchPoint, HeldCache, crop_cache, crop_problem
-from tokentui.core.model.compiled import StaticKV
+from tokentui.core.model.decode.compiled import StaticKV
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import (BranchEvent, DoneEvent, ErrorEvent, Notice, PrefillEvent, PromptEvent,
                                   StepEvent)
-from tokentui.core.model.kvcache import cache_nbytes, cache_tokens
-from tokentui.core.model.adapter import cache_layers
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.decode.kvcache import cache_nbytes, cache_tokens
+from tokentui.core.model.decode.adapter import cache_layers
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.steps.prefill import prefill
 from tokentui.core.runs.run import Run, RunError
 from tokentui.core.steps.select import reference_probs

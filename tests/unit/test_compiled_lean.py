@@ -1,4 +1,4 @@
-"""`--compile` on the 4-bit embedded model: its lean decode step compiled whole (core/model/compiled_lean.py),
+"""`--compile` on the 4-bit embedded model: its lean decode step compiled whole (core/model/decode/compiled_lean.py),
 checked against the float32 de-quantized reference (as the eager 4-bit path is, tests/unit/test_quantized_embedded.py)
 and against the eager lean step on the same cache."""
 
@@ -9,15 +9,15 @@ import os
 import pytest
 import torch
 
-from tokentui.core.model.adapter import forward_last_logits, new_cache
-from tokentui.core.model.compiled_lean import CompiledLeanStep
-from tokentui.core.model.decode_paths import NATIVE_INSTEAD
+from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
+from tokentui.core.model.decode.compiled_lean import CompiledLeanStep
+from tokentui.core.model.decode.decode_paths import NATIVE_INSTEAD
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fidelity import agreement, first_divergence, teacher_forced_logits
-from tokentui.core.model.lean_step import lean_decoder
-from tokentui.core.model.native_step import decode_step_for, native_step
-from tokentui.core.model.native_step import disabled as native_step_disabled
-from tokentui.core.model.qlinear import kernel_available
+from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits
+from tokentui.core.model.decode.lean_step import lean_decoder
+from tokentui.core.model.native.native_step import decode_step_for, native_step
+from tokentui.core.model.native.native_step import disabled as native_step_disabled
+from tokentui.core.model.quant.qlinear import kernel_available
 from tokentui.core.model.speed import SpeedOptions
 from tokentui.core.runs.events import Notice, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -186,7 +186,7 @@ def test_q_k_v_biases_and_per_head_norms_compile_too(kind, smol_tokenizer):
     """Qwen2's q/k/v biases and Qwen3's per-head norms, on tiny models quantized here (--quantize int4): the
     compiled step against the eager lean step, with a buffer growth on the way."""
     from tiny_models import tiny_model
-    from tokentui.core.model.quantize import quantize_model
+    from tokentui.core.model.quant.quantize import quantize_model
 
     model = tiny_model(kind, smol_tokenizer, tie_word_embeddings=False)
     quantize_model(model)

@@ -19,7 +19,7 @@ from tokentui.core.link.local_client import LocalClient
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, PromptEvent, StepEvent
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings

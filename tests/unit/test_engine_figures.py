@@ -20,17 +20,17 @@ from tiny_models import tiny_model
 from cli_run import one_line_error
 from cli_run import tokentui
 from tiny_models import generate_ids
-from tokentui.core.model.adapter import cache_nbytes, cache_tokens, first_capacity, new_cache
+from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens, first_capacity, new_cache
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.runs.events import DoneEvent, LoadProgress, PrefillEvent, PrefillProgress, PromptEvent, StepEvent
 from tokentui.core.runs.ending import stopped_done
-from tokentui.core.model.loader import LoadedModel, model_facts, resolve_device
+from tokentui.core.model.load.loader import LoadedModel, model_facts, resolve_device
 from tokentui.core.steps.prefill import prefill, prefill_chunks
 from tokentui.core.link.protocol import EngineSpec
-from tokentui.core.model.build import load_engine
-from tokentui.core.model import precheck
+from tokentui.core.model.load.build import load_engine
+from tokentui.core.model.load import precheck
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 GREEDY = SamplerSettings(temperature=0.0)
@@ -280,7 +280,7 @@ def test_stop_during_a_chunked_prefill_ends_at_the_next_chunk(tiny):
 
 def test_a_static_cache_is_prefilled_in_chunks_too(smol_tokenizer):
     """The --compile path's static cache: its prefill is eager, so this needs no compile."""
-    from tokentui.core.model.compiled import CompiledDecoder
+    from tokentui.core.model.decode.compiled import CompiledDecoder
 
     model = tiny_model("llama", smol_tokenizer)
     ids = smol_tokenizer(LONG_PROMPT)["input_ids"]

@@ -14,9 +14,9 @@ import torch
 from run_checks import failure_of
 from tiny_models import tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.adapter import new_cache
+from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import (BranchEvent, DoneEvent, ErrorEvent, FanoutEvent, Notice, PrefillEvent, PromptEvent,
                                        SampleEvent, StepEvent)

@@ -15,12 +15,14 @@ import torch
 from transformers import DynamicCache
 
 from tiny_models import INIT, assert_engine_is_the_oracle, generate_ids, tiny_model
-from tokentui.core.model.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache
-from tokentui.core.model.compiled import MAX_COMPILED_TOKENS, CompiledDecoder, bucket_for
+from tokentui.core.model.decode.adapter import (
+    GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache,
+)
+from tokentui.core.model.decode.compiled import MAX_COMPILED_TOKENS, CompiledDecoder, bucket_for
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import DoneEvent, Notice, PrefillEvent, PromptEvent, StepEvent
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.model.speed import SpeedOptions, cpu_cores
 
@@ -274,7 +276,7 @@ def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokeniz
     """What no check foresees: were a sliding layer compiled after all, the warm-up's second call would compile
     again; under fail_on_recompile it raises at once, and the model decodes eagerly, said before the run."""
     import tokentui.core.model.architecture as architecture
-    import tokentui.core.model.compiled as compiled
+    import tokentui.core.model.decode.compiled as compiled
 
     monkeypatch.setattr(architecture, "compile_problem", lambda model: None)  # the engine asks it there
     monkeypatch.setattr(compiled, "compile_settings",
@@ -288,7 +290,7 @@ def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokeniz
 
 
 def test_a_compile_failure_mid_run_goes_on_eagerly_on_the_same_cache(smol_tokenizer, monkeypatch):
-    import tokentui.core.model.compiled as compiled
+    import tokentui.core.model.decode.compiled as compiled
 
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
@@ -329,7 +331,7 @@ def test_compiled_hybrid_lfm2_with_inductor_matches_generate(smol_tokenizer):
 
 def test_a_model_whose_forward_refuses_the_static_cache_decodes_eagerly_with_a_notice(smol_tokenizer, monkeypatch):
     """Bloom's ALiBi forward raised on a static cache in transformers 5.15, at load: a traceback then, a notice now."""
-    import tokentui.core.model.compiled as compiled
+    import tokentui.core.model.decode.compiled as compiled
 
     def refuse(self, ids, cache, first=True):
         raise RuntimeError("The expanded size of the tensor (256) must match the existing size (8)")

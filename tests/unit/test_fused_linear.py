@@ -1,4 +1,4 @@
-"""q/k/v and gate/up as one product each (core/model/fused_linear.py), against the stock model it came from: the same
+"""q/k/v and gate/up as one product each (core/model/quant/fused_linear.py), against the stock model it came from: the same
 values, scores within float rounding, greedy ids equal to `generate` on a stock copy, fewer matrix products a step,
 and left alone wherever fusing would change what a module means."""
 
@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fused_linear import FusedLinear, LinearPart, fuse_siblings, wanted
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.quant.fused_linear import FusedLinear, LinearPart, fuse_siblings, wanted
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.events import PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

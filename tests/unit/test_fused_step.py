@@ -1,4 +1,4 @@
-"""The whole step's selection (core/model/fused_step.py) against the eager path and its oracles: every reported number
+"""The whole step's selection (core/model/decode/fused_step.py) against the eager path and its oracles: every reported number
 equal to `select`'s, the post-sampler distribution equal to transformers' warpers, the same seeded draw; and, under
 torch.compile, one graph that never compiles again (1,000 steps, sampler changes) with Dynamo's own counters."""
 
@@ -11,8 +11,8 @@ import torch
 
 from tiny_models import tiny_model
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fused_step import fused_select, sampler_tensor, write_sampler
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.decode.fused_step import fused_select, sampler_tensor, write_sampler
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.model.speed import SpeedOptions
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -117,7 +117,7 @@ def test_the_whole_step_compiles_once_for_1000_steps_and_sampler_changes(smol_to
     step reports what the eager path reports from the same seed: the same ids, the same kept counts."""
     from torch._dynamo.utils import counters
 
-    import tokentui.core.model.compiled as compiled
+    import tokentui.core.model.decode.compiled as compiled
 
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))

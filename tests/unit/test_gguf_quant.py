@@ -1,4 +1,4 @@
-"""The GGUF block readers (core/model/gguf_quant.py) against gguf-py's own de-quantization, per block type: the 4-bit
+"""The GGUF block readers (core/model/quant/gguf_quant.py) against gguf-py's own de-quantization, per block type: the 4-bit
 values are the file's, the float32 scales reproduce its weights, and the bfloat16 scales the kernel reads change a
 weight by no more than the documented bound."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from tokentui.core.model.gguf_quant import BF16_ROUNDOFF, GROUP, GroupedInt4, read_blocks, row_order
+from tokentui.core.model.quant.gguf_quant import BF16_ROUNDOFF, GROUP, GroupedInt4, read_blocks, row_order
 
 ROWS, COLS = 48, 512
 

@@ -1,4 +1,4 @@
-"""The logit lens (core/model/lens.py), each number against an oracle: the last layer's row against the step's own
+"""The logit lens (core/model/observe/lens.py), each number against an oracle: the last layer's row against the step's own
 logits, every row against the final norm and LM head applied by hand to each decoder layer's output (caught with
 forward hooks of the test's own), records and headless JSON carrying it, a run without it asking the model for
 nothing more, and a model whose output it cannot reproduce refused rather than shown. Every other decoder family:
@@ -22,9 +22,9 @@ from cli_run import tokentui
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import LensRow, Notice, PromptEvent, StepEvent
-from tokentui.core.model.adapter import new_cache
-from tokentui.core.model.lens import forward_last_states, lens_support, lens_unavailable, logit_lens
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.decode.adapter import new_cache
+from tokentui.core.model.observe.lens import forward_last_states, lens_support, lens_unavailable, logit_lens
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings
 

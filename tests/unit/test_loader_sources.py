@@ -10,7 +10,7 @@ from tiny_models import tiny_model
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.runs.events import StepEvent
-from tokentui.core.model.loader import load_model, resolve_device, resolve_dtype
+from tokentui.core.model.load.loader import load_model, resolve_device, resolve_dtype
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 

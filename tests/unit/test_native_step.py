@@ -1,4 +1,4 @@
-"""The native decode step (core/model/native_step.py, core/model/native/decode_step.cpp): a 4-bit Llama-family model's
+"""The native decode step (core/model/native/native_step.py, core/model/native/decode_step.cpp): a 4-bit Llama-family model's
 whole decode step as one C++ call. Held to the eager lean step (the model's forward bit for bit) within float32
 rounding, scores and cache rows; to `generate`'s greedy ids on tiny Llama / Qwen2 / Qwen3 models on either 4-bit
 kernel; to the float32 reference on the embedded model (teacher-forced, closer than llama-server); the same bits at
@@ -15,18 +15,18 @@ from transformers import DynamicCache
 from test_quantize import assert_engine_is_generate
 from test_quantized_embedded import LLAMA_SERVER, greedy_ids
 from tiny_models import INIT, tiny_model
-from tokentui.core.model import native_step as native
-from tokentui.core.model.adapter import forward_last_logits, new_cache
+from tokentui.core.model.native import native_step as native
+from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
 from tokentui.core.model.branch import crop_cache
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fidelity import agreement, teacher_forced_logits
-from tokentui.core.model.int4_kernel import TorchInt4
-from tokentui.core.model.lean_step import LeanDecoder, lean_decoder
-from tokentui.core.model.loader import LoadedModel, model_facts
-from tokentui.core.model.native_step import NativeStep, decode_step_for, native_step
-from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16
-from tokentui.core.model.qlinear import KERNEL_ENV, chosen_kernel
-from tokentui.core.model.quantize import quantize_model
+from tokentui.core.model.observe.fidelity import agreement, teacher_forced_logits
+from tokentui.core.model.quant.int4_kernel import TorchInt4
+from tokentui.core.model.decode.lean_step import LeanDecoder, lean_decoder
+from tokentui.core.model.load.loader import LoadedModel, model_facts
+from tokentui.core.model.native.native_step import NativeStep, decode_step_for, native_step
+from tokentui.core.model.native.q4_native import NativeQ4, NativeQ4I16
+from tokentui.core.model.quant.qlinear import KERNEL_ENV, chosen_kernel
+from tokentui.core.model.quant.quantize import quantize_model
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 pytestmark = [pytest.mark.skipif(NativeQ4.unavailable() is not None,

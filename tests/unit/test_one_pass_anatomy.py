@@ -1,6 +1,6 @@
-"""Issue 16, one pass taken apart: core/model/anatomy.py's stages against the tensors a model really makes (forward hooks
+"""Issue 16, one pass taken apart: core/model/observe/anatomy.py's stages against the tensors a model really makes (forward hooks
 on tiny Llama / Qwen2 / Qwen3 models), tied and untied LM heads read off the weights, and the per-step timing split
-(core/model/timing.py): its parts add up to the step's latency, the consumer's wait is measured, the bytes each way, the
+(core/model/observe/timing.py): its parts add up to the step's latency, the consumer's wait is measured, the bytes each way, the
 CUDA-events path (with stand-in events on CPU), and `timing` and the sampler-shape fields through records and JSON."""
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ import pytest
 import torch
 
 import tokentui.core.model.engine as engine_module
-import tokentui.core.model.timing as timing_module
+import tokentui.core.model.observe.timing as timing_module
 from tiny_models import REPO, tiny_model
-from tokentui.core.model.adapter import cache_layers, forward_last_logits, new_cache
-from tokentui.core.model.anatomy import Stage, one_pass
+from tokentui.core.model.decode.adapter import cache_layers, forward_last_logits, new_cache
+from tokentui.core.model.observe.anatomy import Stage, one_pass
 from tokentui.core.steps.decode import decode_one_token
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import PromptEvent, StepEvent, StepTiming
 from tokentui.core.runs.facts import ModelFacts
-from tokentui.core.model.kvcache import cache_tokens
-from tokentui.core.model.loader import LoadedModel, load_model, model_facts
+from tokentui.core.model.decode.kvcache import cache_tokens
+from tokentui.core.model.load.loader import LoadedModel, load_model, model_facts
 from tokentui.core.runs.record_reader import event_from_dict
 from tokentui.core.runs.run import Run
 from tokentui.core.steps.select import _HEADER, native_op, select
 from tokentui.core.settings import RunOptions, SamplerSettings
-from tokentui.core.model.timing import StepClock
+from tokentui.core.model.observe.timing import StepClock
 
 KINDS = ["llama", "qwen2", "qwen3"]
 SAMPLING = SamplerSettings(temperature=0.8, top_k=40, top_p=0.9, seed=3)
@@ -124,7 +124,7 @@ def test_facts_without_the_blocks_get_one_line_saying_what_is_not_shown(smol_tok
 
 
 def test_the_module_imports_without_torch():
-    code = ("import sys; import tokentui.core.model.anatomy; "
+    code = ("import sys; import tokentui.core.model.observe.anatomy; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr

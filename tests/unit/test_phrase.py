@@ -12,12 +12,12 @@ import torch
 from run_checks import failure_of
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.adapter import cache_layers, new_cache
+from tokentui.core.model.decode.adapter import cache_layers, new_cache
 from tokentui.core.model.branch import crop_cache
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.forcing import phrase_ids
-from tokentui.core.model.kvcache import cache_nbytes, cache_tokens
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.decode.kvcache import cache_nbytes, cache_tokens
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import BranchEvent, Notice, PromptEvent, StepEvent
 from tokentui.core.runs.run import Run

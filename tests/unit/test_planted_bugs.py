@@ -15,7 +15,7 @@ import pytest
 from arch_matrix import SPECS, build, forced_gaps, forced_ok, sampler_gaps
 from planted_bugs import planted
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.events import PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

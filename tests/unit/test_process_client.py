@@ -20,7 +20,7 @@ from tokentui.core.errors import ErrorKind
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import GenerationError, ModelLoadError, SettingsError
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, PromptEvent, StepEvent
-from tokentui.core.model.loader import load_model
+from tokentui.core.model.load.loader import load_model
 from tokentui.core.link.process_client import ProcessClient
 from tokentui.core.link.protocol import EngineSpec
 from tokentui.core.settings import RunOptions, SamplerSettings

@@ -1,4 +1,4 @@
-"""tokentui's int16 4-bit kernel ("avx2-int16", core/model/q4_native.py, core/model/native/i16_kernels.h): the
+"""tokentui's int16 4-bit kernel ("avx2-int16", core/model/native/q4_native.py, core/model/native/i16_kernels.h): the
 activations rounded to int16 with a float32 scale per group of 32, the file's weights multiplied as integers. Against
 F.linear on the file's de-quantized weights in float64: within the rounding's own bound (each activation within half
 a step of its group's scale) for every block type, tile and tail of rows, exact float32 for a prefill's rows; far
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from test_q4_native import f32_bound, file_matrix, needs_native
 from test_qlinear import matrix
-from tokentui.core.model.gguf_quant import GROUP
-from tokentui.core.model.int4_kernel import TorchInt4
-from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16, pack_values_i16
-from tokentui.core.model.qlinear import KERNELS, QLinear, QLMHead
+from tokentui.core.model.quant.gguf_quant import GROUP
+from tokentui.core.model.quant.int4_kernel import TorchInt4
+from tokentui.core.model.native.q4_native import NativeQ4, NativeQ4I16, pack_values_i16
+from tokentui.core.model.quant.qlinear import KERNELS, QLinear, QLMHead
 
 INT16 = KERNELS[NativeQ4I16.name]
 pytestmark = [needs_native, pytest.mark.usefixtures("one_torch_thread")]

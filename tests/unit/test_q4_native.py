@@ -1,4 +1,4 @@
-"""tokentui's AVX2 4-bit kernel (core/model/q4_native.py, core/model/native/q4_avx2.cpp) against F.linear on the
+"""tokentui's AVX2 4-bit kernel (core/model/native/q4_native.py, core/model/native/q4_avx2.cpp) against F.linear on the
 file's de-quantized weights in float64: equal up to float32 summation, for every block type, tile and tail of rows;
 the same bits at any thread count; the packed layout as its comment says; an opaque op under torch.compile; and the
 kernel choice (TOKENTUI_INT4_KERNEL, the fall-back when it cannot be built)."""
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokentui.core.model.gguf_quant import GROUP, GroupedInt4, read_blocks
-from tokentui.core.model.int4_kernel import TorchInt4
-from tokentui.core.model.q4_native import NativeQ4, NativeQ4I16, pack_values
-from tokentui.core.model.qlinear import KERNEL_ENV, KERNELS, QLinear, QLMHead, chosen_kernel
+from tokentui.core.model.quant.gguf_quant import GROUP, GroupedInt4, read_blocks
+from tokentui.core.model.quant.int4_kernel import TorchInt4
+from tokentui.core.model.native.q4_native import NativeQ4, NativeQ4I16, pack_values
+from tokentui.core.model.quant.qlinear import KERNEL_ENV, KERNELS, QLinear, QLMHead, chosen_kernel
 from test_gguf_quant import COLS, ROWS, gguf_weights, raw_blocks
 from test_qlinear import matrix
 
@@ -133,8 +133,8 @@ def test_the_kernel_can_be_named_and_a_bad_name_is_one_line(monkeypatch):
 
 
 def test_without_a_compiler_it_says_why_and_torch_kernel_is_used(tmp_path):
-    script = ("from tokentui.core.model.q4_native import NativeQ4\n"
-              "from tokentui.core.model.qlinear import chosen_kernel\n"
+    script = ("from tokentui.core.model.native.q4_native import NativeQ4\n"
+              "from tokentui.core.model.quant.qlinear import chosen_kernel\n"
               "print(NativeQ4.unavailable()); print(chosen_kernel().name)\n")
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TOKENTUI_CACHE_DIR": str(tmp_path)}
     env.pop(KERNEL_ENV, None)

@@ -1,4 +1,4 @@
-"""The 4-bit linear modules (core/model/qlinear.py) against F.linear on the same weights: with torch's int4 kernel
+"""The 4-bit linear modules (core/model/quant/qlinear.py) against F.linear on the same weights: with torch's int4 kernel
 within the bfloat16 rounding it is documented to do (tokentui's AVX2 kernel: tests/unit/test_q4_native.py), fused
 siblings equal to the separate products, and the LM head's highest scores exactly the float32 product; the
 structural tests run for every kernel available here."""
@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tokentui.core.model.gguf_quant import BF16_ROUNDOFF, GROUP, read_blocks
-from tokentui.core.model.int4_kernel import TorchInt4
-from tokentui.core.model.q4_native import NativeQ4
-from tokentui.core.model.qlinear import (EXACT_SCORES, KERNELS, FusedQLinear, QLinear, QLMHead, kernel_available,
-                                         quantized_nbytes, quantized_parameters)
+from tokentui.core.model.quant.gguf_quant import BF16_ROUNDOFF, GROUP, read_blocks
+from tokentui.core.model.quant.int4_kernel import TorchInt4
+from tokentui.core.model.native.q4_native import NativeQ4
+from tokentui.core.model.quant.qlinear import (
+    EXACT_SCORES, KERNELS, FusedQLinear, QLinear, QLMHead, kernel_available, quantized_nbytes, quantized_parameters,
+)
 from test_gguf_quant import raw_blocks
 
 pytestmark = [pytest.mark.skipif(not kernel_available(), reason="no int4 CPU kernel in this torch"),

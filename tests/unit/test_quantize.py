@@ -1,4 +1,4 @@
-"""`--quantize int4` (core/model/quantize.py): a float model's matrices quantized here into the 4-bit GGUF path's
+"""`--quantize int4` (core/model/quant/quantize.py): a float model's matrices quantized here into the 4-bit GGUF path's
 layout. The 4-bit values are within the documented bound of the float weights; the kernel multiplies exactly the
 de-quantized ones; every module multiplies like F.linear on them within bfloat16 rounding; the engine's greedy ids
 are `generate`'s on the same model; the model event and the panel say "quantized here"; bad combinations are one
@@ -17,13 +17,23 @@ from cli_run import tokentui
 from tiny_models import INIT, assert_varies, generate_ids, tiny_model
 from tokentui.core.errors import ModelLoadError, SettingsError
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fidelity import first_divergence
-from tokentui.core.model.gguf_quant import BF16_ROUNDOFF, GROUP
-from tokentui.core.model.lean_step import lean_decoder
-from tokentui.core.model.loader import LoadedModel, load_model, model_facts
-from tokentui.core.model.qlinear import (FusedQLinear, QLinear, QLinearPart, QLMHead, chosen_kernel, kernel_available,
-                                         quantized_modules, step_weight_bytes)
-from tokentui.core.model.quantize import QUANTIZE, quantization_bound, quantize_matrix, quantize_model, quantized_facts
+from tokentui.core.model.observe.fidelity import first_divergence
+from tokentui.core.model.quant.gguf_quant import BF16_ROUNDOFF, GROUP
+from tokentui.core.model.decode.lean_step import lean_decoder
+from tokentui.core.model.load.loader import LoadedModel, load_model, model_facts
+from tokentui.core.model.quant.qlinear import (
+    FusedQLinear,
+    QLinear,
+    QLinearPart,
+    QLMHead,
+    chosen_kernel,
+    kernel_available,
+    quantized_modules,
+    step_weight_bytes,
+)
+from tokentui.core.model.quant.quantize import (
+    QUANTIZE, quantization_bound, quantize_matrix, quantize_model, quantized_facts,
+)
 from tokentui.core.runs.events import PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

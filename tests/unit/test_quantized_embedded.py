@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokentui.core.model.adapter import new_cache
+from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.fidelity import agreement, first_divergence, teacher_forced_logits
-from tokentui.core.model.gguf_load import _skeleton, plan_gguf
-from tokentui.core.model.gguf_quant import GROUP, GroupedInt4
-from tokentui.core.model.lean_step import LeanDecoder
-from tokentui.core.model.qlinear import (FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available,
-                                         quantized_modules)
-from tokentui.core.model.precheck import embedded_gguf
+from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits
+from tokentui.core.model.load.gguf_load import _skeleton, plan_gguf
+from tokentui.core.model.quant.gguf_quant import GROUP, GroupedInt4
+from tokentui.core.model.decode.lean_step import LeanDecoder
+from tokentui.core.model.quant.qlinear import (
+    FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, quantized_modules,
+)
+from tokentui.core.model.load.precheck import embedded_gguf
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.record_reader import build
@@ -133,7 +134,7 @@ def test_closer_to_the_reference_than_llama_server(embedded_quantized, embedded,
 
 
 def test_the_lean_step_gives_the_forwards_scores(embedded_quantized, embedded):
-    from tokentui.core.model.static_cache import new_eager_cache
+    from tokentui.core.model.decode.static_cache import new_eager_cache
 
     model = embedded_quantized.model
     assert new_eager_cache(model, 16, bucketed=False).lean_step is not None
@@ -142,7 +143,7 @@ def test_the_lean_step_gives_the_forwards_scores(embedded_quantized, embedded):
     assert new_eager_cache(model, 16, bucketed=True).lean_step is None
     lean = LeanDecoder(model)
     a, b = new_cache(model, 64), new_cache(model, 64)
-    from tokentui.core.model.adapter import forward_last_logits
+    from tokentui.core.model.decode.adapter import forward_last_logits
 
     prompt = torch.tensor([[1, 504, 2113, 30]])
     forward_last_logits(model, prompt, a)
@@ -196,7 +197,7 @@ def test_first_start_converts_once_and_later_starts_read_the_cache(embedded_quan
     assert reading[0] == 0.0 and reading[-1] == 1.0 and len(reading) > 10
     assert any(n.startswith("packing 211 4-bit matrices") for n in names)
     from conftest import quantized_cache
-    from tokentui.core.model.loader import load_model
+    from tokentui.core.model.load.loader import load_model
 
     warm = []
     with quantized_cache(isolated_dirs):  # the cache the cold start filled
@@ -220,7 +221,7 @@ def test_float32_asks_for_the_de_quantized_reference(embedded):
 def test_the_reference_says_it_is_the_files_blocks_de_quantized(embedded_cold, embedded, isolated_dirs):
     from gguf import GGUFReader
 
-    from tokentui.core.model.loader import BLOCKS_FILE, load_model
+    from tokentui.core.model.load.loader import BLOCKS_FILE, load_model
 
     stored = {t.tensor_type.name for t in GGUFReader(str(embedded_gguf())).tensors}  # the file's own tensor table
     expected = "+".join(sorted(stored - {"F32", "F16", "BF16"}))

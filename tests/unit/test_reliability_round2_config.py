@@ -1,5 +1,5 @@
 """Issue 35, items 2 and 9 (HF folders): a config.json that does not belong to its safetensors weights is refused in
-one line before transformers builds anything (core/model/config_check.py): sizes out of range, more layers than
+one line before transformers builds anything (core/model/load/config_check.py): sizes out of range, more layers than
 the weights hold, a tensor whose shape is not the one the config implies; transformers' own size-mismatch error
 ("For details look at the above report!") becomes one line carrying the report; and every family of the
 architecture matrix (tests/arch_matrix.py), saved as it is, passes the check."""
@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 from arch_matrix import SPECS, build
 from tiny_models import tiny_model
 from tokentui.core.errors import ModelLoadError
-from tokentui.core.model.config_check import check_model_folder
-from tokentui.core.model.loader import load_model
+from tokentui.core.model.load.config_check import check_model_folder
+from tokentui.core.model.load.loader import load_model
 
 VOCAB = 320
 FIX = "fix config.json or download the model again"

@@ -1,5 +1,5 @@
 """Issue 35 (reliability, round 2), the GGUF items: a file's metadata is checked against its own tensor table before
-anything is built from it (core/model/gguf_check.py), a model whose first pass gives NaN scores is refused, and no
+anything is built from it (core/model/load/gguf_check.py), a model whose first pass gives NaN scores is refused, and no
 refused model leaves a cache entry a later start would trust; a cache folder that cannot be written leaves the model
 running from memory with a notice (the command-line side: tests/cli/test_reliability_round2_gguf_cli.py).
 
@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from tokentui.core.errors import ModelLoadError
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import embedded_gguf, load_model
+from tokentui.core.model.load.loader import embedded_gguf, load_model
 from tokentui.core.runs.events import Notice, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

@@ -13,7 +13,7 @@ from run_checks import failure_of
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ErrorKind, PromptError
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import (BranchEvent, DoneEvent, PromptEvent, ScoreEvent, ScoreSummary, StepEvent)
 from tokentui.core.runs.requests import ScoreRequest

@@ -1,4 +1,4 @@
-"""Bucketed KV shapes for eager decode (`--kv-shapes bucketed`, core/model/static_cache.py) against the oracles:
+"""Bucketed KV shapes for eager decode (`--kv-shapes bucketed`, core/model/decode/static_cache.py) against the oracles:
 `generate`'s greedy ids (tiny Llama / Qwen2 / Qwen3, every architecture of the matrix, the embedded model), the
 cache tensors' nbytes for the KV figures, and the attention shapes SDPA actually receives (one per bucket)."""
 
@@ -10,11 +10,11 @@ import torch
 from arch_matrix import SPECS, build
 from tiny_models import INIT, assert_engine_is_the_oracle, generate_ids, tiny_model
 from tokentui.core.errors import SettingsError
-from tokentui.core.model.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes
+from tokentui.core.model.decode.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes
 from tokentui.core.model.engine import Engine
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.model.speed import SpeedOptions
-from tokentui.core.model.static_cache import BUCKET, BucketedLayer, bucketing_problem, new_eager_cache
+from tokentui.core.model.decode.static_cache import BUCKET, BucketedLayer, bucketing_problem, new_eager_cache
 from tokentui.core.runs.events import PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

@@ -61,7 +61,7 @@ def test_the_engine_reports_the_default_with_every_prompt(smol_tokenizer):
     from tiny_models import tiny_model
     from tokentui.core.model.engine import Engine
     from tokentui.core.runs.events import PromptEvent
-    from tokentui.core.model.loader import LoadedModel, model_facts
+    from tokentui.core.model.load.loader import LoadedModel, model_facts
     from tokentui.core.settings import RunOptions, SamplerSettings
 
     model = tiny_model("llama", smol_tokenizer)

@@ -1,4 +1,4 @@
-"""The transposed weight layout (core/model/weight_layout.py) against the stock model it came from: same values, same tied
+"""The transposed weight layout (core/model/quant/weight_layout.py) against the stock model it came from: same values, same tied
 tensors, scores within float rounding, and greedy IDs identical to `generate` on a stock-layout copy (tiny models at
 an init where the ids vary, and every step's logits one full forward's)."""
 
@@ -11,8 +11,8 @@ from tiny_models import INIT, assert_engine_is_the_oracle, generate_ids, tiny_mo
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import LoadProgress, PromptEvent, StepEvent
-from tokentui.core.model.weight_layout import is_wide_cpu_linear, transpose_wide_weights
-from tokentui.core.model.loader import LoadedModel, model_facts
+from tokentui.core.model.quant.weight_layout import is_wide_cpu_linear, transpose_wide_weights
+from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.model.speed import SpeedOptions
 
@@ -112,7 +112,7 @@ def test_embedded_model_engine_equals_stock_generate_128_tokens(embedded, embedd
 
 def test_the_command_line_offers_exactly_the_layouts_the_engine_knows():
     from tokentui.cli import build_parser
-    from tokentui.core.model.weight_layout import LAYOUTS
+    from tokentui.core.model.quant.weight_layout import LAYOUTS
 
     action = next(a for a in build_parser()._actions if a.dest == "weight_layout")
     assert tuple(action.choices) == LAYOUTS and action.default == "auto"

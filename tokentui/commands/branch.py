@@ -138,7 +138,7 @@ def branch_main(argv: list[str]) -> int:
 def prepare(args) -> dict:
     """The record read and every argument checked, without torch: the prefix, the model, the settings."""
     from tokentui.core.errors import TokentuiError
-    from tokentui.core.model.precheck import parse_device, resolve_model
+    from tokentui.core.model.load.precheck import parse_device, resolve_model
     from tokentui.core.runs.run import Run
     from tokentui.core.settings import RunOptions, SamplerSettings, check_threads
 

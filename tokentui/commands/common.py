@@ -161,7 +161,7 @@ def make_loader(args):
     spec = engine_spec(args)
 
     def load(progress):
-        from tokentui.core.model.build import load_engine
+        from tokentui.core.model.load.build import load_engine
 
         return load_engine(spec, progress)
 

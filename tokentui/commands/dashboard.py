@@ -66,7 +66,7 @@ def run_dashboard(args, prompt: str, score=None) -> int:
     source = ProcessSource(args)  # the model process starts first: it takes the longest
 
     from tokentui.tui.program import run_dashboard as run_app
-    from tokentui.core.model.precheck import check_model_and_device
+    from tokentui.core.model.load.precheck import check_model_and_device
     from tokentui.tui.config import DashboardConfig
 
     def relaunch(model: str | None, device: str) -> ProcessSource:

@@ -73,7 +73,7 @@ def score_main(argv: list[str], build_parser) -> int:
         if args.server is not None:
             raise TokentuiError("scoring a text needs the local engine: a served model's scores of given tokens "
                                 "are not asked for (drop --server)")
-        from tokentui.core.model.precheck import check_model_and_device, parse_device, resolve_model
+        from tokentui.core.model.load.precheck import check_model_and_device, parse_device, resolve_model
 
         if not args.headless:
             check_model_and_device(args.model, args.device, allow_pickle=args.allow_pickle)

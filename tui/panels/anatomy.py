@@ -1,5 +1,5 @@
 """One pass, taken apart (`a`; issue 16): the step in view as the pipeline of one pass — each stage with the shape
-of the tensor it produces (core/model/anatomy.py `one_pass`, from the model's config and the step), where it runs (host
+of the tensor it produces (core/model/observe/anatomy.py `one_pass`, from the model's config and the step), where it runs (host
 or device, in the theme's two colours: `$stage-host`, `$stage-device`), the time of its part this step (forward,
 select, copy, detok: `StepEvent.timing`), and how the sampler reshaped the distribution (entropy raw → after
 temperature → after top-k / top-p, what each kept, the kept mass). The last line adds the parts up against the
@@ -79,7 +79,7 @@ class AnatomyPanel(Panel):
         if step is None:
             self.border_subtitle = head_words(facts.tied_lm_head)
             return Text(WAITING, style=muted)
-        from tokentui.core.model.anatomy import one_pass  # torch-free; imported when first drawn
+        from tokentui.core.model.observe.anatomy import one_pass  # torch-free; imported when first drawn
 
         self.border_subtitle = (("step " if state.live else "viewing step ") + f"{step.index + 1}"
                                 + (" · prefill" if step.index == 0 else "") + " · "

@@ -1,5 +1,5 @@
 """The logit lens (`l`, off by default: it costs time): for the step in view, each layer's top token when the
-model's final norm and LM head are applied to that layer's residual stream (core/model/lens.py), so one can see at which
+model's final norm and LM head are applied to that layer's residual stream (core/model/observe/lens.py), so one can see at which
 depth the chosen token appears. The last layer is the model's own output."""
 
 from __future__ import annotations

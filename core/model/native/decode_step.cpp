@@ -1,8 +1,8 @@
 // One decode step of a Llama-family model whose matrices are 4-bit, in one call: from the new token's embedding row
 // to the final norm, every layer's norms, projections, rotation, KV cache write, attention, SiLU MLP and residuals
-// (core/model/native_step.py says when it is used and checks it against the eager lean step).
+// (core/model/native/native_step.py says when it is used and checks it against the eager lean step).
 //
-// Why hand-written: with the weights 4-bit, the eager lean step (core/model/lean_step.py) spends about half of a
+// Why hand-written: with the weights 4-bit, the eager lean step (core/model/decode/lean_step.py) spends about half of a
 // step on ~1,000 small host operations between the 121 kernel calls (each a dispatcher call, an allocation and a
 // pass over a few hundred floats); --compile removes most of them but needs minutes of compiling first. Here the
 // whole step is C++ on raw pointers: the same arithmetic as the lean step, in float32, with nothing between the
@@ -16,7 +16,7 @@
 // Sums are float32 in a fixed order (not the model's order: the scores differ from the eager step's by float32
 // rounding, which native_step.py bounds when it accepts the step). Products through the kernels of q4_kernels.h
 // (float32 activations) or i16_kernels.h (`int16`: activations rounded to int16 per group of 32), so the model's
-// matrices must be packed for one of tokentui's kernels (core/model/q4_native.py; with torch's int4 kernel the
+// matrices must be packed for one of tokentui's kernels (core/model/native/q4_native.py; with torch's int4 kernel the
 // eager lean step decodes). Threads: each product's rows split over torch's pool (at::parallel_for);
 // attention's heads too, once the cache is long enough to pay for it.
 #include <torch/library.h>
@@ -58,7 +58,7 @@ void axpy(float p, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += p * x[i];
 }
 
-// Layer l's row of a stack [L, ...] (core/model/lean_step.py's stacked_weights), as a pointer: no tensor is made.
+// Layer l's row of a stack [L, ...] (core/model/decode/lean_step.py's stacked_weights), as a pointer: no tensor is made.
 template <typename T>
 T* row(const at::Tensor& stack, int64_t l) {
   return stack.data_ptr<T>() + l * stack.stride(0);

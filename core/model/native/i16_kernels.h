@@ -1,5 +1,5 @@
 // tokentui's 4-bit and 8-bit matrix products with the activations rounded to 16-bit integers, for x86 CPUs with
-// AVX2 and FMA (core/model/q4_native.py's "avx2-int16" kernel; the default where it builds).
+// AVX2 and FMA (core/model/native/q4_native.py's "avx2-int16" kernel; the default where it builds).
 //
 // Why: the float32 kernels of q4_kernels.h spend ~22 instructions a group of 32 weights (unpacking each nibble to a
 // float32 lane, then a multiply-add per weight) and are bound by them, not by memory. Here each group of 32

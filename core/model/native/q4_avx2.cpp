@@ -1,5 +1,5 @@
 // tokentui's 4-bit matrix products for x86 CPUs with AVX2 and FMA: y = x W^T with W in groups of 32 4-bit values,
-// w = d q + m per group (core/model/q4_native.py packs it; core/model/int4_kernel.py says when it is used).
+// w = d q + m per group (core/model/native/q4_native.py packs it; core/model/quant/int4_kernel.py says when it is used).
 //
 // Why hand-written: torch ships no fast weight-only 4-bit product for AVX2 (its int4 CPU kernel's AVX2 path reads
 // ~2.8 GB/s, and it rounds the activations and the scales to bfloat16); llama.cpp's AVX2 kernels round the

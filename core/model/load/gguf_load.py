@@ -1,5 +1,5 @@
-"""A GGUF model with its 4-bit matrices kept as stored (core/model/gguf_quant.py, core/model/qlinear.py): converted
-once per file, torch build, CPU kind and 4-bit kernel (core/model/int4_kernel.py), then loaded from the cache in
+"""A GGUF model with its 4-bit matrices kept as stored (core/model/quant/gguf_quant.py, core/model/quant/qlinear.py): converted
+once per file, torch build, CPU kind and 4-bit kernel (core/model/quant/int4_kernel.py), then loaded from the cache in
 about a second.
 
 First start: the tokenizer and config come from transformers' GGUF reader (as for the float32 path); the tensors
@@ -8,8 +8,8 @@ processor for the architecture): a 4-bit matrix of an `nn.Linear` (and a 4-bit o
 values and scales and packed for the kernel; every other tensor is de-quantized exactly as transformers does. The
 model is built with its parameters on the meta device (accelerate's init_empty_weights; buffers such as rotary
 frequencies are made for real), the 4-bit modules put in place of the Linear layers, the float tensors assigned.
-Before any of this the file's metadata is checked against its tensor table (core/model/gguf_check.py), and the
-model built is cached only once its first pass gives finite scores (core/model/model_cache.py). The packed tensors,
+Before any of this the file's metadata is checked against its tensor table (core/model/load/gguf_check.py), and the
+model built is cached only once its first pass gives finite scores (core/model/load/model_cache.py). The packed tensors,
 the float tensors, the config, the tokenizer and a manifest are saved together; later starts read those and build
 the same modules with no GGUF parsing (where the cache cannot be written, the model runs from memory, with a notice).
 
@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError, error_line
-from ..paths import cache_dir
-from ..runs.events import LoadProgress
-from .gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
+from ...errors import ModelLoadError, error_line
+from ...paths import cache_dir
+from ...runs.events import LoadProgress
+from ..quant.gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
 from .gguf_check import check_gguf, checked_reader
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
-from .native_step import decode_step_for
-from . import q4_native
-from .int4_kernel import Int4Kernel
-from .qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
+from ..native.native_step import decode_step_for
+from ..native import q4_native
+from ..quant.int4_kernel import Int4Kernel
+from ..quant.qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
 
 FORMAT = 2  # bump when the cached layout changes
 FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
@@ -63,7 +63,7 @@ class Plan:
 def quantizable_gguf(path: Path) -> bool:
     """Whether the file has any 4-bit tensor: yes when its 4-bit cache is there (a later start), else a look at its
     tensor table (no tensor data read, but gguf-py parses all the metadata: ~3 s for a 49k-token vocabulary), the
-    file checked on the way (core/model/gguf_check.py: ModelLoadError when its metadata and tensors disagree)."""
+    file checked on the way (core/model/load/gguf_check.py: ModelLoadError when its metadata and tensors disagree)."""
     if any((cached_folder(path, kernel) / ".complete").is_file() for kernel in KERNELS.values()):
         return True
     return any(t.tensor_type.name in FOUR_BIT for t in checked_reader(path).tensors)
@@ -285,7 +285,7 @@ def _modules_from(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str,
 
 def _save(target: Path, source: Path, config, generation_config, tokenizer, manifest: dict,
           tensors: dict) -> str | None:
-    """Cache the conversion (core/model/model_cache.py's write_cache: None, or why the cache is off)."""
+    """Cache the conversion (core/model/load/model_cache.py's write_cache: None, or why the cache is off)."""
     from safetensors.torch import save_file
 
     def write(tmp: Path) -> None:
@@ -369,8 +369,8 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
 
 def quant_facts(model: nn.Module, manifest: dict):
     """The model event's account of the 4-bit weights (ModelFacts.quantization)."""
-    from ..runs.facts import QuantFacts
-    from .qlinear import step_weight_bytes
+    from ...runs.facts import QuantFacts
+    from ..quant.qlinear import step_weight_bytes
 
     entries, kernel = manifest["modules"], KERNELS[manifest["kernel"]]
     sources = sorted({part for e in entries if e["kind"] != "head" for part in e["source"].split("+")})

@@ -1,8 +1,8 @@
 """How the engine will decode a model, chosen once while it loads: the weights prepared in place (q/k/v and
-gate/up fused, core/model/fused_linear.py; wide float32 matrices transposed on CPU, core/model/weight_layout.py)
-and, with --compile, which compiled step serves the decode (core/model/compiled_lean.py for a 4-bit Llama-family
-model, else core/model/compiled.py's whole step), warmed up here (minutes on a small CPU, reported through
-`progress`). A 4-bit model the native step serves (core/model/native_step.py) is not compiled: that step, one C++
+gate/up fused, core/model/quant/fused_linear.py; wide float32 matrices transposed on CPU, core/model/quant/weight_layout.py)
+and, with --compile, which compiled step serves the decode (core/model/decode/compiled_lean.py for a 4-bit Llama-family
+model, else core/model/decode/compiled.py's whole step), warmed up here (minutes on a small CPU, reported through
+`progress`). A 4-bit model the native step serves (core/model/native/native_step.py) is not compiled: that step, one C++
 call, measured faster than the compiled lean step (BENCHMARKS.md), and the notice says so. The engine
 (core/model/engine.py) owns the result."""
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..runs.events import LoadProgress
-from .fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
-from .native_step import native_step
-from .speed import SpeedOptions, cpu_cores, use_threads
-from .weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
+from ...runs.events import LoadProgress
+from ..quant.fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
+from ..native.native_step import native_step
+from ..speed import SpeedOptions, cpu_cores, use_threads
+from ..quant.weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 
 if TYPE_CHECKING:  # annotations only: the compile modules are imported only with --compile
     from .compiled import CompiledDecoder
@@ -61,7 +61,7 @@ def prepare_decode(model, device, speed: SpeedOptions, top_candidates: int, max_
         plan = plan_wide_weights(model)
         if progress is not None and plan.matrices:  # said before the work, which it names
             progress(LoadProgress(plan.describe_work(), None))
-        paths.layout = transpose_wide_weights(model)  # in place: see core/model/weight_layout.py
+        paths.layout = transpose_wide_weights(model)  # in place: see core/model/quant/weight_layout.py
     if speed.compile:
         _choose_compiled(paths, model, device, speed, top_candidates, max_new_tokens, max_context, progress)
     return paths
@@ -69,7 +69,7 @@ def prepare_decode(model, device, speed: SpeedOptions, top_candidates: int, max_
 
 def _choose_compiled(paths: DecodePaths, model, device, speed: SpeedOptions, top_candidates: int,
                      max_new_tokens: int, max_context: int | None, progress) -> None:
-    from .architecture import compile_problem
+    from ..architecture import compile_problem
     from .compiled import CompiledDecoder, bucket_for
     from .compiled_lean import CompiledLeanStep
 
@@ -79,12 +79,12 @@ def _choose_compiled(paths: DecodePaths, model, device, speed: SpeedOptions, top
     elif native_step(model) is not None:
         paths.notice = NATIVE_INSTEAD
     elif (lean := CompiledLeanStep.for_model(model, speed.decode_threads())) is not None:
-        # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/compiled_lean.py)
+        # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/decode/compiled_lean.py)
         use_threads(device, speed.decode_threads())
         lean.warm_up(model, progress)
         paths.compiled_lean = lean
     else:
-        # the whole step (forward + selection, core/model/fused_step.py) as one compiled call
+        # the whole step (forward + selection, core/model/decode/fused_step.py) as one compiled call
         paths.compiled = CompiledDecoder.for_model(model, speed.decode_threads(), top_candidates)
         bucket = bucket_for(64 + max_new_tokens, max_context)  # a chat prompt
         if bucket is not None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..runs.architecture import kv_bytes_at, kv_bytes_per_token as _bytes_per_token
+from ...runs.architecture import kv_bytes_at, kv_bytes_per_token as _bytes_per_token
 from .adapter import cache_nbytes, cache_tokens
-from .architecture import kv_groups
+from ..architecture import kv_groups
 
 __all__ = ["cache_nbytes", "cache_tokens", "kv_bytes_at", "kv_bytes_per_token", "kv_groups", "kv_mismatch"]
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..steps.decode import decode_one_token
-from .adapter import forward_last_logits, input_device, new_cache
+from ...steps.decode import decode_one_token
+from ..decode.adapter import forward_last_logits, input_device, new_cache
 
 
 def teacher_forced_logits(model, prompt_ids: list[int], tokens: list[int], lean_step=None) -> list[torch.Tensor]:
     """Scores [V] (float32) for each of `tokens`' positions: after the prompt, then after each token in turn, as a
     run computes them (one prefill, then one decode step per token through the model's forward, whose scores the
     eager lean step gives bit for bit). `lean_step`: decode through that step instead (--compile's,
-    core/model/compiled_lean.py)."""
+    core/model/decode/compiled_lean.py)."""
     cache = new_cache(model, len(prompt_ids) + len(tokens))
     if lean_step is not None:
         cache.lean_step = lean_step

@@ -1,4 +1,4 @@
-"""A decode step with fewer host operations, for Llama-family models whose matrices are 4-bit (core/model/qlinear.py).
+"""A decode step with fewer host operations, for Llama-family models whose matrices are 4-bit (core/model/quant/qlinear.py).
 
 Why: with the weights 4-bit, a SmolLM2 decode step reads ~100 MB instead of 538, and the host work around the
 kernels becomes a large share of it: transformers' forward runs ~2,400 tensor operations and ~400 module calls for
@@ -10,7 +10,7 @@ between it and the model's forward at any step (the logit lens asks the forward 
 
 It is used only where it gives the model's own scores: `lean_decoder(model)` runs three tokens through both on a
 scratch cache and keeps the lean step only if every score is bit-identical (torch.equal); else decode stays the
-model's forward. On tokentui's own kernels the native step (core/model/native_step.py: this step's arithmetic in
+model's forward. On tokentui's own kernels the native step (core/model/native/native_step.py: this step's arithmetic in
 C++, one call a token) decodes instead, checked against this one. Supported: decoder-only Llama, Mistral, Qwen2 and Qwen3 models with full attention (no sliding
 window) and transformers' sdpa attention.
 """
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gguf_quant import GROUP
-from .qlinear import FusedQLinear, QLinear, QLinearPart, quantized_modules
+from ..quant.gguf_quant import GROUP
+from ..quant.qlinear import FusedQLinear, QLinear, QLinearPart, quantized_modules
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _DECODERS: "weakref.WeakKeyDictionary[object, LeanDecoder | None]" = weakref.WeakKeyDictionary()
@@ -67,7 +67,7 @@ class _Layer:
 
 class LeanDecoder:
     """One model's lean decode step (see the module docstring): `step(token_id, cache) -> logits [V]`. A cache made
-    for a run (core/model/static_cache.py's new_eager_cache, unbucketed) carries it as `cache.lean_step`, which
+    for a run (core/model/decode/static_cache.py's new_eager_cache, unbucketed) carries it as `cache.lean_step`, which
     core/steps/decode.py calls.
 
     `fused_norms`: RMSNorm as torch's one-op `F.rms_norm` instead of the model's module (eight operations); used
@@ -162,8 +162,8 @@ def stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
     """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
     per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
     tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25); the
-    native step (core/model/native_step.py) reads its layers' weights by offsets into the same stacks. The
-    4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/weight_layout.py
+    native step (core/model/native/native_step.py) reads its layers' weights by offsets into the same stacks. The
+    4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/quant/weight_layout.py
     re-lays float weights), so the weights are held once."""
     with _LOCK:
         if decoder in _STACKS:

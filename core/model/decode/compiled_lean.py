@@ -1,15 +1,15 @@
-"""`--compile` for a 4-bit Llama-family model: the lean decode step (core/model/lean_step.py) compiled whole.
+"""`--compile` for a 4-bit Llama-family model: the lean decode step (core/model/decode/lean_step.py) compiled whole.
 
 Why (measured: BENCHMARKS.md, "The 4-bit path (issue 25)"): in the eager lean step the 121 int4 kernel calls are
 about half of a step. The rest is some 1,000 small host operations between them, each slower than alone, since a
 kernel has just streamed megabytes through the caches. Here the whole step is one graph: all layers unrolled, the
-4-bit kernel called as the eager step calls it (either kernel of core/model/int4_kernel.py), and everything between the kernel calls (norms, the rotation, the
+4-bit kernel called as the eager step calls it (either kernel of core/model/quant/int4_kernel.py), and everything between the kernel calls (norms, the rotation, the
 cache writes, residuals, SiLU, the casts) fused by inductor into a few generated loops per layer. Attention is
 written out (two batched products and a softmax): for one query, torch's flash-attention kernel cost more than
-that. The general `--compile` path (core/model/compiled.py: transformers' forward on a static cache) measured
+that. The general `--compile` path (core/model/decode/compiled.py: transformers' forward on a static cache) measured
 slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead; and a model
-the native step serves (core/model/native_step.py, one C++ call a token, faster still) compiles nothing
-(core/model/decode_paths.py).
+the native step serves (core/model/native/native_step.py, one C++ call a token, faster still) compiles nothing
+(core/model/decode/decode_paths.py).
 
 * Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the
@@ -21,7 +21,7 @@ the native step serves (core/model/native_step.py, one C++ call a token, faster 
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
   closure constants, which the guards check too).
-* It writes into the run's own cache (core/model/adapter.py's GrowableLayer buffers): room for one more position,
+* It writes into the run's own cache (core/model/decode/adapter.py's GrowableLayer buffers): room for one more position,
   the graph writes that row of every layer, then the layers count it. Whatever else reads the cache (KV bytes,
   branching's crop, the logit lens's forward) sees what the eager step would leave, up to rounding.
 * Scores are not bit-identical to the eager step's: the generated loops sum in another order, and with torch's
@@ -43,12 +43,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..runs.events import LoadProgress
+from ...runs.events import LoadProgress
 from .adapter import GrowableLayer, growable_layers
 from .compiled import elapsed_reports
-from .gguf_quant import GROUP
+from ..quant.gguf_quant import GROUP
 from .lean_step import LeanDecoder, lean_decoder, stacked_weights
-from .int4_kernel import TorchInt4
+from ..quant.int4_kernel import TorchInt4
 
 _WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
 _DECODERS: "weakref.WeakKeyDictionary[object, dict[int, CompiledLeanStep]]" = weakref.WeakKeyDictionary()
@@ -70,7 +70,7 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     stacked: lean_step.stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
     heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
     half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
-    kernel = decoder.layers[0].qkv.kernel  # one kernel for the whole model (core/model/qlinear.py chose it)
+    kernel = decoder.layers[0].qkv.kernel  # one kernel for the whole model (core/model/quant/qlinear.py chose it)
     if len({id(module.kernel) for layer in decoder.layers for module in (layer.qkv, layer.o_proj, layer.gate_up,
                                                                          layer.down)}) != 1:
         raise ValueError("layers differ in their 4-bit kernel")

@@ -1,7 +1,7 @@
 """Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
 from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
 
-On CPU a GGUF with 4-bit blocks runs them as stored by default (core/model/gguf_load.py: converted once into packed
+On CPU a GGUF with 4-bit blocks runs them as stored by default (core/model/load/gguf_load.py: converted once into packed
 4-bit tensors, cached, `runs_as_stored`). Otherwise, and with --dtype float32 (the exact de-quantized reference),
 GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
 first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import ModelLoadError, SettingsError, error_line
-from ..runs.events import LoadProgress
-from ..runs.facts import ModelFacts
-from ..paths import cache_dir
+from ...errors import ModelLoadError, SettingsError, error_line
+from ...runs.events import LoadProgress
+from ...runs.facts import ModelFacts
+from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
@@ -50,7 +50,7 @@ def _noop(_: LoadProgress) -> None:
 
 # ---------------------------------------------------------------------------------------------- device/dtype
 def resolve_device(device: str):
-    """The torch device for `--device` (format and messages shared with core/model/precheck.py)."""
+    """The torch device for `--device` (format and messages shared with core/model/load/precheck.py)."""
     import torch
 
     text, kind, index = parse_device(device)
@@ -135,7 +135,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
                        ) -> tuple[Path, object | None, object | None, str | None]:
     """Return (folder of safetensors + tokenizer converted from `path`, model, tokenizer, notice).
 
-    On first use the GGUF is checked (core/model/gguf_check.py), de-quantized, its first pass checked, saved, and the
+    On first use the GGUF is checked (core/model/load/gguf_check.py), de-quantized, its first pass checked, saved, and the
     just-converted model and tokenizer are returned too (no second load); later calls return (folder, None, None,
     None). `notice`: why the conversion was not saved (a cache folder that cannot be written; the folder is then
     absent and the model in memory is all there is).
@@ -253,7 +253,7 @@ def load_model(
                                 "--quantize (or pass --dtype float32 to quantize its de-quantized copy again)")
         from .gguf_load import load_quantized, quant_facts
 
-        loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/gguf_load.py)
+        loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/load/gguf_load.py)
         facts = replace(model_facts(loaded.model, loaded.tokenizer, name=name, source=source,
                                     load_seconds=time.perf_counter() - started),
                         quantization=quant_facts(loaded.model, loaded.manifest))
@@ -299,8 +299,8 @@ def load_model(
         raise ModelLoadError(load_report_line(name, err) or _explain_load_error(name, err)) from err
     model.eval()
     quantized = None
-    if quantize == "int4":  # core/model/quantize.py: weight-only, group 32, the 4-bit GGUF path's layout
-        from .quantize import quantize_model, quantized_facts
+    if quantize == "int4":  # core/model/quant/quantize.py: weight-only, group 32, the 4-bit GGUF path's layout
+        from ..quant.quantize import quantize_model, quantized_facts
 
         progress(LoadProgress(STAGE_QUANTIZE, None))
         kept = quantize_model(model)
@@ -315,7 +315,7 @@ def load_model(
     if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
         facts = replace(facts, dequantized_from=dequantized_from(Path(folder), where.gguf_file))
     if model.device.type == "cpu":  # step 4 on CPU is one call into tokentui's native library: built now, not in a step
-        from . import q4_native
+        from ..native import q4_native
 
         q4_native.load(progress)  # where it does not build, selection runs torch operations (core/steps/select.py)
     if ready:
@@ -325,7 +325,7 @@ def load_model(
 
 def _check_quantize(quantize: str, dtype: str, device, device_map: str | None) -> None:
     """--quantize's one-line refusals, before anything loads."""
-    from .quantize import QUANTIZE
+    from ..quant.quantize import QUANTIZE
 
     if quantize not in QUANTIZE:
         raise SettingsError(f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
@@ -340,11 +340,11 @@ def _check_quantize(quantize: str, dtype: str, device, device_map: str | None) -
 
 
 def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:
-    """Whether a GGUF runs with its 4-bit matrices as stored (core/model/gguf_load.py): the default (--dtype auto)
+    """Whether a GGUF runs with its 4-bit matrices as stored (core/model/load/gguf_load.py): the default (--dtype auto)
     on CPU, when this torch has the int4 CPU kernel and the file has 4-bit tensors. --dtype float32 is the exact
     de-quantized reference; on a GPU and with a device map the file is de-quantized as before."""
     from .gguf_load import quantizable_gguf
-    from .qlinear import kernel_available
+    from ..quant.qlinear import kernel_available
 
     return ((dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
             and kernel_available() and quantizable_gguf(gguf_file))
@@ -370,9 +370,9 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     """Everything the model panel shows, read off the loaded objects (not from documentation)."""
     import torch
 
-    from .architecture import anatomy, decoder_config, kv_groups
-    from .qlinear import quantized_parameters
-    from ..runs.architecture import kv_bytes_per_token
+    from ..architecture import anatomy, decoder_config, kv_groups
+    from ..quant.qlinear import quantized_parameters
+    from ...runs.architecture import kv_bytes_per_token
 
     config = model.config
     text_config = decoder_config(model)

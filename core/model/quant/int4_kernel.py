@@ -1,19 +1,19 @@
-"""The 4-bit matrix products a QLinear runs (core/model/qlinear.py), behind one interface: `Int4Kernel`.
+"""The 4-bit matrix products a QLinear runs (core/model/quant/qlinear.py), behind one interface: `Int4Kernel`.
 
-A kernel packs a GroupedInt4 (core/model/gguf_quant.py: w = (q - 8) scale + zero per group of 32) into its own layout
+A kernel packs a GroupedInt4 (core/model/quant/gguf_quant.py: w = (q - 8) scale + zero per group of 32) into its own layout
 and multiplies activations [M, K] by it. Three kernels:
 
 - `TorchInt4` ("torch-int4"): torch's `_weight_int4pack_mm_for_cpu`. Its scales and zeros are bfloat16, and so are
   its activations and its output (with float32 or float16 activations it falls back to scalar code). Its packed
   layout depends on the CPU capability torch dispatches to. Fast with AVX-512; on AVX2-only CPUs its path is slow.
-- `NativeQ4` ("avx2-fp32", core/model/q4_native.py): tokentui's own AVX2 kernel (core/model/native/q4_avx2.cpp),
+- `NativeQ4` ("avx2-fp32", core/model/native/q4_native.py): tokentui's own AVX2 kernel (core/model/native/q4_avx2.cpp),
   built with the C++ compiler on the first start. Scales, activations and output are float32, so its product is
   the file's de-quantized weights times the activations up to float32 summation order.
 - `NativeQ4I16` ("avx2-int16", the same file): the same weights multiplied as integers by the activations rounded to
   int16, a float32 scale per group of 32 (core/model/native/i16_kernels.h): each activation within 1.5e-5 of its
   group's largest, ~1.7x the float32 kernel's speed.
 
-Which one a model gets: core/model/qlinear.py's `chosen_kernel`.
+Which one a model gets: core/model/quant/qlinear.py's `chosen_kernel`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Int4Kernel(ABC):
     `exact_scores`: its float32 output needs no rescoring of the head's best candidates (QLMHead);
     `eight_bit_halves`: a Q8_0 matrix is multiplied as its two 4-bit halves side by side, so the activations go in
     twice (else the kernel's pack / mm take the halves as one 8-bit matrix); `layout`: the version of what `pack`
-    makes (core/model/gguf_load.py keys its cache of packed tensors on it: bump it when `pack` changes)."""
+    makes (core/model/load/gguf_load.py keys its cache of packed tensors on it: bump it when `pack` changes)."""
 
     name: str
     scale_dtype: torch.dtype
@@ -85,7 +85,7 @@ class TorchInt4(Int4Kernel):
 
         The packed layout depends on the CPU capability torch dispatches to (AVX512 and AVX2 interleave
         differently), so packed tensors are only reused by the same torch build on the same kind of CPU
-        (core/model/gguf_load.py keys its cache on both)."""
+        (core/model/load/gguf_load.py keys its cache on both)."""
         if matrix.out_features % 16:
             raise ValueError(f"the int4 kernel needs a multiple of 16 output features, got {matrix.out_features}")
         packed = torch._convert_weight_to_int4pack_for_cpu(matrix.q.to(torch.int32), 1)

@@ -1,5 +1,5 @@
 """tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp), whole decode step (native/decode_step.cpp, used
-by core/model/native_step.py) and selection (native/select.cpp, used by core/steps/select.py on CPU): one library,
+by core/model/native/native_step.py) and selection (native/select.cpp, used by core/steps/select.py on CPU): one library,
 built here and loaded into torch; and the products' layouts (float32 and int16 activations: NativeQ4, NativeQ4I16).
 
 Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
@@ -7,7 +7,7 @@ must match the torch it is loaded into (its ABI, its headers); building it on th
 C++ compiler (the one `--compile` needs) keeps the wheel pure Python. The library is cached under
 `cache_dir()/kernels`, keyed by the sources, torch's version and the compiler; later starts load it in milliseconds.
 Where it cannot be built (no compiler, not x86, no AVX2 / FMA), `NativeQ4.unavailable()` says why, the model
-uses torch's int4 kernel (core/model/qlinear.py's `chosen_kernel`) and selection runs torch operations.
+uses torch's int4 kernel (core/model/quant/qlinear.py's `chosen_kernel`) and selection runs torch operations.
 
 Why not torch.utils.cpp_extension: it needs ninja and builds a Python extension module; one compiler call for a
 library of TORCH_LIBRARY ops is all this needs.
@@ -28,12 +28,12 @@ from typing import Callable
 
 import torch
 
-from ..paths import cache_dir
-from ..runs.events import LoadProgress
-from .gguf_quant import GROUP, GroupedInt4
-from .int4_kernel import Int4Kernel
+from ...paths import cache_dir
+from ...runs.events import LoadProgress
+from ..quant.gguf_quant import GROUP, GroupedInt4
+from ..quant.int4_kernel import Int4Kernel
 
-NATIVE = Path(__file__).with_name("native")
+NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
 # one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py)
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h")

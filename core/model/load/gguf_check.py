@@ -27,7 +27,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import ModelLoadError, error_line
+from ...errors import ModelLoadError, error_line
 
 BLOCK = re.compile(r"(?:^|\.)blk\.(\d+)\.")  # enc.blk.N. / dec.blk.N. (T5) count as block N too
 # one head size in every block, q rows = heads × head size, k and v rows = key/value heads × head size (the head

@@ -1,4 +1,4 @@
-"""Step 4 as fixed-shape tensor code, for `--compile`'s whole step (core/model/compiled.py): forward, selection and
+"""Step 4 as fixed-shape tensor code, for `--compile`'s whole step (core/model/decode/compiled.py): forward, selection and
 the packing of the step's small result in one compiled function, so that on CUDA one captured graph runs the whole
 step and the one host sync is the copy of that small vector.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..settings import SamplerSettings
+from ...settings import SamplerSettings
 
 __all__ = ["fused_select", "sampler_tensor", "write_sampler"]
 

@@ -1,9 +1,9 @@
 """`--quantize int4`: a float model's matrices quantized here, weight-only, to the 4-bit layout a 4-bit GGUF runs in.
 
 Why: decode on a CPU reads every weight once a step, so 4-bit weights read ~6x fewer bytes than float32 ones. The
-embedded model gets that from its file (core/model/gguf_load.py); any other causal LM can have it here, with the
-same modules (core/model/qlinear.py: the same 4-bit kernel, q/k/v and gate/up fused) and, for Llama-family
-models, the same lean decode step (core/model/lean_step.py).
+embedded model gets that from its file (core/model/load/gguf_load.py); any other causal LM can have it here, with the
+same modules (core/model/quant/qlinear.py: the same 4-bit kernel, q/k/v and gate/up fused) and, for Llama-family
+models, the same lean decode step (core/model/decode/lean_step.py).
 
 What it does to the numbers (an instrument says so: the model event's `quantization`, the model panel):
 * Each matrix is split into groups of 32 weights along its input, and each group is stored as 16 levels,
@@ -13,7 +13,7 @@ What it does to the numbers (an instrument says so: the model event's `quantizat
   of the group's two constants (tests/unit/test_quantize.py asserts the bound).
   (bfloat16 scales whichever kernel runs them: the same levels on every machine.)
 * Activations going into those products are rounded to the kernel's activation dtype, as on the GGUF path
-  (bfloat16 for torch's int4 kernel, none for tokentui's AVX2 one: core/model/int4_kernel.py).
+  (bfloat16 for torch's int4 kernel, none for tokentui's AVX2 one: core/model/quant/int4_kernel.py).
 * The LM head is quantized too, and its 256 highest scores of each position are recomputed in float32 from the
   model's own float head rows (QLMHead), so the candidates shown and the pick are scored by the
   float weights (with either kernel: the AVX2 kernel's scores are float32, but of the 4-bit head).
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 from .gguf_quant import BF16_ROUNDOFF, GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
 from .qlinear import (EXACT_SCORES, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, quantized_modules,
                       step_weight_bytes)
@@ -176,7 +176,7 @@ def quantize_model(model: nn.Module) -> int:
 
 def quantized_facts(model: nn.Module, kept_float: int):
     """The model event's account (ModelFacts.quantization) of a model quantized by `quantize_model`."""
-    from ..runs.facts import QuantFacts
+    from ...runs.facts import QuantFacts
 
     out = model.get_output_embeddings()
     modules = quantized_modules(model)

@@ -29,9 +29,9 @@ from typing import Callable
 
 import torch
 
-from ..runs.events import LensRow
-from .adapter import call_model, forward_all_logits
-from .architecture import Parts, logits_ops, model_parts
+from ...runs.events import LensRow
+from ..decode.adapter import call_model, forward_all_logits
+from ..architecture import Parts, logits_ops, model_parts
 
 __all__ = ["LensRow", "forward_all_states", "forward_last_states", "lens_logits", "lens_support", "lens_top", "lens_unavailable",
            "logit_lens", "verify"]
@@ -58,7 +58,7 @@ def lens_unavailable(model, compiled: bool) -> str | None:
 
 @torch.inference_mode()
 def forward_last_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """core/model/adapter.py's `forward_last_logits`, with each decoder block's output caught at the last position
+    """core/model/decode/adapter.py's `forward_last_logits`, with each decoder block's output caught at the last position
     by a forward hook (registered for this forward only).
 
     input_ids: [1, T] int64 on the model's input device  ->  (logits [V], states [L, H] in the model's dtype)
@@ -70,7 +70,7 @@ def forward_last_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Te
 
 @torch.inference_mode()
 def forward_all_states(model, input_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """core/model/adapter.py's `forward_all_logits` (every position's scores: a scored text's one forward), with each
+    """core/model/decode/adapter.py's `forward_all_logits` (every position's scores: a scored text's one forward), with each
     decoder block's output caught at every position.
 
     input_ids: [1, T] int64 on the model's input device  ->  (logits [T, V], states [T, L, H] in the model's dtype)

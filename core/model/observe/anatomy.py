@@ -15,7 +15,7 @@ shape against the model's own tensors (forward hooks on `Stage.module`, the cach
 `where`: "host" is Python on the CPU; "device" is the model's device (`facts.device`: a GPU, or the CPU itself
 when the model runs there). `part`: the StepTiming part the stage's time is in ("forward", "select", "copy",
 "detok"; None where no part holds its time: the token id, and a prefill's prompt ids, copied before its timer
-starts). A decode step's id going in is written by a fill kernel, inside the forward's span (core/model/timing.py), so
+starts). A decode step's id going in is written by a fill kernel, inside the forward's span (core/model/observe/timing.py), so
 its stage's part is "forward".
 
 Model facts without `anatomy` (a record from before it, a served model) are taken apart only for the Llama, Qwen2
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runs.architecture import BlockGroup, KVGroup, ModelAnatomy, kv_bytes_at, layer_span
-from ..runs.events import StepEvent
-from ..runs.facts import ModelFacts
+from ...runs.architecture import BlockGroup, KVGroup, ModelAnatomy, kv_bytes_at, layer_span
+from ...runs.events import StepEvent
+from ...runs.facts import ModelFacts
 
 __all__ = ["LEGACY", "Stage", "one_pass"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gc
 from typing import Callable
 
-from ..link.protocol import EngineSpec
-from ..runs.events import LoadProgress
+from ...link.protocol import EngineSpec
+from ...runs.events import LoadProgress
 
 Progress = Callable[[LoadProgress], None]
 
@@ -23,9 +23,9 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        from .engine import Engine
+        from ..engine import Engine
         from .loader import STAGE_READY, load_model
-        from .speed import SpeedOptions
+        from ..speed import SpeedOptions
 
         loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,

@@ -4,17 +4,17 @@ Why: a Llama-family layer multiplies the same normalised input by q, k and v, an
 five matrix products per layer where two would do. On a GPU each product is a kernel launch, and at decode (one
 row) a launch costs about as much as the arithmetic, so the engine fuses eager decode on CUDA. On CPU the float32
 step measured ~5 % slower fused (MKL's matrix-vector kernel gains nothing from the larger matrices), so it does not
-fuse there; the 4-bit path fuses on CPU with its own kernel (core/model/qlinear.py), where that measured faster.
+fuse there; the 4-bit path fuses on CPU with its own kernel (core/model/quant/qlinear.py), where that measured faster.
 The counts per decode step, before and after, and the CPU measurement: BENCHMARKS.md, "GPU path, round 2 (issue
 27)" and "Why the code is as it is" (benchmarks/step_kernels.py).
 
-How (the layout core/model/qlinear.py uses for 4-bit weights): `FusedLinear` is an nn.Linear whose weight is the
+How (the layout core/model/quant/qlinear.py uses for 4-bit weights): `FusedLinear` is an nn.Linear whose weight is the
 siblings' weights stacked ([sum of outs, in]; their biases likewise), registered on the siblings' parent. Each
 sibling is replaced by a `LinearPart` where the nn.Linear was, so the model's own forward code is unchanged: the
 first part called with an input computes the fused product, the others take their columns of it (the same input
 tensor object: an identity check, so a part called with any other input recomputes, and the result is always the
 product of the input it was given). The values are the same numbers as before, stored once (the old tensors are
-freed); only the products' summation may differ by float rounding, as with core/model/weight_layout.py.
+freed); only the products' summation may differ by float rounding, as with core/model/quant/weight_layout.py.
 
 Which siblings: exact `nn.Linear` children (not a quantized or adapter subclass) of one module, named as
 `GROUPS` lists, with the same input width, dtype and device, all with a bias or none, no hooks (an offloading or
@@ -34,7 +34,7 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings 
 
 class SharedProduct:
     """The identity-checked product shared by the parts of a fused matrix (FusedLinear here, FusedQLinear in
-    core/model/qlinear.py): `product(x)` is the subclass's; `widths` its parts' output widths."""
+    core/model/quant/qlinear.py): `product(x)` is the subclass's; `widths` its parts' output widths."""
 
     widths: list[int]
 

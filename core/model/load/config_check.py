@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
 
 __all__ = ["Weights", "check_model_folder", "load_report_line", "read_weights"]
 

@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from ..runs.events import StepTiming
+from ...runs.events import StepTiming
 
 ID_BYTES = 8  # an int64 token id
 

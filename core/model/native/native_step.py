@@ -1,10 +1,10 @@
 """The native decode step: a 4-bit Llama-family model's whole decode step as one C++ call
-(core/model/native/decode_step.cpp, built into the library of core/model/q4_native.py), the default where it builds.
+(core/model/native/decode_step.cpp, built into the library of core/model/native/q4_native.py), the default where it builds.
 
-Why: in the eager lean step (core/model/lean_step.py) the host operations between the 121 kernel calls are about
+Why: in the eager lean step (core/model/decode/lean_step.py) the host operations between the 121 kernel calls are about
 half of a step; `--compile` removes most of them but first compiles for minutes. This step has none of them: one
 call from the token's embedding row to the final norm, the norms, rotation, cache writes, attention and SiLU done
-in C++ loops between the same kernels (tokentui's, core/model/q4_native.py: a model packed for torch's int4 kernel
+in C++ loops between the same kernels (tokentui's, core/model/native/q4_native.py: a model packed for torch's int4 kernel
 decodes with the eager lean step). The rotation's cos / sin come from the model's own rotary module (so every RoPE
 variant transformers knows), and the head stays the model's own module (a QLMHead), called once.
 
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapter import growable_layers
-from .lean_step import LeanDecoder, lean_decoder, stacked_weights
+from ..decode.adapter import growable_layers
+from ..decode.lean_step import LeanDecoder, lean_decoder, stacked_weights
 from .q4_native import NativeQ4, NativeQ4I16
 
 # max |difference| of the final norm's output from the eager lean step's, relative to its largest |value|, for the
@@ -121,7 +121,7 @@ def _close_to_lean(model, native: NativeStep) -> bool:
     final norm's outputs `close_enough`. (Not the scores: a head that recomputes its best scores in float32, a
     QLMHead of --quantize, may pick another set at the boundary for a hidden state one rounding away, and both are
     the same module anyway.)"""
-    from .adapter import forward_last_logits, new_cache
+    from ..decode.adapter import forward_last_logits, new_cache
 
     decoder = native.decoder
     threads = torch.get_num_threads()
