@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from ..errors import ServerError
 from ..runs.ending import stopped_before_first_token
@@ -39,10 +39,8 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_text
 from .completions import as_raw_or_post, check_in_vocabulary, learn_token, probs_kind, token_piece
 from .probe import Dialect
+from .served import Served
 from .wire import WireToken, read_choices
-
-if TYPE_CHECKING:
-    from .engine import ServerEngine
 
 __all__ = ["FANOUT_ENGINES", "ServerFanout", "refusal"]
 
@@ -73,9 +71,10 @@ class _Sample:
 
 
 class ServerFanout:
-    """One fan-out on a served engine, read through its public interface (controls, connection, vocabulary)."""
+    """One fan-out on a served engine, read through its public interface, `Served` (core/server/served.py: controls,
+    connection, vocabulary)."""
 
-    def __init__(self, engine: "ServerEngine", serial: int) -> None:
+    def __init__(self, engine: Served, serial: int) -> None:
         self.e = engine
         self.serial = serial
 
