@@ -2,7 +2,7 @@
 
 Why a process and not a thread: the dashboard's Python work (Textual composing frames) and the engine's Python work
 (dispatching ~1,000 small torch operations per token) would share one GIL: with the app and the model in one process
-decode was far slower than headless and the process used one core in all (BENCHMARKS.md, "Why the code is as it is"). In a child process
+decode was far slower than headless and the process used one core in all (docs/design-record.md, "The model in its own process"). In a child process
 the model keeps a core to itself and the dashboard only receives events. Headless mode keeps the in-process
 `Engine`.
 

@@ -6,7 +6,7 @@ The post-sampler distribution is, by definition, what transformers' `generate(do
 
 `reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
 same distribution without sorting the vocabulary (a full sort of a 151,936-entry vocabulary on one CPU core costs
-a good part of a decode step: BENCHMARKS.md, "Why the code is as it is"): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
+a good part of a decode step: docs/design-record.md, "Selection without a sort"): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
 prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
 Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
 warpers: every token past the prefix has probability 0 there.
@@ -219,8 +219,8 @@ def draw_uniforms(generator: torch.Generator | None, vocab: int, device: torch.d
 
 def exp_noise(uniforms: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise from uniforms, in place: -log(U) (the inverse of Exp(1)'s distribution function). Written out
-    instead of Tensor.exponential_, which draws the same distribution ~5x slower on CPU (BENCHMARKS.md, "Why the
-    code is as it is"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection."""
+    instead of Tensor.exponential_, which draws the same distribution ~5x slower on CPU (docs/design-record.md,
+    "The draw's noise"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection."""
     # a 0 (U = 1, which a GPU's uniform_ can return) would make a cut token's 0 / 0 a NaN, which argmax would pick
     return uniforms.log_().neg_().clamp_min_(torch.finfo(torch.float32).tiny)
 
@@ -231,7 +231,7 @@ def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     draws one sample the same way). Hand-written instead of torch.multinomial so that the noise belongs to the
     token id, not to the position in whatever subset is sampled: the eager prefix and the compiled whole-vocabulary
     step (core/model/decode/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
-    (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is").
+    (one torch.multinomial over a whole vocabulary is slow on CPU: docs/design-record.md, "Selection without a sort").
     The index comes from `max(dim=0)` (the first maximal entry, as argmax gives it), which on CPU is one vectorised
     pass where torch.argmax is several times slower (same section)."""
     return (probs / noise).max(dim=0).indices.reshape(1)
@@ -376,7 +376,7 @@ def _sample_all(
 ) -> torch.Tensor:
     """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature).
 
-    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (BENCHMARKS.md, "Why the code is as it is"): the
+    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (docs/design-record.md, "Selection without a sort"): the
     NaN/inf check before
     sampling instead of masking the probabilities, and, when no probability underflowed to 0 (the usual case),
     every token is kept, with mass sum(p). On accelerators everything stays on the device until the one transfer.

@@ -1,6 +1,6 @@
-"""The command palette tells one story with the README and `--theme` (issue 23 item 9): its Screenshot saves where
-it says, Textual's "Keys" (a second help) and its theme picker are gone, and the themes offered everywhere are
-tokentui's three and the user's."""
+"""The command palette tells one story with docs/dashboard.md, "Themes", and `--theme` (issue 23 item 9): its
+Screenshot saves where it says, Textual's "Keys" (a second help) and its theme picker are gone, and the themes
+offered everywhere are tokentui's three and the user's."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ nbytes at every length; the layer kinds are the architecture's; the logit lens's
 and logit post-processing applied by hand to hooked block outputs, and the last row is the model's own distribution;
 every one-pass shape is the real tensor's; the blocks' order (parallel or not), positions, norm and experts are read
 right; `--compile` compiles without recompiling and gives the same ids, or says before the run why it decodes
-eagerly; and the README's table is these observations. Then: prompts longer than a prefill chunk, bfloat16, records,
+eagerly; and the table in docs/models.md is these observations. Then: prompts longer than a prefill chunk, bfloat16, records,
 and a Mamba folder loaded and run the way a user's is."""
 
 from __future__ import annotations
@@ -152,15 +152,15 @@ def test_compile_compiles_without_recompiling_or_says_why_not_before_the_run(see
         assert "\n" not in seen.compile_notice
 
 
-def test_the_readme_table_is_the_matrix(smol_tokenizer):
-    from arch_matrix import readme_section, render
+def test_the_models_page_table_is_the_matrix(smol_tokenizer):
+    from arch_matrix import render, table_section
 
     for name in NAMES:
         if name not in OBSERVED:
             OBSERVED[name] = observe(name, smol_tokenizer)
     table = render([OBSERVED[n] for n in NAMES])
-    assert readme_section((REPO / "README.md").read_text(encoding="utf-8")) == table, \
-        "the README's architecture table is not the matrix's: run `.venv/bin/python scripts/arch_table.py`"
+    assert table_section((REPO / "docs" / "models.md").read_text(encoding="utf-8")) == table, \
+        "docs/models.md's architecture table is not the matrix's: run `.venv/bin/python scripts/arch_table.py`"
 
 
 # ---------------------------------------------------------------------------------------------- beyond the matrix

@@ -1,6 +1,6 @@
 """The `--compile` fast path: a static KV cache and a torch.compile'd one-token decode step.
 
-Why each piece (the measurements behind it: BENCHMARKS.md, "Why the code is as it is", --compile):
+Why each piece (the measurements behind it: docs/design-record.md, "--compile"):
 
 * Decode on CPU is bound by reading the weights, and eager PyTorch (MKL's fp32 matrix-vector kernel) reads them well
   below what one core can stream. Inductor with `freezing` (weights become constants) and `max_autotune` over the

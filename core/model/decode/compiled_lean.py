@@ -1,6 +1,6 @@
 """`--compile` for a 4-bit Llama-family model: the lean decode step (core/model/decode/lean_step.py) compiled whole.
 
-Why (measured: BENCHMARKS.md, "The 4-bit path (issue 25)"): in the eager lean step the 121 int4 kernel calls are
+Why (measured: docs/design-record.md, "Where a 4-bit step's time goes"): in the eager lean step the 121 int4 kernel calls are
 about half of a step. The rest is some 1,000 small host operations between them, each slower than alone, since a
 kernel has just streamed megabytes through the caches. Here the whole step is one graph: all layers unrolled, the
 4-bit kernel called as the eager step calls it (either kernel of core/model/quant/int4_kernel.py), and everything between the kernel calls (norms, the rotation, the
@@ -15,8 +15,8 @@ the native step serves (core/model/native/native_step.py, one C++ call a token, 
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the
   activations', the buffers' other dims) is marked static and the body's float constants (the norm epsilon, the
   attention scale) specialized while it compiles (`_compiling`): left symbolic, dynamo traced the body twice and
-  reasoned about every size as a symbol, several times slower to start (BENCHMARKS.md, "Why the code is as it
-  is"). After warm-up every call runs under `fail_on_recompile`: a call that would compile again raises instead,
+  reasoned about every size as a symbol, several times slower to start (docs/design-record.md,
+  "Two dynamic sizes"). After warm-up every call runs under `fail_on_recompile`: a call that would compile again raises instead,
   and the step falls back to the eager lean step for good (`failure` says why).
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are

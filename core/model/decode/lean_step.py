@@ -161,7 +161,7 @@ class LeanDecoder:
 def stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
     """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
     per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
-    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25); the
+    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (docs/design-record.md); the
     native step (core/model/native/native_step.py) reads its layers' weights by offsets into the same stacks. The
     4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/quant/weight_layout.py
     re-lays float weights), so the weights are held once."""

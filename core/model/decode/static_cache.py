@@ -100,7 +100,7 @@ def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
 
 
 def kv_shapes_for(choice: str, device: torch.device) -> bool:
-    """Whether `--kv-shapes choice` buckets on `device`: "auto" buckets on CUDA only (BENCHMARKS.md)."""
+    """Whether `--kv-shapes choice` buckets on `device`: "auto" buckets on CUDA only (docs/design-record.md)."""
     if choice == "auto":
         return device.type == "cuda"
     return choice == "bucketed"

@@ -34,7 +34,7 @@ from .q4_native import NativeQ4, NativeQ4I16
 # step to be accepted, by what the kernel rounds the activations to (Int4Kernel.activations). float32: sums in
 # another order differ by ~1e-6 of that. int16: a sum one rounding away moves an activation by a step of its group's
 # int16 scale, and 30 layers amplify it: measured up to 7e-4 over 128 steps of the embedded model and 7e-3 on its
-# --quantize int4 copy (BENCHMARKS.md). A wrong weight, rotation or cache row differs by far more than either.
+# --quantize int4 copy (docs/design-record.md, "The native decode step"). A wrong weight, rotation or cache row differs by far more than either.
 TOLERANCES = {"float32": 1e-4, "int16": 3e-2}
 _STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
