@@ -350,14 +350,9 @@ class TokentuiApp(App[int]):
         self._status_message_timer = self.set_timer(seconds, clear)
 
     # ---- keys: each one call to the controller (or a dialog that ends in one) ------------------------------
-    def action_temperature(self, direction: int) -> None:
-        self.controller.temperature(direction)
-
-    def action_top_p(self, direction: int) -> None:
-        self.controller.top_p(direction)
-
-    def action_top_k(self, direction: int) -> None:
-        self.controller.top_k(direction)
+    def action_sampler(self, name: str, direction: int) -> None:
+        """A sampler parameter's key (tui/keys.py, from core/samplers.py): one notch up or down."""
+        self.controller.sampler_step(name, direction)
 
     def action_toggle_greedy(self) -> None:
         self.controller.toggle_greedy()

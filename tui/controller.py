@@ -24,6 +24,7 @@ from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUp
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, Notice, StepEvent
 from tokentui.core.runs.facts import ModelFacts
+from tokentui.core.samplers import param
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.display import printable_copy
 
@@ -31,7 +32,6 @@ from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
 from .export import export_answer
-from .keys import next_top_k
 from .served import server_of
 from .state import RunState
 from .view import View
@@ -255,23 +255,16 @@ class DashboardController:
         self.view.repaint()
         return new != before
 
+    def sampler_step(self, name: str, direction: int) -> None:
+        """A sampler key: the parameter `name` (core/samplers.py) one notch up (+1) or down (-1), by its own
+        `nudge`; at its end nothing changes."""
+        value = getattr(self.sampler, name)
+        new = param(name).nudge(value, direction)
+        if new != value:
+            self.change_sampler(**{name: new})
+
     def temperature(self, direction: int) -> None:
-        t = self.sampler.temperature
-        new = round(max(0.0, t + 0.1 * direction), 2)
-        if new != t:
-            self.change_sampler(temperature=new)
-
-    def top_p(self, direction: int) -> None:
-        p = self.sampler.top_p
-        new = round(min(1.0, max(0.05, p + 0.05 * direction)), 2)
-        if new != p:
-            self.change_sampler(top_p=new)
-
-    def top_k(self, direction: int) -> None:
-        k = self.sampler.top_k
-        new = next_top_k(k, direction)
-        if new != k:
-            self.change_sampler(top_k=new)
+        self.sampler_step("temperature", direction)
 
     def toggle_greedy(self) -> None:
         s = self.sampler

@@ -2,7 +2,9 @@
 
 The post-sampler distribution is, by definition, what transformers' `generate(do_sample=True)` samples from:
 
-    softmax(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits))))
+    softmax(MinP(min_p)(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits)))))
+
+(the chain of core/samplers.py, in its order; a stage that is off is left out).
 
 `reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
 same distribution without sorting the vocabulary (a full sort of a 151,936-entry vocabulary on one CPU core costs
@@ -35,6 +37,7 @@ from typing import Callable
 import torch
 
 from ..errors import GenerationError
+from ..samplers import STAGES, backend_gaps
 from ..settings import SamplerSettings
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
@@ -78,21 +81,13 @@ def reference_probs(logits: torch.Tensor, settings: SamplerSettings) -> torch.Te
     Greedy is one-hot on torch.argmax (first index on ties), like generate(do_sample=False). It sorts the whole
     vocabulary: the tests' oracle and a slow path, not what a decode step runs.
     """
-    from transformers.generation.logits_process import (  # heavy import, only where the oracle is wanted
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
     scores = _scores(logits).unsqueeze(0)  # [1, V] float32
     if settings.is_greedy:
         return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
     assert settings.temperature > 0, "temperature must be > 0 when sampling"
-    scores = TemperatureLogitsWarper(settings.temperature)(None, scores)
-    if settings.top_k > 0:
-        scores = TopKLogitsWarper(settings.top_k)(None, scores)
-    if settings.top_p < 1.0:
-        scores = TopPLogitsWarper(settings.top_p)(None, scores)
+    for stage in STAGES:  # the chain's order; each stage's own transformers warper (heavy import, only here)
+        if stage.active(settings):
+            scores = stage.oracle(getattr(settings, stage.param.name))(None, scores)
     return torch.softmax(scores, dim=-1)[0]
 
 
@@ -116,13 +111,16 @@ def select(
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     On CPU one C++ call does it all (`native_op`) where tokentui's library builds; `native=False` runs the torch
     operations below instead (the same distribution and report: tests compare both with the warpers), `native=True`
-    insists on the C++ call. Raises GenerationError when the scores hold NaN or ±inf.
+    insists on the C++ call. A step whose settings use a stage the C++ call lacks (core/samplers.py `backend_gaps`:
+    min-p today) runs the torch operations. Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
         on_cpu = logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu")
-        op = native_op() if native is not False and on_cpu else None
+        gaps = backend_gaps(settings, "native")  # a stage the C++ call lacks: this step runs the torch operations
+        op = native_op() if native is not False and on_cpu and not gaps else None
         if native and op is None:
-            raise RuntimeError("select(native=True): tokentui's native library is not available here")
+            raise RuntimeError("select(native=True): " + (f"the native selection has no {', '.join(gaps)}" if gaps
+                               else "tokentui's native library is not available here"))
         if op is not None:
             return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)
@@ -175,6 +173,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     temperature = float(settings.temperature)
     assert temperature > 0, "temperature must be > 0 when sampling (0 means greedy)"
     top_k, all_k, top_p = _cuts(settings, vocab)
+    min_p = float(settings.min_p)  # 0: off
     uniforms = draw_uniforms(generator, vocab, x.device)  # [V] the step's one draw (exp_noise makes it Exp(1))
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.amax() - x  # [V] >= 0, shared by both entropies
@@ -187,18 +186,24 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     else:
         ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
         hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
-        if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
+        if top_p >= 1.0 and not min_p:  # nothing is cut: sample the whole vocabulary
             return _unpack(to_host(_sample_all(x, p, ps, h, hs, exp_noise(uniforms), n)), n, greedy=False,
                            all_k=all_k)
-        k = first_prefix(x, hs, top_p)
+        if top_p >= 1.0:  # min-p alone keeps every entry within a factor min_p of the top one: count them
+            k = max(PREFIX_MIN, int((ps >= min_p * ps.amax()).sum()) + TIE_MARGIN)
+        else:
+            k = first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
     while True:  # a widened prefix draws from the same noise: one draw per step, whatever the prefix
-        packed = _sample_prefix(x, xs, p, ps, h, hs, uniforms, n, k, temperature, top_k, top_p)
+        packed = _sample_prefix(x, xs, p, ps, h, hs, uniforms, n, k, temperature, top_k, top_p, min_p)
         values = to_host(packed)  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
         if values[_ENOUGH] or k == vocab:
             return _unpack(values, n, greedy=False, all_k=all_k)
+        if not top_k and top_p >= 1.0:  # min-p alone, its count off by rounding: rare, take four times as many
+            k = min(vocab, 4 * k)
+            continue
         k = wider_prefix(k, vocab, values[_PREFIX_MASS], values[_LAST_PROB], xs, top_k, top_p)
 
 
@@ -414,8 +419,10 @@ def _sample_prefix(
     temperature: float,
     top_k: int,
     top_p: float,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
-    """Apply top-k / top-p and sample inside the k highest raw scores; report whether the kept set ends inside.
+    """Apply top-k / top-p / min-p and sample inside the k highest raw scores; report whether the kept set ends
+    inside.
 
     Dividing by a positive temperature never reorders scores (rounding is monotone), so the raw topk order is also
     the order after temperature, and the k-th largest scaled score is the k-th largest raw one, divided.
@@ -447,9 +454,19 @@ def _sample_prefix(
         p_kept = keep.sum()
         if enough is None:
             enough = prefix_mass >= top_p
-    kept = torch.where(keep, unnorm, 0.0)  # [k]
+    kept = torch.where(keep, unnorm, 0.0) if keep is not None else unnorm  # [k]
     z = kept.sum()  # [] >= 1: the top token is always kept
     probs = kept / z  # [k] post-sampler probabilities, 0 where cut
+    if min_p:
+        # MinPLogitsWarper, on what top-k / top-p left: keep a token iff its probability >= min_p times the top
+        # one's (the top token always stays). Alone, it keeps a set of the highest scores, all inside the prefix
+        # iff the prefix's last entry is already cut.
+        floor = probs >= min_p * probs[0]
+        if enough is None:
+            enough = ~floor[-1]
+        kept = torch.where(floor, kept, 0.0)
+        z = kept.sum()
+        probs = kept / z
     # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
     # by a tiny temperature.
     ok = torch.isfinite(h + z)

@@ -1,4 +1,5 @@
-"""Step 4's knobs: temperature, top-k, top-p, greedy / sample, seed — and which setting changed at which step."""
+"""Step 4's knobs, one row per parameter of the sampler chain (core/samplers.py: temperature, top-k, top-p, min-p,
+greedy / sample, seed) — and which setting changed at which step."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import textwrap
 from rich.cells import cell_len
 from rich.text import Text
 
+from tokentui.core.samplers import PARAMS, param
 from tokentui.core.settings import SamplerSettings
 
-from ..keys import next_top_k
 from .base import Panel
+
+LADDER = param("top_k")  # the one parameter whose keys walk a ladder of notches: the row shows the next ones
 
 # A change asked for that the engine has not used yet, longest first: the first that fits is said.
 PENDING_LIVE = ("changed: applies at the next step", "changed: from the next step", "changed: next step", "changed")
@@ -23,32 +26,17 @@ def fitting(alternatives, room: int) -> str:
     return next((text for text in alternatives if cell_len(text) <= room), "")
 
 
-SHORT_NAMES = {"temperature": "temp", "top_k": "top-k", "top_p": "top-p", "greedy": "mode", "seed": "seed"}
+SHORT_NAMES = {p.name: p.short_name for p in PARAMS}  # a setting's name in a change line ("temp 0.70→0.80")
 
 
 def describe(s: SamplerSettings) -> dict[str, str]:
-    return {
-        "temperature": f"{s.temperature:.2f}" + (" (greedy)" if s.temperature == 0 else ""),
-        "top-k": f"{s.top_k}" if s.top_k else "off",
-        "top-p": f"{s.top_p:.2f}" + (" (off)" if s.top_p >= 1.0 else ""),
-        "mode": "greedy" if s.is_greedy else "sample",
-        "seed": f"{s.seed}",
-    }
+    """The panel's rows: one per sampler parameter (core/samplers.py), its row name and its value in full."""
+    return {p.row_name: p.long_text(getattr(s, p.name)) for p in PARAMS}
 
 
 def setting_value(name: str, value) -> str:
     """One setting's value as the panel writes it (from a field of a step's SamplerSettings: the raw value)."""
-    if value is None:
-        return "—"
-    if name == "temperature":
-        return f"{float(value):.2f}"
-    if name == "top_k":
-        return f"{value}" if value else "off"
-    if name == "top_p":
-        return "off" if float(value) >= 1.0 else f"{float(value):.2f}"
-    if name == "greedy":
-        return "greedy" if value else "sample"
-    return f"{value}"
+    return param(name).text(value) if value is not None else "—"
 
 
 def describe_change(change) -> list[str]:
@@ -60,13 +48,7 @@ def describe_change(change) -> list[str]:
 def short_values(s: SamplerSettings) -> dict[str, str]:
     """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
     ones the keys change)."""
-    return {
-        "temp": f"{s.temperature:.2f}",
-        "top-k": f"{s.top_k}" if s.top_k else "off",
-        "top-p": "off" if s.top_p >= 1.0 else f"{s.top_p:.2f}",
-        "mode": "greedy" if s.is_greedy else "sample",
-        "seed": f"{s.seed}",
-    }
+    return {p.short_name: p.text(getattr(s, p.name)) for p in PARAMS}
 
 
 class SamplerPanel(Panel):
@@ -128,10 +110,10 @@ class SamplerPanel(Panel):
                 out.append("\n")
             out.append(f"{key:<12}", label)
             out.append(val, value)
-            if key == "top-k":  # the notches k and K move to, so the ladder is visible
-                down = next_top_k(settings.top_k, -1)
-                up = next_top_k(settings.top_k, +1)
-                hint = f"  k→{down or 'off'} K→{up or 'off'}"
+            if key == LADDER.label:  # the notches its keys move to, so the ladder is visible
+                value_now = getattr(settings, LADDER.name)
+                down, up = LADDER.nudge(value_now, -1), LADDER.nudge(value_now, +1)
+                hint = f"  {LADDER.keys[0]}→{down or 'off'} {LADDER.keys[1]}→{up or 'off'}"
                 if 12 + len(val) + len(hint) <= width:
                     out.append(hint, muted)
         rows_left = height - len(values)
