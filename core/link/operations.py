@@ -73,7 +73,7 @@ def operation(method: str, kind: Kind, *, refusal: str | None = None, answer: ty
         names = tuple(f.name for f in fields(message))
         address = _ADDRESS.get(kind)
         if address is not None and names[:1] != (address,):
-            raise TypeError(f"{message.__name__}: a {kind.value} operation's first field is `{address}`")
+            raise TypeError(f"{message.__name__}: the first field of an operation of kind {kind.name} is `{address}`")
         if (answer is not None) != (kind is ASK):
             raise TypeError(f"{message.__name__}: an ASK operation, and only one, declares its answer")
         if answer is not None and not (is_dataclass(answer) and fields(answer)[0].name == "asked"

@@ -106,13 +106,16 @@ class _Child:
         self.engine = engine
         self.send(Ready(engine.facts, engine.sampler, engine.options))
         while True:
-            run = self.runs.get()
-            try:
-                for event in operation_of(run).call(engine, run):
-                    self.send(RunEvent(run.serial, event))
-            except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
-                traceback.print_exc()
-                self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
+            self.run(engine, self.runs.get())
+
+    def run(self, engine, run) -> None:
+        """One queued RUN operation to its end: each event sent back under its serial."""
+        try:
+            for event in operation_of(run).call(engine, run):
+                self.send(RunEvent(run.serial, event))
+        except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
+            traceback.print_exc()
+            self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
 
 
 def _child(fd: int) -> None:
