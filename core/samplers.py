@@ -26,7 +26,8 @@ from typing import Callable
 from .errors import SettingsError
 
 __all__ = ["MAX_SEED", "MIN_TEMPERATURE", "PARAMS", "STAGES", "Param", "Stage", "backend_gaps", "chain_probs",
-           "check", "param", "served_sampler", "stage_summary"]
+           "SERVER_KINDS", "TOP_K_STEPS", "check", "cut_stage_names", "ignored_by", "next_notch", "param",
+           "served_sampler", "stage_summary"]
 
 # The smallest temperature that works: step 4 divides the scores by it in float32 (core/steps/select.py), and below
 # this, scores of any model (|logit| up to 3e8) can overflow float32's 3.4e38 to inf, which no distribution comes
@@ -121,6 +122,7 @@ class Param:
     long: Callable[[object], str] | None = None  # the panel's full row (default: the text, "0.00 (off)" for floats)
     row: str = ""  # the panel's row name (default: the label)
     in_bar: bool = True  # its keys in the dashboard's key bar (else the help screen and the palette only)
+    said_off: bool = False  # summaries of the chain say "<label> off" when it is off (else they leave it out)
 
     @property
     def flag(self) -> str:
@@ -225,13 +227,13 @@ STAGES: tuple[Stage, ...] = (
         long=lambda t: f"{t:.2f}" + (" (greedy)" if t == 0 else "")),
         _temperature, _warper("TemperatureLogitsWarper")),
     Stage("top_k", Param(
-        "top_k", int, 0, _check_top_k, "top-k", "keep the k best, 0 = off", off=0, nudge=next_notch,
+        "top_k", int, 0, _check_top_k, "top-k", "keep the k best, 0 = off", off=0, nudge=next_notch, said_off=True,
         keys=("k", "K", "top-k one notch down: 100 → 50 → 20 → 10 → 5 → 2 → 1 → off",
               "top-k one notch up: off → 1 → 2 → 5 → 10 → 20 → 50 → 100"),
         served={kind: "top_k" for kind in SERVER_KINDS}, to_served=_top_k_served),
         _top_k, _warper("TopKLogitsWarper"), kept="top_k_kept"),
     Stage("top_p", Param(
-        "top_p", float, 0.9, _check_top_p, "top-p", "nucleus mass in (0, 1], 1 = off", off=1.0,
+        "top_p", float, 0.9, _check_top_p, "top-p", "nucleus mass in (0, 1], 1 = off", off=1.0, said_off=True,
         nudge=_stepper(0.05, 0.05, 1.0),
         keys=("p", "P", "top-p −0.05 (keeps a smaller set; min 0.05)", "top-p +0.05 (1.0 = off)"),
         served={kind: "top_p" for kind in SERVER_KINDS}),
@@ -287,23 +289,32 @@ def chain_probs(logits, settings):
     return torch.softmax(scores, dim=-1)[0]
 
 
-def stage_summary(settings, step=None, fmt: str = "{:g}") -> list[str]:
-    """The cutting stages in a few words each: "top-k off", "top-p 0.9 kept 12" (the count from a step's report,
-    when `step` is given and reports it). The last active stage's count is the step's kept_count."""
+def stage_summary(settings, step=None, exact: bool = False, kept: str = " kept {:,}") -> list[str]:
+    """The cutting stages in a few words each, in the chain's order: "top-k off", "top-p 0.90 kept 12" (the count
+    from a step's report, when `step` is given and reports it: the stage's own field, or the step's kept_count
+    for the last stage that cut). A stage that is off is said only where its parameter says so (`said_off`: the
+    classic ones); `exact` writes values as :g ("0.9"), else as the panel does ("0.90")."""
     cutting = [s for s in STAGES if s.param.off is not None]
     last = next((s for s in reversed(cutting) if s.active(settings)), None)
     parts = []
     for s in cutting:
         value = getattr(settings, s.param.name)
         if s.param.is_off(value):
-            parts.append(f"{s.param.label} off")
+            if s.param.said_off:
+                parts.append(f"{s.param.label} off")
             continue
-        kept = None
-        if step is not None:
-            kept = getattr(step, s.kept, None) if s.kept else None
-            kept = step.kept_count if s is last and kept is None else kept
-        parts.append(f"{s.param.label} {fmt.format(value)}" + (f" kept {kept:,}" if kept is not None else ""))
+        count = getattr(step, s.kept, None) if step is not None and s.kept else None
+        if count is None and step is not None and s is last:
+            count = getattr(step, "kept_count", None)
+        text = f"{value:g}" if exact else s.param.text(value)
+        parts.append(f"{s.param.label} {text}" + (kept.format(count) if count is not None else ""))
     return parts
+
+
+def cut_stage_names(settings=None) -> str:
+    """The cutting stages' names as one label ("top-k / top-p"): those said when off, and any other that is on."""
+    return " / ".join(s.param.label for s in STAGES if s.param.off is not None
+                      and (s.param.said_off or (settings is not None and s.active(settings))))
 
 
 def served_sampler(settings, kind: str) -> tuple[dict, list[str]]:

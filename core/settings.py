@@ -59,8 +59,10 @@ class _SamplerBase:
         return asdict(self)
 
 
+# Annotations as strings ("float"), as `from __future__ import annotations` leaves every other dataclass's: the record
+# reader (core/runs/record_reader.py) checks values against them.
 SamplerSettings = make_dataclass(
-    "SamplerSettings", [(p.name, p.kind, field(default=p.default)) for p in PARAMS], bases=(_SamplerBase,),
+    "SamplerSettings", [(p.name, p.kind.__name__, field(default=p.default)) for p in PARAMS], bases=(_SamplerBase,),
     frozen=True, namespace={"__module__": __name__, "__doc__": _SamplerBase.__doc__})
 
 

@@ -213,8 +213,8 @@ def test_step_settings_are_sampler_settings_in_memory_and_the_same_dict_on_disk(
     events = list(engine.run("Is OpenAI open?"))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert all(type(s.settings) is SamplerSettings for s in steps) and steps[0].settings == engine.sampler
-    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "greedy": False,
-                                              "seed": 0}
+    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0,
+                                              "greedy": False, "seed": 0}  # one key per parameter (core/samplers.py)
     with pytest.raises(TypeError, match="must be SamplerSettings, got dict"):
         replace(steps[0], settings=steps[0].settings.to_dict())
     lines = [FACTS.to_dict()]
