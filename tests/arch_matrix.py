@@ -505,9 +505,9 @@ def _observe_compile(seen: Observation, model, tokenizer, facts) -> None:
     seen.compile_notice = notices[0] if notices else ""  # why not, before the prompt; or the static cache's size
     seen.compile_ids = [e.id for e in events if isinstance(e, StepEvent)]
     if seen.compile_notice.startswith("static KV cache"):
-        static = engine.compiled.cache(
-            compiled.bucket_for(seen.prompt_tokens + NEW_TOKENS, facts.max_context))
-        figure = kv_bytes_at(facts.kv_groups, static.capacity, facts.kv_bytes_per_value)  # what the notice says
+        bucket = compiled.bucket_for(seen.prompt_tokens + NEW_TOKENS, facts.max_context)
+        static = engine.compiled.cache(bucket)
+        figure = kv_bytes_at(facts.kv_groups, bucket, facts.kv_bytes_per_value)  # what the notice says
         seen.compile_allocated = (figure, cache_allocated_nbytes(static))
 
 

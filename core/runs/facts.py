@@ -125,10 +125,13 @@ class ModelFacts(Event):
     # Which KV cache the engine decodes with and why (core/model/decode/static_cache.py: "bucketed: ..." or "dynamic: ...",
     # with --compile "static: ..." first); None: not an engine's (a served model, an older record)
     kv_cache: str | None = None
+    # Which decode step the engine runs and why, in one line (core/model/decode/plan.py, e.g. "native step: Q4_1
+    # weights as stored; lens via torch"); None: not known (a served model, an older record)
+    decode_plan: str | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache", "decode_plan"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

@@ -83,7 +83,7 @@ def test_tiny_models_decode_natively_with_generates_greedy_ids(kind, kernel, smo
     assert isinstance(step, NativeStep) and decode_step_for(model) is step
     loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
     engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4))
-    assert engine.new_eager_cache(8, 4).lean_step is step  # what every eager run decodes with
+    assert engine.plan.step.name == "native step"  # what every run decodes with
     # float32 activations: the same ids; int16: the same but at a near-tie (the helper says why)
     assert_engine_is_generate(model, smol_tokenizer, "Is OpenAI open?", 40, vary=True)
 
@@ -152,8 +152,8 @@ def test_refused_where_it_would_not_give_the_lean_steps_scores(smol_tokenizer, m
     strict = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch)
     assert native_step(strict) is None and decode_step_for(strict) is lean_decoder(strict)
     loaded = LoadedModel(model=strict, tokenizer=smol_tokenizer, facts=model_facts(strict, smol_tokenizer, name="t"))
-    cache = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4)).new_eager_cache(8, 4)
-    assert isinstance(cache.lean_step, LeanDecoder)
+    engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4))
+    assert engine.plan.step.name == "lean torch step"
 
 
 @pytest.mark.slow
