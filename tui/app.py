@@ -146,7 +146,7 @@ class TokentuiApp(App[int]):
 
     def on_mount(self) -> None:
         self.theme = self._initial_theme
-        self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self._rebuild_all))
+        self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self.redraw))
         for message, severity in self._startup_notes:
             self.notify(message, severity=severity, timeout=12, markup=False)
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
@@ -171,7 +171,7 @@ class TokentuiApp(App[int]):
 
     def on_resize(self) -> None:
         self._apply_layout()
-        self.call_after_refresh(self._rebuild_all)
+        self.call_after_refresh(self.redraw)
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
@@ -269,7 +269,7 @@ class TokentuiApp(App[int]):
     def relayout(self) -> None:
         self._layout_plan = None
         self._apply_layout()
-        self._rebuild_all()
+        self.redraw()
 
     def clear_answer(self) -> None:
         self.query_one(OutputPanel).view.clear()
@@ -331,7 +331,9 @@ class TokentuiApp(App[int]):
         if panel is not None:
             panel.show(state, force)
 
-    def _rebuild_all(self) -> None:
+    def redraw(self) -> None:
+        """Paint every panel again from the state, whether or not it changed since the last frame (what a change of
+        theme or of layout, or a resize, needs)."""
         self._repaint_now(force=True)
         self.query_one(OutputPanel).view.refresh()
 
