@@ -5,7 +5,7 @@ derived from that declaration, not restated:
     the protocol     the messages the model process accepts (protocol.COMMANDS) and answers (protocol.RUN_REPLIES)
     the client       one send path for every operation (core/link/client.py's `begin`, `ask` and the controls;
                      core/link/process_client.py posts the message, core/link/local_client.py calls `call`)
-    the model        one dispatch for every operation (core/model/process_main.py: `call(engine, message)`)
+    the model side   one dispatch for every operation (core/model/process_main.py: the message's `Operation.call`)
 
 Adding an operation is one declared dataclass in protocol.py plus the engine method it names.
 
@@ -64,7 +64,8 @@ class Operation:
 DECLARED: dict[type, Operation] = {}  # filled by the declarations of core/link/protocol.py, in their order
 
 
-def operation(method: str, kind: Kind, *, refusal: str | None = None, answer: type | None = None) -> Callable[[type], type]:
+def operation(method: str, kind: Kind, *, refusal: str | None = None,
+              answer: type | None = None) -> Callable[[type], type]:
     """Declare the dataclass below as the request of engine method `method` (see the module docstring)."""
 
     def declare(message: type) -> type:
