@@ -1,7 +1,8 @@
 """Every relative link in the README, BENCHMARKS.md and docs/*.md points at a file that exists and, with an anchor,
 at a heading that file has (GitHub's anchors: lower case, punctuation dropped, spaces as hyphens, -1 / -2 for a
 repeated heading); and every mention of a page from the code (`docs/runs.md#replay`, `BENCHMARKS.md, "Fan-out"`)
-names a page and a heading that exist. A page moved, renamed or split fails here, naming the link."""
+names a page and a heading that exist; and every repository path a page names (`core/model/decode/plan.py`) exists.
+A page or a module moved, renamed or split fails here, naming the link."""
 
 from __future__ import annotations
 
@@ -146,3 +147,20 @@ def test_every_mention_of_a_page_in_the_code_names_a_page_and_heading_that_exist
                 bad.append(f"{where}: no heading starting {quoted!r}")
     assert seen >= 20, f"only {seen} mentions found"
     assert not bad, "mentions of pages that do not resolve:\n" + "\n".join(bad)
+
+
+PATH_MENTION = re.compile(r"(?<![\w/.-])((?:core|tui|tokentui|tests|scripts|benchmarks|themes|docs|\.ci)/[\w/.-]*\w)")
+
+
+def test_every_file_a_page_names_exists():
+    """`core/model/decode/plan.py`, `tests/unit/test_quantize.py`, `scripts/arch_table.py` in the README, BENCHMARKS.md
+    or docs/: each is a file or folder of the repository (a module moved or split has its mentions follow it)."""
+    bad, seen = [], 0
+    for page in pages():
+        for number, line in enumerate(page.read_text(encoding="utf-8").split("\n"), 1):
+            for path in PATH_MENTION.findall(line):
+                seen += 1
+                if not (ROOT / path).exists():
+                    bad.append(f"{page.relative_to(ROOT)}:{number}: {path}")
+    assert seen >= 50, f"only {seen} paths found"
+    assert not bad, "pages name files that do not exist:\n" + "\n".join(bad)
