@@ -9,7 +9,7 @@ written out (two batched products and a softmax): for one query, torch's flash-a
 that. The general `--compile` path (core/model/decode/compiled.py: transformers' forward on a static cache) measured
 slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead; and a model
 the native step serves (core/model/native/native_step.py, one C++ call a token, faster still) compiles nothing
-(core/model/decode/decode_paths.py).
+(core/model/decode/plan.py).
 
 * Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the

@@ -9,24 +9,19 @@ lives here, on an object of tokentui's, instead of as attributes set on transfor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .adapter import cache_allocated_nbytes, cache_nbytes, cache_tokens
-
-if TYPE_CHECKING:  # annotations only: steps.py imports this module
-    from .steps import DecodeStep
 
 __all__ = ["RunCache"]
 
 
 class RunCache:
-    """A run's cache: `kv` (transformers' cache object), `step` (the decode step that prefills and extends it) and
-    `fed` (the positions fed through it so far: prompt chunks, decoded tokens; cut back by a crop). `static`: `kv`
+    """A run's cache: `kv` (transformers' cache object), `step` (the DecodeStep that prefills and extends it,
+    core/model/decode/steps.py, which imports this module: so not annotated here) and `fed` (the positions fed through it so far: prompt chunks, decoded tokens; cut back by a crop). `static`: `kv`
     is preallocated whole and its positions are counted here only (--compile's static cache)."""
 
     __slots__ = ("kv", "step", "fed", "static")
 
-    def __init__(self, kv, step: DecodeStep, static: bool = False, fed: int = 0):
+    def __init__(self, kv, step, static: bool = False, fed: int = 0):
         if fed < 0:
             raise ValueError(f"a cache holds 0 or more positions, not {fed}")
         self.kv = kv
