@@ -346,7 +346,7 @@ class Engine(BaseEngine):
             piece = display_piece(vocab, sel.token_id)
             candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
                                     special=vocab.is_special(i))
-                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)]
+                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_sampled_probs)]
             kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()  # building the event counts as detok
             now = time.perf_counter()
             timing = clock.finish(now)
@@ -362,7 +362,7 @@ class Engine(BaseEngine):
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
                 settings_changed=changed, latency_ms=latency_ms, forward_ms=clock.forward_ms,
                 kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
-                top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
+                timing=timing, **sel.kept_by_stage,
             )
             index += 1
             if sel.token_id in self.end_ids and not opts.ignore_eos and not getattr(choose, "pending", 0):

@@ -205,7 +205,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     top = select(logits, settings, None if settings.is_greedy else torch.Generator(device=logits.device),
                  opts.top_candidates)
     candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p, special=vocab.is_special(i))
-                  for i, r, p in zip(top.top_ids, top.top_raw_probs, top.top_probs)]
+                  for i, r, p in zip(top.top_ids, top.top_raw_probs, top.top_sampled_probs)]
     yield FanoutEvent(candidates=candidates, **start_event)
     if why:
         yield Notice(why)

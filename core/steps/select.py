@@ -59,7 +59,7 @@ class Selection:
     chosen_prob: float  # post-sampler probability of the chosen token
     top_ids: list[int]  # top-K ids by raw logit, descending (K = top_n clipped to V)
     top_raw_probs: list[float]  # softmax(raw logits) for those ids
-    top_probs: list[float]  # post-sampler probability for those ids (0.0 where cut by top-k / top-p)
+    top_sampled_probs: list[float]  # post-sampler probability for those ids (0.0 where a stage of the chain cut them)
     kept_count: int  # tokens with non-zero post-sampler probability (1 for greedy)
     kept_mass: float  # raw probability mass (softmax at temperature 1) of those tokens
     entropy_bits: float  # entropy of softmax(raw logits), bits
@@ -69,6 +69,12 @@ class Selection:
     temp_entropy_bits: float | None = None  # entropy of softmax(logits / T), before top-k / top-p, bits
     top_k_kept: int | None = None  # entries TopKLogitsWarper leaves (ties at the k-th included); None: top-k off
     top_p_kept: int | None = None  # entries left after TopPLogitsWarper (applied after top-k); None: top-p off
+
+    @property
+    def kept_by_stage(self) -> dict[str, int | None]:
+        """The per-stage counts by their StepEvent field names (core/samplers.py `Stage.kept`; the last stage's
+        count is kept_count), for the step's event."""
+        return {stage.kept: getattr(self, stage.kept) for stage in STAGES if stage.kept}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -331,7 +337,7 @@ def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None)
         chosen_prob=values[_PROB],
         top_ids=[int(i) for i in top[:n]],
         top_raw_probs=top[n : 2 * n],
-        top_probs=top[2 * n : 3 * n],
+        top_sampled_probs=top[2 * n : 3 * n],
         kept_count=int(values[_KEPT]),
         kept_mass=values[_MASS],
         entropy_bits=max(values[_H], 0.0) / _LN2,

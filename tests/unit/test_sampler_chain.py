@@ -87,7 +87,7 @@ def _agrees(selection, probs: torch.Tensor) -> None:
     """A Selection says what the distribution `probs` says: the kept count, the reported tokens' probabilities,
     and a chosen token it can draw."""
     assert selection.kept_count == int((probs > 0).sum())
-    assert torch.allclose(torch.tensor(selection.top_probs), probs[selection.top_ids], atol=2e-6, rtol=1e-4)
+    assert torch.allclose(torch.tensor(selection.top_sampled_probs), probs[selection.top_ids], atol=2e-6, rtol=1e-4)
     assert probs[selection.token_id] > 0
     assert math.isclose(selection.chosen_prob, float(probs[selection.token_id]), rel_tol=1e-4, abs_tol=2e-6)
 
@@ -267,3 +267,24 @@ def test_llama_servers_request_orders_its_samplers_by_the_chain():
     assert path == "/completion"
     assert body["samplers"] == ["temperature", "top_k", "top_p", "min_p"]
     assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"]) == (0.5, 7, 0.9, 0.2)
+
+
+# ----------------------------------------------------------------------------------------------- the panels
+
+def test_the_one_pass_panel_names_min_p_and_says_which_selection_ran(smol_tokenizer):
+    """The sampler stages' line names every cut that is on (min-p with what it kept: the step's kept count), and
+    on a local CPU model, that a stage the native selection lacks sent the step to the torch one."""
+    from tiny_models import tiny_model
+    from tokentui.core.model.load.loader import model_facts
+    from tokentui.core.model.observe.anatomy import one_pass
+
+    facts = model_facts(tiny_model("llama", smol_tokenizer), smol_tokenizer, name="tiny-llama")
+    assert facts.device.startswith("cpu")
+    engine = ScriptedEngine(sampler=SamplerSettings(temperature=0.8, top_p=0.9, min_p=0.2))
+    step = next(e for e in engine.run("hello") if isinstance(e, StepEvent))
+    stages = {s.name: s for s in one_pass(facts, 10, step, step.settings)}
+    cuts = stages["top-k / top-p / min-p"].note
+    assert f"min-p 0.2: {step.kept_count} kept" in cuts and "top-p 0.9" in cuts
+    assert "torch selection: the native one has no min-p" in cuts
+    plain = {s.name: s for s in one_pass(facts, 10, step, step.settings.with_changes(min_p=0.0))}
+    assert "top-k / top-p" in plain and "torch selection" not in plain["top-k / top-p"].note

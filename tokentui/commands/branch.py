@@ -22,8 +22,8 @@ from pathlib import Path
 from tokentui.core.errors import EXIT_BAD_INPUT
 from tokentui.core.samplers import PARAMS
 
-from .common import (TextArgumentParser, add_sampler_flags, answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
-                     make_loader, number, recorded_line, say)
+from .common import (TextArgumentParser, add_sampler_flags, answer_text, bad_input, check_record_dir, integer,
+                     interrupted, json_line, make_loader, number, recorded_line, say)
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _SAMPLER_FLAGS = tuple(p.name for p in PARAMS)  # the sampler chain's settings (core/samplers.py), one flag each
