@@ -185,16 +185,20 @@ async def test_the_client_sends_each_operation_as_its_declared_message():
     client.close()
 
 
+class NoFanout(Carrier):
+    def _refusal(self, what: str) -> str | None:  # the transport's word for the engine's `<what>_refusal`
+        return "fan-out needs the local engine" if what == "fanout" else None
+
+
 async def test_a_refused_operation_sends_nothing_and_changes_nothing():
-    client = Carrier()
+    client = NoFanout()
     with pytest.raises(SettingsError, match="not loaded yet"):
         client.start("hi")
     await client.load()
     client.start("hi")
-    client.fanout_refusal = "fan-out needs the local engine"
-    client._refusal = lambda what: getattr(client, f"{what}_refusal", None)  # the engine's refusals, as LocalClient's
     with pytest.raises(SettingsError, match="fan-out needs the local engine"):
         client.fanout(FAN)
+    assert client.refusal("fanout") == "fan-out needs the local engine" and client.refusal("branch") is None
     assert client.sent == [StartRun(1, "hi", None)] and client.run_id == 1
     client.close()
 
