@@ -81,7 +81,8 @@ def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> Start
     try:
         # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tokentui.core.model.process_main import _child; _child(int(sys.argv[1]))",
+            [sys.executable, "-c",
+             "import sys; from tokentui.core.model.process_main import child_main; child_main(int(sys.argv[1]))",
              str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
             stdout=log if log is not None else subprocess.DEVNULL, stderr=subprocess.STDOUT,

@@ -118,5 +118,6 @@ class _Child:
             self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
 
 
-def _child(fd: int) -> None:
+def child_main(fd: int) -> None:
+    """The model process's entry point (core/link/process_client.py starts it): serve the dashboard on `fd`."""
     _Child(Connection(fd)).serve()

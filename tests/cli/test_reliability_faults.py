@@ -210,11 +210,12 @@ def test_the_dashboard_uses_the_driver_that_survives_a_lost_terminal():
             return 2
 
     lost = []
-    out = _GuardedOutput(DeadTerminal(), lambda: lost.append(1))
+    terminal = DeadTerminal()
+    out = _GuardedOutput(terminal, lambda: lost.append(1))
     assert out.write("\x1b[?1049l") == len("\x1b[?1049l")  # no exception reaches Textual's writer thread
     out.flush()
     out.write("more")
-    assert lost == [1] and out.lost and out._file.writes == 1 and out.fileno() == 2
+    assert lost == [1] and out.lost and terminal.writes == 1 and out.fileno() == 2
 
 
 def test_the_listener_check_sees_a_listening_socket():

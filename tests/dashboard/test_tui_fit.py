@@ -361,16 +361,17 @@ async def test_the_prefill_status_shows_a_ticking_clock_and_the_fraction():
         await pilot.press("q")
 
 
-async def test_a_prefill_without_progress_still_ticks():
-    engine = SlowPrefillEngine()
-    engine_run = engine._run
+class NoProgressPrefillEngine(SlowPrefillEngine):
+    """The same slow prefill, saying nothing of its progress."""
 
-    def no_progress(prompt, system, run_id):
-        for event in engine_run(prompt, system, run_id):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if not isinstance(event, PrefillProgress):
                 yield event
 
-    engine._run = no_progress
+
+async def test_a_prefill_without_progress_still_ticks():
+    engine = NoProgressPrefillEngine()
     app = make_app(engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "prefill", timeout=10, what="prefill")
