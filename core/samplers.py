@@ -123,6 +123,7 @@ class Param:
     row: str = ""  # the panel's row name (default: the label)
     in_bar: bool = True  # its keys in the dashboard's key bar (else the help screen and the palette only)
     said_off: bool = False  # summaries of the chain say "<label> off" when it is off (else they leave it out)
+    read: Callable[[object], object] | None = None  # what panels show for settings (default: the field's value)
 
     @property
     def flag(self) -> str:
@@ -135,6 +136,14 @@ class Param:
     @property
     def short_name(self) -> str:
         return self.short or self.label
+
+    def shown(self, settings):
+        """The value panels show for `settings` (greedy: whether the step is greedy, temperature 0 included)."""
+        return self.read(settings) if self.read is not None else getattr(settings, self.name)
+
+    def quiet(self, settings) -> bool:
+        """Off, and one of the stages a one-line summary leaves out when off (not `said_off`)."""
+        return self.off is not None and not self.said_off and self.is_off(getattr(settings, self.name))
 
     def long_text(self, value) -> str:
         """The value as the sampler panel's full row writes it ("0.90", "1.00 (off)", "0.00 (greedy)")."""
@@ -249,7 +258,7 @@ STAGES: tuple[Stage, ...] = (
 
 # Settings that are not stages: greedy (argmax, the chain skipped) and the draw's seed.
 _GREEDY = Param("greedy", bool, False, _check_greedy, "greedy", "always take the most likely token",
-                short="mode", row="mode", show=lambda g: "greedy" if g else "sample")
+                short="mode", row="mode", show=lambda g: "greedy" if g else "sample", read=lambda s: s.is_greedy)
 _SEED = Param("seed", int, 0, _check_seed, "seed", "sampling seed", served={kind: "seed" for kind in SERVER_KINDS})
 
 PARAMS: tuple[Param, ...] = tuple(s.param for s in STAGES) + (_GREEDY, _SEED)
@@ -291,8 +300,8 @@ def chain_probs(logits, settings):
 
 def stage_summary(settings, step=None, exact: bool = False, kept: str = " kept {:,}") -> list[str]:
     """The cutting stages in a few words each, in the chain's order: "top-k off", "top-p 0.90 kept 12" (the count
-    from a step's report, when `step` is given and reports it: the stage's own field, or the step's kept_count
-    for the last stage that cut). A stage that is off is said only where its parameter says so (`said_off`: the
+    from a step's report, when `step` is given and reports it: the stage's own field, or, for a stage without one
+    that is the last to cut, the step's kept_count). A stage that is off is said only where its parameter says so (`said_off`: the
     classic ones); `exact` writes values as :g ("0.9"), else as the panel does ("0.90")."""
     cutting = [s for s in STAGES if s.param.off is not None]
     last = next((s for s in reversed(cutting) if s.active(settings)), None)
@@ -303,9 +312,9 @@ def stage_summary(settings, step=None, exact: bool = False, kept: str = " kept {
             if s.param.said_off:
                 parts.append(f"{s.param.label} off")
             continue
-        count = getattr(step, s.kept, None) if step is not None and s.kept else None
-        if count is None and step is not None and s is last:
-            count = getattr(step, "kept_count", None)
+        count = None
+        if step is not None:  # a stage's own count, or for one without (min-p: always the last), the step's
+            count = getattr(step, s.kept, None) if s.kept else getattr(step, "kept_count", None) if s is last else None
         text = f"{value:g}" if exact else s.param.text(value)
         parts.append(f"{s.param.label} {text}" + (kept.format(count) if count is not None else ""))
     return parts

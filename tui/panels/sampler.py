@@ -29,9 +29,10 @@ def fitting(alternatives, room: int) -> str:
 SHORT_NAMES = {p.name: p.short_name for p in PARAMS}  # a setting's name in a change line ("temp 0.70→0.80")
 
 
-def describe(s: SamplerSettings) -> dict[str, str]:
-    """The panel's rows: one per sampler parameter (core/samplers.py), its row name and its value in full."""
-    return {p.row_name: p.long_text(getattr(s, p.name)) for p in PARAMS}
+def describe(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
+    """The panel's rows: one per sampler parameter (core/samplers.py), its row name and its value in full;
+    `brief` (one line) leaves out the stages that are off and need not say so (min-p off)."""
+    return {p.row_name: p.long_text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
 
 
 def setting_value(name: str, value) -> str:
@@ -45,10 +46,10 @@ def describe_change(change) -> list[str]:
             for name, old, new in change.changes]
 
 
-def short_values(s: SamplerSettings) -> dict[str, str]:
+def short_values(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
     """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
-    ones the keys change)."""
-    return {p.short_name: p.text(getattr(s, p.name)) for p in PARAMS}
+    ones the keys change); `brief` as for `describe`."""
+    return {p.short_name: p.text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
 
 
 class SamplerPanel(Panel):
@@ -93,8 +94,8 @@ class SamplerPanel(Panel):
         if viewed is not None:  # the time-travel cursor holds a past step: its settings beside the live ones
             return self._travel(viewed, settings, width, height, pending, history)
         out = Text()
-        if height < 4:  # one line: every value, then the latest change
-            for n, (key, val) in enumerate(values.items()):
+        if height < 4:  # one line: every value (but a quiet stage that is off), then the latest change
+            for n, (key, val) in enumerate(describe(settings, brief=True).items()):
                 if n:
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
@@ -155,7 +156,7 @@ class SamplerPanel(Panel):
         out = Text()
         if height < 4:
             out.append("recorded ", label)
-            for n, (key, val) in enumerate(values.items()):
+            for n, (key, val) in enumerate(describe(step.settings, brief=True).items()):
                 if n:
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
@@ -200,7 +201,7 @@ class SamplerPanel(Panel):
                 out = Text(no_wrap=True, overflow="ellipsis")
                 sep = " · " if spaced else " "
                 out.append(number + ": ", label)
-                for n, (key, val) in enumerate(then.items()):
+                for n, (key, val) in enumerate(short_values(step.settings, brief=True).items()):
                     if n:
                         out.append(sep, muted)
                     if key != "mode":  # "sample" / "greedy" says what it is
