@@ -185,27 +185,10 @@ class Engine(BaseEngine):
                         step = event.index + 1
                     yield event
             except torch.cuda.OutOfMemoryError as err:
-                raise GenerationError(self._oom_message(err, step), step, ErrorKind.OOM) from None
+                raise GenerationError(oom_message(err, step, self.device, self.facts.dtype), step,
+                                      ErrorKind.OOM) from None
             finally:
                 events.close()
-
-    def _oom_message(self, err, step: int = -1) -> str:
-        """One line with the numbers (asked for, free of total where the device can say) and what to try."""
-        numbers = []
-        asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
-        if asked:
-            numbers.append(f"tried to allocate {asked.group(1)}")
-        if self.device.type == "cuda":
-            try:
-                free, total = torch.cuda.mem_get_info(self.device)
-                numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
-            except Exception:  # a broken CUDA context must not hide the real error
-                pass
-        where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
-        detail = f" ({'; '.join(numbers)})" if numbers else ""
-        smaller = "--dtype bfloat16, " if self.facts.dtype == "float32" else ""
-        return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
-                "or a smaller model")
 
     def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
@@ -417,3 +400,23 @@ class Engine(BaseEngine):
             kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(), paused_ms=paused_s * 1000.0,
             dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed,
         )
+
+
+def oom_message(err, step: int, device, dtype: str) -> str:
+    """Out of memory at `step` (-1: in prefill) on `device` with weights of `dtype`: one line with the numbers (asked
+    for, free of total where the device can say) and what to try."""
+    numbers = []
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
+    if asked:
+        numbers.append(f"tried to allocate {asked.group(1)}")
+    if device.type == "cuda":
+        try:
+            free, total = torch.cuda.mem_get_info(device)
+            numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+        except Exception:  # a broken CUDA context must not hide the real error
+            pass
+    where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
+    detail = f" ({'; '.join(numbers)})" if numbers else ""
+    smaller = "--dtype bfloat16, " if dtype == "float32" else ""
+    return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
+            "or a smaller model")
