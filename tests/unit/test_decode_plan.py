@@ -152,3 +152,17 @@ def test_a_run_sets_no_attributes_on_transformers_cache(smol_tokenizer, monkeypa
     _run(engine)
     kv = _held_kv(engine)
     assert set(kv.__dict__) == _fresh_keys(kv, model), set(kv.__dict__) - _fresh_keys(kv, model)
+
+
+# --------------------------------------------------------------------------------------------- the record
+def test_the_plan_is_written_to_the_model_event_and_records_without_it_still_read(smol_tokenizer):
+    from tokentui.core.runs.facts import ModelFacts
+    from tokentui.core.runs.record_reader import event_from_dict
+
+    facts = _engine(tiny_model("llama", smol_tokenizer), smol_tokenizer, kv_shapes="dynamic").facts
+    data = facts.to_dict()
+    assert data["decode_plan"] == facts.decode_plan
+    assert event_from_dict(data).decode_plan == facts.decode_plan
+    del data["decode_plan"]  # a record written before the plan was
+    old = event_from_dict(data)
+    assert isinstance(old, ModelFacts) and old.decode_plan is None

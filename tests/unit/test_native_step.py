@@ -18,6 +18,8 @@ from tiny_models import INIT, tiny_model
 from tokentui.core.model.native import native_step as native
 from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
 from tokentui.core.model.branch import crop_cache
+from tokentui.core.model.decode.run_cache import RunCache
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.observe.fidelity import agreement, teacher_forced_logits
 from tokentui.core.model.quant.int4_kernel import TorchInt4
@@ -106,8 +108,8 @@ def test_states_and_cache_rows_are_the_lean_steps_up_to_float32_rounding(kind, k
         assert a.keys.shape == b.keys.shape
         assert within_rounding(a.keys, b.keys, bound) and within_rounding(a.values, b.values, bound)
     # a cropped cache (a branch's) goes on from the shorter prefix, as the lean step's does
-    crop_cache(ours, len(PROMPT) + 10)
-    crop_cache(theirs, len(PROMPT) + 10)
+    for cache in (ours, theirs):
+        crop_cache(RunCache(cache, TorchForward(model)), len(PROMPT) + 10)
     assert within_rounding(step.hidden(7, ours), lean.hidden(7, theirs), bound)
 
 
