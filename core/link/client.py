@@ -203,7 +203,7 @@ class EngineClient:
 
     def begin(self, message: type, *arguments, first: Event | None = None) -> int:
         """Stop the current run and start the RUN operation whose request is `message` (a class of
-        core/link/protocol.py) with `arguments` (its fields after the serial) as a new run; returns its id. `first`:
+        core/link/protocol.py) with `arguments` (its fields after the run_id) as a new run; returns its id. `first`:
         an event that goes first into its record and to the listener (not sent to the engine). Before anything
         changes: SettingsError (one line) when the engine cannot do it (its declared refusal, or not loaded yet),
         ProtocolError when `arguments` do not make that message."""
@@ -352,7 +352,7 @@ class EngineClient:
 
     def _send(self, message) -> None:
         """Carry `message`, a declared RUN or CONTROL operation (core/link/protocol.py), to the engine: a RUN's
-        events come back through `_event` under its serial."""
+        events come back through `_event` under its run_id."""
         raise NotImplementedError
 
     async def _ask(self, message):

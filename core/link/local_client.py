@@ -52,7 +52,7 @@ class LocalClient(EngineClient):
 
     def _send(self, message) -> None:
         if operation_of(message).kind is RUN:
-            self._start_pump(message.serial, lambda: call(self.engine, message))
+            self._start_pump(message.run_id, lambda: call(self.engine, message))
         elif self.engine is not None:  # a control: applied at once (the engine takes it at its next step)
             call(self.engine, message)
 

@@ -10,7 +10,7 @@ derived from that declaration, not restated:
 Adding an operation is one declared dataclass in protocol.py plus the engine method it names.
 
 The kinds of operation:
-    RUN       streams a run's events (run, branch, score, fan-out): the message's first field is `serial`, the run's
+    RUN       streams a run's events (run, branch, score, fan-out): the message's first field is `run_id`, the run's
               id, passed as the method's `run_id=`; a new run supersedes the current one; the model process queues
               them and runs one at a time
     CONTROL   applied at once between the engine's steps (stop, pause, settings); nothing comes back
@@ -36,7 +36,7 @@ class Kind(enum.Enum):
 
 
 RUN, CONTROL, ASK = Kind.RUN, Kind.CONTROL, Kind.ASK
-_ADDRESS = {RUN: "serial", ASK: "asked"}  # the first field of a RUN / ASK message: not an argument of the method
+_ADDRESS = {RUN: "run_id", ASK: "asked"}  # the first field of a RUN / ASK message: not an argument of the method
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,12 @@ class Operation:
     arguments: tuple[str, ...] = ()  # the message's fields passed to the method, in order
 
     def call(self, engine: Any, message: object) -> Any:
-        """`message` applied to `engine`: the method named, with the message's fields (a RUN's serial as run_id)."""
+        """`message` applied to `engine`: the method named, with the message's fields (a RUN's `run_id` passed on
+        as `run_id=`)."""
         method = getattr(engine, self.method)
         values = [getattr(message, name) for name in self.arguments]
         if self.kind is RUN:
-            return method(*values, run_id=message.serial)
+            return method(*values, run_id=message.run_id)
         return method(*values)
 
 

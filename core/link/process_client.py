@@ -184,9 +184,9 @@ class ProcessClient(EngineClient):
             self._failed(self.run_id, str(err), ErrorKind.PROTOCOL)
             return
         if isinstance(message, RunEvent):
-            self._event(message.serial, message.event)
+            self._event(message.run_id, message.event)
         elif isinstance(message, Crash):
-            self._failed(message.serial, message.message, ErrorKind.CRASH)
+            self._failed(message.run_id, message.message, ErrorKind.CRASH)
         else:  # the answer to a question
             asked = self._asked.pop(message.asked, None)
             if asked is not None and not asked.done():

@@ -9,7 +9,7 @@ accepts below (COMMANDS, RUN_REPLIES) are read off the declarations.
     parent -> child   Load first; then the declared operations (runs: StartRun, StartBranch, StartScore,
                       StartFanout; controls: Stop, Pause, Resume, Step, SetSampler, SetOptions; asked: Tokenize); Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
-                      serial of the run it belongs to (a newer run's serial retires an older run's messages), and
+                      id of the run it belongs to (a newer run's id retires an older run's messages), and
                       the answer of each ASK (Tokenized, a phrase's pieces while it is typed)
 
 They travel pickled over a private socket pair (`multiprocessing.connection`) between two processes of the same
@@ -49,9 +49,9 @@ class EngineSpec:
     options: RunOptions = field(default_factory=RunOptions)
 
 
-def _serial(value: object) -> None:
+def _whole(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ProtocolError(f"a run serial must be an integer >= 0, got {value!r}")
+        raise ProtocolError(f"{what} must be an integer >= 0, got {value!r}")
 
 
 def _text(name: str, value: object, optional: bool = False) -> None:
@@ -72,12 +72,12 @@ class Load:
 @operation("run", RUN)
 @dataclass(frozen=True, slots=True)
 class StartRun:
-    serial: int
+    run_id: int
     prompt: str
     system: str | None = None
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         _text("the prompt", self.prompt)
         _text("the system prompt", self.system, optional=True)
 
@@ -85,13 +85,14 @@ class StartRun:
 @operation("branch", RUN, refusal="branch")
 @dataclass(frozen=True, slots=True)
 class StartBranch:
-    """Run `Engine.branch(point)` as run `serial` (core/model/branch.py); its events come back as RunEvent like a run's."""
+    """Run `Engine.branch(point)` as run `run_id` (core/model/branch.py); its events come back as RunEvent like a
+    run's."""
 
-    serial: int
+    run_id: int
     point: BranchPoint
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.point, BranchPoint):
             raise ProtocolError(f"StartBranch needs a BranchPoint, got {type(self.point).__name__}")
 
@@ -99,13 +100,13 @@ class StartBranch:
 @operation("score", RUN, refusal="score")
 @dataclass(frozen=True, slots=True)
 class StartScore:
-    """Run `Engine.score(request)` as run `serial` (core/model/scoring.py)."""
+    """Run `Engine.score(request)` as run `run_id` (core/model/scoring.py)."""
 
-    serial: int
+    run_id: int
     request: ScoreRequest
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.request, ScoreRequest):
             raise ProtocolError(f"StartScore needs a ScoreRequest, got {type(self.request).__name__}")
 
@@ -113,13 +114,13 @@ class StartScore:
 @operation("fanout", RUN, refusal="fanout")
 @dataclass(frozen=True, slots=True)
 class StartFanout:
-    """Run `Engine.fanout(request)` as run `serial` (core/model/fanout.py)."""
+    """Run `Engine.fanout(request)` as run `run_id` (core/model/fanout.py)."""
 
-    serial: int
+    run_id: int
     request: FanoutRequest
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.request, FanoutRequest):
             raise ProtocolError(f"StartFanout needs a FanoutRequest, got {type(self.request).__name__}")
 
@@ -133,7 +134,7 @@ class Tokenized:  # child -> parent: here because Tokenize's declaration names i
     error: str | None = None
 
     def __post_init__(self) -> None:
-        _serial(self.asked)
+        _whole(self.asked, "a question's number")
         if not isinstance(self.pieces, tuple) or not all(isinstance(p, PromptPiece) for p in self.pieces):
             raise ProtocolError("Tokenized needs a tuple of PromptPiece")
         _text("the tokenize error", self.error, optional=True)
@@ -155,19 +156,19 @@ class Tokenize:
     text: str
 
     def __post_init__(self) -> None:
-        _serial(self.asked)
+        _whole(self.asked, "a question's number")
         _text("the phrase", self.text)
 
 
 @operation("stop", CONTROL)
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """Stop every run up to and including `serial` (at its next step boundary)."""
+    """Stop every run up to and including `run_id` (at its next step boundary)."""
 
-    serial: int
+    run_id: int
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
 
 
 @operation("pause", CONTROL)
@@ -257,24 +258,24 @@ class LoadFailed:
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    serial: int
+    run_id: int
     event: Event
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.event, Event):
             raise ProtocolError(f"RunEvent needs an engine Event, got {type(self.event).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
 class Crash:
-    """The run `serial` failed with an exception the engine did not turn into an ErrorEvent (the log has more)."""
+    """The run `run_id` failed with an exception the engine did not turn into an ErrorEvent (the log has more)."""
 
-    serial: int
+    run_id: int
     message: str
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         _text("the crash message", self.message)
 
 

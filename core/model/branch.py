@@ -121,9 +121,9 @@ def _check(engine, point: BranchPoint) -> None:
         check_phrase(facts, engine.options, len(point.prompt_ids), point.at, point.phrase)
 
 
-def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
+def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     """The branch's events (the module docstring has them), for `Engine.branch`, which runs this under the
-    engine's locks as run `serial` (pause / stop act at step boundaries, as in a run). Uses and replaces the
+    engine's locks as run `run_id` (pause / stop act at step boundaries, as in a run). Uses and replaces the
     engine's held cache; reads the engine through its public interface only."""
     _check(engine, point)
     opts, model = engine.options, engine.model
@@ -142,7 +142,7 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
                       phrase_text=point.phrase_text, sample=point.sample)
     if why:
         yield Notice(why)
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:  # stopped before anything ran: the held cache stays as it was
         engine.hold_cache(held)
         yield stopped_before_first_token(len(point.prompt_ids), paused_ms=paused_s * 1000.0)
@@ -174,14 +174,14 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
         for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
             if chunked:
                 yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
-                if logits is None and engine.stopping(serial):
+                if logits is None and engine.stopping(run_id):
                     yield stopped_before_first_token(len(point.prompt_ids), cache.tokens(), cache.nbytes(),
                                                      paused_s * 1000.0)
                     return
         use_threads(engine.device, engine.speed.decode_threads())
         yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     forced = point.forced_ids
-    steps = engine.generate_from(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
+    steps = engine.generate_from(run_id, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
                              prefix=point.tokens, detok=detok, choose=ForcePhrase(forced),
                              fed=1 if reuse else len(prefix))
     cut_steps = []  # a phrase's forced steps the sampler gave probability 0

@@ -190,7 +190,7 @@ class Engine(BaseEngine):
             finally:
                 events.close()
 
-    def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
+    def _generate_run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
         self._held = None  # a new run: the last one's KV cache goes
         self.plan.drop_failed()
@@ -218,7 +218,7 @@ class Engine(BaseEngine):
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
                           user_prompt=prompt, system_prompt=system,
                           default_system_prompt=self.default_system_prompt)
-        go, paused_s = self.timed_gate(serial)
+        go, paused_s = self.timed_gate(run_id)
         if not go:
             yield stopped_before_first_token(len(ids), paused_ms=paused_s * 1000.0)
             return
@@ -237,7 +237,7 @@ class Engine(BaseEngine):
                                                             states_out=lens_states):
             if chunked:
                 yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
-                if logits is None and self.stopping(serial):
+                if logits is None and self.stopping(run_id):
                     yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
                     return
         use_threads(self.device, self.speed.decode_threads())
@@ -246,9 +246,10 @@ class Engine(BaseEngine):
         mismatch = kv_mismatch(facts, kv_tokens, kv_bytes)
         if mismatch:
             yield Notice(mismatch)
-        yield from self.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
+        yield from self.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
+                                      lens_said=lens_said)
 
-    def generate_from(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
+    def generate_from(self, run_id: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
                   lens_said: bool | None = None, fed: int | None = None, decode=None,
@@ -358,7 +359,7 @@ class Engine(BaseEngine):
             if facts.max_context and cache.tokens() >= facts.max_context:
                 reason = "context"
                 break
-            go, waited = self.timed_gate(serial)
+            go, waited = self.timed_gate(run_id)
             paused_s += waited
             if decode_started is not None:
                 decode_paused_s += waited

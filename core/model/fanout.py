@@ -111,7 +111,7 @@ def _reuse(held, prefix: tuple[int, ...]) -> tuple[int, str | None]:
     return reuse, why
 
 
-def _prefix_cache(engine, request: FanoutRequest, serial: int, paused_s: float, held, reuse: int):
+def _prefix_cache(engine, request: FanoutRequest, run_id: int, paused_s: float, held, reuse: int):
     """The prefix in a batch-1 KV cache and step `at`'s scores: yields its PrefillEvent (and progress) and returns
     (cache, logits, ms), or None when stopped during the prefill (its `done` yielded)."""
     model, opts = engine.model, engine.options
@@ -134,7 +134,7 @@ def _prefix_cache(engine, request: FanoutRequest, serial: int, paused_s: float, 
     for done, logits, ms in prefill_chunks(model, prefix, cache, opts.prefill_chunk):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=ms)
-            if logits is None and engine.stopping(serial):
+            if logits is None and engine.stopping(run_id):
                 yield stopped_before_first_token(len(request.prompt_ids), cache.tokens(), cache.nbytes(),
                                                  paused_s * 1000.0)
                 return None
@@ -167,9 +167,9 @@ class _Row:
         self.reason: str | None = None  # None while it goes on
 
 
-def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event]:
+def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event]:
     """The fan-out's events (the module docstring), for `Engine.fanout`, which runs this under the engine's locks
-    as run `serial`; reads the engine through its public interface."""
+    as run `run_id`; reads the engine through its public interface."""
     _check(engine, request)
     model, opts, vocab = engine.model, engine.options, engine.token_bytes
     settings, _ = engine.take_settings()  # one fan-out, one set of settings: those in force as it starts
@@ -180,7 +180,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     start_event = dict(at=request.at, n=n, m=m, seed=request.seed, prompt_ids=list(request.prompt_ids),
                        tokens=list(request.tokens), prefix_text=prefix_detok.text, kv_reused_tokens=reuse,
                        settings=settings, parent=request.parent, parent_id=request.parent_token)
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:
         engine.hold_cache(held)
         yield FanoutEvent(candidates=[], **start_event)
@@ -189,7 +189,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     started = time.perf_counter()
     # the step's scores first: the fan-out event carries that step's distribution under these settings
     prefilled = []
-    prefix_steps = _prefix_cache(engine, request, serial, paused_s, held, reuse)
+    prefix_steps = _prefix_cache(engine, request, run_id, paused_s, held, reuse)
     del held
     while True:
         try:
@@ -224,7 +224,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     reported = time.perf_counter()  # the last FanoutProgress (PROGRESS_EVERY_S apart), or the decode's start
     for t in range(m):
         if t:
-            go, waited = engine.timed_gate(serial)
+            go, waited = engine.timed_gate(run_id)
             paused_s += waited
             if not go:
                 reason = "stopped"

@@ -62,7 +62,7 @@ class _Child:
             return
         if engine is None:  # still loading: a stop is kept for the engine, the rest came with the spec
             if isinstance(command, Stop):
-                self.stopped_up_to = max(self.stopped_up_to, command.serial)
+                self.stopped_up_to = max(self.stopped_up_to, command.run_id)
             return
         op.call(engine, command)
 
@@ -109,13 +109,13 @@ class _Child:
             self.run(engine, self.runs.get())
 
     def run(self, engine, run) -> None:
-        """One queued RUN operation to its end: each event sent back under its serial."""
+        """One queued RUN operation to its end: each event sent back under its run_id."""
         try:
             for event in operation_of(run).call(engine, run):
-                self.send(RunEvent(run.serial, event))
+                self.send(RunEvent(run.run_id, event))
         except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
             traceback.print_exc()
-            self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
+            self.send(Crash(run.run_id, f"the model process failed: {type(err).__name__}: {err}"))
 
 
 def child_main(fd: int) -> None:

@@ -102,9 +102,9 @@ def _answer_ids(engine, request: ScoreRequest) -> list[int]:
     return ids
 
 
-def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
+def score_events(engine, request: ScoreRequest, run_id: int) -> Iterator[Event]:
     """The scored text's events (the module docstring), for `Engine.score`, which runs this under the engine's
-    locks as run `serial`; reads the engine through its public interface."""
+    locks as run `run_id`; reads the engine through its public interface."""
     facts, opts, tok, model = engine.facts, engine.options, engine.tokenizer, engine.model
     engine.release_cache()  # a new run: the last one's KV cache goes
     templated = apply_template(tok, request.prompt, request.system)
@@ -124,7 +124,7 @@ def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
     text = request.answer if request.answer_ids is None else oneshot_text(tok, answer)
     yield ScoreEvent(answer=text, ids=answer, pieces=[PromptPiece(i, display_piece(vocab, i), vocab.is_special(i))
                                                       for i in answer])
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:
         yield stopped_before_first_token(len(ids), paused_ms=paused_s * 1000.0)
         return
@@ -143,13 +143,13 @@ def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
     for done, logits, forward_ms in prefill_chunks(model, ids, cache, opts.prefill_chunk, states_out=lens_states):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(ids), elapsed_ms=forward_ms)
-            if logits is None and engine.stopping(serial):
+            if logits is None and engine.stopping(run_id):
                 yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
                 return
     yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     forward = AnswerForward(answer[:-1], with_states=lens_states is not None)
     steps = []  # the scored steps' own figures, for the summary
-    for event in engine.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states,
+    for event in engine.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
                                       choose=ForcePhrase(answer), decode=forward, limit=len(answer),
                                       lens_said=lens_states is None and opts.logit_lens):
         if isinstance(event, StepEvent):

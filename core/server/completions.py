@@ -26,9 +26,9 @@ from .wire import WireChunk, WireToken, read_chunk, read_native
 class ServerRun:
     """One run's state: the prefix, the steps' bookkeeping, the requests."""
 
-    def __init__(self, engine: Served, serial: int) -> None:
+    def __init__(self, engine: Served, run_id: int) -> None:
         self.e = engine
-        self.serial = serial
+        self.run_id = run_id
         self.prompt_ids: list[int] = []
         self.generated: list[int] = []
         self.text: list[str] = []  # the server's own text of each chunk: the one-shot oracle of the answer
@@ -116,12 +116,12 @@ class ServerRun:
         while reason is None:
             if not first_request:
                 started = time.perf_counter()
-                go = e.wait_at_gate(self.serial)
+                go = e.wait_at_gate(self.run_id)
                 self.paused_s += time.perf_counter() - started
                 if not go:
                     reason = "stopped"
                     break
-            if e.stopping(self.serial):
+            if e.stopping(self.run_id):
                 reason = "stopped"
                 break
             settings, changed = e.take_settings()
@@ -193,10 +193,10 @@ class ServerRun:
                 last = now
                 if chunk.finish_reason is not None:
                     finish = chunk.finish_reason
-                if e.stopping(self.serial) or e.paused or e.settings_pending() or (single and streamed):
+                if e.stopping(self.run_id) or e.paused or e.settings_pending() or (single and streamed):
                     break  # leaving the `with` closes the stream: the server stops generating
-        if e.conn.cancelled or e.stopping(self.serial):
-            return "stopped" if e.stopping(self.serial) else None
+        if e.conn.cancelled or e.stopping(self.run_id):
+            return "stopped" if e.stopping(self.run_id) else None
         if e.paused or e.settings_pending() or (single and streamed):
             return None
         if finish in ("eos", "stop", "word") and not e.options.ignore_eos:

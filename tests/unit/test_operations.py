@@ -106,7 +106,7 @@ def test_the_model_process_dispatches_each_declared_message_to_its_engine_method
     if kind is RUN:  # queued for the main thread, which runs it to its end
         assert engine.mock_calls == [] and child.runs.get_nowait() is message
         child.run(engine, message)
-        assert child.conn.messages == [RunEvent(message.serial, DONE)]
+        assert child.conn.messages == [RunEvent(message.run_id, DONE)]
     elif kind is ASK:  # answered at once
         assert child.conn.messages == [Tokenized(message.asked, tuple(PIECES))]
     else:
@@ -126,7 +126,7 @@ def test_an_ask_the_engine_refuses_is_answered_with_its_line():
 
 @dataclass(frozen=True)
 class Teleport:
-    serial: int
+    run_id: int
 
 
 def test_an_undeclared_message_is_refused_in_one_line_and_nothing_runs():
@@ -259,13 +259,13 @@ def test_a_declaration_is_checked_as_it_is_made():
 
     @dataclass(frozen=True)
     class Again:
-        serial: int
+        run_id: int
 
     @dataclass(frozen=True)
     class Question:
         asked: int
 
-    with pytest.raises(TypeError, match="first field of an operation of kind RUN is `serial`"):
+    with pytest.raises(TypeError, match="first field of an operation of kind RUN is `run_id`"):
         operation("jump", RUN)(NoSerial)
     with pytest.raises(TypeError, match="run is declared once"):
         operation("run", RUN)(Again)
