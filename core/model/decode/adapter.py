@@ -146,8 +146,9 @@ def new_static_cache(model, length: int) -> StaticCache:
 
 
 def static_capacity(cache: StaticCache) -> int:
-    """The positions a static cache holds at most: its layers' preallocated length."""
-    return int(cache.layers[0].max_cache_len)
+    """The positions a static cache holds at most: its attention layers' preallocated length (a hybrid model's
+    recurrent layers, LFM2's conv ones, have none)."""
+    return int(next(layer.max_cache_len for layer in cache.layers if getattr(layer, "max_cache_len", None)))
 
 
 def drop_positions(cache, count: int) -> None:
