@@ -489,7 +489,7 @@ def _observe_compile(seen: Observation, model, tokenizer, facts) -> None:
 
     settings = compiled.compile_settings
     compiled.compile_settings = lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {})
-    torch._dynamo.reset()  # one code object serves every model here, and dynamo keeps a few graphs per code object
+    torch.compiler.reset()  # one code object serves every model here, and dynamo keeps a few graphs per code object
     threads = torch.get_num_threads()
     speed = SpeedOptions(compile=True)
     try:

@@ -87,7 +87,7 @@ def eager_backend():
 
     settings = compiled.compile_settings
     compiled.compile_settings = lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {})
-    torch._dynamo.reset()
+    torch.compiler.reset()
     try:
         yield
     finally:

@@ -121,7 +121,7 @@ def test_the_whole_step_compiles_once_for_1000_steps_and_sampler_changes(smol_to
 
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model = tiny_model("llama", smol_tokenizer, max_position_embeddings=2048)
     loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
     options = RunOptions(max_new_tokens=1000, ignore_eos=True)
