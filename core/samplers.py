@@ -1,20 +1,21 @@
 """The sampler chain: step 4's stages, in order, each one object, and the one registry every front end reads.
 
 A stage is its name, its parameter (the SamplerSettings field, default, "off" value, validation with a one-line
-SettingsError), how the command line, the dashboard keys, the panels and a served request spell it, and what it does
-to the scores over the whole vocabulary (`Stage.apply`, torch: the slow, obvious reference the backends are held
-to, alongside transformers' own warper, `Stage.oracle`). The fast backends are core/steps/select.py (torch, a prefix
-of the vocabulary), core/model/native/select.cpp (one C++ call on CPU) and core/model/decode/fused_step.py (the
-compiled whole step); `Stage.native` / `Stage.fused` say which of them implement the stage, and a step that needs
-a stage a backend lacks runs on the torch backend (`backend_gaps`), never silently without it.
+SettingsError), how the command line, the dashboard keys, the panels and a served request spell it, the transformers
+warper it is held to (`Stage.oracle`), and which fast backends implement it. What it does to the scores over the
+whole vocabulary is core/steps/stages.py's, by the stage's name (torch: the slow, obvious reference; here no torch
+is imported at all, so settings, the dashboard and the served-model client stay torch-free, as pyproject's
+import-linter contracts require). The fast backends are core/steps/select.py (torch, a prefix of the vocabulary),
+core/model/native/select.cpp (one C++ call on CPU) and core/model/decode/fused_step.py (the compiled whole step);
+`Stage.native` / `Stage.fused` say which of them implement the stage, and a step that needs a stage a backend lacks
+runs on the torch backend (`backend_gaps`), never silently without it.
 
 SamplerSettings (core/settings.py), the CLI flags (tokentui/commands/common.py `add_sampler_flags`), the
 dashboard keys (tui/keys.py), the sampler panel's rows, the record's fields and the served request
-(core/server/engine.py `served_sampler`) all come from `PARAMS`; adding a stage is one entry here plus its
-backends (or none: the torch backend runs it).
+(core/server/engine.py `served_sampler`) all come from `PARAMS`; adding a stage is one entry here, its torch
+reference in core/steps/stages.py and its step in core/steps/select.py (the native and fused backends optional).
 
-Today's chain is transformers' generate order: temperature, top-k, top-p, min-p. Nothing here imports torch at
-module level (the CLI checks its flags before any slow import).
+Today's chain is transformers' generate order: temperature, top-k, top-p, min-p.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Callable
 
 from .errors import SettingsError
 
-__all__ = ["MAX_SEED", "MIN_TEMPERATURE", "PARAMS", "STAGES", "Param", "Stage", "backend_gaps", "chain_probs",
+__all__ = ["MAX_SEED", "MIN_TEMPERATURE", "PARAMS", "STAGES", "Param", "Stage", "backend_gaps",
            "SERVER_KINDS", "TOP_K_STEPS", "check", "cut_stage_names", "ignored_by", "next_notch", "param",
            "served_sampler", "stage_summary"]
 
@@ -169,57 +170,20 @@ class Param:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the chain. `apply` is the whole-vocabulary torch reference: float32 scores [..., V] in, the
-    scores with cut entries at -inf out (temperature divides). `kept` is the Selection / StepEvent field that says
-    how many entries were left after it (None: the stage cuts nothing, or the last stage's count is kept_count)."""
+    """One stage of the chain: its parameter, the transformers warper it is held to, which fast backends have it
+    (core/steps/stages.py holds its whole-vocabulary torch reference, by name). `kept` is the Selection / StepEvent
+    field that says how many entries were left after it (None: the stage cuts nothing, or, the last to cut, the
+    step's kept_count says it)."""
 
     name: str
     param: Param
-    apply: Callable  # (scores, value) -> scores
-    oracle: Callable  # (value) -> transformers' LogitsProcessor doing the same
+    oracle: str  # the transformers LogitsProcessor (generation.logits_process) that does the same: the tests' oracle
     native: bool = True  # core/model/native/select.cpp implements it
     fused: bool = True  # core/model/decode/fused_step.py implements it
     kept: str | None = None
 
     def active(self, settings) -> bool:
         return not settings.is_greedy and not self.param.is_off(getattr(settings, self.param.name))
-
-
-def _temperature(scores, t):
-    return scores / t
-
-
-def _top_k(scores, k):
-    import torch
-
-    k = min(int(k), scores.shape[-1])
-    kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-    return scores.masked_fill(scores < kth, -math.inf)  # ties at the k-th stay, as TopKLogitsWarper
-
-
-def _top_p(scores, p):
-    import torch
-
-    probs = torch.softmax(scores, dim=-1)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly before each entry, in order
-    cut = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= p)
-    return scores.masked_fill(cut, -math.inf)  # the top entry has 0 before it: it always stays
-
-
-def _min_p(scores, p):
-    import torch
-
-    probs = torch.softmax(scores, dim=-1)
-    return scores.masked_fill(probs < p * probs.amax(dim=-1, keepdim=True), -math.inf)  # the top entry stays
-
-
-def _warper(name: str):
-    def make(value):
-        from transformers.generation import logits_process  # heavy: only where the oracle is wanted
-
-        return getattr(logits_process, name)(value)
-    return make
 
 
 def _top_k_served(k, kind):
@@ -234,26 +198,26 @@ STAGES: tuple[Stage, ...] = (
               "temperature +0.1; applies at the next step"),
         served={kind: "temperature" for kind in SERVER_KINDS},
         long=lambda t: f"{t:.2f}" + (" (greedy)" if t == 0 else "")),
-        _temperature, _warper("TemperatureLogitsWarper")),
+        "TemperatureLogitsWarper"),
     Stage("top_k", Param(
         "top_k", int, 0, _check_top_k, "top-k", "keep the k best, 0 = off", off=0, nudge=next_notch, said_off=True,
         keys=("k", "K", "top-k one notch down: 100 → 50 → 20 → 10 → 5 → 2 → 1 → off",
               "top-k one notch up: off → 1 → 2 → 5 → 10 → 20 → 50 → 100"),
         served={kind: "top_k" for kind in SERVER_KINDS}, to_served=_top_k_served),
-        _top_k, _warper("TopKLogitsWarper"), kept="top_k_kept"),
+        "TopKLogitsWarper", kept="top_k_kept"),
     Stage("top_p", Param(
         "top_p", float, 0.9, _check_top_p, "top-p", "nucleus mass in (0, 1], 1 = off", off=1.0, said_off=True,
         nudge=_stepper(0.05, 0.05, 1.0),
         keys=("p", "P", "top-p −0.05 (keeps a smaller set; min 0.05)", "top-p +0.05 (1.0 = off)"),
         served={kind: "top_p" for kind in SERVER_KINDS}),
-        _top_p, _warper("TopPLogitsWarper"), kept="top_p_kept"),
+        "TopPLogitsWarper", kept="top_p_kept"),
     Stage("min_p", Param(
         "min_p", float, 0.0, _check_min_p, "min-p",
         "cut tokens below this fraction of the top token's probability, in [0, 1], 0 = off", off=0.0,
         nudge=_stepper(0.05, 0.0, 1.0),
         keys=("m", "M", "min-p −0.05 (0 = off)", "min-p +0.05 (cuts tokens under min-p × the top one's probability)"),
         served={"llama.cpp": "min_p", "vLLM": "min_p", "SGLang": "min_p"}, in_bar=False),
-        _min_p, _warper("MinPLogitsWarper"), native=False),
+        "MinPLogitsWarper", native=False),
 )
 
 # Settings that are not stages: greedy (argmax, the chain skipped) and the draw's seed.
@@ -282,20 +246,6 @@ def backend_gaps(settings, backend: str) -> list[str]:
     """The active stages `backend` ("native" or "fused") does not implement: a step that needs one runs on the
     torch backend (core/steps/select.py) instead."""
     return [s.param.label for s in STAGES if s.active(settings) and not getattr(s, backend)]
-
-
-def chain_probs(logits, settings):
-    """The post-sampler distribution over the whole vocabulary by the registry's own `apply`s, in order; [V]
-    float32 (greedy: one-hot on torch.argmax). The slow reference: what every backend must agree with."""
-    import torch
-
-    scores = logits.reshape(1, -1).to(torch.float32)
-    if settings.is_greedy:
-        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
-    for stage in STAGES:
-        if stage.active(settings):
-            scores = stage.apply(scores, getattr(settings, stage.param.name))
-    return torch.softmax(scores, dim=-1)[0]
 
 
 def stage_summary(settings, step=None, exact: bool = False, kept: str = " kept {:,}") -> list[str]:

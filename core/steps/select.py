@@ -39,6 +39,7 @@ import torch
 from ..errors import GenerationError
 from ..samplers import STAGES, backend_gaps
 from ..settings import SamplerSettings
+from .stages import warper
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
 __all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
@@ -93,7 +94,7 @@ def reference_probs(logits: torch.Tensor, settings: SamplerSettings) -> torch.Te
     assert settings.temperature > 0, "temperature must be > 0 when sampling"
     for stage in STAGES:  # the chain's order; each stage's own transformers warper (heavy import, only here)
         if stage.active(settings):
-            scores = stage.oracle(getattr(settings, stage.param.name))(None, scores)
+            scores = warper(stage, getattr(settings, stage.param.name))(None, scores)
     return torch.softmax(scores, dim=-1)[0]
 
 

@@ -1,7 +1,7 @@
 """The sampler chain (core/samplers.py): one registry of stages, three selection backends held to it.
 
 The oracle is transformers' own warpers (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-MinPLogitsWarper), applied here by name, not through the registry: each stage's torch `apply`, the torch backend
+MinPLogitsWarper), applied here by name, not through the registry: each stage's torch reference (core/steps/stages.py), the torch backend
 (core/steps/select.py), the native one (core/model/native/select.cpp, or the torch backend where it lacks a stage)
 and the compiled step's (core/model/decode/fused_step.py) must give the distribution they give, and the three
 backends the same token from the same seed. min-p, the stage added through the registry, is checked end to end:
@@ -32,10 +32,11 @@ from tokentui.core.runs.events import Notice, StepEvent
 from tokentui.core.runs.record_reader import read_lines
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.recording import RecordedRun
-from tokentui.core.samplers import PARAMS, STAGES, backend_gaps, chain_probs, served_sampler
+from tokentui.core.samplers import PARAMS, STAGES, backend_gaps, served_sampler
 from tokentui.core.server.engine import ServerEngine, ServerOptions
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.steps.select import draw_noise, native_op, reference_probs, select, unpack
+from tokentui.core.steps.stages import APPLY, chain_probs, warper
 
 N = 10
 WARPERS = {"temperature": TemperatureLogitsWarper, "top_k": TopKLogitsWarper, "top_p": TopPLogitsWarper,
@@ -95,17 +96,18 @@ def _agrees(selection, probs: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------------- the registry
 
 def test_every_stage_is_its_transformers_warper():
-    """Each stage's torch `apply` cuts exactly what its transformers warper cuts and leaves the same scores, and
-    the registry's `oracle` is that warper."""
+    """Each stage's torch reference (core/steps/stages.py) cuts exactly what its transformers warper cuts and
+    leaves the same scores, and the registry's `oracle` names that warper."""
     assert [s.name for s in STAGES] == list(WARPERS)  # generate's order: temperature, top-k, top-p, min-p
+    assert set(APPLY) == {s.name for s in STAGES}  # every stage has its torch reference
     values = {"temperature": (0.3, 1.0, 1.7), "top_k": (1, 7, 300), "top_p": (0.05, 0.5, 0.95),
               "min_p": (0.01, 0.2, 0.9, 1.0)}
     for stage in STAGES:
-        assert type(stage.oracle(values[stage.name][0])) is WARPERS[stage.name]
+        assert type(warper(stage, values[stage.name][0])) is WARPERS[stage.name]
         for value in values[stage.name]:
             for seed in range(5):
                 x = _logits(1000, seed, scale=1.0 + seed)[None]
-                ours, theirs = stage.apply(x, value), WARPERS[stage.name](value)(None, x.clone())
+                ours, theirs = APPLY[stage.name](x, value), WARPERS[stage.name](value)(None, x.clone())
                 assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), (stage.name, value, seed)
                 assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
 
