@@ -81,7 +81,9 @@ def test_a_cropped_cache_is_exactly_a_fresh_prefill_of_the_prefix(tiny, growable
     ids = list(prompt_ids) + [s.id for s in steps]
     keep = len(prompt_ids) + AT - 1
     if growable:  # the engine's own cache (GrowableLayer), as its run left it
-        cache = engine._held.cache
+        held = engine.take_held_cache()
+        engine.hold_cache(held)  # looked at, and kept for a branch as the run left it
+        cache = held.cache
         assert engine.held_ids == tuple(ids[:-1]) and cache.tokens() == len(ids) - 1
     else:  # transformers' DynamicLayer, filled by one prefill
         cache = RunCache(new_cache(tiny.model), TorchForward(tiny.model))
@@ -184,8 +186,10 @@ def test_a_branch_never_reads_past_its_crop(tiny_llama, monkeypatch):
     engine = greedy_engine(tiny_llama)
     prompt_ids, steps = parent_run(engine)
     keep = len(prompt_ids) + AT - 1
+    held = engine.take_held_cache()
+    engine.hold_cache(held)
     with torch.inference_mode():  # poison every position past the crop, in the buffers themselves
-        for layer in engine._held.cache.kv.layers:
+        for layer in held.cache.kv.layers:
             layer._kbuf[..., keep:, :] = float("nan")
             layer._vbuf[..., keep:, :] = float("nan")
     seen = []
@@ -233,7 +237,7 @@ def test_a_held_static_cache_is_not_reused_and_a_notice_says_why(tiny_llama):
     prompt_ids, steps = parent_run(engine)
     point = point_at(prompt_ids, steps, AT, 9)
     expected = [s.id for s in of(StepEvent, greedy_engine(tiny_llama).branch(point))]
-    engine._held = HeldCache(static_run_cache(tiny_llama.model), engine.held_ids)
+    engine.hold_cache(HeldCache(static_run_cache(tiny_llama.model), engine.held_ids))
     events = list(engine.branch(point))
     notes = [e.message for e in of(Notice, events)]
     assert any("not reused" in n and "--compile" in n for n in notes)
