@@ -2,18 +2,18 @@
 
 A stage is its name, its parameter (the SamplerSettings field, default, "off" value, validation with a one-line
 SettingsError), how the command line, the dashboard keys, the panels and a served request spell it, the transformers
-warper it is held to (`Stage.oracle`), and which fast backends implement it. What it does to the scores over the
-whole vocabulary is core/steps/stages.py's, by the stage's name (torch: the slow, obvious reference; here no torch
-is imported at all, so settings, the dashboard and the served-model client stay torch-free, as pyproject's
-import-linter contracts require). The fast backends are core/steps/select.py (torch, a prefix of the vocabulary),
+warper that is its whole-vocabulary reference (`Stage.oracle`, run by core/steps/stages.py, which also says what
+each stage cut; here no torch is imported at all, so settings, the dashboard and the served-model client stay
+torch-free, as pyproject's import-linter contracts require), and which fast backends implement it. The fast backends are core/steps/select.py (torch, a prefix of the vocabulary),
 core/model/native/select.cpp (one C++ call on CPU) and core/model/decode/fused_step.py (the compiled whole step);
 `Stage.native` / `Stage.fused` say which of them implement the stage, and a step that needs a stage a backend lacks
 runs on the torch backend (`backend_gaps`), never silently without it.
 
 SamplerSettings (core/settings.py), the CLI flags (tokentui/commands/common.py `add_sampler_flags`), the
 dashboard keys (tui/keys.py), the sampler panel's rows, the record's fields and the served request
-(core/server/engine.py `served_sampler`) all come from `PARAMS`; adding a stage is one entry here, its torch
-reference in core/steps/stages.py and its step in core/steps/select.py (the native and fused backends optional).
+(core/server/engine.py `served_sampler`) all come from `PARAMS`; adding a stage is one entry here and its step in
+core/steps/select.py (a torch function in core/steps/stages.py where transformers has no warper for it; the native
+and fused backends optional).
 
 Today's chain is transformers' generate order: temperature, top-k, top-p, min-p.
 """
@@ -170,8 +170,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the chain: its parameter, the transformers warper it is held to, which fast backends have it
-    (core/steps/stages.py holds its whole-vocabulary torch reference, by name). `kept` is the Selection / StepEvent
+    """One stage of the chain: its parameter, the transformers warper that is its reference, which fast backends
+    have it. `kept` is the Selection / StepEvent
     field that says how many entries were left after it (None: the stage cuts nothing, or, the last to cut, the
     step's kept_count says it)."""
 

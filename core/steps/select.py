@@ -39,7 +39,7 @@ import torch
 from ..errors import GenerationError
 from ..samplers import STAGES, backend_gaps
 from ..settings import SamplerSettings
-from .stages import warper
+from .stages import chain
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
 __all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
@@ -88,14 +88,7 @@ def reference_probs(logits: torch.Tensor, settings: SamplerSettings) -> torch.Te
     Greedy is one-hot on torch.argmax (first index on ties), like generate(do_sample=False). It sorts the whole
     vocabulary: the tests' oracle and a slow path, not what a decode step runs.
     """
-    scores = _scores(logits).unsqueeze(0)  # [1, V] float32
-    if settings.is_greedy:
-        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
-    assert settings.temperature > 0, "temperature must be > 0 when sampling"
-    for stage in STAGES:  # the chain's order; each stage's own transformers warper (heavy import, only here)
-        if stage.active(settings):
-            scores = warper(stage, getattr(settings, stage.param.name))(None, scores)
-    return torch.softmax(scores, dim=-1)[0]
+    return chain(_scores(logits), settings, report=False)[0]  # each stage's transformers warper, in order
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,65 +1,56 @@
-"""Each sampler stage's whole-vocabulary torch reference (core/samplers.py names the stages), and the chain of them.
+"""The sampler chain over the whole vocabulary, stage by stage, saying what each stage cut: the slow reference.
 
-`apply(name, scores, value)`: float32 scores [..., V] in, the scores with the cut entries at -inf out (temperature
-divides), exactly what the stage's transformers warper does (tests/unit/test_sampler_chain.py holds each to it).
-Slow and obvious: they sort or softmax the whole vocabulary. core/steps/select.py gets the same distribution from a
-prefix of it; these are what it, the native call and the compiled step are checked against, with the warpers.
+Each stage (core/samplers.py) masks the scores with the transformers LogitsProcessor it names (`Stage.oracle`):
+the library already does each stage exactly as generate() does, so it is used rather than written again here. A
+stage transformers lacks would add its own torch function beside `warper`. What this adds is the report: how many
+entries each stage cut and the probability they had as the stage received them, what the dashboard's "cut by
+<stage>" reads. It sorts and softmaxes the whole vocabulary: the tests' reference, not a decode step's path
+(core/steps/select.py, the native call and the compiled step are checked against it).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ..samplers import STAGES
 
-__all__ = ["APPLY", "chain_probs", "warper"]
+__all__ = ["Cut", "chain", "warper"]
 
 
-def _temperature(scores: torch.Tensor, t: float) -> torch.Tensor:
-    return scores / t
+@dataclass(frozen=True)
+class Cut:
+    """What one stage did: entries it set to -inf, and their probability in the distribution it received."""
 
-
-def _top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
-    k = min(int(k), scores.shape[-1])
-    kth = torch.topk(scores, k, dim=-1).values[..., -1:]
-    return scores.masked_fill(scores < kth, -math.inf)  # ties at the k-th stay, as TopKLogitsWarper
-
-
-def _top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
-    probs = torch.softmax(scores, dim=-1)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # the mass strictly before each entry, in order
-    cut = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= p)
-    return scores.masked_fill(cut, -math.inf)  # the top entry has 0 before it: it always stays
-
-
-def _min_p(scores: torch.Tensor, p: float) -> torch.Tensor:
-    probs = torch.softmax(scores, dim=-1)
-    return scores.masked_fill(probs < p * probs.amax(dim=-1, keepdim=True), -math.inf)  # the top entry stays
-
-
-APPLY: dict[str, Callable[[torch.Tensor, object], torch.Tensor]] = {
-    "temperature": _temperature, "top_k": _top_k, "top_p": _top_p, "min_p": _min_p,
-}
+    stage: str
+    count: int
+    mass: float
+    left: int  # entries still in after it
 
 
 def warper(stage, value):
-    """The transformers LogitsProcessor a stage is held to (`Stage.oracle`), made for `value`."""
-    from transformers.generation import logits_process  # heavy: only where the oracle is wanted
+    """The transformers LogitsProcessor a stage is (`Stage.oracle`), made for `value`."""
+    from transformers.generation import logits_process  # heavy: only where the reference is wanted
 
     return getattr(logits_process, stage.oracle)(value)
 
 
-def chain_probs(logits: torch.Tensor, settings) -> torch.Tensor:
-    """The post-sampler distribution over the whole vocabulary by the stages' own references, in the chain's order;
-    [V] float32 (greedy: one-hot on torch.argmax, as generate(do_sample=False))."""
+def chain(logits: torch.Tensor, settings, report: bool = True) -> tuple[torch.Tensor, list[Cut]]:
+    """The post-sampler distribution over the whole vocabulary ([V] float32), and what each active stage cut, in
+    the chain's order (`report` False: no cuts counted, the distribution only). Greedy: one-hot on torch.argmax
+    (first index on ties, as generate(do_sample=False)), no stage run."""
     scores = logits.reshape(1, -1).to(torch.float32)
     if settings.is_greedy:
-        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
+        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32), []
+    cuts = []
     for stage in STAGES:
-        if stage.active(settings):
-            scores = APPLY[stage.name](scores, getattr(settings, stage.param.name))
-    return torch.softmax(scores, dim=-1)[0]
+        if not stage.active(settings):
+            continue
+        after = warper(stage, getattr(settings, stage.param.name))(None, scores.clone())
+        if report:
+            cut = torch.isinf(after) & ~torch.isinf(scores)  # [1, V] what this stage took out
+            mass = torch.softmax(scores, dim=-1)[cut].sum()
+            cuts.append(Cut(stage.name, int(cut.sum()), float(mass), int((~torch.isinf(after)).sum())))
+        scores = after
+    return torch.softmax(scores, dim=-1)[0], cuts

@@ -1,11 +1,11 @@
 """The sampler chain (core/samplers.py): one registry of stages, three selection backends held to it.
 
 The oracle is transformers' own warpers (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-MinPLogitsWarper), applied here by name, not through the registry: each stage's torch reference (core/steps/stages.py), the torch backend
-(core/steps/select.py), the native one (core/model/native/select.cpp, or the torch backend where it lacks a stage)
-and the compiled step's (core/model/decode/fused_step.py) must give the distribution they give, and the three
-backends the same token from the same seed. min-p, the stage added through the registry, is checked end to end:
-its flag, the record, the served request.
+MinPLogitsWarper), applied here by name, not through the registry: the whole-vocabulary reference
+(core/steps/stages.py), the torch backend (core/steps/select.py), the native one (core/model/native/select.cpp, or
+the torch backend where it lacks a stage) and the compiled step's (core/model/decode/fused_step.py) must give the
+distribution they give, and the three backends the same token from the same seed. min-p, the stage added through
+the registry, is checked end to end: its flag, the record, the served request, the one-pass panel.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tokentui.core.samplers import PARAMS, STAGES, backend_gaps, served_sampler
 from tokentui.core.server.engine import ServerEngine, ServerOptions
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.steps.select import draw_noise, native_op, reference_probs, select, unpack
-from tokentui.core.steps.stages import APPLY, chain_probs, warper
+from tokentui.core.steps.stages import chain, warper
 
 N = 10
 WARPERS = {"temperature": TemperatureLogitsWarper, "top_k": TopKLogitsWarper, "top_p": TopPLogitsWarper,
@@ -95,21 +95,26 @@ def _agrees(selection, probs: torch.Tensor) -> None:
 
 # ----------------------------------------------------------------------------------------------- the registry
 
-def test_every_stage_is_its_transformers_warper():
-    """Each stage's torch reference (core/steps/stages.py) cuts exactly what its transformers warper cuts and
-    leaves the same scores, and the registry's `oracle` names that warper."""
+def test_each_stage_is_its_transformers_warper_and_says_what_it_cut():
+    """The registry names each stage's transformers warper (the reference masks with it), in generate's order, and
+    the reference's report of each stage's cut agrees with the backends' counts (top-k's and top-p's fields, the
+    last stage's kept count) and with the mass those entries had as the stage received them."""
     assert [s.name for s in STAGES] == list(WARPERS)  # generate's order: temperature, top-k, top-p, min-p
-    assert set(APPLY) == {s.name for s in STAGES}  # every stage has its torch reference
-    values = {"temperature": (0.3, 1.0, 1.7), "top_k": (1, 7, 300), "top_p": (0.05, 0.5, 0.95),
-              "min_p": (0.01, 0.2, 0.9, 1.0)}
     for stage in STAGES:
-        assert type(warper(stage, values[stage.name][0])) is WARPERS[stage.name]
-        for value in values[stage.name]:
-            for seed in range(5):
-                x = _logits(1000, seed, scale=1.0 + seed)[None]
-                ours, theirs = APPLY[stage.name](x, value), WARPERS[stage.name](value)(None, x.clone())
-                assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), (stage.name, value, seed)
-                assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+        assert type(warper(stage, 1 if stage.param.kind is int else 0.5)) is WARPERS[stage.name]
+    settings = SamplerSettings(temperature=0.9, top_k=200, top_p=0.9, min_p=0.05)
+    for seed in range(4):
+        x = _logits(3_000, seed, scale=1.0 + seed)
+        probs, cuts = chain(x, settings)
+        assert [c.stage for c in cuts] == ["temperature", "top_k", "top_p", "min_p"]
+        temperature, top_k, top_p, min_p = cuts
+        assert (temperature.count, temperature.mass, temperature.left) == (0, 0.0, 3_000)
+        sel = select(x, settings, _gen(seed), N, native=False)
+        assert (top_k.left, top_p.left, min_p.left) == (sel.top_k_kept, sel.top_p_kept, sel.kept_count)
+        assert sum(c.count for c in cuts) == 3_000 - sel.kept_count == 3_000 - int((probs > 0).sum())
+        scaled = torch.softmax(x / 0.9, dim=-1)  # what top-k received: its cut is the tail past the 200 best
+        assert math.isclose(top_k.mass, float(scaled.sort(descending=True).values[200:].sum()), rel_tol=1e-4)
+        assert 0 < top_p.mass < 0.1 + 1e-6 and 0 <= min_p.mass < 1
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}-m{s.min_p}")
@@ -122,7 +127,7 @@ def test_the_backends_agree_with_each_other_and_with_the_warpers(settings):
             x = _logits(vocab, seed)
             probs = _warped(x, settings)
             assert torch.allclose(reference_probs(x, settings), probs, atol=1e-7)  # the registry's oracles
-            assert torch.allclose(chain_probs(x, settings), probs, atol=1e-6)  # the registry's own applies
+            assert torch.equal(chain(x, settings)[0], reference_probs(x, settings))  # reported or not
             torch_sel = select(x, settings, _gen(seed), N, native=False)
             _agrees(torch_sel, probs)
             fused = _fused(x, settings, seed)
