@@ -171,13 +171,12 @@ class Param:
 @dataclass(frozen=True)
 class Stage:
     """One stage of the chain: its parameter, the transformers warper that is its reference, which fast backends
-    have it. `kept` is the Selection / StepEvent
-    field that says how many entries were left after it (None: the stage cuts nothing, or, the last to cut, the
-    step's kept_count says it)."""
+    have it. `kept` is the Selection / StepEvent field that says how many entries were left after it (None: the
+    stage cuts nothing, or, the last to cut, the step's kept_count says it)."""
 
     name: str
     param: Param
-    oracle: str  # the transformers LogitsProcessor (generation.logits_process) that does the same: the tests' oracle
+    oracle: str  # the transformers LogitsProcessor (generation.logits_process) that does it: the reference
     native: bool = True  # core/model/native/select.cpp implements it
     fused: bool = True  # core/model/decode/fused_step.py implements it
     kept: str | None = None
