@@ -250,8 +250,8 @@ def backend_gaps(settings, backend: str) -> list[str]:
 def stage_summary(settings, step=None, exact: bool = False, kept: str = " kept {:,}") -> list[str]:
     """The cutting stages in a few words each, in the chain's order: "top-k off", "top-p 0.90 kept 12" (the count
     from a step's report, when `step` is given and reports it: the stage's own field, or, for a stage without one
-    that is the last to cut, the step's kept_count). A stage that is off is said only where its parameter says so (`said_off`: the
-    classic ones); `exact` writes values as :g ("0.9"), else as the panel does ("0.90")."""
+    that is the last to cut, the step's kept_count). A stage that is off is said only where its parameter says so
+    (`said_off`: the classic ones); `exact` writes values as :g ("0.9"), else as the panel does ("0.90")."""
     cutting = [s for s in STAGES if s.param.off is not None]
     last = next((s for s in reversed(cutting) if s.active(settings)), None)
     parts = []
@@ -277,8 +277,8 @@ def cut_stage_names(settings=None) -> str:
 
 def served_sampler(settings, kind: str) -> tuple[dict, list[str]]:
     """The sampler's fields of a served request for server `kind` (SERVER_KINDS), and the names llama-server's
-    `samplers` list orders them by; a stage the server has no field for is left out (`ignored` says which:
-    the run's notice names them)."""
+    `samplers` list orders them by; a stage the server has no field for is left out (`ignored_by` says which:
+    the run's notice names them). Greedy is sent as temperature 0."""
     greedy = settings.is_greedy
     body: dict = {}
     for p in PARAMS:
