@@ -4,10 +4,11 @@ A stage is its name, its parameter (the SamplerSettings field, default, "off" va
 SettingsError), how the command line, the dashboard keys, the panels and a served request spell it, the transformers
 warper that is its whole-vocabulary reference (`Stage.oracle`, run by core/steps/stages.py, which also says what
 each stage cut; here no torch is imported at all, so settings, the dashboard and the served-model client stay
-torch-free, as pyproject's import-linter contracts require), and which fast backends implement it. The fast backends are core/steps/select.py (torch, a prefix of the vocabulary),
-core/model/native/select.cpp (one C++ call on CPU) and core/model/decode/fused_step.py (the compiled whole step);
-`Stage.native` / `Stage.fused` say which of them implement the stage, and a step that needs a stage a backend lacks
-runs on the torch backend (`backend_gaps`), never silently without it.
+torch-free, as pyproject's import-linter contracts require), and which fast backends implement it. The fast
+backends are core/steps/select.py (torch, a prefix of the vocabulary), core/model/native/select.cpp (one C++ call
+on CPU) and core/model/decode/fused_step.py (the compiled whole step); `Stage.native` / `Stage.fused` say which of
+them implement the stage, and a step that needs a stage a backend lacks runs on the torch backend
+(`backend_gaps`), never silently without it.
 
 SamplerSettings (core/settings.py), the CLI flags (tokentui/commands/common.py `add_sampler_flags`), the
 dashboard keys (tui/keys.py), the sampler panel's rows, the record's fields and the served request
@@ -214,7 +215,8 @@ STAGES: tuple[Stage, ...] = (
         "min_p", float, 0.0, _check_min_p, "min-p",
         "cut tokens below this fraction of the top token's probability, in [0, 1], 0 = off", off=0.0,
         nudge=_stepper(0.05, 0.0, 1.0),
-        keys=("m", "M", "min-p −0.05 (0 = off)", "min-p +0.05 (cuts tokens under min-p × the top one's probability)"),
+        keys=("m", "M", "min-p −0.05 (0 = off)",
+              "min-p +0.05 (cuts tokens under min-p × the top one's probability)"),
         served={"llama.cpp": "min_p", "vLLM": "min_p", "SGLang": "min_p"}, in_bar=False),
         "MinPLogitsWarper", native=False),
 )
