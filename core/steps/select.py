@@ -8,8 +8,8 @@ The post-sampler distribution is, by definition, what transformers' `generate(do
 
 `reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
 same distribution without sorting the vocabulary (a full sort of a 151,936-entry vocabulary on one CPU core costs
-a good part of a decode step: docs/design-record.md, "Selection without a sort"): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
-prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
+a good part of a decode step: docs/design-record.md, "Selection without a sort"): only the highest-scoring tokens
+can survive top-k / top-p / min-p, so it takes `torch.topk` of a prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
 Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
 warpers: every token past the prefix has probability 0 there.
 
@@ -18,7 +18,8 @@ The topk of a prefix and of the reported candidates goes through core/steps/topn
 On a CPU where tokentui's native library builds, `select` is one C++ call instead (core/model/native/select.cpp,
 `native_op`): the same distribution, report and packed vector, the same noise from the same generator stream, the
 kept set found by a histogram of the scores instead of topk passes. The torch operations below run everywhere
-else (accelerators, no compiler) and are held to the same oracles (tests/unit/test_select.py runs both paths).
+else (accelerators, no compiler, and a step with a stage the C++ call lacks: min-p) and are held to the same oracles
+(tests/unit/test_select.py runs both paths; tests/unit/test_sampler_chain.py all three backends).
 
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
 host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
