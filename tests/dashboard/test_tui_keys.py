@@ -60,6 +60,8 @@ SAMPLER_KEYS = [
     ("k", SamplerSettings(top_k=10), "top_k", 5, "top-k 5"),
     ("K", SamplerSettings(top_k=10), "top_k", 20, "top-k 20"),
     ("g", SamplerSettings(greedy=False), "greedy", True, "mode greedy"),
+    ("M", SamplerSettings(min_p=0.0), "min_p", 0.05, "min-p 0.05"),  # the key min-p came with (core/samplers.py)
+    ("m", SamplerSettings(min_p=0.05), "min_p", 0.0, "min-p 0.00 (off)"),
 ]
 
 
