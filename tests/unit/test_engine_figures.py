@@ -20,7 +20,7 @@ from tiny_models import tiny_model
 from cli_run import one_line_error
 from cli_run import tokentui
 from tiny_models import generate_ids
-from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens, first_capacity, new_cache
+from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens
 from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine

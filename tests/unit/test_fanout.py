@@ -14,7 +14,6 @@ import torch
 from run_checks import failure_of
 from tiny_models import tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, model_facts

@@ -18,7 +18,7 @@ import torch
 import tokentui.core.model.engine as engine_module
 import tokentui.core.model.observe.timing as timing_module
 from tiny_models import REPO, tiny_model
-from tokentui.core.model.decode.adapter import cache_layers, forward_last_logits, new_cache
+from tokentui.core.model.decode.adapter import cache_layers
 from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.observe.anatomy import Stage, one_pass
 from tokentui.core.steps.decode import decode_one_token

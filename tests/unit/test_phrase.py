@@ -12,7 +12,7 @@ import torch
 from run_checks import failure_of
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.decode.adapter import cache_layers, new_cache
+from tokentui.core.model.decode.adapter import cache_layers
 from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.branch import crop_cache
 from tokentui.core.model.engine import Engine
