@@ -365,7 +365,7 @@ def test_precheck_names_the_cuda_device_asked_for(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")
 def test_precheck_asks_torch_in_a_subprocess_without_importing_it_here():
-    code = ("import sys; from tokentui.core.model import precheck; print(precheck.visible_cuda_devices()); "
+    code = ("import sys; from tokentui.core.model.load import precheck; print(precheck.visible_cuda_devices()); "
             "precheck.check_model_and_device(None, 'cpu'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False"]
