@@ -21,6 +21,11 @@ PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next 
                  "changed")
 
 
+def room_for(history: list[str]) -> int:
+    """Rows under the settings for the changes: "changed:" and the latest two (or the one there is)."""
+    return 1 + min(len(history), 2)
+
+
 def fitting(alternatives, room: int) -> str:
     """The first of `alternatives` that fits in `room` cells whole, "" when none does."""
     return next((text for text in alternatives if cell_len(text) <= room), "")
@@ -90,6 +95,8 @@ class SamplerPanel(Panel):
         waiting = (PENDING_LIVE if state.running else PENDING_ENDED) if differs else ()
         pending = Text(fitting(waiting, width), changed) if waiting else Text()
         history = [line for change in state.settings_changes for line in describe_change(change)]
+        if history and height - len(values) < room_for(history):  # a quiet stage that is off gives its row up
+            values = describe(settings, brief=True)
         viewed = state.view_step if not state.live else None
         if viewed is not None:  # the time-travel cursor holds a past step: its settings beside the live ones
             return self._travel(viewed, settings, width, height, pending, history)
@@ -153,6 +160,8 @@ class SamplerPanel(Panel):
         upto = step.index + 1
         history = [line for change in state.settings_changes if change.step <= upto
                    for line in describe_change(change)]
+        if history and height - len(values) < room_for(history):  # as for the live settings
+            values = describe(step.settings, brief=True)
         out = Text()
         if height < 4:
             out.append("recorded ", label)
