@@ -41,7 +41,7 @@ from ..errors import GenerationError
 from ..samplers import STAGES, backend_gaps
 from ..settings import SamplerSettings
 from .stages import chain
-from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
+from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, best_prefix, top_scores, wider_prefix
 
 __all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
 
@@ -428,7 +428,7 @@ def _sample_prefix(
     Dividing by a positive temperature never reorders scores (rounding is monotone), so the raw topk order is also
     the order after temperature, and the k-th largest scaled score is the k-th largest raw one, divided.
     """
-    raw_vals, idx = top_prefix(x, k)  # [k] descending raw scores, their ids
+    raw_vals, idx = best_prefix(x, k)  # [k] descending raw scores, their ids
     vals = raw_vals if xs is x else raw_vals / temperature  # [k] scaled exactly as xs = x / temperature
     shifted = vals - vals[0]  # [k] <= 0: exponents relative to the top score, as softmax computes them
     unnorm = shifted.exp()  # [k]

@@ -1,7 +1,7 @@
 """The highest scores of a vocabulary: exact `torch.topk` equivalents that are cheaper on one CPU core.
 
-`top_scores` finds the few candidates a step reports, `top_prefix` the prefixes top-k / top-p need (core/steps/select.py
-uses both). The values are exactly torch.topk's; ids of tied scores may come in another order, which topk does not
+`top_scores` finds the few candidates a step reports, `best_prefix` the prefixes top-k / top-p need
+(core/steps/select.py uses both). The values are exactly torch.topk's; ids of tied scores may come in another order, which topk does not
 define either. On other devices both are plain torch.topk. `first_prefix` and `wider_prefix` size those prefixes.
 """
 
@@ -11,17 +11,17 @@ import math
 
 import torch
 
-__all__ = ["PREFIX_MIN", "TIE_MARGIN", "first_prefix", "top_prefix", "top_scores", "wider_prefix"]
+__all__ = ["PREFIX_MIN", "TIE_MARGIN", "first_prefix", "best_prefix", "top_scores", "wider_prefix"]
 
 PREFIX_MIN = 256  # smallest prefix tried: cheap at V = 151,936 on CPU (docs/design-record.md), and a widening costs a second pass
 TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
 _DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
 
 _BLOCK = 256  # top_scores: blocks of this many scores are ranked by their maximum
-_PREFIX_BLOCK = 32  # top_prefix: block size of the block-max shortcut below _PREFIX_SAMPLED
-_STRIDE = 16  # top_prefix: every _STRIDE-th score goes into the sample that estimates the k-th largest
-_PREFIX_SAMPLED = 512  # top_prefix: from this k on (while 8 * k <= V) the sampled threshold beats torch.topk
-_GATHER_SHARE = 8  # top_prefix below _PREFIX_SAMPLED: a threshold once the k best blocks hold >= 1/8 of the scores
+_PREFIX_BLOCK = 32  # best_prefix: block size of the block-max shortcut below _PREFIX_SAMPLED
+_STRIDE = 16  # best_prefix: every _STRIDE-th score goes into the sample that estimates the k-th largest
+_PREFIX_SAMPLED = 512  # best_prefix: from this k on (while 8 * k <= V) the sampled threshold beats torch.topk
+_GATHER_SHARE = 8  # best_prefix below _PREFIX_SAMPLED: a threshold once the k best blocks hold >= 1/8 of the scores
 
 
 def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +67,7 @@ def _block_threshold_topk(x: torch.Tensor, k: int, block: int) -> tuple[torch.Te
     return _topk_among(x, (x >= threshold).nonzero().squeeze(1), k)  # ascending ids, the ragged tail included
 
 
-def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def best_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, k) (values descending, their ids) for the prefixes top-k / top-p need, cheaper on CPU.
 
     Hand-written because on one CPU core topk(k) over a whole vocabulary is a heap pass for a few hundred and, past
@@ -107,12 +107,13 @@ def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 # How many of the highest scores core/steps/select.py takes for top-k / top-p.
 
 
-def first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
-    """How many of the highest scores to try first for top-p alone; a guess, checked by `enough` and widened.
+def first_prefix(x: torch.Tensor, hs: torch.Tensor, mass: float) -> int:
+    """How many of the highest scores to try first for top-p alone (`mass`: its nucleus mass); a guess, checked by
+    `enough` and widened.
 
-    The nucleus of top_p runs at roughly 0.4 / (1 - top_p) times the perplexity exp(H) (measured on normal, Zipf
+    The nucleus of mass p runs at roughly 0.4 / (1 - p) times the perplexity exp(H) (measured on normal, Zipf
     and Gumbel scores), so guess 1.5 times that from the entropy (reading it back is free on CPU). On CPU the cost
-    of `top_prefix` grows with k, so a close guess pays (against rounding every guess above 192 up to V / 64:
+    of `best_prefix` grows with k, so a close guess pays (against rounding every guess above 192 up to V / 64:
     docs/design-record.md, "Top-n without torch.topk"). On accelerators topk barely depends on
     k and a sync costs more.
     """
@@ -120,16 +121,16 @@ def first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
         return PREFIX_MIN
     if x.device.type != "cpu":
         return _DEVICE_PREFIX
-    guess = math.exp(min(float(hs), 30.0)) * 0.4 / (1.0 - top_p)  # NaN scores: nan, then PREFIX_MIN
+    guess = math.exp(min(float(hs), 30.0)) * 0.4 / (1.0 - mass)  # NaN scores: nan, then PREFIX_MIN
     if not guess > PREFIX_MIN / 1.5:
         return PREFIX_MIN
     return int(1.5 * guess)
 
 
 def wider_prefix(k: int, vocab: int, prefix_mass: float, last_prob: float, xs: torch.Tensor, top_k: int,
-                 top_p: float) -> int:
+                 mass: float) -> int:
     """Next prefix size after one that did not hold the whole kept set (flat distributions, many ties), given the
-    probability mass (after temperature and top-k) the prefix held and its last entry's probability.
+    probability mass (after temperature and top-k) the prefix held and its last entry's probability (`mass`: top-p's).
 
     At least four times the last try and V / 64, so that one widening is almost always the last; from half the
     vocabulary on, a topk costs a full sort, so take it all.
@@ -139,7 +140,7 @@ def wider_prefix(k: int, vocab: int, prefix_mass: float, last_prob: float, xs: t
         return min(vocab, int((xs >= kth).sum()) + TIE_MARGIN)  # extra syncs, only on this rare path
     # Every token past the prefix weighs at most the prefix's last one, so at least `need` more are needed; real
     # tails decay, so ask for several times that.
-    missing = top_p - prefix_mass
+    missing = mass - prefix_mass
     need = math.ceil(missing / last_prob) if last_prob > 0 else vocab
     k = max(4 * k, k + 8 * need, vocab // 64 + 1)
     return vocab if k >= vocab // 2 else k

@@ -24,7 +24,7 @@ from tokentui.core.steps import select as select_module
 from tokentui.core.steps.select import (Selection, draw_noise, draw_uniforms, exp_noise, race_index, reference_probs,
                                         select)
 from tokentui.core.settings import SamplerSettings
-from tokentui.core.steps.topn import top_prefix, top_scores
+from tokentui.core.steps.topn import best_prefix, top_scores
 
 PROB_TOL = 1e-6
 
@@ -310,7 +310,7 @@ def test_top_prefix_is_torch_topk(vocab, k):
         elif case == "sample-misses":  # winners only where the strided sample does not look: the fallback
             x = torch.zeros(vocab)
             x[1::16][:k] = 1.0 + torch.arange(min(k, x[1::16].numel()), dtype=torch.float32)
-        values, ids = top_prefix(x, k)
+        values, ids = best_prefix(x, k)
         expected = torch.topk(x, k).values
         assert torch.equal(values, expected), case
         assert torch.equal(x[ids], values) and len(set(ids.tolist())) == k, case
