@@ -20,7 +20,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from arch_matrix import FORCED_TOL, NEW_TOKENS, SPECS, Observation, build, forced_gaps, observe, tensor_bytes
+from arch_matrix import (FORCED_TOL, NEW_TOKENS, SPECS, Observation, build, cache_kwargs, forced_gaps, observe,
+                         tensor_bytes)
 from tiny_models import REPO, assert_varies, generate_ids
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, load_model, model_facts
@@ -207,9 +208,8 @@ def test_bfloat16_figures_are_the_bfloat16_tensors(name, smol_tokenizer):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    key = "cache_params" if name == "mamba" else "past_key_values"
     with torch.inference_mode():
-        model(input_ids=torch.tensor([list(range(100, 130))]), use_cache=True, **{key: cache})
+        model(input_ids=torch.tensor([list(range(100, 130))]), use_cache=True, **cache_kwargs(model, cache))
     assert tensor_bytes(cache) == kv_bytes_at(facts.kv_groups, 30, 2)
 
 
