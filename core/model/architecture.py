@@ -149,8 +149,8 @@ def _attention_dims(model, cfg, layer, mixer) -> tuple[int, int, int]:
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     kind = getattr(cfg, "model_type", "")
     if kind == "falcon":
-        # transformers' Falcon, new decoder: up to 5.23 it broadcasts K and V to every query head before caching
-        # them; newer releases cache its K/V heads and repeat them after (their attention has num_key_value_groups)
+        # transformers' Falcon, new decoder: up to 5.24 it broadcasts K and V to every query head before caching
+        # them; since 5.25 it caches its K/V heads and repeats them after (its attention has num_key_value_groups)
         broadcast = not isinstance(getattr(mixer, "num_key_value_groups", None), int)
         kv = (heads if broadcast else cfg.num_kv_heads) if cfg.new_decoder_architecture else (
             1 if cfg.multi_query else (cfg.num_kv_heads or heads))
