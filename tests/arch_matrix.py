@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from tiny_models import FORCED_TOL, INIT, cache_kwargs, forced_gaps, forced_ok  # noqa: F401  (the tests import them from here too)
+# FORCED_TOL, INIT, forced_gaps, forced_ok: the tests import them from here too
+from tiny_models import FORCED_TOL, INIT, cache_kwargs, forced_gaps, forced_ok  # noqa: F401
 
 # sliding windows and attention chunks: 40, so a 31-token prompt ("Hi" in the chat template) crosses them while
 # decoding (the layer keeps 39 positions). Soft-caps, scales and divisors are set where they change the tiny

@@ -157,8 +157,8 @@ def test_the_readme_table_is_the_matrix(smol_tokenizer):
     import transformers
     from arch_matrix import readme_section, render
 
-    # The table's figures are transformers' caches (Falcon's new decoder caches only its K/V heads since 5.25): it is the
-    # pinned release's (scripts/setup.sh); on another, the per-family tests above are the check.
+    # The table's figures are transformers' caches (Falcon's new decoder caches only its K/V heads since 5.25):
+    # it is the pinned release's (scripts/setup.sh); on another, the per-family tests above are the check.
     pin = re.search(r"transformers==([0-9][0-9.]*)", (REPO / "scripts" / "setup.sh").read_text()).group(1)
     if transformers.__version__ != pin:
         pytest.skip(f"the README's table is measured on the pinned transformers {pin}; this is "
