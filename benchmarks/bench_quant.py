@@ -50,7 +50,7 @@ from measure.common import (TORCH_DEFAULT_THREADS, bandwidth, log, machine, med,
 from measure.dashboard import bench_dashboard  # noqa: E402
 from measure.launch import bench_launch  # noqa: E402
 from measure.selection import bench_select, real_scores  # noqa: E402
-from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.steps import TorchForward  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits  # noqa: E402
 from tokentui.core.model.load.loader import LoadedModel, load_model  # noqa: E402
@@ -122,12 +122,20 @@ def fp32_kernel_copy() -> LoadedModel | None:
 
 def engines(reference, quantized, unfused, here, threads: int, options: RunOptions, with_compile: bool,
             on_torch_kernel: LoadedModel | None = None, on_fp32_kernel: LoadedModel | None = None) -> dict:
+    from tokentui.core.model.decode import lean_step
+    from tokentui.core.model.native import native_step
+
     speed = SpeedOptions(threads=threads, prefill_threads=threads)
-    out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed),
-           "4-bit, transformers forward, unfused": Engine(unfused, GREEDY, options, speed=speed),
-           "4-bit, transformers forward, fused": Engine(quantized, GREEDY, options, speed=speed),
-           EAGER_LEAN: Engine(quantized, GREEDY, options, speed=speed),
-           DEFAULT: Engine(quantized, GREEDY, options, speed=speed)}
+    out = {"float32 reference": Engine(reference, GREEDY, options, speed=speed)}
+    # an engine's decode step is chosen as it is made (core/model/decode/plan.py): the contenders that decode
+    # through transformers' forward, or through the eager lean step, are made while the faster steps are off
+    for name, loaded in (("4-bit, transformers forward, unfused", unfused), ("4-bit, transformers forward, fused",
+                                                                             quantized)):
+        with native_step.disabled(loaded.model), lean_step.disabled(loaded.model):
+            out[name] = Engine(loaded, GREEDY, options, speed=speed)
+    with native_step.disabled(quantized.model):
+        out[EAGER_LEAN] = Engine(quantized, GREEDY, options, speed=speed)
+    out[DEFAULT] = Engine(quantized, GREEDY, options, speed=speed)
     if on_torch_kernel is not None:
         out[TORCH_KERNEL] = Engine(on_torch_kernel, GREEDY, options, speed=speed)
     if on_fp32_kernel is not None:
@@ -135,8 +143,6 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
     if here is not None:
         out[HERE] = Engine(here, GREEDY, options, speed=speed)
     if with_compile:  # where the native step serves, --compile keeps it: made without it, to measure the compiled one
-        from tokentui.core.model.native import native_step
-
         log(f"  compiling the 4-bit lean decode step at {threads} thread(s) (minutes) ...")
         started = time.perf_counter()
         with native_step.disabled(quantized.model):
@@ -146,27 +152,9 @@ def engines(reference, quantized, unfused, here, threads: int, options: RunOptio
     return out
 
 
-def run_without_lean(engine: Engine):
-    """A run whose caches carry no lean step: decode through transformers' forward (the same scores)."""
-    from tokentui.core.model.decode import lean_step
-    from tokentui.core.model.native import native_step
-
-    with native_step.disabled(engine.model), lean_step.disabled(engine.model):
-        return run_engine(engine, PROMPT)
-
-
-def run_without_native(engine: Engine):
-    """A run decoded by the eager lean step (the native step's Python counterpart: the model's scores bit for bit)."""
-    from tokentui.core.model.native import native_step
-
-    with native_step.disabled(engine.model):
-        return run_engine(engine, PROMPT)
-
-
 def run_contender(name: str, engine: Engine):
-    if "transformers forward" in name:
-        return run_without_lean(engine)
-    return run_without_native(engine) if name == EAGER_LEAN else run_engine(engine, PROMPT)
+    """One run of a contender (`engines` made each with the decode step its name says)."""
+    return run_engine(engine, PROMPT)
 
 
 # ---------------------------------------------------------------------------------------------------- server
@@ -328,7 +316,7 @@ def bench_prefill(reference, quantized, reps: int) -> dict:
         series: dict[str, list[float]] = {"4-bit": [], "float32": []}
         for _ in range(reps):
             for name, loaded in (("4-bit", quantized), ("float32", reference)):
-                cache = new_cache(loaded.model, first_capacity(n, 16))
+                cache, _ = TorchForward(loaded.model).new_cache(n, 16)
                 use_threads(torch.device("cpu"), speed.prefill_thread_count(n))
                 series[name].append(prefill(loaded.model, pool[:n], cache)[1])
         out[n] = {k: med(v) for k, v in series.items()}

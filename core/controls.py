@@ -2,9 +2,11 @@
 pause / single step (core/gate.py's StepGate), and stop. Every engine keeps them (core/interface.py's BaseEngine
 inherits this class): the local engine, the served-model engine, the replay and the tests' scripted engine.
 
-Runs are named by their run id: the id the caller gives (`run(..., run_id=N)`: the dashboard's engine client names
-each run, core/link/client.py) or the next one counted here. `stop(run_id)` stops that run and every earlier one; a
-newer run retires every older one. An engine's loop calls the methods under "for the engine's loop" at its step
+Runs are named by their run id: the id the caller gives (`run(..., run_id=N)`) or the next one counted here. There is
+one count per program: the dashboard's engine client counts its runs (core/link/client.py) and the engine, in the
+model process or in-process, takes each id it is given (core/link/protocol.py's `run_id` fields); an engine driven
+directly (the commands, the tests) counts here. `stop(run_id)` stops that run and every earlier one; a newer run
+retires every older one. An engine's loop calls the methods under "for the engine's loop" at its step
 boundaries: `wait_at_gate` (pause / step / stop), `take_settings`, `stopping`.
 """
 

@@ -3,7 +3,7 @@ engine (core/server/engine.py), the replay (core/runs/replay.py) and the tests' 
 The dashboard's engine clients (core/link/) and the commands (tokentui/commands/) use nothing else.
 
     facts      ModelFacts of the model (read off it, or what its server reports)
-    options    RunOptions (assignable: a run reads them at its next step)
+    options    RunOptions (assignable, or set_options(options): a run reads them at its next step)
     run(prompt, system, run_id=None)   the events of one generation
     branch(point, run_id=None)         the events of a branch of an earlier run (core/runs/branch_point.py); a
                                        point with a phrase forces each of its tokens (core/model/forcing.py)
@@ -14,6 +14,9 @@ The dashboard's engine clients (core/link/) and the commands (tokentui/commands/
                                        why this engine cannot do that, one line (None: it can)
     close()                            end the run in progress and free what the engine holds
     + the controls of core/controls.py: sampler / set_sampler, pause, resume, step_once, stop(run_id)
+
+Each of these a dashboard reaches across the model process is declared once, as a message of core/link/protocol.py
+that names the method here it calls (core/link/operations.py).
 
 The stream of a run or a branch, whatever the engine: [Notice...], PromptEvent (a branch: BranchEvent first),
 [PrefillProgress...], PrefillEvent, StepEvent..., and always a DoneEvent last (a scored text: PromptEvent, ScoreEvent,
@@ -65,6 +68,10 @@ class BaseEngine(RunControls, ABC):
         run_id = self.begin_run(run_id)
         return finish_run(self._refusing(self.fanout_refusal, lambda: self._fanout(request, run_id)),
                           self.facts.vocab_rows)
+
+    def set_options(self, options: "RunOptions") -> None:
+        """The run options from now on (a run reads them at its next step)."""
+        self.options = options
 
     def phrase_pieces(self, text: str) -> list["PromptPiece"]:
         """The tokens of `text` tokenized on its own (no special tokens added), for a phrase to force; SettingsError

@@ -3,17 +3,11 @@ and an invalid value cannot exist."""
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 
 from .errors import SettingsError
-
-# The smallest temperature that works: step 4 divides the scores by it in float32 (core/steps/select.py), and below
-# this, scores of any model (|logit| up to 3e8) can overflow float32's 3.4e38 to inf, which no distribution comes
-# from. 0 (greedy) is what the user wants there.
-MIN_TEMPERATURE = 1e-30
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit seed
+from .samplers import MAX_SEED, MIN_TEMPERATURE, PARAMS, check  # noqa: F401 (the first two lived here)
 
 # --threads: at most this many per CPU (os.cpu_count(), hyper-threads counted). Past the core count more threads only
 # wait on each other at OpenMP's barriers (core/model/speed.py, BENCHMARKS.md), so 4x is already room to spare for
@@ -39,52 +33,37 @@ def check_threads(value, name: str = "threads") -> None:
                             f"{os.cpu_count() or 1} CPUs here), got {got}")
 
 
-@dataclass(frozen=True)
-class SamplerSettings:
-    """What step 4 (selection) does with the logits.
+class _SamplerBase:
+    """What step 4 (selection) does with the logits: one field per parameter of the sampler chain's registry
+    (core/samplers.py PARAMS: each stage's knob, then greedy and seed), in that order, with the registry's defaults.
 
-    temperature 0 means greedy; `greedy=True` forces argmax whatever the temperature.
-    top_k 0 and top_p 1.0 mean "off", as in transformers' generate.
+    temperature 0 means greedy; `greedy=True` forces argmax whatever the temperature. A cutting stage's "off"
+    value (top-k 0, top-p 1.0, min-p 0) leaves it out, as in transformers' generate.
     """
-
-    temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 0.9
-    greedy: bool = False
-    seed: int = 0
 
     @property
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
 
     def __post_init__(self) -> None:
-        """Checked here, once: an invalid SamplerSettings cannot exist (every front end gets the same one-line
-        SettingsError), and the numbers are stored as floats whatever type they came in."""
-        t, p, k = self.temperature, self.top_p, self.top_k
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise SettingsError(f"temperature must be a number >= 0 (0 = greedy), got {t!r}")
-        if 0 < t < MIN_TEMPERATURE:
-            raise SettingsError(f"temperature {t!r} is below {MIN_TEMPERATURE:g}, the smallest that works (the scores "
-                                "divided by it overflow float32): use 0 for greedy")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
-            raise SettingsError(f"top-p must be in (0, 1] (1 = off), got {p!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise SettingsError(f"top-k must be an integer >= 0 (0 = off), got {k!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
-            seed = self.seed
-            got = f"a {len(str(seed))}-digit number" if isinstance(seed, int) and seed > 10**30 else repr(seed)
-            raise SettingsError(f"seed must be an integer in 0..{MAX_SEED} (64 bits), got {got}")
-        if not isinstance(self.greedy, bool):
-            raise SettingsError(f"greedy must be true or false, got {self.greedy!r}")
-        object.__setattr__(self, "temperature", float(t))  # frozen: the one place a field is normalised
-        object.__setattr__(self, "top_p", float(p))
-
+        """Checked here, once, by each parameter's own check in the registry: an invalid SamplerSettings cannot
+        exist (every front end gets the same one-line SettingsError), and floats are stored as floats whatever
+        type they came in."""
+        for p in PARAMS:
+            object.__setattr__(self, p.name, check(p.name, getattr(self, p.name)))  # frozen: normalised here only
 
     def with_changes(self, **changes) -> "SamplerSettings":
         return replace(self, **changes)  # the new settings are checked as they are built
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# Annotations as strings ("float"), as `from __future__ import annotations` leaves every other dataclass's: the record
+# reader (core/runs/record_reader.py) checks values against them.
+SamplerSettings = make_dataclass(
+    "SamplerSettings", [(p.name, p.kind.__name__, field(default=p.default)) for p in PARAMS], bases=(_SamplerBase,),
+    frozen=True, namespace={"__module__": __name__, "__doc__": _SamplerBase.__doc__})
 
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward pass (core/steps/prefill.py says why prompts are chunked)

@@ -1,6 +1,6 @@
 """The architecture matrix: tiny random-weight models of every decoder family tokentui is checked on, built from a
 config here (hidden 64, 2-4 layers, no downloads) with the embedded model's tokenizer, and what each one is checked
-for. tests/unit/test_architecture_matrix.py asserts the checks; scripts/arch_table.py writes the README's table of
+for. tests/unit/test_architecture_matrix.py asserts the checks; scripts/arch_table.py writes the table of
 architectures × features from the same observations (and a test keeps the two equal).
 
 `observe(name, tokenizer)` measures, for one architecture, against oracles that do not use tokentui's own readings:
@@ -40,7 +40,7 @@ PROMPT = "Hi"
 
 @dataclass(frozen=True)
 class Spec:
-    label: str  # the README's name for it
+    label: str  # the table's name for it (docs/models.md)
     config: str  # transformers' config class
     model: str  # transformers' causal-LM class
     overrides: dict
@@ -197,7 +197,7 @@ def build(name: str, tokenizer, **overrides):
 # ---------------------------------------------------------------------------------------------- observing
 @dataclass
 class Observation:
-    """What `observe` measured for one architecture (the test asserts on it; the README's table shows it)."""
+    """What `observe` measured for one architecture (the test asserts on it; docs/models.md's table shows it)."""
 
     name: str
     facts: object = None
@@ -482,7 +482,7 @@ def _observe_compile(seen: Observation, model, tokenizer, facts) -> None:
 
     settings = compiled.compile_settings
     compiled.compile_settings = lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {})
-    torch._dynamo.reset()  # one code object serves every model here, and dynamo keeps a few graphs per code object
+    torch.compiler.reset()  # one code object serves every model here, and dynamo keeps a few graphs per code object
     threads = torch.get_num_threads()
     speed = SpeedOptions(compile=True)
     try:
@@ -498,13 +498,13 @@ def _observe_compile(seen: Observation, model, tokenizer, facts) -> None:
     seen.compile_notice = notices[0] if notices else ""  # why not, before the prompt; or the static cache's size
     seen.compile_ids = [e.id for e in events if isinstance(e, StepEvent)]
     if seen.compile_notice.startswith("static KV cache"):
-        static = engine.compiled.cache(
-            compiled.bucket_for(seen.prompt_tokens + NEW_TOKENS, facts.max_context))
-        figure = kv_bytes_at(facts.kv_groups, static.capacity, facts.kv_bytes_per_value)  # what the notice says
+        bucket = compiled.bucket_for(seen.prompt_tokens + NEW_TOKENS, facts.max_context)
+        static = engine.compiled.cache(bucket)
+        figure = kv_bytes_at(facts.kv_groups, bucket, facts.kv_bytes_per_value)  # what the notice says
         seen.compile_allocated = (figure, cache_allocated_nbytes(static))
 
 
-# ---------------------------------------------------------------------------------------------- the README's table
+# ------------------------------------------------------------------------------ the table in docs/models.md
 BEGIN = "<!-- architecture table: scripts/arch_table.py writes it from tests/arch_matrix.py; do not edit -->"
 END = "<!-- end of the architecture table -->"
 
@@ -587,8 +587,8 @@ def render(observations: list[Observation]) -> str:
     return "\n".join([BEGIN, head, *(row(seen) for seen in observations), END])
 
 
-def readme_section(text: str) -> str:
-    """The table as the README has it now ("" when it has none)."""
+def table_section(text: str) -> str:
+    """The table as `text` (docs/models.md) has it now ("" when it has none)."""
     if BEGIN not in text or END not in text:
         return ""
     return text[text.index(BEGIN):text.index(END) + len(END)]

@@ -1,6 +1,14 @@
-"""Import cycles in a module graph (tests/unit/test_layers.py)."""
+"""Import cycles in a module graph (tests/unit/test_layers.py).
+
+Run as a script (`python import_graph.py PACKAGE`, with PACKAGE importable) it prints, as JSON, the package's modules
+and every cycle among them with the imports that tie it. Every import counts: grimp reads each import statement of
+a module, those inside functions (lazy) and under `if TYPE_CHECKING:` included (exclude_type_checking_imports off),
+since either is still one module knowing the other."""
 
 from __future__ import annotations
+
+import json
+import sys
 
 
 def strongly_connected(graph, modules: set[str]) -> list[set[str]]:
@@ -50,3 +58,26 @@ def strongly_connected(graph, modules: set[str]) -> list[set[str]]:
         if module not in index:
             visit(module)
     return found
+
+
+def cycles_of(package: str) -> tuple[list[str], list[list[str]]]:
+    """`package`'s modules, and its cycles: each a list of "importer -> imported (line N: the import)" ties."""
+    import grimp
+
+    graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=False,
+                              cache_dir=None)
+    modules = {m for m in graph.modules if m == package or m.startswith(package + ".")}
+    found = []
+    for component in strongly_connected(graph, modules):
+        ties = []
+        for importer in sorted(component):
+            for imported in sorted(graph.find_modules_directly_imported_by(importer) & component):
+                details = graph.get_import_details(importer=importer, imported=imported)
+                ties += [f"{importer} -> {imported} (line {d['line_number']}: {d['line_contents'].strip()})"
+                         for d in details] or [f"{importer} -> {imported}"]
+        found.append(ties)
+    return sorted(modules), found
+
+
+if __name__ == "__main__":
+    print(json.dumps(cycles_of(sys.argv[1])))

@@ -41,7 +41,7 @@ async def press_temperature(app, renders: SamplerRenders, key: str, limit: float
     wanted = f"temperature {target:.2f}"
     started = time.perf_counter()
     renders.renders.clear()
-    app._driver.process_message(events.Key(key, key))  # as the terminal's input thread delivers it
+    app.post_message(events.Key(key, key))  # as the terminal's driver delivers it (Pilot.press waits for idle)
     while True:
         shown = [t for t, text in renders.renders if t >= started and wanted in " ".join(text.split())]
         if shown:

@@ -130,12 +130,12 @@ def _top_p_one_short(stack, model):
 
     def select(logits, settings, *args, **kwargs):
         sel = original(logits, settings, *args, **kwargs)
-        kept = [i for i, p in enumerate(sel.top_probs) if p > 0]
+        kept = [i for i, p in enumerate(sel.top_sampled_probs) if p > 0]
         if settings.top_p >= 1.0 or len(kept) < 2 or sel.kept_count != len(kept):
             return sel  # nothing to cut, or the last kept token is not among those reported
-        last = min(kept, key=lambda i: sel.top_probs[i])
-        mass = sum(sel.top_probs[i] for i in kept if i != last)
-        probs = [0.0 if i == last else p / mass for i, p in enumerate(sel.top_probs)]
-        return replace(sel, top_probs=probs, kept_count=sel.kept_count - 1)
+        last = min(kept, key=lambda i: sel.top_sampled_probs[i])
+        mass = sum(sel.top_sampled_probs[i] for i in kept if i != last)
+        probs = [0.0 if i == last else p / mass for i, p in enumerate(sel.top_sampled_probs)]
+        return replace(sel, top_sampled_probs=probs, kept_count=sel.kept_count - 1)
 
     _patch(stack, engine, "select", select)

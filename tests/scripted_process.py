@@ -53,7 +53,7 @@ def load_engine(spec, progress):
 process_main.load_engine = load_engine
 import tokentui.core.model.load.build as build
 build.load_engine = load_engine
-process_main._child(int(sys.argv[1]))
+process_main.child_main(int(sys.argv[1]))
 """
 
 

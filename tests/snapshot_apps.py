@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fakes import ScriptedEngine, make_loader
+from noting_app import NotingApp
 
-from tokentui.tui import DashboardConfig, TokentuiApp
+from tokentui.tui import DashboardConfig
 
 
-class SnapshotApp(TokentuiApp):
+class SnapshotApp(NotingApp):  # its toasts kept too (tests/noting_app.py)
     CURSOR_BLINK = False
 
 
@@ -23,7 +24,7 @@ async def wait_until_done(pilot) -> None:
     app = pilot.app
     await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the run to finish")
     await pilot.pause(0.1)
-    app._rebuild_all()
+    app.redraw()
     await pilot.pause()
 
 
@@ -33,5 +34,5 @@ async def view_step_10(pilot) -> None:
     await wait_until_done(pilot)
     await pilot.press("less_than_sign", *["right_square_bracket"] * 9)
     await pilot.pause(0.1)
-    pilot.app._rebuild_all()
+    pilot.app.redraw()
     await pilot.pause()

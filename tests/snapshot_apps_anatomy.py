@@ -62,7 +62,7 @@ def anatomy_app() -> SnapshotApp:
 
 async def _repaint(pilot) -> None:
     await pilot.pause(0.1)
-    pilot.app._rebuild_all()
+    pilot.app.redraw()
     await pilot.pause()
 
 

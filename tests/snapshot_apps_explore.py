@@ -58,7 +58,7 @@ async def lens_done(pilot) -> None:
     await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the run to finish")
     app.relayout()
     await pilot.pause(0.1)
-    app._rebuild_all()
+    app.redraw()
     await pilot.pause()
 
 

@@ -69,5 +69,5 @@ async def scored(pilot) -> None:
 
     app = pilot.app
     await wait_for(pilot, lambda: isinstance(app.screen, ScoredDialog), timeout=10, what="the summary")
-    app._rebuild_all()
+    app.redraw()
     await pilot.pause(0.1)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from tokentui import __version__
 from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
-from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, bad_input, check_record_dir, integer,
-                                      interrupted, number, read_prompt, server_options, settings_from_args)
+from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, add_sampler_flags, bad_input,
+                                      check_record_dir, integer, interrupted, number, read_prompt, server_options,
+                                      settings_from_args)
 
 
 class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
@@ -44,11 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", type=Path, default=None,
                    help="read the prompt from a UTF-8 text file (at most 8 MiB)")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--temperature", type=number("temperature"), default=0.7, help="0 = greedy (default 0.7)")
-    p.add_argument("--top-p", type=number("top-p"), default=0.9, help="nucleus mass in (0, 1], 1 = off (0.9)")
-    p.add_argument("--top-k", type=integer("top-k"), default=0, help="keep the k best, 0 = off (0)")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--seed", type=integer("seed"), default=0, help="sampling seed (0)")
+    add_sampler_flags(p)  # --temperature, --top-k, --top-p, --min-p, --greedy, --seed (core/samplers.py)
     p.add_argument("--max-new-tokens", type=integer("max-new-tokens"), default=256, help="length limit (256)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end token (benchmarks)")
     p.add_argument("--top-candidates", type=integer("top-candidates"), default=10,

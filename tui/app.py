@@ -146,7 +146,7 @@ class TokentuiApp(App[int]):
 
     def on_mount(self) -> None:
         self.theme = self._initial_theme
-        self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self._rebuild_all))
+        self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self.redraw))
         for message, severity in self._startup_notes:
             self.notify(message, severity=severity, timeout=12, markup=False)
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
@@ -171,7 +171,7 @@ class TokentuiApp(App[int]):
 
     def on_resize(self) -> None:
         self._apply_layout()
-        self.call_after_refresh(self._rebuild_all)
+        self.call_after_refresh(self.redraw)
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
@@ -269,7 +269,7 @@ class TokentuiApp(App[int]):
     def relayout(self) -> None:
         self._layout_plan = None
         self._apply_layout()
-        self._rebuild_all()
+        self.redraw()
 
     def clear_answer(self) -> None:
         self.query_one(OutputPanel).view.clear()
@@ -331,7 +331,9 @@ class TokentuiApp(App[int]):
         if panel is not None:
             panel.show(state, force)
 
-    def _rebuild_all(self) -> None:
+    def redraw(self) -> None:
+        """Paint every panel again from the state, whether or not it changed since the last frame (what a change of
+        theme or of layout, or a resize, needs)."""
         self._repaint_now(force=True)
         self.query_one(OutputPanel).view.refresh()
 
@@ -350,14 +352,9 @@ class TokentuiApp(App[int]):
         self._status_message_timer = self.set_timer(seconds, clear)
 
     # ---- keys: each one call to the controller (or a dialog that ends in one) ------------------------------
-    def action_temperature(self, direction: int) -> None:
-        self.controller.temperature(direction)
-
-    def action_top_p(self, direction: int) -> None:
-        self.controller.top_p(direction)
-
-    def action_top_k(self, direction: int) -> None:
-        self.controller.top_k(direction)
+    def action_sampler(self, name: str, direction: int) -> None:
+        """A sampler parameter's key (tui/keys.py, from core/samplers.py): one notch up or down."""
+        self.controller.sampler_step(name, direction)
 
     def action_toggle_greedy(self) -> None:
         self.controller.toggle_greedy()

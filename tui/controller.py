@@ -4,8 +4,8 @@ It owns the engine client (core/link/), the tree of runs of the current prompt (
 file, core/runs/tree.py), the prompt, the panel toggles and what was asked for before the model was ready; it
 offers the actions the keys trigger (`change_sampler`, `start_run`, `branch_at`, `toggle_lens`, `move_cursor`, …)
 and folds the client's replies into the runs' states. The app (tui/app.py) composes the panels, turns each key into
-one call here and paints what the controller says changed, through the `View` it passes in — which the tests
-replace with a recorder, so every rule below is tested without a terminal.
+one call here and paints what the controller says changed, through the `View` it passes in (tui/view.py) — which the
+tests replace with a recorder, so every rule below is tested without a terminal.
 
 Where a value lives: the sampler settings asked for are the client's (their one owner in this process); the runs'
 states are the tree's; everything else the dashboard remembers between keys is a field here.
@@ -17,13 +17,14 @@ import asyncio
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 from tokentui.core.errors import SettingsError, TokentuiError, exit_status
 from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, Notice, StepEvent
 from tokentui.core.runs.facts import ModelFacts
+from tokentui.core.samplers import param
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.display import printable_copy
 
@@ -31,40 +32,9 @@ from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
 from .export import export_answer
-from .keys import next_top_k
 from .served import server_of
 from .state import RunState
-
-
-class View(Protocol):
-    """What the controller asks of the screen."""
-
-    def repaint(self, now: bool = True) -> None:
-        """Paint the panels from the state (now=False: a new step, painted at most ~30 times a second)."""
-
-    def relayout(self) -> None:
-        """Which panels show changed (the lens, the one-pass panel, a served model's facts): lay out again."""
-
-    def clear_answer(self) -> None:
-        """Another run is shown (or a new one began): the answer panel is drawn again from its start."""
-
-    def notify(self, message: str, severity: str = "information", timeout: float = 5.0) -> None:
-        """A toast (one line, markup off)."""
-
-    def run_failed(self, title: str, message: str) -> None:
-        """A run ended with an error: the error dialog (retry, edit the prompt, close, quit)."""
-
-    def load_failed(self, message: str) -> None:
-        """The model could not be loaded: the load error dialog (retry, another model, quit)."""
-
-    def show_fanout(self, fanout) -> None:
-        """A fan-out began (tui/explore.py's FanoutState): show its list."""
-
-    def fanout_changed(self) -> None:
-        """The fan-out shown got a sample, or ended: paint its list again."""
-
-    def scored(self, summary) -> None:
-        """A scored text's summary came (its ScoreSummary event): show it."""
+from .view import View
 
 
 class DashboardController:
@@ -100,12 +70,6 @@ class DashboardController:
     def state(self) -> RunState:
         """The state of the run shown (the live one unless another was picked)."""
         return self.tree.shown_branch.state
-
-    @property
-    def live_state(self) -> RunState:
-        """The state of the run the engine is writing (the shown one when none is)."""
-        live = self.tree.live_branch
-        return live.state if live is not None else self.state
 
     @property
     def sampler(self) -> SamplerSettings:
@@ -270,7 +234,7 @@ class DashboardController:
         node = self.config.replay.node(number)
         parent = self.tree.number(node.parent)
         point = BranchPoint.of_run(parent.state.run, node.at, node.token, parent=self.tree.parent_name(parent))
-        self._start_branch(parent, node.at, node.piece or str(node.token), point)
+        self.start_branch(parent, node.at, node.piece or str(node.token), point)
 
     # ---- the sampler ---------------------------------------------------------------------------------------
     def change_sampler(self, **changes) -> bool:
@@ -291,23 +255,16 @@ class DashboardController:
         self.view.repaint()
         return new != before
 
+    def sampler_step(self, name: str, direction: int) -> None:
+        """A sampler key: the parameter `name` (core/samplers.py) one notch up (+1) or down (-1), by its own
+        `nudge`; at its end nothing changes."""
+        value = getattr(self.sampler, name)
+        new = param(name).nudge(value, direction)
+        if new != value:
+            self.change_sampler(**{name: new})
+
     def temperature(self, direction: int) -> None:
-        t = self.sampler.temperature
-        new = round(max(0.0, t + 0.1 * direction), 2)
-        if new != t:
-            self.change_sampler(temperature=new)
-
-    def top_p(self, direction: int) -> None:
-        p = self.sampler.top_p
-        new = round(min(1.0, max(0.05, p + 0.05 * direction)), 2)
-        if new != p:
-            self.change_sampler(top_p=new)
-
-    def top_k(self, direction: int) -> None:
-        k = self.sampler.top_k
-        new = next_top_k(k, direction)
-        if new != k:
-            self.change_sampler(top_k=new)
+        self.sampler_step("temperature", direction)
 
     def toggle_greedy(self) -> None:
         s = self.sampler
@@ -430,11 +387,14 @@ class DashboardController:
         except SettingsError as err:
             self.view.notify(str(err), severity="error")
             return False
-        self.dialog_paused = False  # the branch replaces the paused run, which ends "stopped"
         piece = next((c.piece for c in step.candidates if c.id == token), str(token))
-        return self._start_branch(parent, step.index, piece, point)
+        return self.start_branch(parent, step.index, piece, point)
 
-    def _start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
+    def start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
+        """Start the branch `point` of `parent` at step `at` (`piece`: what its node is named by in the tree; a
+        forced phrase or an adopted sample too, tui/explore.py): the run in progress stops, the branch becomes the
+        live run of the tree and is shown. False (said why) when the engine refuses it."""
+        self.dialog_paused = False  # the branch replaces the paused run, which ends "stopped"
         self.client.halt()
         branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token,
                                       phrase=point.phrase or None, phrase_text=point.phrase_text, sample=point.sample)

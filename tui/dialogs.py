@@ -1,10 +1,15 @@
 """The dashboard's dialogs, opened for the app (tui/app.py): each pauses the run it covers where it should, and ends
-in one call to the controller (tui/controller.py) with what was chosen."""
+in one call to the controller (tui/controller.py) with what was chosen.
+
+They reach the app through `DialogHost`, what they use of it, so this module does not import the app (which imports
+it): the app is a DialogHost as it stands."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
+from .config import DashboardConfig
+from .controller import DashboardController
 from .format import short_path
 from .screens import ErrorDialog, HelpScreen, ModelPicker, PromptEditor
 from .screens.branch_list import BranchList
@@ -15,11 +20,36 @@ from .screens.fanout import FanoutScreen
 from .screens.phrase import PhraseDialog
 from .screens.scored import ScoredDialog
 
-if TYPE_CHECKING:
-    from .app import TokentuiApp
+
+class DialogHost(Protocol):
+    """What a dialog uses of the app (tui/app.py's TokentuiApp; Textual's App gives the screen stack and `notify`)."""
+
+    CURSOR_BLINK: bool
+    controller: DashboardController
+
+    @property
+    def config(self) -> DashboardConfig: ...
+
+    @property
+    def screen(self) -> Any: ...
+
+    def push_screen(self, screen: Any, callback: Callable[[Any], None] | None = None) -> Any: ...
+
+    def pop_screen(self) -> Any: ...
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None: ...
+
+    def repaint(self, now: bool = True) -> None: ...
+
+    def start_load(self) -> None: ...
+
+    def status_message(self, message: str, seconds: float = 6.0) -> None: ...
+
+    def action_quit(self) -> None: ...
 
 
-def run_failed(app: "TokentuiApp", title: str, message: str) -> None:
+def run_failed(app: DialogHost, title: str, message: str) -> None:
     """A run ended by a fault or bad input: say so; retry, edit the prompt, or carry on."""
     if isinstance(app.screen, ErrorDialog):
         app.pop_screen()
@@ -37,7 +67,7 @@ def run_failed(app: "TokentuiApp", title: str, message: str) -> None:
                     chosen)
 
 
-def load_failed(app: "TokentuiApp", message: str) -> None:
+def load_failed(app: DialogHost, message: str) -> None:
     """The model could not be loaded: retry, another model or device, or quit (the exit status says why)."""
 
     def chosen(choice: str | None) -> None:
@@ -52,7 +82,7 @@ def load_failed(app: "TokentuiApp", message: str) -> None:
                                 change=app.config.relaunch is not None), chosen)
 
 
-def change_model(app: "TokentuiApp") -> None:
+def change_model(app: DialogHost) -> None:
     """Pick another model / device (checked first, like the command line does) and load it."""
     controller = app.controller
     config = controller.config
@@ -70,7 +100,7 @@ def change_model(app: "TokentuiApp") -> None:
     app.push_screen(ModelPicker(config.model, config.device, check=config.check), chosen)
 
 
-def edit_prompt(app: "TokentuiApp") -> None:
+def edit_prompt(app: DialogHost) -> None:
     controller = app.controller
     if isinstance(app.screen, PromptEditor):
         return
@@ -91,7 +121,7 @@ def edit_prompt(app: "TokentuiApp") -> None:
                                  default_known=prompt_event is not None, run_paused=paused), done)
 
 
-def help(app: "TokentuiApp") -> None:  # noqa: A001 - the key's name
+def help(app: DialogHost) -> None:  # noqa: A001 - the key's name
     if isinstance(app.screen, HelpScreen):
         return
     controller = app.controller
@@ -99,7 +129,7 @@ def help(app: "TokentuiApp") -> None:  # noqa: A001 - the key's name
     app.push_screen(HelpScreen(run_paused=paused), lambda _result: controller.resume_after_dialog())
 
 
-def export(app: "TokentuiApp") -> None:
+def export(app: DialogHost) -> None:
     controller = app.controller
     path = controller.export()
     if path is None:
@@ -112,7 +142,7 @@ def export(app: "TokentuiApp") -> None:
     app.status_message(f"exported {short_path(path)}")
 
 
-def branch(app: "TokentuiApp") -> None:
+def branch(app: DialogHost) -> None:
     """`b`: pick another candidate at the step in view; the model goes on from it."""
     controller = app.controller
     step = controller.step_to_branch()
@@ -134,7 +164,7 @@ def branch(app: "TokentuiApp") -> None:
     app.push_screen(BranchPicker(step, label), chosen)
 
 
-def phrase(app: "TokentuiApp", parent, step, label: str) -> None:
+def phrase(app: DialogHost, parent, step, label: str) -> None:
     """`t` in the branch dialog: type a phrase to force at the step (the run stays paused while it is typed)."""
     controller = app.controller
     refusal = controller.client.refusal("phrase")
@@ -154,7 +184,7 @@ def phrase(app: "TokentuiApp", parent, step, label: str) -> None:
                     chosen)
 
 
-def show_fanout(app: "TokentuiApp", fanout) -> None:
+def show_fanout(app: DialogHost, fanout) -> None:
     """A fan-out began (`f`): its list, filled as the samples come; enter adopts one as a branch."""
     controller = app.controller
     if isinstance(app.screen, FanoutScreen):
@@ -168,18 +198,18 @@ def show_fanout(app: "TokentuiApp", fanout) -> None:
     app.push_screen(FanoutScreen(fanout, label), chosen)
 
 
-def fanout_changed(app: "TokentuiApp") -> None:
+def fanout_changed(app: DialogHost) -> None:
     if isinstance(app.screen, FanoutScreen):
         app.screen.refresh_state()
 
 
-def scored(app: "TokentuiApp", summary) -> None:
+def scored(app: DialogHost, summary) -> None:
     """A scored text's summary, over its heat-coloured answer."""
     app.repaint()
     app.push_screen(ScoredDialog(summary))
 
 
-def runs(app: "TokentuiApp") -> None:
+def runs(app: DialogHost) -> None:
     """`B`: the runs of this prompt — switch to one, or compare two side by side."""
     controller = app.controller
     tree = controller.tree

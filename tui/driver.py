@@ -53,10 +53,6 @@ class TerminalDriver(LinuxDriver):
         self._lost = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    @property
-    def terminal_lost(self) -> bool:
-        return self._lost.is_set()
-
     def start_application_mode(self) -> None:
         self._loop = asyncio.get_running_loop()
         super().start_application_mode()

@@ -1,5 +1,7 @@
 """What else could it have said? The dashboard's side of forcing a phrase, scoring a text and fanning out (issue 26),
-as plain Python (no Textual), owned by the controller (tui/controller.py) and tested with its recording View.
+as plain Python (no Textual), owned by the controller (tui/controller.py) and tested with its recording View. It
+reaches the controller through `ExploreHost`, what it uses of it (starting a branch: `start_branch`), so it does not
+import the controller, which imports it.
 
 - A forced phrase is a branch of the run shown at the step in view whose point carries the phrase's ids
   (`force_phrase`): the tree gets it as any branch (its node names the phrase), the engine forces each id.
@@ -13,18 +15,19 @@ as plain Python (no Textual), owned by the controller (tui/controller.py) and te
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tokentui.core.errors import TokentuiError
-from tokentui.core.link.client import RunEnded, RunNote, RunOpened, RunUpdate
+from tokentui.core.link.client import EngineClient, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import (DoneEvent, ErrorEvent, Event, FanoutEvent, Notice, SampleEvent, ScoreSummary,
                                        StepEvent)
 from tokentui.core.runs.requests import FanoutRequest
+from tokentui.core.settings import SamplerSettings
 
-if TYPE_CHECKING:
-    from .branches import Branch
-    from .controller import DashboardController
+from .branches import Branch, BranchTree
+from .state import RunState
+from .view import View
 
 FANOUT_SAMPLES = 8  # the dashboard's N and M (the command line's -n / --tokens defaults too)
 FANOUT_TOKENS = 32
@@ -34,7 +37,7 @@ FANOUT_TOKENS = 32
 class FanoutState:
     """One fan-out as it comes in: from run `parent` at `step` (the step in view), its samples in the order drawn."""
 
-    parent: "Branch"
+    parent: Branch
     step: StepEvent
     request: FanoutRequest
     run_id: int = 0
@@ -68,17 +71,43 @@ class FanoutState:
             self.done = event
 
 
+class ExploreHost(Protocol):
+    """What Explore uses of the controller (tui/controller.py's DashboardController)."""
+
+    view: View
+    client: EngineClient
+    tree: BranchTree
+    heat: bool
+    dialog_paused: bool
+
+    @property
+    def replaying(self) -> bool: ...
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def sampler(self) -> SamplerSettings: ...
+
+    def step_to_branch(self, verb: str = "branch") -> StepEvent | None: ...
+
+    def start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool: ...
+
+
 class Explore:
     """The controller's phrase, fan-out and score actions (see the module docstring)."""
 
-    def __init__(self, controller: "DashboardController") -> None:
+    def __init__(self, controller: ExploreHost) -> None:
         self.controller = controller
         self.fanout_state: FanoutState | None = None  # the latest fan-out (shown by the View while it is open)
         self._fanout_id: int | None = None  # its run id (its replies are routed here, not into the tree)
+        self._opening = False  # the client is opening the fan-out's run: the RunOpened that comes is its
 
     # ---- replies -----------------------------------------------------------------------------------------
     def takes(self, reply) -> bool:
         """A reply of the fan-out's run: folded here (True); anything else is the controller's (False)."""
+        if self._opening and isinstance(reply, RunOpened):  # sent from inside client.fanout, before its id returns
+            self._fanout_id = reply.run_id
         if self._fanout_id is None or getattr(reply, "run_id", None) != self._fanout_id:
             return False
         state = self.fanout_state
@@ -105,7 +134,7 @@ class Explore:
         """The pieces of `text` as the engine tokenizes a phrase (for the dialog, while typing)."""
         return await self.controller.client.tokenize(text)
 
-    def force_phrase(self, parent: "Branch", step: StepEvent, text: str, ids: tuple[int, ...]) -> bool:
+    def force_phrase(self, parent: Branch, step: StepEvent, text: str, ids: tuple[int, ...]) -> bool:
         """Branch `parent` at `step`, forcing the phrase `text` (its `ids`, as tokenized for the dialog) one token
         at a time; then the model goes on with the settings in force. False (said why) when it cannot."""
         controller = self.controller
@@ -122,8 +151,7 @@ class Explore:
         except TokentuiError as err:
             controller.view.notify(str(err), severity="error")
             return False
-        controller.dialog_paused = False
-        return controller._start_branch(parent, step.index, text, point)
+        return controller.start_branch(parent, step.index, text, point)
 
     # ---- a fan-out -----------------------------------------------------------------------------------------
     def fanout(self, n: int = FANOUT_SAMPLES, m: int = FANOUT_TOKENS) -> FanoutState | None:
@@ -154,13 +182,16 @@ class Explore:
         controller.client.halt()
         state = FanoutState(parent, step, request)
         self.fanout_state = state
-        self._fanout_id = controller.client.run_id + 1  # the id `fanout` opens (its RunOpened comes first)
+        self._fanout_id = None  # the previous fan-out's replies (its end) are no longer this one's
+        self._opening = True
         try:
             state.run_id = controller.client.fanout(request)
         except TokentuiError as err:
-            self._fanout_id = None
             controller.view.notify(str(err), severity="error")
             return None
+        finally:
+            self._opening = False
+        self._fanout_id = state.run_id
         controller.view.show_fanout(state)
         return state
 
@@ -180,4 +211,4 @@ class Explore:
         except TokentuiError as err:
             controller.view.notify(str(err), severity="error")
             return False
-        return controller._start_branch(state.parent, state.step.index, f"sample #{chosen.n}", point)
+        return controller.start_branch(state.parent, state.step.index, f"sample #{chosen.n}", point)

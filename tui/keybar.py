@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widget import Widget
 
-from .keys import KEYS, KeySpec
+from .keys import KEYS, SAMPLER_KEYS, KeySpec
 from .panels.base import component_style, forget_styles
 
 # Binding ids, most important first: what a narrow bar keeps. Ids not listed come last, in table order.
@@ -39,9 +39,8 @@ PRIORITY = (
 )
 GAP = 2  # spaces between entries
 # What a replay refuses (it plays the recorded settings and prompt, and cannot branch): not offered in its bar.
-REPLAY_REFUSES = frozenset({"tokentui.temperature-down", "tokentui.temperature-up", "tokentui.top-p-down",
-                            "tokentui.top-p-up", "tokentui.top-k-down", "tokentui.top-k-up", "tokentui.greedy",
-                            "tokentui.seed", "tokentui.edit", "tokentui.branch"})
+REPLAY_REFUSES = frozenset({spec.id for spec in SAMPLER_KEYS} | {"tokentui.greedy", "tokentui.seed", "tokentui.edit",
+                                                                  "tokentui.branch"})
 
 
 def replay_keys(specs: tuple[KeySpec, ...] = KEYS) -> tuple[KeySpec, ...]:

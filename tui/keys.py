@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
-TEMPERATURE = Binding.Group("temp", compact=True)
-TOP_P = Binding.Group("top-p", compact=True)
-TOP_K = Binding.Group("top-k", compact=True)
+from tokentui.core.samplers import PARAMS, TOP_K_STEPS, next_notch  # noqa: F401 (TOP_K_STEPS: the ladder, for tests)
+
 TRAVEL = Binding.Group("past", compact=True)  # the time-travel cursor: one step back / forward
 
 
@@ -26,21 +25,29 @@ class KeySpec:
     bar: bool = True  # in the key bar (tui/keybar.py); False: the help screen and the palette only
 
 
+def _sampler_keys() -> tuple[KeySpec, ...]:
+    """A key down and a key up for each sampler parameter that has them (core/samplers.py PARAMS), in the chain's
+    order: `sampler('<name>', ±1)` moves it one notch (the parameter's own `nudge`)."""
+    specs = []
+    for p in PARAMS:
+        if p.keys is None:
+            continue
+        down, up, down_help, up_help = p.keys
+        group = Binding.Group(p.short_name, compact=True)
+        title = p.label[0].upper() + p.label[1:]
+        specs.append(KeySpec(f"tokentui.{p.label}-down", down, down, f"sampler({p.name!r}, -1)", "−",
+                             f"{title} down", down_help, group, bar=p.in_bar))
+        specs.append(KeySpec(f"tokentui.{p.label}-up", f"{up},shift+{down}", up, f"sampler({p.name!r}, 1)", "+",
+                             f"{title} up", up_help, group, bar=p.in_bar))
+    return tuple(specs)
+
+
+SAMPLER_KEYS = _sampler_keys()
+
 KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.help", "question_mark", "?", "help", "help", "Help",
             "list every key"),
-    KeySpec("tokentui.temperature-down", "t", "t", "temperature(-1)", "−", "Temperature down",
-            "temperature −0.1 (0 = greedy); applies at the next step", TEMPERATURE),
-    KeySpec("tokentui.temperature-up", "T,shift+t", "T", "temperature(1)", "+", "Temperature up",
-            "temperature +0.1; applies at the next step", TEMPERATURE),
-    KeySpec("tokentui.top-p-down", "p", "p", "top_p(-1)", "−", "Top-p down",
-            "top-p −0.05 (keeps a smaller set; min 0.05)", TOP_P),
-    KeySpec("tokentui.top-p-up", "P,shift+p", "P", "top_p(1)", "+", "Top-p up",
-            "top-p +0.05 (1.0 = off)", TOP_P),
-    KeySpec("tokentui.top-k-down", "k", "k", "top_k(-1)", "−", "Top-k down",
-            "top-k one notch down: 100 → 50 → 20 → 10 → 5 → 2 → 1 → off", TOP_K),
-    KeySpec("tokentui.top-k-up", "K,shift+k", "K", "top_k(1)", "+", "Top-k up",
-            "top-k one notch up: off → 1 → 2 → 5 → 10 → 20 → 50 → 100", TOP_K),
+    *SAMPLER_KEYS,
     KeySpec("tokentui.greedy", "g", "g", "toggle_greedy", "greedy", "Greedy / sample",
             "switch between greedy decoding (always the top token) and sampling"),
     KeySpec("tokentui.seed", "s", "s", "new_seed", "seed", "New seed",
@@ -99,13 +106,4 @@ def app_bindings() -> list[Binding]:
     return bindings
 
 
-TOP_K_STEPS = (0, 1, 2, 5, 10, 20, 50, 100)  # the notches, in the order K walks them; 0 = off (listed first)
-
-
-def next_top_k(current: int, direction: int) -> int:
-    """One notch along TOP_K_STEPS: K (+1) walks off → 1 → 2 → … → 100 and stops there; k (−1) walks back down
-    to off. A value between notches (from --top-k) moves to the neighbouring notch."""
-    if direction > 0:
-        return next((k for k in TOP_K_STEPS if k > current), TOP_K_STEPS[-1] if current <= TOP_K_STEPS[-1]
-                    else current)
-    return next((k for k in reversed(TOP_K_STEPS) if k < current), TOP_K_STEPS[0])
+next_top_k = next_notch  # top-k's one notch (K / k), for callers of the old name

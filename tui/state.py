@@ -25,12 +25,13 @@ from tokentui.core.runs.events import (
 )
 from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.run import Cursor, Run
+from tokentui.core.samplers import PARAMS
 
 from .state_readings import RunReadings
 
 __all__ = ["CHANGES_KEPT", "SETTING_NAMES", "RunState", "SettingsChange"]
 
-SETTING_NAMES = ("temperature", "top_k", "top_p", "greedy", "seed")
+SETTING_NAMES = tuple(p.name for p in PARAMS)  # the sampler's settings (core/samplers.py), in the chain's order
 CHANGES_KEPT = 6  # sampler changes remembered per run (the sampler panel lists the latest)
 
 

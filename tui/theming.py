@@ -4,7 +4,7 @@ one error note, shown once the dashboard is up.
 
 Textual's own themes (nord, gruvbox, …) are taken out: the themes offered are the ones tokentui was drawn and
 checked with (the heat map, the panels' colours) and the user's, the same list in `--theme`'s error, the command
-palette and the README."""
+palette and docs/dashboard.md, "Themes"."""
 
 from __future__ import annotations
 

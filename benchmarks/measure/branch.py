@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import torch  # noqa: E402
-from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.steps import TorchForward  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.runs.events import StepEvent  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402
@@ -55,7 +55,7 @@ def bench_branch(loaded, reps: int) -> dict:
             series[name].append(times[1])
             if name == "reuse":
                 series["reuse_forced"].append(times[0])
-        cache = new_cache(loaded.model, first_capacity(BRANCH_PREFIX, 2))
+        cache, _ = TorchForward(loaded.model).new_cache(BRANCH_PREFIX, 2)
         use_threads(torch.device("cpu"), speed.prefill_thread_count(BRANCH_PREFIX))
         _, ms = prefill(loaded.model, list(point.prompt_ids + point.tokens), cache)
         use_threads(torch.device("cpu"), speed.decode_threads())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import torch  # noqa: E402
-from tokentui.core.model.decode.adapter import first_capacity, new_cache  # noqa: E402
+from tokentui.core.model.decode.steps import TorchForward  # noqa: E402
 from tokentui.core.steps.prefill import prefill  # noqa: E402
 from tokentui.core.model.speed import SpeedOptions, use_threads  # noqa: E402
 from measure.common import NEW_TOKENS, ROOT, TORCH_DEFAULT_THREADS, log, med  # noqa: E402
@@ -22,7 +22,7 @@ def bench_prefill(loaded, stock, reps: int) -> dict:
         assert len(ids) == n
         series: dict[str, list[float]] = {"engine": [], "plain": []}
         for _ in range(reps):
-            cache = new_cache(model, first_capacity(n, NEW_TOKENS))
+            cache, _ = TorchForward(model).new_cache(n, NEW_TOKENS)  # a run's cache, prefilled eagerly
             use_threads(torch.device("cpu"), speed.prefill_thread_count(n))
             _, ms = prefill(model, ids, cache)
             series["engine"].append(ms)

@@ -5,8 +5,9 @@ asked for (before the model is loaded too: they are handed to the engine when it
 gets the next run id here; the id travels to the engine, which uses it as its own (core/controls.py), so there is
 one count of runs. Commands are method calls that take effect at the engine's next step boundary (`start` a run,
 `branch` an earlier one at a step, `score` a text, `fanout` from a step, stop, pause, step, settings; `tokenize` a
-phrase is answered at once, also while a run is paused); replies come back as typed dataclasses through one
-`listener`, called on the event loop:
+phrase is answered at once, also while a run is paused). Each is the message of core/link/protocol.py that declares
+that engine operation, sent by one path (`begin` for a run, `ask` for a question, `_send` for a control) that both
+transports implement once. Replies come back as typed dataclasses through one `listener`, called on the event loop:
 
     RunOpened(run_id, record_path)  a run (or a branch) started (its record, if recorded)
     RunUpdate(run_id, event)        one event of the current run
@@ -39,6 +40,9 @@ from ..runs.record_writer import RunRecorder
 from ..runs.recording import RecordedRun
 from ..runs.requests import FanoutRequest, ScoreRequest
 from ..settings import RunOptions, SamplerSettings
+from .operations import ASK, RUN, Operation
+from .protocol import (DECLARED, Pause, Resume, SetOptions, SetSampler, StartBranch, StartFanout, StartRun,
+                       StartScore, Step, Stop, Tokenize)
 
 Progress = Callable[[LoadProgress], None]
 
@@ -73,8 +77,8 @@ Listener = Callable[[Reply], None]
 
 
 class EngineClient:
-    """What both transports share: the run ids, the settings, the records, stale-run filtering. Subclasses send the
-    commands (`_send_*`) and report what the engine says through `_event` / `_failed`."""
+    """What both transports share: the run ids, the settings, the records, stale-run filtering. Subclasses carry the
+    declared messages (`_send`, `_ask`) and report what the engine says through `_event` / `_failed`."""
 
     def __init__(self, sampler: SamplerSettings | None = None, options: RunOptions | None = None,
                  recorder: RunRecorder | None = None) -> None:
@@ -87,6 +91,7 @@ class EngineClient:
         self._records: dict[int, RecordedRun] = {}  # runs not yet ended, by id (a superseded one may still run)
         self._ended: dict[int, asyncio.Future] = {}
         self._paused = False
+        self._questions = 0  # the ASK messages sent so far: each one's number
 
     # ---- state this client owns ---------------------------------------------------------------------------
     @property
@@ -109,7 +114,7 @@ class EngineClient:
             raise TypeError(f"set_sampler needs SamplerSettings, got {type(settings).__name__}")
         if settings != self._sampler:
             if self.loaded:
-                self._send_sampler(settings)
+                self._send(SetSampler(settings))
             self._sampler = settings
         return settings
 
@@ -122,7 +127,7 @@ class EngineClient:
             raise TypeError(f"options must be RunOptions, got {type(options).__name__}")
         self._options = options
         if self.loaded:
-            self._send_options(options)
+            self._send(SetOptions(options))
 
     @property
     def paused(self) -> bool:
@@ -131,20 +136,19 @@ class EngineClient:
     @property
     def branch_refusal(self) -> str | None:
         """Why `branch()` cannot run on this engine (None: it can; before loading: not loaded yet)."""
-        if not self.loaded:
-            return "the model is not loaded yet"
-        return self._branch_refusal()
+        return self.refusal("branch")
 
     @property
     def can_branch(self) -> bool:
         return self.branch_refusal is None
 
-    def refusal(self, what: str) -> str | None:
-        """Why this engine cannot do `what` ("phrase", "score", "fanout"; core/interface.py's refusals), one line;
-        None when it can (before loading: not loaded yet)."""
+    def refusal(self, what: str | None) -> str | None:
+        """Why this engine cannot do `what` ("branch", "phrase", "score", "fanout": an operation's declared refusal,
+        core/interface.py's `<what>_refusal`), one line; None when it can (before loading: not loaded yet; `what`
+        None: an operation every loaded engine can do)."""
         if not self.loaded:
             return "the model is not loaded yet"
-        return self._refusal(what)
+        return None if what is None else self._refusal(what)
 
     # ---- loading ------------------------------------------------------------------------------------------
     async def load(self, progress: Progress = lambda p: None) -> ModelFacts:
@@ -154,23 +158,19 @@ class EngineClient:
         facts, sampler, options = await self._load(progress)
         self.facts = facts
         if options != self._options:
-            self._send_options(self._options)
+            self._send(SetOptions(self._options))
         if sampler != self._sampler:
             try:
-                self._send_sampler(self._sampler)
+                self._send(SetSampler(self._sampler))
             except SettingsError as err:  # e.g. a replay plays its recorded settings: those are the ones in force
                 self._sampler = sampler
                 self.listener(RunNote(self._run_id, str(err)))
         return facts
 
-    # ---- runs ---------------------------------------------------------------------------------------------
+    # ---- runs: the RUN operations (core/link/protocol.py) -------------------------------------------------------
     def start(self, prompt: str, system: str | None = None) -> int:
         """Stop the current run (it ends at its next step, recorded) and start `prompt`; returns the new run's id."""
-        if not self.loaded:
-            raise RuntimeError("start() before the model is loaded")
-        run_id = self._open()
-        self._send_start(run_id, prompt, system)
-        return run_id
+        return self.begin(StartRun, prompt, system)
 
     def branch(self, point: BranchPoint, prompt: PromptEvent | None = None) -> int:
         """Stop the current run and start a branch of an earlier one at `point` (its events: BranchEvent,
@@ -185,43 +185,60 @@ class EngineClient:
             raise TypeError(f"branch() needs a BranchPoint, got {type(point).__name__}")
         if prompt is not None and not isinstance(prompt, PromptEvent):
             raise TypeError(f"prompt must be a PromptEvent, got {type(prompt).__name__}")
-        refusal = self.branch_refusal
-        if refusal is not None:
-            raise SettingsError(refusal)
-        run_id = self._open()
-        if prompt is not None:
-            self._event(run_id, prompt)
-        self._send_branch(run_id, point)
-        return run_id
+        return self.begin(StartBranch, point, first=prompt)
 
     def score(self, request: ScoreRequest) -> int:
         """Stop the current run and score `request`'s text as a new run (core/model/scoring.py); returns its id.
         SettingsError (one line) before anything changes when the engine cannot score."""
         if not isinstance(request, ScoreRequest):
             raise TypeError(f"score() needs a ScoreRequest, got {type(request).__name__}")
-        self._check("score")
-        run_id = self._open()
-        self._send_score(run_id, request)
-        return run_id
+        return self.begin(StartScore, request)
 
     def fanout(self, request: FanoutRequest) -> int:
         """Stop the current run and draw `request.n` samples from its step as a new run (core/model/fanout.py);
         returns its id. SettingsError (one line) before anything changes when the engine cannot fan out."""
         if not isinstance(request, FanoutRequest):
             raise TypeError(f"fanout() needs a FanoutRequest, got {type(request).__name__}")
-        self._check("fanout")
+        return self.begin(StartFanout, request)
+
+    def begin(self, message: type, *arguments, first: Event | None = None) -> int:
+        """Stop the current run and start the RUN operation whose request is `message` (a class of
+        core/link/protocol.py) with `arguments` (its fields after the run_id) as a new run; returns its id. `first`:
+        an event that goes first into its record and to the listener (not sent to the engine). Before anything
+        changes: SettingsError (one line) when the engine cannot do it (its declared refusal, or not loaded yet),
+        ProtocolError when `arguments` do not make that message."""
+        op = self._declared(message, RUN)
+        self._check(op)
+        request = message(self._run_id + 1, *arguments)  # checked as built, with the id _open gives it
         run_id = self._open()
-        self._send_fanout(run_id, request)
+        if first is not None:
+            self._event(run_id, first)
+        self._send(request)
         return run_id
 
     async def tokenize(self, text: str) -> list[PromptPiece]:
         """The pieces of `text` tokenized on its own, as a forced phrase's (SettingsError, one line, when they
         cannot be had); answered while a run is paused too."""
-        self._check("phrase")
-        return await self._tokenize(text)
+        return await self.ask(Tokenize, text)
 
-    def _check(self, what: str) -> None:
-        refusal = self.refusal(what)
+    async def ask(self, message: type, *arguments):
+        """The answer of the ASK operation whose request is `message` (core/link/protocol.py) with `arguments` (its
+        fields after `asked`); SettingsError (one line) when it cannot be had."""
+        op = self._declared(message, ASK)
+        self._check(op)
+        self._questions += 1
+        return await self._ask(message(self._questions, *arguments))
+
+    @staticmethod
+    def _declared(message: type, kind) -> Operation:
+        op = DECLARED.get(message)
+        if op is None or op.kind is not kind:
+            raise TypeError(f"{getattr(message, '__name__', message)!r} is not a declared {kind.value} operation "
+                            "(core/link/protocol.py)")
+        return op
+
+    def _check(self, op: Operation) -> None:
+        refusal = self.refusal(op.refusal)
         if refusal is not None:
             raise SettingsError(refusal)
 
@@ -241,19 +258,19 @@ class EngineClient:
 
     def stop(self) -> None:
         if self._run_id in self._records:
-            self._send_stop(self._run_id)
+            self._send(Stop(self._run_id))
 
     def pause(self) -> None:
         self._paused = True
-        self._send_pause()
+        self._send(Pause())
 
     def resume(self) -> None:
         self._paused = False
-        self._send_resume()
+        self._send(Resume())
 
     def step_once(self) -> None:
         if self.paused:
-            self._send_step()
+            self._send(Step())
 
     def halt(self) -> None:
         """Stop the current run and let it end (a paused one is resumed so it can)."""
@@ -333,46 +350,18 @@ class EngineClient:
     async def _load(self, progress: Progress) -> tuple[ModelFacts, SamplerSettings, RunOptions]:
         raise NotImplementedError
 
-    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
+    def _send(self, message) -> None:
+        """Carry `message`, a declared RUN or CONTROL operation (core/link/protocol.py), to the engine: a RUN's
+        events come back through `_event` under its run_id."""
         raise NotImplementedError
 
-    def _send_branch(self, run_id: int, point: BranchPoint) -> None:
+    async def _ask(self, message):
+        """The engine's answer to `message`, a declared ASK operation (SettingsError when it has none)."""
         raise NotImplementedError
-
-    def _branch_refusal(self) -> str | None:
-        """Why this (loaded) engine cannot branch, as one line; None when it can."""
-        return None
 
     def _refusal(self, what: str) -> str | None:
         """Why this (loaded) engine cannot do `what` (see `refusal`); None when it can."""
         return None
-
-    def _send_score(self, run_id: int, request: ScoreRequest) -> None:
-        raise NotImplementedError
-
-    def _send_fanout(self, run_id: int, request: FanoutRequest) -> None:
-        raise NotImplementedError
-
-    async def _tokenize(self, text: str) -> list[PromptPiece]:
-        raise NotImplementedError
-
-    def _send_stop(self, run_id: int) -> None:
-        raise NotImplementedError
-
-    def _send_pause(self) -> None:
-        raise NotImplementedError
-
-    def _send_resume(self) -> None:
-        raise NotImplementedError
-
-    def _send_step(self) -> None:
-        raise NotImplementedError
-
-    def _send_sampler(self, sampler: SamplerSettings) -> None:
-        raise NotImplementedError
-
-    def _send_options(self, options: RunOptions) -> None:
-        raise NotImplementedError
 
     def close(self) -> None:
         """End the engine (and its process, if any); records still open end with a "stopped" done."""

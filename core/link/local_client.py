@@ -1,8 +1,9 @@
 """`LocalClient`: the dashboard's engine client (core/link/client.py) for an engine in this process — a replay, a
-served model's engine, the tests' scripted engine: any BaseEngine (core/interface.py). Its blocking `run()` /
-`branch()` iterators are stepped on one executor thread of the client's own: `next()` on them is the only blocking
-call, and a stopped run ends at the engine's next step. Each event is then handled on the event loop, as
-ProcessClient's are."""
+served model's engine, the tests' scripted engine: any BaseEngine (core/interface.py). Each message is applied to
+the engine as its declaration says (core/link/operations.py's `call`), as the model process does. A run's
+blocking iterator (run, branch, score, fan-out) is stepped on one executor thread of the client's own: `next()` on
+it is the only blocking call, and a stopped run ends at the engine's next step. Each event is then handled on the
+event loop, as ProcessClient's are."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Callable, Iterator
 
 from ..errors import ErrorKind
 from ..interface import BaseEngine
-from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress
 from ..runs.record_writer import RunRecorder
 from ..settings import RunOptions, SamplerSettings
 from .client import EngineClient, Progress
+from .operations import RUN, call, operation_of
 
 _END = object()  # next() on an exhausted run
 
@@ -49,27 +50,18 @@ class LocalClient(EngineClient):
         self._paused = engine.paused
         return engine.facts, engine.sampler, engine.options
 
-    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
-        self._start_pump(run_id, lambda: self.engine.run(prompt, system, run_id=run_id))
-
-    def _send_branch(self, run_id: int, point: BranchPoint) -> None:
-        self._start_pump(run_id, lambda: self.engine.branch(point, run_id=run_id))
-
-    def _branch_refusal(self) -> str | None:
-        return self.engine.branch_refusal
+    def _send(self, message) -> None:
+        if operation_of(message).kind is RUN:
+            self._start_pump(message.run_id, lambda: call(self.engine, message))
+        elif self.engine is not None:  # a control: applied at once (the engine takes it at its next step)
+            call(self.engine, message)
 
     def _refusal(self, what: str) -> str | None:
         return getattr(self.engine, f"{what}_refusal")
 
-    def _send_score(self, run_id: int, request) -> None:
-        self._start_pump(run_id, lambda: self.engine.score(request, run_id=run_id))
-
-    def _send_fanout(self, run_id: int, request) -> None:
-        self._start_pump(run_id, lambda: self.engine.fanout(request, run_id=run_id))
-
-    async def _tokenize(self, text: str):
+    async def _ask(self, message):
         # on the loop's default executor, not the run's own thread: that one may be waiting at a paused step
-        return await asyncio.get_running_loop().run_in_executor(None, self.engine.phrase_pieces, text)
+        return await asyncio.get_running_loop().run_in_executor(None, call, self.engine, message)
 
     def _start_pump(self, run_id: int, events: Callable[[], Iterator[Event]]) -> None:
         previous = self._pump
@@ -77,8 +69,8 @@ class LocalClient(EngineClient):
 
     async def _pump_events(self, run_id: int, start: Callable[[], Iterator[Event]],
                            previous: asyncio.Task | None) -> None:
-        """Step the engine's blocking iterator `start()` (a run or a branch) on the executor; each event is handled
-        here, on the loop."""
+        """Step the engine's blocking iterator `start()` (a run, a branch, a score, a fan-out) on the executor; each
+        event is handled here, on the loop."""
         if previous is not None:  # one engine iterator at a time: the older one was stopped, ends at its next step
             await asyncio.wait([previous])
         if run_id != self._run_id:  # superseded before it began
@@ -110,28 +102,6 @@ class LocalClient(EngineClient):
     def paused(self) -> bool:
         """The engine's own flag (in this process it can be read, and a test's engine may pause itself)."""
         return self.engine.paused if self.engine is not None else self._paused
-
-    def _send_stop(self, run_id: int) -> None:
-        if self.engine is not None:
-            self.engine.stop(run_id)
-
-    def _send_pause(self) -> None:
-        if self.engine is not None:
-            self.engine.pause()
-
-    def _send_resume(self) -> None:
-        if self.engine is not None:
-            self.engine.resume()
-
-    def _send_step(self) -> None:
-        if self.engine is not None:
-            self.engine.step_once()
-
-    def _send_sampler(self, sampler: SamplerSettings) -> None:
-        self.engine.set_sampler(sampler)
-
-    def _send_options(self, options: RunOptions) -> None:
-        self.engine.options = options
 
     def close(self) -> None:
         """Close the engine (its run ends at its next step; nothing waits for it here) and the records."""

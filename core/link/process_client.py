@@ -2,7 +2,7 @@
 
 Why a process and not a thread: the dashboard's Python work (Textual composing frames) and the engine's Python work
 (dispatching ~1,000 small torch operations per token) would share one GIL: with the app and the model in one process
-decode was far slower than headless and the process used one core in all (BENCHMARKS.md, "Why the code is as it is"). In a child process
+decode was far slower than headless and the process used one core in all (docs/design-record.md, "The model in its own process"). In a child process
 the model keeps a core to itself and the dashboard only receives events. Headless mode keeps the in-process
 `Engine`.
 
@@ -11,9 +11,9 @@ Importing this module does not import torch; the parent of a dashboard never loa
 core/model/process_main.py.
 
 Protocol: `multiprocessing.connection` over a socket pair, carrying the typed messages of core/link/protocol.py (the
-parent sends Load, then StartRun / StartBranch / StartScore / StartFanout / Tokenize / Stop / Pause / Resume / Step / SetSampler / SetOptions / Quit; the
-child answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id,
-and Tokenized for each Tokenize).
+parent sends Load, then the declared engine operations, each as the message that declares it, and Quit; the child
+answers Loading (progress), then Ready or LoadFailed, then RunEvent and Crash, each tagged with its run's id, and
+the declared answer of each question, e.g. Tokenized for a Tokenize).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from typing import Callable
 from ..errors import ErrorKind, ModelLoadError, ProtocolError, SettingsError, error_of_kind
 from .client import EngineClient
 from ..runs.events import LoadProgress
-from .protocol import (LOADING_REPLIES, RUN_REPLIES, Crash, EngineSpec, Load, Loading, Pause, Quit, Ready, Resume,
-                       SetOptions, SetSampler, StartBranch, StartFanout, StartRun, StartScore, Step, Stop, Tokenize,
-                       Tokenized, expect)
+from .operations import RUN, operation_of
+from .protocol import LOADING_REPLIES, RUN_REPLIES, Crash, EngineSpec, Load, Loading, Quit, Ready, RunEvent, expect
 from ..paths import open_private_log, private_dir, state_dir
 from ..settings import RunOptions, SamplerSettings
 
@@ -82,7 +81,8 @@ def start_model_process(spec: EngineSpec, log_path: Path | None = None) -> Start
     try:
         # A session of its own: terminal signals (Ctrl-C, SIGHUP) go to the dashboard, which ends this process.
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tokentui.core.model.process_main import _child; _child(int(sys.argv[1]))",
+            [sys.executable, "-c",
+             "import sys; from tokentui.core.model.process_main import child_main; child_main(int(sys.argv[1]))",
              str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
             stdout=log if log is not None else subprocess.DEVNULL, stderr=subprocess.STDOUT,
@@ -121,8 +121,7 @@ class ProcessClient(EngineClient):
         self._progress: Callable[[LoadProgress], None] = lambda p: None
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._asked: dict[int, asyncio.Future] = {}  # Tokenize questions not yet answered, by number
-        self._tokenize_count = 0
+        self._asked: dict[int, asyncio.Future] = {}  # questions (ASK operations) not yet answered, by number
 
     @property
     def pid(self) -> int | None:
@@ -184,17 +183,17 @@ class ProcessClient(EngineClient):
         except ProtocolError as err:  # refused, not misread: the run in progress ends with it
             self._failed(self.run_id, str(err), ErrorKind.PROTOCOL)
             return
-        if isinstance(message, Tokenized):
+        if isinstance(message, RunEvent):
+            self._event(message.run_id, message.event)
+        elif isinstance(message, Crash):
+            self._failed(message.run_id, message.message, ErrorKind.CRASH)
+        else:  # the answer to a question
             asked = self._asked.pop(message.asked, None)
             if asked is not None and not asked.done():
-                if message.error is not None:
-                    asked.set_exception(SettingsError(message.error))
-                else:
-                    asked.set_result(list(message.pieces))
-        elif isinstance(message, Crash):
-            self._failed(message.serial, message.message, ErrorKind.CRASH)
-        else:
-            self._event(message.serial, message.event)
+                try:
+                    asked.set_result(message.result())
+                except SettingsError as err:
+                    asked.set_exception(err)
 
     def _gone(self) -> None:
         """The child's end closed: it exited or was ended."""
@@ -255,53 +254,20 @@ class ProcessClient(EngineClient):
         self._paused = False
         return ready.facts, ready.sampler, ready.options
 
-    def _send_start(self, run_id: int, prompt: str, system: str | None) -> None:
-        self._post(StartRun(run_id, prompt, system))
-        if self._conn is None:  # the child is gone already
+    def _send(self, message) -> None:
+        """A run's start goes to the child's queue (its engine branches on its own held KV cache of the latest run,
+        core/model/branch.py); a control is applied there at once."""
+        self._post(message)
+        if self._conn is None and operation_of(message).kind is RUN:  # the child is gone already: the run says so
             self._loop.call_soon(self._gone)
 
-    def _send_branch(self, run_id: int, point) -> None:
-        """The child's engine branches (core/model/branch.py) and reuses its own held KV cache of the latest run."""
-        self._post(StartBranch(run_id, point))
-        if self._conn is None:
-            self._loop.call_soon(self._gone)
-
-    def _send_score(self, run_id: int, request) -> None:
-        self._post(StartScore(run_id, request))
-        if self._conn is None:
-            self._loop.call_soon(self._gone)
-
-    def _send_fanout(self, run_id: int, request) -> None:
-        self._post(StartFanout(run_id, request))
-        if self._conn is None:
-            self._loop.call_soon(self._gone)
-
-    async def _tokenize(self, text: str):
+    async def _ask(self, message):
         if self._conn is None:
             raise SettingsError("the model process has ended")
-        self._tokenize_count += 1
         future = self._loop.create_future()
-        self._asked[self._tokenize_count] = future
-        self._post(Tokenize(self._tokenize_count, text))
+        self._asked[message.asked] = future
+        self._post(message)
         return await future
-
-    def _send_stop(self, run_id: int) -> None:
-        self._post(Stop(run_id))
-
-    def _send_pause(self) -> None:
-        self._post(Pause())
-
-    def _send_resume(self) -> None:
-        self._post(Resume())
-
-    def _send_step(self) -> None:
-        self._post(Step())
-
-    def _send_sampler(self, sampler: SamplerSettings) -> None:
-        self._post(SetSampler(sampler))
-
-    def _send_options(self, options: RunOptions) -> None:
-        self._post(SetOptions(options))
 
     def _end_process(self, timeout: float) -> None:
         proc = self._proc

@@ -2,11 +2,15 @@
 checked where it is built, so a malformed one cannot be sent, and checked again where it is received, so one that
 is not what that side expects is refused with `ProtocolError` instead of being read as something else.
 
-    parent -> child   Load first; then StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step,
-                      SetSampler, SetOptions, Tokenize, Quit
+Each engine operation is declared here once, by the `@operation` on its request (core/link/operations.py says what
+is derived from it): the client sends it, the model process dispatches it, and the sets of messages each side
+accepts below (COMMANDS, RUN_REPLIES) are read off the declarations.
+
+    parent -> child   Load first; then the declared operations (runs: StartRun, StartBranch, StartScore,
+                      StartFanout; controls: Stop, Pause, Resume, Step, SetSampler, SetOptions; asked: Tokenize); Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
-                      serial of the run it belongs to (a newer run's serial retires an older run's messages), and
-                      Tokenized, the answer to a Tokenize (a phrase's pieces while it is typed)
+                      id of the run it belongs to (a newer run's id retires an older run's messages), and
+                      the answer of each ASK (Tokenized, a phrase's pieces while it is typed)
 
 They travel pickled over a private socket pair (`multiprocessing.connection`) between two processes of the same
 program; nothing listens on a port.
@@ -15,14 +19,14 @@ program; nothing listens on a port.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
-from ..errors import ErrorKind, ProtocolError
+from ..errors import ErrorKind, ProtocolError, SettingsError
 from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress, PromptPiece
 from ..runs.facts import ModelFacts
 from ..runs.requests import FanoutRequest, ScoreRequest
 from ..settings import RunOptions, SamplerSettings
+from .operations import ASK, CONTROL, DECLARED, RUN, operation
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,9 @@ class EngineSpec:
     options: RunOptions = field(default_factory=RunOptions)
 
 
-def _serial(value: object) -> None:
+def _whole(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ProtocolError(f"a run serial must be an integer >= 0, got {value!r}")
+        raise ProtocolError(f"{what} must be an integer >= 0, got {value!r}")
 
 
 def _text(name: str, value: object, optional: bool = False) -> None:
@@ -65,57 +69,84 @@ class Load:
             raise ProtocolError(f"Load needs an EngineSpec, got {type(self.spec).__name__}")
 
 
+@operation("run", RUN)
 @dataclass(frozen=True, slots=True)
 class StartRun:
-    serial: int
+    run_id: int
     prompt: str
     system: str | None = None
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         _text("the prompt", self.prompt)
         _text("the system prompt", self.system, optional=True)
 
 
+@operation("branch", RUN, refusal="branch")
 @dataclass(frozen=True, slots=True)
 class StartBranch:
-    """Run `Engine.branch(point)` as run `serial` (core/model/branch.py); its events come back as RunEvent like a run's."""
+    """Run `Engine.branch(point)` as run `run_id` (core/model/branch.py); its events come back as RunEvent like a
+    run's."""
 
-    serial: int
+    run_id: int
     point: BranchPoint
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.point, BranchPoint):
             raise ProtocolError(f"StartBranch needs a BranchPoint, got {type(self.point).__name__}")
 
 
+@operation("score", RUN, refusal="score")
 @dataclass(frozen=True, slots=True)
 class StartScore:
-    """Run `Engine.score(request)` as run `serial` (core/model/scoring.py)."""
+    """Run `Engine.score(request)` as run `run_id` (core/model/scoring.py)."""
 
-    serial: int
+    run_id: int
     request: ScoreRequest
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.request, ScoreRequest):
             raise ProtocolError(f"StartScore needs a ScoreRequest, got {type(self.request).__name__}")
 
 
+@operation("fanout", RUN, refusal="fanout")
 @dataclass(frozen=True, slots=True)
 class StartFanout:
-    """Run `Engine.fanout(request)` as run `serial` (core/model/fanout.py)."""
+    """Run `Engine.fanout(request)` as run `run_id` (core/model/fanout.py)."""
 
-    serial: int
+    run_id: int
     request: FanoutRequest
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.request, FanoutRequest):
             raise ProtocolError(f"StartFanout needs a FanoutRequest, got {type(self.request).__name__}")
 
 
+@dataclass(frozen=True, slots=True)
+class Tokenized:  # child -> parent: here because Tokenize's declaration names it
+    """The answer to Tokenize `asked`: the pieces, or the one line that says why there are none."""
+
+    asked: int
+    pieces: tuple[PromptPiece, ...] = ()
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _whole(self.asked, "a question's number")
+        if not isinstance(self.pieces, tuple) or not all(isinstance(p, PromptPiece) for p in self.pieces):
+            raise ProtocolError("Tokenized needs a tuple of PromptPiece")
+        _text("the tokenize error", self.error, optional=True)
+
+    def result(self) -> list[PromptPiece]:
+        """The pieces; SettingsError with the one line that says why there are none."""
+        if self.error is not None:
+            raise SettingsError(self.error)
+        return list(self.pieces)
+
+
+@operation("phrase_pieces", ASK, refusal="phrase", answer=Tokenized)
 @dataclass(frozen=True, slots=True)
 class Tokenize:
     """The pieces of `text` tokenized on its own (a phrase being typed); answered at once with Tokenized, also while
@@ -125,35 +156,40 @@ class Tokenize:
     text: str
 
     def __post_init__(self) -> None:
-        _serial(self.asked)
+        _whole(self.asked, "a question's number")
         _text("the phrase", self.text)
 
 
+@operation("stop", CONTROL)
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """Stop every run up to and including `serial` (at its next step boundary)."""
+    """Stop every run up to and including `run_id` (at its next step boundary)."""
 
-    serial: int
+    run_id: int
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
 
 
+@operation("pause", CONTROL)
 @dataclass(frozen=True, slots=True)
 class Pause:
     pass
 
 
+@operation("resume", CONTROL)
 @dataclass(frozen=True, slots=True)
 class Resume:
     pass
 
 
+@operation("step_once", CONTROL)
 @dataclass(frozen=True, slots=True)
 class Step:
     """While paused: let exactly one more step through."""
 
 
+@operation("set_sampler", CONTROL)
 @dataclass(frozen=True, slots=True)
 class SetSampler:
     settings: SamplerSettings
@@ -163,6 +199,7 @@ class SetSampler:
             raise ProtocolError(f"SetSampler needs SamplerSettings, got {type(self.settings).__name__}")
 
 
+@operation("set_options", CONTROL)
 @dataclass(frozen=True, slots=True)
 class SetOptions:
     options: RunOptions
@@ -177,11 +214,11 @@ class Quit:
     pass
 
 
-Command = Union[StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step, SetSampler, SetOptions,
-                Tokenize, Quit]
-COMMANDS: tuple[type, ...] = (StartRun, StartBranch, StartScore, StartFanout, Stop, Pause, Resume, Step, SetSampler,
-                              SetOptions, Tokenize, Quit)
-RUN_STARTS: tuple[type, ...] = (StartRun, StartBranch, StartScore, StartFanout)  # queued: one run at a time
+# the messages the model process accepts: the declared operations, and Quit (the end of the process, not an engine
+# operation: the client's close)
+COMMANDS: tuple[type, ...] = (*DECLARED, Quit)
+RUN_STARTS: tuple[type, ...] = tuple(m for m, op in DECLARED.items() if op.kind is RUN)  # queued: one run at a time
+OPERATIONS = tuple(DECLARED.values())
 
 
 # ---- child -> parent -----------------------------------------------------------------------------------------
@@ -221,44 +258,29 @@ class LoadFailed:
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    serial: int
+    run_id: int
     event: Event
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         if not isinstance(self.event, Event):
             raise ProtocolError(f"RunEvent needs an engine Event, got {type(self.event).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
 class Crash:
-    """The run `serial` failed with an exception the engine did not turn into an ErrorEvent (the log has more)."""
+    """The run `run_id` failed with an exception the engine did not turn into an ErrorEvent (the log has more)."""
 
-    serial: int
+    run_id: int
     message: str
 
     def __post_init__(self) -> None:
-        _serial(self.serial)
+        _whole(self.run_id, "a run id")
         _text("the crash message", self.message)
 
 
-@dataclass(frozen=True, slots=True)
-class Tokenized:
-    """The answer to Tokenize `asked`: the pieces, or the one line that says why there are none."""
-
-    asked: int
-    pieces: tuple[PromptPiece, ...] = ()
-    error: str | None = None
-
-    def __post_init__(self) -> None:
-        _serial(self.asked)
-        if not isinstance(self.pieces, tuple) or not all(isinstance(p, PromptPiece) for p in self.pieces):
-            raise ProtocolError("Tokenized needs a tuple of PromptPiece")
-        _text("the tokenize error", self.error, optional=True)
-
-
 LOADING_REPLIES: tuple[type, ...] = (Loading, Ready, LoadFailed)
-RUN_REPLIES: tuple[type, ...] = (RunEvent, Crash, Tokenized)
+RUN_REPLIES: tuple[type, ...] = (RunEvent, Crash, *(op.answer for op in OPERATIONS if op.kind is ASK))
 
 
 def expect(message: object, kinds: tuple[type, ...], where: str) -> object:

@@ -36,16 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from transformers.cache_utils import DynamicLayer
-
-from .decode.adapter import GrowableLayer
+from .decode.adapter import cache_layers, drop_positions
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..errors import PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
-from .decode.kvcache import cache_nbytes, cache_tokens
 from .forcing import ForcePhrase, check_phrase, forced_selection
 from .observe.lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
@@ -58,7 +55,8 @@ __all__ = ["BranchPoint", "HeldCache", "branch_events", "crop_cache", "crop_prob
 
 @dataclass(frozen=True)
 class HeldCache:
-    """The KV cache an engine keeps after a run, and the ids whose keys and values it holds, in order."""
+    """The KV cache an engine keeps after a run (its RunCache, core/model/decode/run_cache.py), and the ids whose
+    keys and values it holds, in order."""
 
     cache: object
     ids: tuple[int, ...]
@@ -66,34 +64,26 @@ class HeldCache:
 
 # --------------------------------------------------------------------------------------------- the cache
 def crop_problem(cache) -> str | None:
-    """Why `cache` cannot be cut back to a prefix (None: it can)."""
-    if getattr(cache, "decoder", None) is not None:  # core/model/decode/compiled.py's StaticKV
-        return ("--compile's static KV cache is shared by the compiled decode step and has no crop "
-                "(transformers' StaticLayer cannot drop positions)")
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer and not isinstance(layer, GrowableLayer):  # sliding, linear... layers
-            return f"this model's cache has {type(layer).__name__} layers, which cannot be cut back exactly"
-    return None
+    """Why `cache` (a RunCache) cannot be cut back to a prefix (None: it can): its decode step says
+    (core/model/decode/steps.py)."""
+    return cache.step.crop_problem(cache)
 
 
 def crop_cache(cache, tokens: int) -> None:
-    """Cut `cache` (full-attention layers: DynamicLayer, GrowableLayer) back to its first `tokens` positions.
+    """Cut `cache` (a RunCache of full-attention layers: DynamicLayer, GrowableLayer) back to its first `tokens`
+    positions.
 
-    transformers' `Cache.crop(n)` took an absolute length for n >= 0 before 5.15 and refuses it since; a negative
-    n ("remove |n| positions") means the same in every version, so that is the only form called here. The result
-    is checked: a crop that left another length raises RuntimeError.
+    core/model/decode/adapter.py's `drop_positions` cuts transformers' cache; the result is checked: a crop that
+    left another length raises RuntimeError.
     """
-    held = cache_tokens(cache)
+    held = cache.tokens()
     if not 0 <= tokens <= held:
         raise ValueError(f"cannot crop a cache of {held} positions to {tokens}")
     if tokens < held:
-        cache.crop(tokens - held)
-    if cache_tokens(cache) != tokens or any(k.shape[-2] != tokens for k, _ in _layers(cache)):
-        raise RuntimeError(f"the KV cache holds {cache_tokens(cache)} positions after a crop to {tokens}")
-
-
-def _layers(cache):
-    return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "keys", None) is not None]
+        drop_positions(cache.kv, held - tokens)
+        cache.fed = tokens
+    if cache.tokens() != tokens or any(k.shape[-2] != tokens for k, _ in cache_layers(cache.kv)):
+        raise RuntimeError(f"the KV cache holds {cache.tokens()} positions after a crop to {tokens}")
 
 
 def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple[int, str | None]:
@@ -103,8 +93,8 @@ def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple
     if held is None or keep < 1 or len(held.ids) < keep or held.ids[:keep] != prefix[:keep]:
         return 0, None
     problem = crop_problem(held.cache)
-    if problem is None and cache_tokens(held.cache) != len(held.ids):
-        problem = f"the held cache has {cache_tokens(held.cache)} positions for {len(held.ids)} ids"
+    if problem is None and held.cache.tokens() != len(held.ids):
+        problem = f"the held cache has {held.cache.tokens()} positions for {len(held.ids)} ids"
     if problem is not None:
         return 0, f"the KV cache of the last run was not reused: {problem}; prefilling the {len(prefix)}-token " \
                   "prefix afresh"
@@ -131,9 +121,9 @@ def _check(engine, point: BranchPoint) -> None:
         check_phrase(facts, engine.options, len(point.prompt_ids), point.at, point.phrase)
 
 
-def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
+def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     """The branch's events (the module docstring has them), for `Engine.branch`, which runs this under the
-    engine's locks as run `serial` (pause / stop act at step boundaries, as in a run). Uses and replaces the
+    engine's locks as run `run_id` (pause / stop act at step boundaries, as in a run). Uses and replaces the
     engine's held cache; reads the engine through its public interface only."""
     _check(engine, point)
     opts, model = engine.options, engine.model
@@ -152,7 +142,7 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
                       phrase_text=point.phrase_text, sample=point.sample)
     if why:
         yield Notice(why)
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:  # stopped before anything ran: the held cache stays as it was
         engine.hold_cache(held)
         yield stopped_before_first_token(len(point.prompt_ids), paused_ms=paused_s * 1000.0)
@@ -160,7 +150,7 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
     # from here the cache is the branch's (a failed branch leaves none held)
     lens_states = None  # the logit lens, as in a run: each forward appends its hidden states here
     if opts.logit_lens:
-        lens_why = lens_unavailable(model, compiled=engine.compiled is not None)
+        lens_why = lens_unavailable(model, compiled=not engine.plan.step.lens)
         if lens_why:
             yield Notice(lens_why)
         else:
@@ -171,32 +161,27 @@ def branch_events(engine, point: BranchPoint, serial: int) -> Iterator[Event]:
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
         logits, forward_ms = decode_one_token(model, prefix[-1], cache, **lens)
-        yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+        yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
     else:
         del held  # the old cache goes before the new one is allocated
-        cache = None
-        if engine.compiled is not None:
-            cache, notice = engine.compiled.new_cache(len(prefix) + opts.max_new_tokens, engine.facts.max_context)
-            if notice:
-                yield Notice(notice)
-        if cache is None:
-            cache = engine.new_eager_cache(len(prefix), opts.max_new_tokens)
+        cache, notice = engine.plan.new_cache(len(prefix), opts.max_new_tokens)
+        if notice:
+            yield Notice(notice)
         use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
         chunked = len(prefix) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
         for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
             if chunked:
                 yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
-                if logits is None and engine.stopping(serial):
-                    yield stopped_before_first_token(len(point.prompt_ids), cache_tokens(cache), cache_nbytes(cache),
+                if logits is None and engine.stopping(run_id):
+                    yield stopped_before_first_token(len(point.prompt_ids), cache.tokens(), cache.nbytes(),
                                                      paused_s * 1000.0)
                     return
         use_threads(engine.device, engine.speed.decode_threads())
-        yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache_tokens(cache),
-                           kv_bytes=cache_nbytes(cache))
+        yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     forced = point.forced_ids
-    steps = engine.generate_from(serial, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
+    steps = engine.generate_from(run_id, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
                              prefix=point.tokens, detok=detok, choose=ForcePhrase(forced),
                              fed=1 if reuse else len(prefix))
     cut_steps = []  # a phrase's forced steps the sampler gave probability 0

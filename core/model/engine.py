@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .decode.adapter import first_capacity, input_device, synchronize
+from .decode.adapter import input_device, synchronize
 from .branch import BranchPoint, HeldCache, branch_events
 from .fanout import fanout_events
 from .forcing import phrase_pieces
@@ -34,8 +34,8 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.events import (Candidate, DoneEvent, Event, Notice, PrefillEvent, PrefillProgress,
                            PromptEvent, StepEvent)
 from ..runs.facts import ModelFacts
-from .decode.kvcache import cache_nbytes, cache_tokens, kv_mismatch
-from .decode.decode_paths import prepare_decode
+from .decode.kvcache import kv_mismatch
+from .decode.plan import DecodePlan, choose_plan
 from .quant.fused_linear import FuseReport
 from .quant.weight_layout import LayoutReport
 from .observe.lens import lens_unavailable, logit_lens
@@ -44,7 +44,6 @@ from ..steps.prefill import prefill_chunks
 from ..steps.select import select, unpack
 from ..settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, use_threads
-from .decode.static_cache import bucketing_problem, describe, kv_shapes_for, new_eager_cache
 from ..steps.template import apply_template, default_system_prompt
 from .observe.timing import StepClock
 from ..steps.tokenization import tokenize
@@ -69,8 +68,9 @@ class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
         """`speed`: threads per phase, the weight layout and the --compile fast path (core/model/speed.py). The
-        weights are prepared in place and the decode path chosen by core/model/decode/decode_paths.py; with compile, the
-        decode step is compiled here (minutes on a small CPU), reported through `progress`."""
+        weights are prepared in place and the decode step chosen by core/model/decode/plan.py (`plan`, named in the
+        model facts' `decode_plan`); with compile, the decode step is compiled here (minutes on a small CPU),
+        reported through `progress`."""
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
@@ -85,32 +85,21 @@ class Engine(BaseEngine):
         self.default_system_prompt = default_system_prompt(self.tokenizer)
         self.device = input_device(self.model)
         self.speed = speed or SpeedOptions()
-        # the weights prepared in place and, with --compile, the compiled step chosen and warmed up
-        self._paths = prepare_decode(self.model, self.device, self.speed, self.options.top_candidates,
-                                     self.options.max_new_tokens, self.facts.max_context, progress)
-        # Eager decode's cache: bucketed attention shapes or the exact length (core/model/decode/static_cache.py)
-        problem = bucketing_problem(self.model) if self.speed.kv_shapes != "dynamic" else None
-        self.kv_bucketed = kv_shapes_for(self.speed.kv_shapes, self.device) and problem is None
-        self.facts = replace(self.facts, kv_cache=describe(self.kv_bucketed, problem, self.speed.kv_shapes,
-                                                           compiled=self.compiled is not None))
-
-    def new_eager_cache(self, tokens: int, max_new_tokens: int):
-        """An eager run's KV cache for a prompt (or prefix) of `tokens` ids and up to `max_new_tokens` more."""
-        cache = new_eager_cache(self.model, first_capacity(tokens, max_new_tokens, self.facts.max_context),
-                                self.kv_bucketed)
-        if self._paths.compiled_lean is not None and cache.lean_step is not None:
-            cache.lean_step = self._paths.compiled_lean
-        return cache
+        # the weights prepared in place and the decode step chosen (with --compile, compiled and warmed up)
+        self.plan: DecodePlan = choose_plan(self.model, self.device, self.speed, self.options.top_candidates,
+                                            self.options.max_new_tokens, self.facts.max_context,
+                                            self.facts.quantization, progress)
+        self.facts = replace(self.facts, kv_cache=self.plan.kv_cache, decode_plan=self.plan.description)
 
     @property
     def layout(self) -> LayoutReport:
         """The wide matrices this engine stored transposed (core/model/quant/weight_layout.py)."""
-        return self._paths.layout
+        return self.plan.layout
 
     @property
     def fusion(self) -> FuseReport:
         """The sibling projections this engine fused (core/model/quant/fused_linear.py)."""
-        return self._paths.fusion
+        return self.plan.fusion
 
     def _lens_for(self, states: list | None, said: bool) -> tuple[list | None, str | None]:
         """The logit lens for the next forward, as `self.options.logit_lens` says now (a dashboard toggle shows
@@ -118,7 +107,7 @@ class Engine(BaseEngine):
         text when the lens is wanted, is not available for this model, and was not `said` yet in this run)."""
         if not self.options.logit_lens:
             return None, None
-        why = lens_unavailable(self.model, compiled=self.compiled is not None)
+        why = lens_unavailable(self.model, compiled=not self.plan.step.lens)
         if states is not None and why is None:
             return states, None
         return ([], None) if why is None else (None, None if said else why)
@@ -181,7 +170,7 @@ class Engine(BaseEngine):
     def compiled(self):
         """The --compile whole decode step (core/model/decode/compiled.py); None without --compile, on a 4-bit model
         whose lean step is compiled instead, or once it failed."""
-        return self._paths.compiled
+        return self.plan.compiled
 
     def _locked(self, start) -> Iterator[Event]:
         """The events of `start()` as one run on the model: its locks held, and out-of-memory turned into a
@@ -196,34 +185,17 @@ class Engine(BaseEngine):
                         step = event.index + 1
                     yield event
             except torch.cuda.OutOfMemoryError as err:
-                raise GenerationError(self._oom_message(err, step), step, ErrorKind.OOM) from None
+                raise GenerationError(oom_message(err, step, self.device, self.facts.dtype), step,
+                                      ErrorKind.OOM) from None
             finally:
                 events.close()
 
-    def _oom_message(self, err, step: int = -1) -> str:
-        """One line with the numbers (asked for, free of total where the device can say) and what to try."""
-        numbers = []
-        asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
-        if asked:
-            numbers.append(f"tried to allocate {asked.group(1)}")
-        if self.device.type == "cuda":
-            try:
-                free, total = torch.cuda.mem_get_info(self.device)
-                numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
-            except Exception:  # a broken CUDA context must not hide the real error
-                pass
-        where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
-        detail = f" ({'; '.join(numbers)})" if numbers else ""
-        smaller = "--dtype bfloat16, " if self.facts.dtype == "float32" else ""
-        return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
-                "or a smaller model")
-
-    def _generate_run(self, prompt: str, system: str | None, serial: int) -> Iterator[Event]:
+    def _generate_run(self, prompt: str, system: str | None, run_id: int) -> Iterator[Event]:
         facts, opts, tok = self.facts, self.options, self.tokenizer
         self._held = None  # a new run: the last one's KV cache goes
-        self._paths.drop_failed()
-        if self._paths.notice:
-            yield Notice(self._paths.notice)
+        self.plan.drop_failed()
+        if self.plan.notice:
+            yield Notice(self.plan.notice)
         if self._load_notice:
             yield Notice(self._load_notice)
             self._load_notice = None
@@ -246,18 +218,14 @@ class Engine(BaseEngine):
         yield PromptEvent(text=templated.text, ids=ids, pieces=pieces, templated=templated.templated,
                           user_prompt=prompt, system_prompt=system,
                           default_system_prompt=self.default_system_prompt)
-        go, paused_s = self.timed_gate(serial)
+        go, paused_s = self.timed_gate(run_id)
         if not go:
             yield stopped_before_first_token(len(ids), paused_ms=paused_s * 1000.0)
             return
         # Step 3 — prefill (a long prompt in chunks, with progress and a chance to stop between them).
-        cache = None
-        if self.compiled is not None:
-            cache, notice = self.compiled.new_cache(len(ids) + opts.max_new_tokens, facts.max_context)
-            if notice:
-                yield Notice(notice)
-        if cache is None:
-            cache = self.new_eager_cache(len(ids), opts.max_new_tokens)
+        cache, notice = self.plan.new_cache(len(ids), opts.max_new_tokens)
+        if notice:
+            yield Notice(notice)
         lens_states, lens_why = self._lens_for(lens_states, lens_said)  # the options may have changed while paused
         if lens_why:
             lens_said = True
@@ -269,24 +237,26 @@ class Engine(BaseEngine):
                                                             states_out=lens_states):
             if chunked:
                 yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
-                if logits is None and self.stopping(serial):
-                    yield stopped_before_first_token(len(ids), cache_tokens(cache), cache_nbytes(cache), paused_s * 1000.0)
+                if logits is None and self.stopping(run_id):
+                    yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
                     return
         use_threads(self.device, self.speed.decode_threads())
-        kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)
+        kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=kv_tokens, kv_bytes=kv_bytes)
         mismatch = kv_mismatch(facts, kv_tokens, kv_bytes)
         if mismatch:
             yield Notice(mismatch)
-        yield from self.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states, lens_said=lens_said)
+        yield from self.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
+                                      lens_said=lens_said)
 
-    def generate_from(self, serial: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
+    def generate_from(self, run_id: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
                   lens_said: bool | None = None, fed: int | None = None, decode=None,
                   limit: int | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
-        forward took `forward_ms`) and `cache` (holding `ids`, the prompt, then `prefix`). A run starts at step 0;
+        forward took `forward_ms`) and `cache` (the run's RunCache, core/model/decode/run_cache.py, holding `ids`,
+        the prompt, then `prefix`). A run starts at step 0;
         a branch (core/model/branch.py) passes the tokens before its first step as `prefix`, `detok` primed with them
         and a `choose` that forces its first token. `done` counts the steps taken here; its text is prefix + those
         tokens, decoded in one shot. The finished run's cache is kept for branches (`_held`).
@@ -322,10 +292,9 @@ class Engine(BaseEngine):
         compile_said = False  # a compiled decoder that stopped mid-run: said once
         # --compile's whole step (core/model/decode/compiled.py `step_select`): the forward of the last token and the next
         # selection in one compiled call, run once the next step's settings are known; `pending` is that token.
-        whole = getattr(cache, "decoder", None)
         # (not for a forced phrase's selection or a scored text's forward: they replace steps 4 and 5 themselves)
-        whole = whole if (whole is not None and whole.top_n == opts.top_candidates and choose is select
-                          and decode is decode_one_token) else None
+        whole = cache.step if (cache.step.top_n == opts.top_candidates and choose is select
+                               and decode is decode_one_token) else None
         pending: int | None = None
         index = first
         while True:
@@ -336,7 +305,7 @@ class Engine(BaseEngine):
                 seed_in_use = settings.seed
             try:
                 if pending is not None:  # step 5 and 4 together: forward of `pending`, then the selection
-                    packed = whole.step_select(pending, cache, settings, generator)
+                    packed = whole.step_select(cache, pending, settings, generator)
                     if clock.sync_forward:
                         synchronize(self.device)
                     clock.forward_ends((time.perf_counter() - step_start) * 1000.0)
@@ -361,8 +330,8 @@ class Engine(BaseEngine):
             piece = display_piece(vocab, sel.token_id)
             candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
                                     special=vocab.is_special(i))
-                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_probs)]
-            kv_tokens, kv_bytes = cache_tokens(cache), cache_nbytes(cache)  # building the event counts as detok
+                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_sampled_probs)]
+            kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()  # building the event counts as detok
             now = time.perf_counter()
             timing = clock.finish(now)
             latency_ms = (now - step_start) * 1000.0
@@ -377,7 +346,7 @@ class Engine(BaseEngine):
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
                 settings_changed=changed, latency_ms=latency_ms, forward_ms=clock.forward_ms,
                 kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
-                top_k_kept=sel.top_k_kept, top_p_kept=sel.top_p_kept, timing=timing,
+                timing=timing, **sel.kept_by_stage,
             )
             index += 1
             if sel.token_id in self.end_ids and not opts.ignore_eos and not getattr(choose, "pending", 0):
@@ -387,10 +356,10 @@ class Engine(BaseEngine):
                 reason = "length"
                 break
             # The next token would sit at position cache_tokens: it must be inside the context.
-            if facts.max_context and cache_tokens(cache) >= facts.max_context:
+            if facts.max_context and cache.tokens() >= facts.max_context:
                 reason = "context"
                 break
-            go, waited = self.timed_gate(serial)
+            go, waited = self.timed_gate(run_id)
             paused_s += waited
             if decode_started is not None:
                 decode_paused_s += waited
@@ -411,10 +380,9 @@ class Engine(BaseEngine):
             logits, forward_ms = decode(self.model, sel.token_id, cache, states_out=lens_states,
                                         sync=clock.sync_forward)
             clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
-            decoder = getattr(cache, "decoder", None)
-            if decoder is not None and decoder.failure is not None and not compile_said:
+            if cache.step.failure is not None and not compile_said:
                 compile_said = True
-                yield Notice(decoder.failure)  # this step was eager, as the rest of the run will be
+                yield Notice(cache.step.failure)  # this step was eager, as the rest of the run will be
         end = time.perf_counter()
         taken = len(generated) - first  # the steps selected here
         decoded = taken - 1
@@ -430,6 +398,26 @@ class Engine(BaseEngine):
             reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
             ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decoded > 0 and decode_s > 0 else None,
             text=text, prompt_tokens=len(ids), flushed=ending.text,
-            kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache), paused_ms=paused_s * 1000.0,
+            kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(), paused_ms=paused_s * 1000.0,
             dropped_hex=ending.dropped_hex, dropped_needed=ending.dropped_needed,
         )
+
+
+def oom_message(err, step: int, device, dtype: str) -> str:
+    """Out of memory at `step` (-1: in prefill) on `device` with weights of `dtype`: one line with the numbers (asked
+    for, free of total where the device can say) and what to try."""
+    numbers = []
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", str(err))
+    if asked:
+        numbers.append(f"tried to allocate {asked.group(1)}")
+    if device.type == "cuda":
+        try:
+            free, total = torch.cuda.mem_get_info(device)
+            numbers.append(f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+        except Exception:  # a broken CUDA context must not hide the real error
+            pass
+    where = f" at step {step + 1}" if step >= 0 else " in prefill"  # numbered from 1, as the dashboard shows
+    detail = f" ({'; '.join(numbers)})" if numbers else ""
+    smaller = "--dtype bfloat16, " if dtype == "float32" else ""
+    return (f"out of GPU memory{where}{detail}; try {smaller}fewer --max-new-tokens, a shorter prompt "
+            "or a smaller model")

@@ -47,8 +47,9 @@ from ..steps.display import display_piece
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select
 from .decode.adapter import GrowableLayer, first_capacity, forward_batch_logits, input_device, new_cache
+from .decode.run_cache import RunCache
+from .decode.steps import TorchForward
 from .branch import HeldCache, crop_cache, reusable_positions
-from .decode.kvcache import cache_nbytes, cache_tokens
 from .speed import use_threads
 
 __all__ = ["expand_cache", "fanout_events"]
@@ -57,11 +58,12 @@ PROGRESS_EVERY_S = 1.0  # a FanoutProgress at most this often: a person's progre
 
 
 def expand_cache(model, cache, n: int, capacity: int):
-    """A copy of `cache` (batch 1) at batch `n`, room for `capacity` positions per row in its full-attention layers;
-    `cache` itself is left as it was. SettingsError (one line) for a layer kind that cannot be batched."""
+    """A copy of `cache` (a batch-1 RunCache) at batch `n`, room for `capacity` positions per row in its
+    full-attention layers; `cache` itself is left as it was. SettingsError (one line) for a layer kind that cannot
+    be batched."""
     out = new_cache(model, capacity)
     layers = []
-    for source, fresh in zip(cache.layers, out.layers):
+    for source, fresh in zip(cache.kv.layers, out.layers):
         keys = getattr(source, "keys", None)
         if isinstance(fresh, GrowableLayer) and type(source) in (GrowableLayer, DynamicLayer):
             if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] > 0:
@@ -70,8 +72,7 @@ def expand_cache(model, cache, n: int, capacity: int):
             continue
         layers.append(_repeated(source, n))
     out.layers = layers
-    out.fed_tokens = getattr(cache, "fed_tokens", 0)
-    return out
+    return RunCache(out, cache.step, fed=cache.fed)
 
 
 def _repeated(source, n: int):
@@ -105,12 +106,12 @@ def _reuse(held, prefix: tuple[int, ...]) -> tuple[int, str | None]:
     """core/model/branch.py's reuse rule (positions of the held cache to keep, a Notice text), never a static
     (--compile) cache, which the rows could not be copied from."""
     reuse, why = reusable_positions(held, prefix)
-    if reuse and getattr(held.cache, "decoder", None) is not None:
+    if reuse and held.cache.static:
         return 0, None
     return reuse, why
 
 
-def _prefix_cache(engine, request: FanoutRequest, serial: int, paused_s: float, held, reuse: int):
+def _prefix_cache(engine, request: FanoutRequest, run_id: int, paused_s: float, held, reuse: int):
     """The prefix in a batch-1 KV cache and step `at`'s scores: yields its PrefillEvent (and progress) and returns
     (cache, logits, ms), or None when stopped during the prefill (its `done` yielded)."""
     model, opts = engine.model, engine.options
@@ -120,23 +121,25 @@ def _prefix_cache(engine, request: FanoutRequest, serial: int, paused_s: float, 
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
         logits, ms = decode_one_token(model, prefix[-1], cache)
-        yield PrefillEvent(tokens=1, ms=ms, kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache),
+        yield PrefillEvent(tokens=1, ms=ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
         return cache, logits, ms
     del held
-    cache = new_cache(model, first_capacity(len(prefix), 0, engine.facts.max_context))
+    # transformers' forward on a growable cache, whatever the plan's step: its layers are what `expand_cache` copies
+    cache = RunCache(new_cache(model, first_capacity(len(prefix), 0, engine.facts.max_context)),
+                     TorchForward(model, engine.facts.max_context))
     use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
     chunked = len(prefix) > opts.prefill_chunk
     logits, ms = None, 0.0
     for done, logits, ms in prefill_chunks(model, prefix, cache, opts.prefill_chunk):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=ms)
-            if logits is None and engine.stopping(serial):
-                yield stopped_before_first_token(len(request.prompt_ids), cache_tokens(cache), cache_nbytes(cache),
+            if logits is None and engine.stopping(run_id):
+                yield stopped_before_first_token(len(request.prompt_ids), cache.tokens(), cache.nbytes(),
                                                  paused_s * 1000.0)
                 return None
     use_threads(engine.device, engine.speed.decode_threads())
-    yield PrefillEvent(tokens=len(prefix), ms=ms, kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache))
+    yield PrefillEvent(tokens=len(prefix), ms=ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     return cache, logits, ms
 
 
@@ -164,9 +167,9 @@ class _Row:
         self.reason: str | None = None  # None while it goes on
 
 
-def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event]:
+def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event]:
     """The fan-out's events (the module docstring), for `Engine.fanout`, which runs this under the engine's locks
-    as run `serial`; reads the engine through its public interface."""
+    as run `run_id`; reads the engine through its public interface."""
     _check(engine, request)
     model, opts, vocab = engine.model, engine.options, engine.token_bytes
     settings, _ = engine.take_settings()  # one fan-out, one set of settings: those in force as it starts
@@ -177,7 +180,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     start_event = dict(at=request.at, n=n, m=m, seed=request.seed, prompt_ids=list(request.prompt_ids),
                        tokens=list(request.tokens), prefix_text=prefix_detok.text, kv_reused_tokens=reuse,
                        settings=settings, parent=request.parent, parent_id=request.parent_token)
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:
         engine.hold_cache(held)
         yield FanoutEvent(candidates=[], **start_event)
@@ -186,7 +189,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     started = time.perf_counter()
     # the step's scores first: the fan-out event carries that step's distribution under these settings
     prefilled = []
-    prefix_steps = _prefix_cache(engine, request, serial, paused_s, held, reuse)
+    prefix_steps = _prefix_cache(engine, request, run_id, paused_s, held, reuse)
     del held
     while True:
         try:
@@ -202,7 +205,7 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     top = select(logits, settings, None if settings.is_greedy else torch.Generator(device=logits.device),
                  opts.top_candidates)
     candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p, special=vocab.is_special(i))
-                  for i, r, p in zip(top.top_ids, top.top_raw_probs, top.top_probs)]
+                  for i, r, p in zip(top.top_ids, top.top_raw_probs, top.top_sampled_probs)]
     yield FanoutEvent(candidates=candidates, **start_event)
     if why:
         yield Notice(why)
@@ -221,14 +224,15 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     reported = time.perf_counter()  # the last FanoutProgress (PROGRESS_EVERY_S apart), or the decode's start
     for t in range(m):
         if t:
-            go, waited = engine.timed_gate(serial)
+            go, waited = engine.timed_gate(run_id)
             paused_s += waited
             if not go:
                 reason = "stopped"
                 break
             fed = torch.tensor([[row.ids[-1]] for row in rows], dtype=torch.long, device=device)  # [N, 1]
             begun = time.perf_counter()
-            step_logits = forward_batch_logits(model, fed, batch)  # [N, V]
+            step_logits = forward_batch_logits(model, fed, batch.kv)  # [N, V]
+            batch.fed += 1
             decode_s += time.perf_counter() - begun
             forwards += 1
         else:
@@ -271,5 +275,5 @@ def fanout_events(engine, request: FanoutRequest, serial: int) -> Iterator[Event
     yield DoneEvent(reason=reason, tokens=drawn, runs=forwards,
                     scores=(1 + (forwards - 1) * n) * engine.facts.vocab_rows if engine.facts.vocab_rows else None,
                     ttft_ms=first_ms, decode_tok_s=decoded / decode_s if decoded and decode_s > 0 else None, text="",
-                    prompt_tokens=len(request.prompt_ids), kv_tokens=cache_tokens(final),
-                    kv_bytes=cache_nbytes(final), paused_ms=paused_s * 1000.0)
+                    prompt_tokens=len(request.prompt_ids), kv_tokens=final.tokens(),
+                    kv_bytes=final.nbytes(), paused_ms=paused_s * 1000.0)

@@ -41,7 +41,7 @@ def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator 
     rank = int((scores > scores[token]).sum())
     if token in sel.top_ids:
         at = sel.top_ids.index(token)
-        raw, prob = sel.top_raw_probs[at], sel.top_probs[at]
+        raw, prob = sel.top_raw_probs[at], sel.top_sampled_probs[at]
     else:
         p = torch.softmax(scores, dim=-1)
         raw = float(p[token] / p.sum())

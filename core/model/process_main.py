@@ -1,7 +1,9 @@
 """The model process, for the dashboard (core/link/process_client.py is the dashboard's side): it loads the engine on
-its main thread, runs one generation (a run or a branch) at a time there, and applies commands (stop, pause, step,
-settings) from a reader thread at once — the engine takes them at its next step. It ends when the parent says quit
-or its end of the socket closes (the parent exited or was killed).
+its main thread, runs one generation (a run, a branch, a score, a fan-out) at a time there, and applies controls
+(stop, pause, step, settings) and answers questions (a phrase's tokens) from a reader thread at once — the engine
+takes them at its next step. Each message is dispatched as its declaration in core/link/protocol.py says
+(core/link/operations.py's `call`): no message is handled by name here. It ends when the parent says quit or its
+end of the socket closes (the parent exited or was killed).
 
 It lives with the model-side code because it is where the model runs (it imports the engine, and so torch); the
 link's own modules never do. Runs are named by the dashboard's run ids, which the engine uses as its own (a Stop
@@ -18,9 +20,8 @@ import traceback
 from multiprocessing.connection import Connection
 
 from ..errors import ErrorKind, ProtocolError, TokentuiError
-from ..link.protocol import (COMMANDS, RUN_STARTS, Crash, Load, LoadFailed, Loading, Pause, Quit, Ready, Resume,
-                             RunEvent, SetOptions, SetSampler, StartBranch, StartFanout, StartRun, StartScore, Step,
-                             Stop, Tokenize, Tokenized, expect)
+from ..link.operations import ASK, RUN, Operation, operation_of
+from ..link.protocol import COMMANDS, Crash, Load, LoadFailed, Loading, Quit, Ready, RunEvent, Stop, expect
 from ..runs.events import LoadProgress
 
 
@@ -28,7 +29,7 @@ class _Child:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.send_lock = threading.Lock()
-        self.runs: queue.Queue[StartRun | StartBranch | StartScore | StartFanout] = queue.Queue()
+        self.runs: queue.Queue = queue.Queue()  # the RUN operations' messages, run one at a time
         self.engine = None  # set once loaded
         self.stopped_up_to = 0  # a Stop that came while loading, handed to the engine once it exists
 
@@ -45,47 +46,39 @@ class _Child:
                 os._exit(0)
             try:
                 self.apply(expect(message, COMMANDS, "the model process"))
-            except ProtocolError as err:  # refused, not guessed at: a note in the log, nothing done
+            except TokentuiError as err:  # refused, not guessed at (or the engine refused it): a note in the log
                 print(f"tokentui model process: refused a message: {err}", file=sys.stderr)
 
     def apply(self, command) -> None:
         if isinstance(command, Quit):
             os._exit(0)
-        if isinstance(command, RUN_STARTS):
+        op = operation_of(command)
+        if op.kind is RUN:
             self.runs.put(command)
             return
         engine = self.engine
-        if isinstance(command, Tokenize):  # answered here, at once: the main thread may be in a paused run
-            self.send(self.tokenized(engine, command))
+        if op.kind is ASK:  # answered here, at once: the main thread may be in a paused run
+            self.send(self.answer(engine, op, command))
             return
         if engine is None:  # still loading: a stop is kept for the engine, the rest came with the spec
             if isinstance(command, Stop):
-                self.stopped_up_to = max(self.stopped_up_to, command.serial)
+                self.stopped_up_to = max(self.stopped_up_to, command.run_id)
             return
-        if isinstance(command, Stop):
-            engine.stop(command.serial)
-        elif isinstance(command, Pause):
-            engine.pause()
-        elif isinstance(command, Resume):
-            engine.resume()
-        elif isinstance(command, Step):
-            engine.step_once()
-        elif isinstance(command, SetSampler):
-            engine.set_sampler(command.settings)
-        elif isinstance(command, SetOptions):
-            engine.options = command.options
+        op.call(engine, command)
 
     @staticmethod
-    def tokenized(engine, command: Tokenize) -> Tokenized:
+    def answer(engine, op: Operation, question):
+        """The answer to an ASK: what the engine returns (a sequence, sent as a tuple), or the one line why not."""
         if engine is None:
-            return Tokenized(command.asked, error="the model is not loaded yet")
+            return op.answer(question.asked, error="the model is not loaded yet")
         try:
-            return Tokenized(command.asked, tuple(engine.phrase_pieces(command.text)))
+            return op.answer(question.asked, tuple(op.call(engine, question)))
         except TokentuiError as err:
-            return Tokenized(command.asked, error=str(err))
-        except Exception as err:  # a tokenizer's own failure: one line, the log has the rest
+            return op.answer(question.asked, error=str(err))
+        except Exception as err:  # e.g. a tokenizer's own failure: one line, the log has the rest
             traceback.print_exc()
-            return Tokenized(command.asked, error=f"could not tokenize the phrase ({type(err).__name__}: {err})")
+            return op.answer(question.asked, error=f"could not answer {type(question).__name__} "
+                                                   f"({type(err).__name__}: {err})")
 
     def serve(self) -> None:
         try:
@@ -113,22 +106,18 @@ class _Child:
         self.engine = engine
         self.send(Ready(engine.facts, engine.sampler, engine.options))
         while True:
-            run = self.runs.get()
-            try:
-                if isinstance(run, StartBranch):
-                    events = engine.branch(run.point, run_id=run.serial)
-                elif isinstance(run, StartScore):
-                    events = engine.score(run.request, run_id=run.serial)
-                elif isinstance(run, StartFanout):
-                    events = engine.fanout(run.request, run_id=run.serial)
-                else:
-                    events = engine.run(run.prompt, run.system, run_id=run.serial)
-                for event in events:
-                    self.send(RunEvent(run.serial, event))
-            except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
-                traceback.print_exc()
-                self.send(Crash(run.serial, f"the model process failed: {type(err).__name__}: {err}"))
+            self.run(engine, self.runs.get())
+
+    def run(self, engine, run) -> None:
+        """One queued RUN operation to its end: each event sent back under its run_id."""
+        try:
+            for event in operation_of(run).call(engine, run):
+                self.send(RunEvent(run.run_id, event))
+        except Exception as err:  # a bug: the dashboard ends the run's record with it (core/link/client.py)
+            traceback.print_exc()
+            self.send(Crash(run.run_id, f"the model process failed: {type(err).__name__}: {err}"))
 
 
-def _child(fd: int) -> None:
+def child_main(fd: int) -> None:
+    """The model process's entry point (core/link/process_client.py starts it): serve the dashboard on `fd`."""
     _Child(Connection(fd)).serve()

@@ -40,9 +40,9 @@ from ..steps.display import display_piece
 from ..steps.prefill import continues_chunks, prefill_chunks
 from ..steps.template import apply_template
 from ..steps.tokenization import tokenize
-from .decode.adapter import forward_all_logits, input_device, new_cache, synchronize
+from .decode.adapter import forward_all_logits, input_device, synchronize
 from .forcing import ForcePhrase, phrase_ids
-from .decode.kvcache import cache_nbytes, cache_tokens
+from .decode.steps import TorchForward
 from .observe.lens import forward_all_states, lens_unavailable
 from .speed import use_threads
 
@@ -77,11 +77,12 @@ class AnswerForward:
             # prefill.py continues_chunks): there the answer goes in one token a pass, each reading the state
             parts = [x] if continues_chunks(model) else list(x.split(1, dim=1))  # [1, A - 1] or A - 1 of [1, 1]
             if self.with_states:
-                done = [forward_all_states(model, part, cache) for part in parts]
+                done = [forward_all_states(model, part, cache.kv) for part in parts]
                 self._logits = torch.cat([logits for logits, _ in done])  # [A - 1, V]
                 self._states = torch.cat([states for _, states in done])  # [A - 1, L, H]
             else:
-                self._logits = torch.cat([forward_all_logits(model, part, cache) for part in parts])  # [A - 1, V]
+                self._logits = torch.cat([forward_all_logits(model, part, cache.kv) for part in parts])  # [A - 1, V]
+            cache.fed += len(self.ids)
             if sync:
                 synchronize(self._logits.device)
             forward_ms = self.ms = (time.perf_counter() - start) * 1000.0
@@ -101,9 +102,9 @@ def _answer_ids(engine, request: ScoreRequest) -> list[int]:
     return ids
 
 
-def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
+def score_events(engine, request: ScoreRequest, run_id: int) -> Iterator[Event]:
     """The scored text's events (the module docstring), for `Engine.score`, which runs this under the engine's
-    locks as run `serial`; reads the engine through its public interface."""
+    locks as run `run_id`; reads the engine through its public interface."""
     facts, opts, tok, model = engine.facts, engine.options, engine.tokenizer, engine.model
     engine.release_cache()  # a new run: the last one's KV cache goes
     templated = apply_template(tok, request.prompt, request.system)
@@ -123,7 +124,7 @@ def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
     text = request.answer if request.answer_ids is None else oneshot_text(tok, answer)
     yield ScoreEvent(answer=text, ids=answer, pieces=[PromptPiece(i, display_piece(vocab, i), vocab.is_special(i))
                                                       for i in answer])
-    go, paused_s = engine.timed_gate(serial)
+    go, paused_s = engine.timed_gate(run_id)
     if not go:
         yield stopped_before_first_token(len(ids), paused_ms=paused_s * 1000.0)
         return
@@ -134,21 +135,21 @@ def score_events(engine, request: ScoreRequest, serial: int) -> Iterator[Event]:
             yield Notice(why)
         else:
             lens_states = []
-    cache = new_cache(model, needed)
+    # transformers' forward, whatever the plan's step: the answer goes in as one forward of all its positions
+    cache, _ = TorchForward(model, facts.max_context).new_cache(len(ids), len(answer))
     use_threads(engine.device, engine.speed.prefill_thread_count(len(ids)))
     chunked = len(ids) > opts.prefill_chunk
     logits, forward_ms = None, 0.0
     for done, logits, forward_ms in prefill_chunks(model, ids, cache, opts.prefill_chunk, states_out=lens_states):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(ids), elapsed_ms=forward_ms)
-            if logits is None and engine.stopping(serial):
-                yield stopped_before_first_token(len(ids), cache_tokens(cache), cache_nbytes(cache),
-                                                 paused_s * 1000.0)
+            if logits is None and engine.stopping(run_id):
+                yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
                 return
-    yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache_tokens(cache), kv_bytes=cache_nbytes(cache))
+    yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     forward = AnswerForward(answer[:-1], with_states=lens_states is not None)
     steps = []  # the scored steps' own figures, for the summary
-    for event in engine.generate_from(serial, ids, cache, logits, forward_ms, paused_s, lens_states,
+    for event in engine.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
                                       choose=ForcePhrase(answer), decode=forward, limit=len(answer),
                                       lens_said=lens_states is None and opts.logit_lens):
         if isinstance(event, StepEvent):

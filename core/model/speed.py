@@ -1,6 +1,6 @@
 """Speed settings: how many CPU threads each phase uses, and whether decode runs compiled.
 
-Thread policy (the measurements behind it: BENCHMARKS.md, "Why the code is as it is", threads): both phases leave a
+Thread policy (the measurements behind it: docs/design-record.md, "Threads"): both phases leave a
 core free, `cores - 1` threads (at least 1), unless --threads says otherwise.
 
 * Decode multiplies one activation vector by every weight matrix: ~1,000 small operations per token, each a few

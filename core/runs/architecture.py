@@ -1,8 +1,8 @@
 """What a model is made of, torch-free: the kinds of its KV cache's layers (what the KV panel and every KV figure
 count) and the kinds of its decoder blocks (what the one-pass panel draws). core/model/architecture.py reads both off
 a loaded model, its config and its module tree, into ModelFacts (`kv_groups`, `anatomy`); this module holds the
-types and the arithmetic on them, so the engine's figures, the dashboard, the records and the README's table use one
-formula.
+types and the arithmetic on them, so the engine's figures, the dashboard, the records and the architecture table
+(docs/models.md) use one formula.
 
 What one layer of the cache holds, per kind (`KVGroup.kind`), for `tokens` positions and `b` bytes per value:
 

@@ -1,7 +1,7 @@
 """The engine's events: one dataclass per thing that happens, shared by the dashboard, `--headless --json`,
 the run record and the benchmarks. The `model` event and the facts it nests are in core/runs/facts.py.
 
-`to_dict()` gives the stable JSON schema documented in the README (`{"event": NAME, ...fields}`); add fields,
+`to_dict()` gives the stable JSON schema documented in docs/headless-json.md (`{"event": NAME, ...fields}`); add fields,
 never rename them.
 """
 

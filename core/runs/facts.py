@@ -2,7 +2,7 @@
 weights' account (`QuantFacts`) and a served model's (`ServerFacts`). One of the engine's events (core/runs/events.py
 has the rest), kept apart because it is the largest: everything the model panel shows.
 
-`to_dict()` gives the stable JSON schema documented in the README; add fields, never rename them.
+`to_dict()` gives the stable JSON schema documented in docs/headless-json.md; add fields, never rename them.
 """
 
 from __future__ import annotations
@@ -125,10 +125,13 @@ class ModelFacts(Event):
     # Which KV cache the engine decodes with and why (core/model/decode/static_cache.py: "bucketed: ..." or "dynamic: ...",
     # with --compile "static: ..." first); None: not an engine's (a served model, an older record)
     kv_cache: str | None = None
+    # Which decode step the engine runs and why, in one line (core/model/decode/plan.py, e.g. "native step: Q4_1
+    # weights as stored; lens via torch"); None: not known (a served model, an older record)
+    decode_plan: str | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache", "decode_plan"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

@@ -3,7 +3,7 @@
 Fields a newer schema added are ignored (the schema only ever adds fields); a field this version needs but the
 line lacks, a value of the wrong type, an unknown event, a line that is not JSON: RecordError, one line naming the
 file and the line. A step's `settings` object is read the same way, as a SamplerSettings: keys it does not know are
-ignored, a missing one takes its default, and a value of the wrong type or out of range (SettingsError, e.g. top_p
+ignored, a missing one takes its default, and a value of the wrong type or out of range (SettingsError, e.g. min_p
 1.5) refuses the record. Only the last line may be cut short (a crash mid-write): the record is then read up to the
 last whole line and the run's `cut_line` says so.
 

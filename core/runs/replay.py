@@ -120,24 +120,24 @@ class ReplayEngine(BaseEngine):
     fanout_refusal = ("a replay cannot run the model: fan out from the record with `tokentui fanout RECORD --at "
                       "STEP -n N`")
 
-    def _branch(self, point, serial: int) -> Iterator[Event]:
+    def _branch(self, point, run_id: int) -> Iterator[Event]:
         """The recorded branch that left at `point` (the tree's, in order); another point is refused."""
         for node in self.tree.nodes[1:]:
             run = self.tree.runs.get(node.number)
             if run is None or run.branch is None or (node.at, node.token) != (point.at, point.token):
                 continue
             if tuple(run.branch.tokens) == tuple(point.tokens):
-                yield from self._play(run, None, None, serial)
+                yield from self._play(run, None, None, run_id)
                 return
         raise SettingsError(f"a replay plays only the branches it recorded; step {point.at + 1} with token "
                             f"{point.token} is not one of them (branch the record with `tokentui branch`)")
 
-    def _wait(self, ms: float, serial: int) -> bool:
+    def _wait(self, ms: float, run_id: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed, at most MAX_WAIT_S; not at all while paused (the gate
         holds the step: n or space lets it through at once), and no longer once paused meanwhile. False when
         stopped."""
         seconds = min(ms / 1000.0 / self.speed, MAX_WAIT_S) if self.speed > 0 and ms > 0 else 0.0
-        return self.sleep_at_gate(seconds, serial, until_paused=True)
+        return self.sleep_at_gate(seconds, run_id, until_paused=True)
 
     # ---- the run -------------------------------------------------------------------------------------------
     def run(self, prompt: str | None = None, system: str | None = None, *, run_id: int | None = None
@@ -147,10 +147,10 @@ class ReplayEngine(BaseEngine):
         short — with a `done` event (reason "stopped") for the steps played."""
         return super().run(prompt, system, run_id=run_id)
 
-    def _run(self, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
-        yield from self._play(self.source, prompt, system, serial)
+    def _run(self, prompt: str | None, system: str | None, run_id: int) -> Iterator[Event]:
+        yield from self._play(self.source, prompt, system, run_id)
 
-    def _play(self, source: Run, prompt: str | None, system: str | None, serial: int) -> Iterator[Event]:
+    def _play(self, source: Run, prompt: str | None, system: str | None, run_id: int) -> Iterator[Event]:
         # like the engine's, a step granted before the run (pause + step) carries into it
         recorded = source.prompt
         if recorded is not None and prompt is not None and (prompt, system) != (recorded.user_prompt,
@@ -165,23 +165,23 @@ class ReplayEngine(BaseEngine):
             if isinstance(event, PromptEvent):
                 prompt_tokens = len(event.ids)
             elif isinstance(event, PrefillProgress):
-                if not self._wait(event.elapsed_ms - prefill_ms, serial):
+                if not self._wait(event.elapsed_ms - prefill_ms, run_id):
                     break
                 prefill_ms = event.elapsed_ms
             elif isinstance(event, PrefillEvent):
-                if not self._wait(event.ms - prefill_ms, serial):
+                if not self._wait(event.ms - prefill_ms, run_id):
                     break
                 prefill_ms = event.ms
             elif isinstance(event, StepEvent):
                 # the run's first step (a branch's: at its branch point) came its latency after the prompt went in,
                 # of which the prefill has been waited for already
                 wait = event.latency_ms - prefill_ms if event.index == source.offset else event.latency_ms
-                if not self._wait(wait, serial) or not self.wait_at_gate(serial):
+                if not self._wait(wait, run_id) or not self.wait_at_gate(run_id):
                     break
                 played += 1
             yield event
             if isinstance(event, DoneEvent):
                 return
-        if source.record_notice is not None and not self.stopping(serial):
+        if source.record_notice is not None and not self.stopping(run_id):
             yield Notice(f"{source.record_notice}: replayed up to there")
         yield stopped_done(source[:played], prompt_tokens, self.facts.vocab_rows)

@@ -6,7 +6,7 @@ notices, the prompt, the prefill (and its progress), every step and the end (don
 `run[i]` / `run.step(i)`, `run[a:b]`, `run.first`, `run.last` and a `Cursor` navigate the steps.
 
 Steps are stored column by column (core arrays of numbers, shared strings), not as one object each: a step with
-ten candidates takes a fraction of what its objects would, so a 10,000-step run stays a few MiB (BENCHMARKS.md, "Why the code is as it is";
+ten candidates takes a fraction of what its objects would, so a 10,000-step run stays a few MiB (docs/design-record.md, "Columnar steps";
 tests/unit/test_run_model.py holds it under 50 MiB). `run[i]` rebuilds the
 `StepEvent` (equal to the one applied); the latest one applied is kept as it came.
 

@@ -149,13 +149,6 @@ class RunTree:
     def children(self, number: int) -> list[TreeNode]:
         return [n for n in self.nodes if n.parent == number]
 
-    def path_to(self, number: int) -> list[TreeNode]:
-        """The nodes from the first run down to run `number`."""
-        chain = [self.node(number)]
-        while chain[-1].parent is not None:
-            chain.append(self.node(chain[-1].parent))
-        return chain[::-1]
-
     # ---- the file ----------------------------------------------------------------------------------------
     def header(self) -> dict:
         return {"event": "tree", "version": TREE_VERSION, "prompt": self.prompt, "system": self.system,

@@ -1,13 +1,13 @@
 """One run (or branch) of a served model: the requests it makes one after another, each streamed token turned
 into a StepEvent, and its end (core/server/engine.py's docstring says what a run is). It reads the engine through
-its public interface (the controls of core/controls.py, the connection, the dialect, the vocabulary, the request
-body); a server fault is raised as a ServerError, which the engine interface turns into the run's error and done."""
+its public interface, `Served` (core/server/served.py: the controls of core/controls.py, the connection, the
+dialect, the vocabulary, the request body); a server fault is raised as a ServerError, which the engine interface turns into the run's error and done."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from ..runs.branch_point import BranchPoint
 from ..steps.detokenize import IncrementalDetokenizer
@@ -18,19 +18,17 @@ from ..errors import ServerError
 from .kv import KvPoller
 from .probe import QUIET
 from .prompt import build_prompt
+from .served import Served
 from .vocab import read_tokens
 from .wire import WireChunk, WireToken, read_chunk, read_native
-
-if TYPE_CHECKING:
-    from .engine import ServerEngine
 
 
 class ServerRun:
     """One run's state: the prefix, the steps' bookkeeping, the requests."""
 
-    def __init__(self, engine: "ServerEngine", serial: int) -> None:
+    def __init__(self, engine: Served, run_id: int) -> None:
         self.e = engine
-        self.serial = serial
+        self.run_id = run_id
         self.prompt_ids: list[int] = []
         self.generated: list[int] = []
         self.text: list[str] = []  # the server's own text of each chunk: the one-shot oracle of the answer
@@ -118,12 +116,12 @@ class ServerRun:
         while reason is None:
             if not first_request:
                 started = time.perf_counter()
-                go = e.wait_at_gate(self.serial)
+                go = e.wait_at_gate(self.run_id)
                 self.paused_s += time.perf_counter() - started
                 if not go:
                     reason = "stopped"
                     break
-            if e.stopping(self.serial):
+            if e.stopping(self.run_id):
                 reason = "stopped"
                 break
             settings, changed = e.take_settings()
@@ -195,10 +193,10 @@ class ServerRun:
                 last = now
                 if chunk.finish_reason is not None:
                     finish = chunk.finish_reason
-                if e.stopping(self.serial) or e.paused or e.settings_pending() or (single and streamed):
+                if e.stopping(self.run_id) or e.paused or e.settings_pending() or (single and streamed):
                     break  # leaving the `with` closes the stream: the server stops generating
-        if e.conn.cancelled or e.stopping(self.serial):
-            return "stopped" if e.stopping(self.serial) else None
+        if e.conn.cancelled or e.stopping(self.run_id):
+            return "stopped" if e.stopping(self.run_id) else None
         if e.paused or e.settings_pending() or (single and streamed):
             return None
         if finish in ("eos", "stop", "word") and not e.options.ignore_eos:
@@ -348,7 +346,7 @@ def check_in_vocabulary(url: str, rows: int | None, token: WireToken) -> None:
                               f"(ids 0..{rows - 1})")
 
 
-def probs_kind(engine) -> str:
+def probs_kind(engine: Served) -> str:
     """What the server's per-token numbers are: "raw", "post-sampler" or "unknown" (--server-probs, the probe)."""
     return engine.facts.server.probs if engine.facts.server else "unknown"
 

@@ -28,6 +28,7 @@ from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, FanoutEvent, LoadProgress, Notice
 from ..runs.facts import ModelFacts
 from ..interface import BaseEngine
+from ..samplers import SERVER_KINDS, ignored_by, served_sampler
 from ..settings import RunOptions, SamplerSettings
 from ..errors import ServerError
 from .http import DEFAULT_KEY_ENV, Connection, ServerAddress, api_key, key_for
@@ -147,6 +148,10 @@ class ServerEngine(BaseEngine):
             if self._warning:
                 yield Notice(self._warning)
                 self._warning = None
+            ignored = ignored_by(self.sampler, self.server_kind)
+            if ignored:  # the chain's stages this server has no request field for
+                yield Notice(f"{self.dialect.engine or 'this server'} has no {', '.join(ignored)}: it samples "
+                             "without it")
             yield from self.conn.key_mask().events(ServerRun(self, run_id).events(prompt, system))
 
     def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
@@ -155,6 +160,11 @@ class ServerEngine(BaseEngine):
         server's prefix cache, not tokentui, decides what is reused (kv_reused_tokens 0: not known here)."""
         with self._model_lock:
             yield from self.conn.key_mask().events(ServerRun(self, run_id).branch(point))
+
+    @property
+    def server_kind(self) -> str:
+        """The server kind core/samplers.py names request fields by: llama.cpp, vLLM, SGLang, else OpenAI."""
+        return self.dialect.engine if self.dialect.engine in SERVER_KINDS else "OpenAI"
 
     @property
     def fanout_refusal(self) -> str | None:
@@ -204,24 +214,23 @@ class ServerEngine(BaseEngine):
         return (None if special else text.encode("utf-8")), text, special
 
     def request_body(self, prefix: list[int], settings: SamplerSettings, max_tokens: int) -> tuple[str, dict]:
-        """The streamed request for `max_tokens` more tokens after `prefix`, with `settings` (the sampler applied
-        in transformers' order: temperature, then top-k, then top-p; nothing else)."""
-        temperature = 0.0 if settings.is_greedy else settings.temperature
+        """The streamed request for `max_tokens` more tokens after `prefix`, with `settings`: the sampler chain's
+        fields under this server's names, in the chain's order (core/samplers.py `served_sampler`; llama-server is
+        told that order and that nothing else runs, vLLM and SGLang apply theirs in the same order)."""
+        sampler, order = served_sampler(settings, self.server_kind)
         top = self.facts.server.top_logprobs if self.facts.server else self.options.top_candidates
         if self.dialect.llama_cpp:
             return "/completion", {
                 "prompt": prefix, "n_predict": max_tokens, "stream": True, "n_probs": top,
                 "post_sampling_probs": self.facts.server.probs == "post-sampler", "cache_prompt": True,
-                "return_tokens": True, "temperature": temperature, "top_k": settings.top_k, "top_p": settings.top_p,
-                "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                "return_tokens": True, **sampler,
+                # llama-server's stages tokentui's chain does not have yet, each off
+                "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
                 "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
-                "samplers": ["temperature", "top_k", "top_p"], "seed": settings.seed,
-                "ignore_eos": self.options.ignore_eos,
+                "samplers": order, "ignore_eos": self.options.ignore_eos,
             }
         body = {"model": self.model_id, "prompt": prefix, "max_tokens": max_tokens, "stream": True,
-                "logprobs": top, "temperature": temperature, "top_p": settings.top_p,
-                "top_k": settings.top_k if settings.top_k > 0 else -1, "seed": settings.seed,
-                "stream_options": {"include_usage": True}}
+                "logprobs": top, **sampler, "stream_options": {"include_usage": True}}
         if self.dialect.engine in ("vLLM", "SGLang"):
             body["ignore_eos"] = self.options.ignore_eos
             body["skip_special_tokens"] = False

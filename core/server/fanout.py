@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from ..errors import ServerError
 from ..runs.ending import stopped_before_first_token
@@ -39,10 +39,8 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_text
 from .completions import as_raw_or_post, check_in_vocabulary, learn_token, probs_kind, token_piece
 from .probe import Dialect
+from .served import Served
 from .wire import WireToken, read_choices
-
-if TYPE_CHECKING:
-    from .engine import ServerEngine
 
 __all__ = ["FANOUT_ENGINES", "ServerFanout", "refusal"]
 
@@ -73,11 +71,12 @@ class _Sample:
 
 
 class ServerFanout:
-    """One fan-out on a served engine, read through its public interface (controls, connection, vocabulary)."""
+    """One fan-out on a served engine, read through its public interface, `Served` (core/server/served.py: controls,
+    connection, vocabulary)."""
 
-    def __init__(self, engine: "ServerEngine", serial: int) -> None:
+    def __init__(self, engine: Served, run_id: int) -> None:
         self.e = engine
-        self.serial = serial
+        self.run_id = run_id
 
     def events(self, request: FanoutRequest) -> Iterator[Event]:
         e = self.e
@@ -91,7 +90,7 @@ class ServerFanout:
         start = dict(at=request.at, n=n, m=m, seed=request.seed, prompt_ids=list(request.prompt_ids),
                      tokens=list(request.tokens), prefix_text=detok.text, kv_reused_tokens=0, settings=settings,
                      parent=request.parent, parent_id=request.parent_token)
-        go, paused_s = e.timed_gate(self.serial)
+        go, paused_s = e.timed_gate(self.run_id)
         if not go:
             yield FanoutEvent(candidates=[], **start)
             yield stopped_before_first_token(len(request.prompt_ids), paused_ms=paused_s * 1000.0)
@@ -129,16 +128,16 @@ class ServerFanout:
                         sample.texts.append(chunk.text)
                     if chunk.finish_reason is not None:
                         sample.finish = chunk.finish_reason
-                if e.stopping(self.serial) or e.paused:
+                if e.stopping(self.run_id) or e.paused:
                     break  # leaving the `with` closes the stream: the server stops generating
-        stopped = e.conn.cancelled or e.stopping(self.serial) or e.paused
+        stopped = e.conn.cancelled or e.stopping(self.run_id) or e.paused
         if first_ms is None:
             if stopped:
                 yield FanoutEvent(candidates=[], **start)
                 yield stopped_before_first_token(len(request.prompt_ids), paused_ms=paused_s * 1000.0)
                 return
             raise ServerError(f"{where}: the server sent no token for any of the {n} completions asked for")
-        if stopped and e.paused and not e.stopping(self.serial):
+        if stopped and e.paused and not e.stopping(self.run_id):
             yield Notice("paused: a served fan-out is one request, so its samples end where the server was (it is "
                          "not re-issued on resume)")
         reasons = [self._reason(s, k, n, stopped, len(prefix), where) for k, s in enumerate(samples)]

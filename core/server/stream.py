@@ -1,7 +1,8 @@
 """A served model's streamed answer (server-sent events), read with bounds: each line at most MAX_LINE_BYTES (a server
 that never sends a newline is refused, not buffered), each `data:` value strict JSON, and a `Deadline` between
 tokens rather than between bytes (a server dripping a byte at a time cannot keep a run going past it). The
-connection that opens the stream is core/server/http.py's.
+connection that opens the stream is core/server/http.py's; the stream reads of it only what `StreamOwner` names (so
+this module does not import the one that imports it).
 """
 
 from __future__ import annotations
@@ -9,15 +10,12 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 import httpx
 
 from ..errors import ServerError
 from ..strict_json import loads as parse_json
-
-if TYPE_CHECKING:
-    from .http import Connection
 
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one streamed line (a chunk with its alternatives is a few KiB)
 
@@ -79,6 +77,26 @@ class Deadline:
             self._cond.notify_all()
 
 
+class _Address(Protocol):
+    url: str
+
+
+class StreamOwner(Protocol):
+    """What a stream reads of the connection that opened it (core/server/http.py's Connection)."""
+
+    address: _Address
+
+    @property
+    def cancelled(self) -> bool:
+        """cancel() was called: a stream that ends now ends without an error."""
+
+    def shown(self, text: str, limit: int = ...) -> str:
+        """`text` as an error may show it (the key scrubbed, printable, cut)."""
+
+    def failure(self, path: str, err: Exception, deadline: Deadline | None = None, what: str = ...) -> ServerError:
+        """The one line of a request to `path` that ended with `err`."""
+
+
 class NoEvents:
     """The events of a stream cancelled before its answer came: none."""
 
@@ -97,7 +115,7 @@ class EventStream:
     checks its shape). The consumer calls `token_arrived()` for each token: the deadline is the time between
     tokens, not between bytes."""
 
-    def __init__(self, conn: "Connection", path: str, response: httpx.Response, deadline: Deadline) -> None:
+    def __init__(self, conn: StreamOwner, path: str, response: httpx.Response, deadline: Deadline) -> None:
         self._conn = conn
         self._path = path
         self._response = response

@@ -113,11 +113,6 @@ class ServerVocab(TokenBytes):
             self._bytes[token_id] = data
         self._strings[token_id] = text or f"token_id:{token_id}"
 
-    def mark_special(self, token_id: int, text: str) -> None:
-        self._special.add(token_id)
-        self._bytes[token_id] = b""
-        self._strings[token_id] = text
-
     def known(self, token_id: int) -> bool:
         return token_id in self._bytes
 

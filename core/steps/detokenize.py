@@ -248,9 +248,6 @@ class IncrementalDetokenizer:
         text += data.decode("utf-8", errors="replace")  # token text, so always valid
         return self._step(self._strip(text))
 
-    def push_many(self, token_ids: Iterable[int]) -> list[DetokStep]:
-        return [self.push(i) for i in token_ids]
-
     def finish(self) -> str:
         """Flush at the end of generation: bytes still pending can no longer complete, so they become U+FFFD
         now — and only now, as in a one-shot decode. Returns the flushed text (usually "")."""

@@ -6,15 +6,20 @@ cache the earlier ones filled — the same keys, values and first-token scores a
 so the engine can report progress (and honour stop) between chunks instead of going silent for a minute on a
 long prompt. A prompt of one chunk or less is one pass, exactly as before.
 
+Each chunk goes through the decode step the run's cache was made for (core/model/decode/steps.py: `prefill`).
 Prefill is always eager (also under --compile: one call per run, with a different length each time); a static
-cache from core/model/decode/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens written, so
-each chunk lands after the previous one), which keeps the token count on the host.
+cache from core/model/decode/compiled.py is filled by its decoder, chunk by chunk too (its layers count the tokens
+written, so each chunk lands after the previous one), and the run's cache keeps the token count on the host.
 
 Mamba-1's mixers in transformers (Mamba, FalconMamba, and the Mamba layers of Jamba and Zamba) cannot continue a
 multi-token forward from a state: their conv takes the cached tail, but their selective scan starts from zeros (the
 torch scan, like the mamba_ssm kernel, has no initial state) and then overwrites the cached SSM state with its own.
 So a second chunk would forget the first; after the first chunk those models take their prompt one token at a time
-(the decode path, which does read the state) — see `continues_chunks`.
+(the decode path, which does read the state) — see `continues_chunks`, which the eager step (core/model/decode/
+steps.py's TorchForward) asks. That keeps what chunking is for — progress and stop between chunks, and the memory of
+at most one chunk in flight. One pass over the whole prompt would not: the torch scan holds three float32 tensors
+of [d_inner, T, d_state] per layer (~96 x hidden floats per token, more than an attention layer's), so a long
+prompt's single pass is not small.
 """
 
 from __future__ import annotations
@@ -24,8 +29,7 @@ from typing import Iterator
 
 import torch
 
-from ..model.decode.adapter import forward_last_logits, input_device, synchronize
-from ..model.observe.lens import forward_last_states
+from ..model.decode.adapter import input_device, synchronize
 from ..settings import PREFILL_CHUNK  # the default of RunOptions.prefill_chunk (tests lower it)
 
 
@@ -43,7 +47,8 @@ def continues_chunks(model) -> bool:
 
 def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None
                    ) -> Iterator[tuple[int, torch.Tensor | None, float]]:
-    """Prefill `prompt_ids` (T ints) into `cache`, one chunk of at most `chunk` tokens per forward.
+    """Prefill `prompt_ids` (T ints) into `cache` (the run's RunCache, core/model/decode/run_cache.py; `model`: the
+    model its step runs), one chunk of at most `chunk` tokens per forward.
 
     Yields (prompt tokens in the cache so far, logits [V] for the first answer token on the last chunk else None,
     milliseconds of prefill so far incl. device sync: since prefill began, less any time the caller kept this
@@ -57,32 +62,14 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     device = input_device(model)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
     total = ids.shape[1]
-    decoder = getattr(cache, "decoder", None)  # a compiled fast path's static cache
-    if decoder is not None and states_out is not None:
-        raise ValueError("a compiled run's prefill returns no hidden states (the logit lens is eager only)")
-    # A Mamba-1 model's later chunks go in one token at a time (module docstring): correct, slower than a forward per
-    # chunk, and it keeps what chunking is for — progress and stop between chunks, and the memory of at most one
-    # chunk in flight. One pass over the whole prompt would not: the torch scan holds three float32 tensors of
-    # [d_inner, T, d_state] per layer (~96 x hidden floats per token, more than an attention layer's), so a long
-    # prompt's single pass is not small. The first chunk starts from zeros, as the scan does, and stays one forward.
-    stepwise = decoder is None and not continues_chunks(model)
     synchronize(device)
     spent = 0.0  # seconds in the model, not counting time the caller held this generator suspended
     done = 0
     while done < total:
         start = time.perf_counter()
         part = ids[:, done:done + chunk]  # [1, <= chunk]
-        if decoder is not None:
-            logits = decoder.prefill(part, cache, first=(done == 0))
-        else:
-            pieces = part.split(1, dim=1) if stepwise and done > 0 else (part,)  # [1, 1] each, or [1, <= chunk]
-            for piece in pieces[:-1]:
-                forward_last_logits(model, piece, cache)
-            if states_out is not None and done + part.shape[1] == total:
-                logits, states = forward_last_states(model, pieces[-1], cache)  # [V], [L, H]
-                states_out.append(states)
-            else:
-                logits = forward_last_logits(model, pieces[-1], cache)  # [V]
+        last = done + part.shape[1] == total
+        logits = cache.step.prefill(cache, part, done == 0, states_out if last else None)  # [V]
         done += part.shape[1]
         synchronize(logits.device)
         spent += time.perf_counter() - start

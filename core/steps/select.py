@@ -2,12 +2,14 @@
 
 The post-sampler distribution is, by definition, what transformers' `generate(do_sample=True)` samples from:
 
-    softmax(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits))))
+    softmax(MinP(min_p)(TopP(top_p)(TopK(top_k)(Temperature(temperature)(logits)))))
+
+(the chain of core/samplers.py, in its order; a stage that is off is left out).
 
 `reference_probs` computes exactly that with transformers' own warpers over the whole vocabulary. `select` gets the
 same distribution without sorting the vocabulary (a full sort of a 151,936-entry vocabulary on one CPU core costs
-a good part of a decode step: BENCHMARKS.md, "Why the code is as it is"): only the highest-scoring tokens can survive top-k / top-p, so it takes `torch.topk` of a
-prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
+a good part of a decode step: docs/design-record.md, "Selection without a sort"): only the highest-scoring tokens
+can survive top-k / top-p / min-p, so it takes `torch.topk` of a prefix, normalises with one O(V) softmax, and widens the prefix only when the kept set does not end inside it.
 Sampling inside the kept prefix, renormalised, is the same distribution as sampling the whole vocabulary after the
 warpers: every token past the prefix has probability 0 there.
 
@@ -16,7 +18,8 @@ The topk of a prefix and of the reported candidates goes through core/steps/topn
 On a CPU where tokentui's native library builds, `select` is one C++ call instead (core/model/native/select.cpp,
 `native_op`): the same distribution, report and packed vector, the same noise from the same generator stream, the
 kept set found by a histogram of the scores instead of topk passes. The torch operations below run everywhere
-else (accelerators, no compiler) and are held to the same oracles (tests/unit/test_select.py runs both paths).
+else (accelerators, no compiler, and a step with a stage the C++ call lacks: min-p) and are held to the same oracles
+(tests/unit/test_select.py runs both paths; tests/unit/test_sampler_chain.py all three backends).
 
 Everything runs on the scores' device. The numbers a step reports are packed into one small vector and moved to the
 host with a single `.tolist()` (one device sync per step on CUDA; more only when the prefix has to be widened),
@@ -35,7 +38,9 @@ from typing import Callable
 import torch
 
 from ..errors import GenerationError
+from ..samplers import STAGES, backend_gaps
 from ..settings import SamplerSettings
+from .stages import chain
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, top_prefix, top_scores, wider_prefix
 
 __all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
@@ -56,7 +61,7 @@ class Selection:
     chosen_prob: float  # post-sampler probability of the chosen token
     top_ids: list[int]  # top-K ids by raw logit, descending (K = top_n clipped to V)
     top_raw_probs: list[float]  # softmax(raw logits) for those ids
-    top_probs: list[float]  # post-sampler probability for those ids (0.0 where cut by top-k / top-p)
+    top_sampled_probs: list[float]  # post-sampler probability for those ids (0.0 where a stage of the chain cut them)
     kept_count: int  # tokens with non-zero post-sampler probability (1 for greedy)
     kept_mass: float  # raw probability mass (softmax at temperature 1) of those tokens
     entropy_bits: float  # entropy of softmax(raw logits), bits
@@ -66,6 +71,12 @@ class Selection:
     temp_entropy_bits: float | None = None  # entropy of softmax(logits / T), before top-k / top-p, bits
     top_k_kept: int | None = None  # entries TopKLogitsWarper leaves (ties at the k-th included); None: top-k off
     top_p_kept: int | None = None  # entries left after TopPLogitsWarper (applied after top-k); None: top-p off
+
+    @property
+    def kept_by_stage(self) -> dict[str, int | None]:
+        """The per-stage counts by their StepEvent field names (core/samplers.py `Stage.kept`; the last stage's
+        count is kept_count), for the step's event."""
+        return {stage.kept: getattr(self, stage.kept) for stage in STAGES if stage.kept}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -78,22 +89,7 @@ def reference_probs(logits: torch.Tensor, settings: SamplerSettings) -> torch.Te
     Greedy is one-hot on torch.argmax (first index on ties), like generate(do_sample=False). It sorts the whole
     vocabulary: the tests' oracle and a slow path, not what a decode step runs.
     """
-    from transformers.generation.logits_process import (  # heavy import, only where the oracle is wanted
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    scores = _scores(logits).unsqueeze(0)  # [1, V] float32
-    if settings.is_greedy:
-        return torch.nn.functional.one_hot(scores[0].argmax(), scores.shape[-1]).to(torch.float32)
-    assert settings.temperature > 0, "temperature must be > 0 when sampling"
-    scores = TemperatureLogitsWarper(settings.temperature)(None, scores)
-    if settings.top_k > 0:
-        scores = TopKLogitsWarper(settings.top_k)(None, scores)
-    if settings.top_p < 1.0:
-        scores = TopPLogitsWarper(settings.top_p)(None, scores)
-    return torch.softmax(scores, dim=-1)[0]
+    return chain(_scores(logits), settings, report=False)[0]  # each stage's transformers warper, in order
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -116,13 +112,16 @@ def select(
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     On CPU one C++ call does it all (`native_op`) where tokentui's library builds; `native=False` runs the torch
     operations below instead (the same distribution and report: tests compare both with the warpers), `native=True`
-    insists on the C++ call. Raises GenerationError when the scores hold NaN or ±inf.
+    insists on the C++ call. A step whose settings use a stage the C++ call lacks (core/samplers.py `backend_gaps`:
+    min-p today) runs the torch operations. Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
         on_cpu = logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu")
-        op = native_op() if native is not False and on_cpu else None
+        gaps = backend_gaps(settings, "native")  # a stage the C++ call lacks: this step runs the torch operations
+        op = native_op() if native is not False and on_cpu and not gaps else None
         if native and op is None:
-            raise RuntimeError("select(native=True): tokentui's native library is not available here")
+            raise RuntimeError("select(native=True): " + (f"the native selection has no {', '.join(gaps)}" if gaps
+                               else "tokentui's native library is not available here"))
         if op is not None:
             return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)
@@ -175,6 +174,7 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     temperature = float(settings.temperature)
     assert temperature > 0, "temperature must be > 0 when sampling (0 means greedy)"
     top_k, all_k, top_p = _cuts(settings, vocab)
+    min_p = float(settings.min_p)  # 0: off
     uniforms = draw_uniforms(generator, vocab, x.device)  # [V] the step's one draw (exp_noise makes it Exp(1))
     xs = x if temperature == 1.0 else x / temperature  # [V] TemperatureLogitsWarper: scores / temperature
     gap = x.amax() - x  # [V] >= 0, shared by both entropies
@@ -187,18 +187,24 @@ def _select(logits: torch.Tensor, settings: SamplerSettings, generator: torch.Ge
     else:
         ps = p if xs is x else _softmax(xs)  # [V] probabilities after temperature
         hs = h if xs is x else _entropy(ps, gap, temperature)  # [] nats, after temperature, before any cut
-        if top_p >= 1.0:  # nothing is cut: sample the whole vocabulary
+        if top_p >= 1.0 and not min_p:  # nothing is cut: sample the whole vocabulary
             return _unpack(to_host(_sample_all(x, p, ps, h, hs, exp_noise(uniforms), n)), n, greedy=False,
                            all_k=all_k)
-        k = first_prefix(x, hs, top_p)
+        if top_p >= 1.0:  # min-p alone keeps every entry within a factor min_p of the top one: count them
+            k = max(PREFIX_MIN, int((ps >= min_p * ps.amax()).sum()) + TIE_MARGIN)
+        else:
+            k = first_prefix(x, hs, top_p)
     k = min(vocab, max(n, k))
     while True:  # a widened prefix draws from the same noise: one draw per step, whatever the prefix
-        packed = _sample_prefix(x, xs, p, ps, h, hs, uniforms, n, k, temperature, top_k, top_p)
+        packed = _sample_prefix(x, xs, p, ps, h, hs, uniforms, n, k, temperature, top_k, top_p, min_p)
         values = to_host(packed)  # the step's single host transfer
         if not values[_FINITE]:
             raise GenerationError(_NAN_MESSAGE)
         if values[_ENOUGH] or k == vocab:
             return _unpack(values, n, greedy=False, all_k=all_k)
+        if not top_k and top_p >= 1.0:  # min-p alone, its count off by rounding: rare, take four times as many
+            k = min(vocab, 4 * k)
+            continue
         k = wider_prefix(k, vocab, values[_PREFIX_MASS], values[_LAST_PROB], xs, top_k, top_p)
 
 
@@ -219,8 +225,8 @@ def draw_uniforms(generator: torch.Generator | None, vocab: int, device: torch.d
 
 def exp_noise(uniforms: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise from uniforms, in place: -log(U) (the inverse of Exp(1)'s distribution function). Written out
-    instead of Tensor.exponential_, which draws the same distribution ~5x slower on CPU (BENCHMARKS.md, "Why the
-    code is as it is"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection."""
+    instead of Tensor.exponential_, which draws the same distribution ~5x slower on CPU (docs/design-record.md,
+    "The draw's noise"): at a 49,152-entry vocabulary that alone was half of a sampled step's selection."""
     # a 0 (U = 1, which a GPU's uniform_ can return) would make a cut token's 0 / 0 a NaN, which argmax would pick
     return uniforms.log_().neg_().clamp_min_(torch.finfo(torch.float32).tiny)
 
@@ -231,7 +237,7 @@ def race_index(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     draws one sample the same way). Hand-written instead of torch.multinomial so that the noise belongs to the
     token id, not to the position in whatever subset is sampled: the eager prefix and the compiled whole-vocabulary
     step (core/model/decode/fused_step.py) then pick the same token from the same seed, and the draw is one O(m) pass
-    (one torch.multinomial over a whole vocabulary is slow on CPU: BENCHMARKS.md, "Why the code is as it is").
+    (one torch.multinomial over a whole vocabulary is slow on CPU: docs/design-record.md, "Selection without a sort").
     The index comes from `max(dim=0)` (the first maximal entry, as argmax gives it), which on CPU is one vectorised
     pass where torch.argmax is several times slower (same section)."""
     return (probs / noise).max(dim=0).indices.reshape(1)
@@ -326,7 +332,7 @@ def _unpack(values: list[float], n: int, greedy: bool, all_k: int | None = None)
         chosen_prob=values[_PROB],
         top_ids=[int(i) for i in top[:n]],
         top_raw_probs=top[n : 2 * n],
-        top_probs=top[2 * n : 3 * n],
+        top_sampled_probs=top[2 * n : 3 * n],
         kept_count=int(values[_KEPT]),
         kept_mass=values[_MASS],
         entropy_bits=max(values[_H], 0.0) / _LN2,
@@ -376,7 +382,7 @@ def _sample_all(
 ) -> torch.Tensor:
     """No top-k / top-p: sample the whole vocabulary from softmax(x / temperature).
 
-    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (BENCHMARKS.md, "Why the code is as it is"): the
+    On CPU, reading a flag back costs nothing, and two checks save whole-vocabulary passes (docs/design-record.md, "Selection without a sort"): the
     NaN/inf check before
     sampling instead of masking the probabilities, and, when no probability underflowed to 0 (the usual case),
     every token is kept, with mass sum(p). On accelerators everything stays on the device until the one transfer.
@@ -414,8 +420,10 @@ def _sample_prefix(
     temperature: float,
     top_k: int,
     top_p: float,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
-    """Apply top-k / top-p and sample inside the k highest raw scores; report whether the kept set ends inside.
+    """Apply top-k / top-p / min-p and sample inside the k highest raw scores; report whether the kept set ends
+    inside.
 
     Dividing by a positive temperature never reorders scores (rounding is monotone), so the raw topk order is also
     the order after temperature, and the k-th largest scaled score is the k-th largest raw one, divided.
@@ -447,9 +455,19 @@ def _sample_prefix(
         p_kept = keep.sum()
         if enough is None:
             enough = prefix_mass >= top_p
-    kept = torch.where(keep, unnorm, 0.0)  # [k]
+    kept = torch.where(keep, unnorm, 0.0) if keep is not None else unnorm  # [k]
     z = kept.sum()  # [] >= 1: the top token is always kept
     probs = kept / z  # [k] post-sampler probabilities, 0 where cut
+    if min_p:
+        # MinPLogitsWarper, on what top-k / top-p left: keep a token iff its probability >= min_p times the top
+        # one's (the top token always stays). Alone, it keeps a set of the highest scores, all inside the prefix
+        # iff the prefix's last entry is already cut.
+        floor = probs >= min_p * probs[0]
+        if enough is None:
+            enough = ~floor[-1]
+        kept = torch.where(floor, kept, 0.0)
+        z = kept.sum()
+        probs = kept / z
     # The NaN/inf check: h is NaN unless the scores are finite; z also catches scores that overflow once divided
     # by a tiny temperature.
     ok = torch.isfinite(h + z)

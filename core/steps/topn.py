@@ -13,7 +13,7 @@ import torch
 
 __all__ = ["PREFIX_MIN", "TIE_MARGIN", "first_prefix", "top_prefix", "top_scores", "wider_prefix"]
 
-PREFIX_MIN = 256  # smallest prefix tried: cheap at V = 151,936 on CPU (BENCHMARKS.md), and a widening costs a second pass
+PREFIX_MIN = 256  # smallest prefix tried: cheap at V = 151,936 on CPU (docs/design-record.md), and a widening costs a second pass
 TIE_MARGIN = 8  # prefix slots past top_k, so a few scores tied with the k-th need no second try
 _DEVICE_PREFIX = 1024  # first prefix on accelerators, where topk barely depends on k and a sync costs more
 
@@ -28,7 +28,7 @@ def top_scores(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, n) (values descending, their ids) for the few candidates a step reports, cheaper on CPU.
 
     Hand-written because torch.topk over a whole vocabulary on one CPU core is a heap pass over every score for 10
-    winners, a sizeable share of a step (BENCHMARKS.md, "Why the code is as it is"). Blocks of _BLOCK scores are ranked by their maximum (a vectorised reduction), and the
+    winners, a sizeable share of a step (docs/design-record.md, "Top-n without torch.topk"). Blocks of _BLOCK scores are ranked by their maximum (a vectorised reduction), and the
     n best blocks plus the ragged tail hold the n largest scores: if a top-n score's block is not among them, each
     of the n chosen blocks has a maximum at least as large, so the candidates hold n scores that large anyway. The
     values are exactly topk's; ids of tied scores may come in another order, which topk does not define either.
@@ -72,7 +72,7 @@ def top_prefix(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Hand-written because on one CPU core topk(k) over a whole vocabulary is a heap pass for a few hundred and, past
     that, an nth_element plus a sort: the nucleus of top-p 0.9 at temperature 0.7 runs to thousands of entries. Two
-    exact shortcuts, each faster there (BENCHMARKS.md, "Why the code is as it is"):
+    exact shortcuts, each faster there (docs/design-record.md, "Top-n without torch.topk"):
     * k < _PREFIX_SAMPLED: the block maxima of top_scores with blocks of 32 scores; where the k best blocks would
       be 1/8 of the vocabulary or more (k = 256 at V = 49,152), the k-th largest block maximum as a threshold
       instead (one compare and one nonzero pass over the scores; cheaper than gathering those blocks there, dearer
@@ -113,7 +113,7 @@ def first_prefix(x: torch.Tensor, hs: torch.Tensor, top_p: float) -> int:
     The nucleus of top_p runs at roughly 0.4 / (1 - top_p) times the perplexity exp(H) (measured on normal, Zipf
     and Gumbel scores), so guess 1.5 times that from the entropy (reading it back is free on CPU). On CPU the cost
     of `top_prefix` grows with k, so a close guess pays (against rounding every guess above 192 up to V / 64:
-    BENCHMARKS.md, "Why the code is as it is"). On accelerators topk barely depends on
+    docs/design-record.md, "Top-n without torch.topk"). On accelerators topk barely depends on
     k and a sync costs more.
     """
     if x.numel() <= PREFIX_MIN:

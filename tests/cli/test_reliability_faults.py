@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +18,7 @@ from tiny_models import tiny_model
 from cli_run import tokentui
 from run_checks import failure_of
 from tokentui.core.errors import ErrorKind
-from tokentui.core.model.engine import Engine
+from tokentui.core.model.engine import Engine, oom_message
 from tokentui.core.runs.events import ErrorEvent, StepEvent
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -74,21 +73,21 @@ def test_out_of_memory_ends_the_run_with_numbers_and_a_suggestion(tiny, monkeypa
     assert list(engine.run("Hi"))[-1].event == "done"
 
 
-def test_oom_message_on_a_gpu_reports_free_memory_and_survives_a_broken_query(tiny, monkeypatch):
-    engine = Engine(tiny, SamplerSettings(temperature=0), RunOptions(max_new_tokens=2))
-    engine.device = SimpleNamespace(type="cuda", index=0)
+def test_oom_message_on_a_gpu_reports_free_memory_and_survives_a_broken_query(monkeypatch):
+    """The message the engine's run ends with (the test above) on a CUDA device, which can say what is free."""
+    gpu = SimpleNamespace(type="cuda", index=0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(1.5 * 2**30), 8 * 2**30))
-    message = engine._oom_message(torch.cuda.OutOfMemoryError(OOM_TEXT), 7)
+    message = oom_message(torch.cuda.OutOfMemoryError(OOM_TEXT), 7, gpu, "float32")
     assert "at step 8" in message and "1.5 of 8.0 GiB free" in message and "tried to allocate 2.00 GiB" in message
 
     def broken(device):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
-    message = engine._oom_message(torch.cuda.OutOfMemoryError("CUDA out of memory."), 7)
+    message = oom_message(torch.cuda.OutOfMemoryError("CUDA out of memory."), 7, gpu, "float32")
     assert message.startswith("out of GPU memory at step 8; try")  # index 7 = the 8th token
-    engine.facts = replace(engine.facts, dtype="bfloat16")  # already half precision: not suggested again
-    assert "--dtype bfloat16" not in engine._oom_message(torch.cuda.OutOfMemoryError("x"), 1)
+    # already half precision: not suggested again
+    assert "--dtype bfloat16" not in oom_message(torch.cuda.OutOfMemoryError("x"), 1, gpu, "bfloat16")
 
 
 def test_headless_out_of_memory_is_one_line_and_a_failed_exit(embedded, isolated_dirs, tmp_path):
@@ -210,11 +209,12 @@ def test_the_dashboard_uses_the_driver_that_survives_a_lost_terminal():
             return 2
 
     lost = []
-    out = _GuardedOutput(DeadTerminal(), lambda: lost.append(1))
+    terminal = DeadTerminal()
+    out = _GuardedOutput(terminal, lambda: lost.append(1))
     assert out.write("\x1b[?1049l") == len("\x1b[?1049l")  # no exception reaches Textual's writer thread
     out.flush()
     out.write("more")
-    assert lost == [1] and out.lost and out._file.writes == 1 and out.fileno() == 2
+    assert lost == [1] and out.lost and terminal.writes == 1 and out.fileno() == 2
 
 
 def test_the_listener_check_sees_a_listening_socket():

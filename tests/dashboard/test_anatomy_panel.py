@@ -39,7 +39,7 @@ def panel_text(app) -> str:
 
 async def settle(pilot) -> None:
     await pilot.pause(0.1)
-    pilot.app._rebuild_all()
+    pilot.app.redraw()
     await pilot.pause(0.05)
 
 

@@ -1,4 +1,4 @@
-"""Snapshots of the one-pass panel (issue 16; README "What it looks like"): on by default at 160×48 in a row of
+"""Snapshots of the one-pass panel (issue 16; docs/dashboard.md, "The one-pass panel"): on by default at 160×48 in a row of
 its own, and at 80×24 after `a`, in the candidates' place. Both at step 4 of the scripted run."""
 
 from __future__ import annotations

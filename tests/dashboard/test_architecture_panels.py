@@ -81,7 +81,7 @@ async def test_the_panels_say_what_the_layers_hold(name, kv, model, one_pass, sm
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="the run")
         await pilot.pause(0.1)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause(0.05)
         for wanted, text in ((kv, panel(app, "kv")), (model, panel(app, "model")),
                              (one_pass, app.anatomy_panel.last_text.plain)):

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fakes import ScriptedEngine, make_loader, screen_text, wait_for
+from noting_app import NotingApp
 from tokentui.core.runs.events import LensRow, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
-from tokentui.tui import DashboardConfig, TokentuiApp
+from tokentui.tui import DashboardConfig
 from tokentui.tui.branches import first_difference
 from tokentui.tui.panels import LensPanel
 from tokentui.tui.panels.lens import pick_layers
@@ -21,11 +22,11 @@ SIZE = (120, 40)
 GREEDY = SamplerSettings(temperature=0.0)
 
 
-def make_app(engine, **config) -> TokentuiApp:
+def make_app(engine, **config) -> NotingApp:
     config.setdefault("user_theme_dir", None)
     config.setdefault("sampler", engine.sampler)
     config.setdefault("options", engine.options)
-    return TokentuiApp(DashboardConfig(load=make_loader(engine), **config))
+    return NotingApp(DashboardConfig(load=make_loader(engine), **config))
 
 
 def ids(state) -> list[int]:
@@ -88,7 +89,7 @@ async def test_b_while_generating_live_asks_to_pause_first_and_a_replay_cannot_b
         await pilot.press("b")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, BranchPicker)
-        assert any("Pause (space)" in str(n.message) for n in app._notifications)
+        assert any("Pause (space)" in str(n.message) for n in app.toasts)
         await pilot.press("q")
 
     from tokentui.core.runs.replay import ReplayEngine
@@ -104,7 +105,7 @@ async def test_b_while_generating_live_asks_to_pause_first_and_a_replay_cannot_b
         await pilot.press("b")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, BranchPicker) and len(app.branch_tree) == 1
-        assert any("cannot branch" in str(n.message) for n in app._notifications)
+        assert any("cannot branch" in str(n.message) for n in app.toasts)
         await pilot.press("q")
 
 

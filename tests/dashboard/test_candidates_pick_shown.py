@@ -60,7 +60,7 @@ async def test_the_chosen_token_is_on_screen_at_every_rank_and_size(tmp_path, si
         headers = set()
         for position in range(12):
             await pilot.pause(0.05)
-            app._rebuild_all()
+            app.redraw()
             await pilot.pause()
             step = app.state.view_step
             assert step.index == position and step.chosen_rank == position % 10

@@ -303,7 +303,7 @@ async def test_the_speed_panel_says_paused_time_is_not_counted():
         await wait_for(pilot, lambda: app.state.phase == "done", what="the run")
         done = replace(app.state.done, paused_ms=6000.0, decode_tok_s=16.1)
         app.state.apply(done)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause()
         text = app.query_one(SpeedPanel).last_text.plain
         assert "16.1 tokens/s" in text and "6.0 s paused, not counted" in text

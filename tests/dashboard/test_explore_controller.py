@@ -10,6 +10,7 @@ from fakes import ScriptedEngine
 from test_controller import RecordingView, loaded, until
 
 from tokentui.core.runs.fanout_view import ranked
+from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.requests import ScoreRequest
 from tokentui.core.runs.run import Run
@@ -62,13 +63,18 @@ async def test_an_empty_phrase_is_refused_in_one_line_and_nothing_starts():
         controller.close()
 
 
-async def test_f_fans_out_from_the_step_in_view_and_a_sample_is_adopted_as_a_branch():
+async def test_f_fans_out_from_the_step_in_view_and_a_sample_is_adopted_as_a_branch(tmp_path):
     engine = ScriptedEngine(sampler=SAMPLING, pause_before={4})
-    controller, view = await loaded(engine)
+    controller, view = await loaded(engine, recorder=RunRecorder(tmp_path))
     try:
         step = await paused_at(controller, 4)
+        parent_record = controller.state.record_path
         fan = controller.explore.fanout()
         assert fan is not None and ("show_fanout", fan) in view.calls
+        # the fan-out's run (its RunOpened came while `fanout` ran) is its own record, not the tree's
+        assert fan.run_id == controller.client.run_id and fan.record_path not in (None, parent_record)
+        assert controller.state.record_path == parent_record and controller.tree.path is not None
+        assert fan.record_path.name not in controller.tree.path.read_text()
         await until(lambda: not fan.running)
         assert (fan.request.at, fan.request.n, fan.request.m, fan.request.seed) == (step.index, 8, 32, 5)
         assert [s.n for s in fan.samples] == list(range(8)) and [s.seed for s in fan.samples] == list(range(5, 13))

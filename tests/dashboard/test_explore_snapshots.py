@@ -1,4 +1,4 @@
-"""Snapshots of exploring a run (README "exploring a run"): two branches compared, and the logit lens panel."""
+"""Snapshots of exploring a run (docs/runs.md, "Exploring a run"): two branches compared, and the logit lens panel."""
 
 from __future__ import annotations
 

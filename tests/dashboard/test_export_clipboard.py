@@ -8,7 +8,8 @@ import os
 import pytest
 
 from fakes import ScriptedEngine, make_loader, wait_for
-from tokentui.tui import DashboardConfig, TokentuiApp
+from noting_app import NotingApp
+from tokentui.tui import DashboardConfig
 from tokentui.tui.clipboard import copy_note
 from tokentui.tui.screens.exported import ExportedDialog
 
@@ -27,7 +28,7 @@ async def test_c_in_the_export_dialog_inside_tmux_says_whether_it_copied(tmp_pat
     monkeypatch.chdir(tmp_path)  # the answer of a run not recorded is written here
     monkeypatch.setenv("TMUX", "/tmp/tmux-0/default,1,0")
     monkeypatch.setenv("PATH", fake_tmux(tmp_path, option))
-    app = TokentuiApp(DashboardConfig(load=make_loader(ScriptedEngine()), user_theme_dir=None, recorder=None))
+    app = NotingApp(DashboardConfig(load=make_loader(ScriptedEngine()), user_theme_dir=None, recorder=None))
     copied: list[str] = []
     app.copy_to_clipboard = copied.append
     async with app.run_test(size=(100, 30)) as pilot:
@@ -36,7 +37,7 @@ async def test_c_in_the_export_dialog_inside_tmux_says_whether_it_copied(tmp_pat
         await wait_for(pilot, lambda: isinstance(app.screen, ExportedDialog), what="the export dialog")
         await pilot.press("c")
         await pilot.pause(0.1)
-        notes = [str(n.message) for n in app._notifications]
+        notes = [str(n.message) for n in app.toasts]
         assert copied and copied[0].endswith(".txt")
         assert any(said in note for note in notes), notes
         assert not any(note.startswith("copied") for note in notes), notes

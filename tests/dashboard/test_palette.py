@@ -1,24 +1,25 @@
-"""The command palette tells one story with the README and `--theme` (issue 23 item 9): its Screenshot saves where
-it says, Textual's "Keys" (a second help) and its theme picker are gone, and the themes offered everywhere are
-tokentui's three and the user's."""
+"""The command palette tells one story with docs/dashboard.md, "Themes", and `--theme` (issue 23 item 9): its
+Screenshot saves where it says, Textual's "Keys" (a second help) and its theme picker are gone, and the themes
+offered everywhere are tokentui's three and the user's."""
 
 from __future__ import annotations
 
 from fakes import ScriptedEngine, make_loader, wait_for
-from tokentui.tui import DashboardConfig, TokentuiApp
+from noting_app import NotingApp
+from tokentui.tui import DashboardConfig
 from tokentui.tui.commands import TokentuiCommands
 
 OURS = {"tokentui-dark", "tokentui-light", "tokentui-contrast"}
 PAPER = 'name = "paper"\nprimary = "#268bd2"\nbackground = "#fdf6e3"\nforeground = "#073642"\ndark = false\n'
 
 
-def make_app(**config) -> TokentuiApp:
+def make_app(**config) -> NotingApp:
     config.setdefault("user_theme_dir", None)
-    return TokentuiApp(DashboardConfig(load=make_loader(ScriptedEngine()), recorder=None, **config))
+    return NotingApp(DashboardConfig(load=make_loader(ScriptedEngine()), recorder=None, **config))
 
 
 def notes(app) -> list[str]:
-    return [str(n.message) for n in app._notifications]
+    return [str(n.message) for n in app.toasts]
 
 
 async def test_the_palette_offers_no_second_help_and_only_the_themes_that_are_tokentuis_or_yours(tmp_path):

@@ -21,7 +21,7 @@ def strip(app) -> str:
 
 async def settle(pilot) -> None:
     await pilot.pause(0.05)
-    pilot.app._rebuild_all()
+    pilot.app.redraw()
     await pilot.pause()
 
 

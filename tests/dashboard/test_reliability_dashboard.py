@@ -56,7 +56,7 @@ async def keys(app, *names: str) -> None:
     `press` does and which takes seconds while a run streams events)."""
     for name in names:
         char = {"space": " "}.get(name, name if len(name) == 1 else None)
-        app._driver.process_message(events.Key(name, char))
+        app.post_message(events.Key(name, char))  # what the terminal's driver does with a key
         await asyncio.sleep(0.01)
 
 
@@ -397,11 +397,9 @@ async def test_a_thousand_rapid_key_presses_leave_engine_and_screen_consistent()
             expected = replace(expected, top_k=next_top_k(expected.top_k, up))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.steps >= 5, what="decoding")
-        driver = app._driver
-
-        def burst() -> None:  # a burst of input, delivered as the terminal's input thread would
+        def burst() -> None:  # a burst of input, posted from another thread as the terminal's input thread does
             for k in presses:
-                driver.process_message(events.Key(k, k))
+                app.post_message(events.Key(k, k))
 
         sender = threading.Thread(target=burst)
         started = time.perf_counter()

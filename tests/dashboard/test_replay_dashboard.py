@@ -31,7 +31,7 @@ def recorded(directory, engine=None, speed: float = 0.0) -> ReplayEngine:
 
 
 def notes(app) -> list[str]:
-    return [str(n.message) for n in app._notifications]
+    return [str(n.message) for n in app.toasts]
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])

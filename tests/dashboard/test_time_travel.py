@@ -116,7 +116,7 @@ async def test_the_cursor_holds_a_past_step_while_the_run_goes_on_underneath():
         assert f"step {held + 1} {step.latency_ms:.1f}" in flat(app.query_one(SpeedPanel).last_text)
         view = app.query_one(OutputPanel).view
         assert view.cursor == held and view.token_count > held + 15
-        first, last = view._token_lines(held)
+        first, last = view.answer.token_lines(held)
         assert view.scroll_y <= first and last < view.scroll_y + view.scrollable_content_region.height, \
             "the cursor token is out of view"
         await pilot.press(LIVE)
@@ -352,7 +352,7 @@ async def test_a_cursor_move_in_a_4096_token_run_redraws_two_lines_not_the_answe
         assert app.state.steps == 4096
         view = app.query_one(OutputPanel).view
         calls = {"lines": 0, "relayout": 0, "append": 0}
-        render_line, relayout, append = view.render_line, view._relayout, view.append
+        render_line, relayout, append = view.render_line, view.answer.restart, view.append
 
         def count(name, fn):
             def counted(*args, **kwargs):
@@ -361,7 +361,7 @@ async def test_a_cursor_move_in_a_4096_token_run_redraws_two_lines_not_the_answe
             return counted
 
         view.render_line = count("lines", render_line)
-        view._relayout = count("relayout", relayout)
+        view.answer.restart = count("relayout", relayout)  # the whole answer wrapped again
         view.append = count("append", append)
         await pilot.press(BACK)
         await settle(pilot)

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from fakes import FACTS, ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
+from noting_app import NotingApp
 from tokentui.core.errors import ModelLoadError
 from tokentui.core.runs.events import LoadProgress
 from tokentui.tui import DashboardConfig, TokentuiApp
@@ -16,9 +17,9 @@ from tokentui.tui.screens import ErrorDialog
 SIZE = (100, 40)
 
 
-def make_app(load, **config) -> TokentuiApp:
+def make_app(load, **config) -> NotingApp:
     config.setdefault("user_theme_dir", None)
-    return TokentuiApp(DashboardConfig(load=load, **config))
+    return NotingApp(DashboardConfig(load=load, **config))
 
 
 def status(app) -> str:
@@ -26,7 +27,7 @@ def status(app) -> str:
 
 
 def errors(app) -> list[str]:
-    return [n.message for n in app._notifications if n.severity == "error"]
+    return [n.message for n in app.toasts if n.severity == "error"]
 
 
 # ---- loading -------------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ async def test_raw_prompt_notice():
         panel = app.query_one(PromptPanel)
         assert "no chat template" in panel.last_text.plain
         assert "raw prompt" in panel.border_subtitle
-        assert any("raw prompt" in n.message for n in app._notifications)
+        assert any("raw prompt" in n.message for n in app.toasts)
 
 
 async def test_trust_remote_code_warning():
@@ -192,8 +193,8 @@ async def test_a_long_answer_streams_append_only():
     async with app.run_test(size=(160, 48)) as pilot:
         view = app.query_one(OutputPanel).view
         laid_out = []
-        original = view._layout
-        view._layout = lambda index: (laid_out.append(index), original(index))[1]
+        original = view.answer.lay_out  # every token's layout, first or after a resize
+        view.answer.lay_out = lambda index: (laid_out.append(index), original(index))[1]
         await wait_for(pilot, lambda: app.state.phase == "done", timeout=600, what="4,000 tokens")  # a loaded CI box
         await pilot.pause(0.1)
         assert app.state.steps == 4000 and view.token_count == 4000

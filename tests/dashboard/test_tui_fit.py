@@ -65,7 +65,7 @@ async def test_the_five_readings_are_on_screen_mid_run_with_numbers_from_the_sta
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.state.steps == 10 and engine.paused, what="the pause at step 10")
         await pilot.pause(0.1)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause(0.1)
         text = screen_text(app)
         state = app.state
@@ -143,7 +143,7 @@ async def test_120x36_keeps_p95_tokens_per_second_the_model_totals_and_a_wide_an
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="done")
         await pilot.pause(0.2)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause(0.2)
         text = screen_text(app)
         stats = app.state.latency_stats()
@@ -285,7 +285,7 @@ async def test_the_speed_panel_gives_the_whole_run_median_and_p95():
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", timeout=20, what="done")
         await pilot.pause(0.3)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause(0.3)
         stats = app.state.latency_stats()
         speed = app.query_one(SpeedPanel)
@@ -361,16 +361,17 @@ async def test_the_prefill_status_shows_a_ticking_clock_and_the_fraction():
         await pilot.press("q")
 
 
-async def test_a_prefill_without_progress_still_ticks():
-    engine = SlowPrefillEngine()
-    engine_run = engine._run
+class NoProgressPrefillEngine(SlowPrefillEngine):
+    """The same slow prefill, saying nothing of its progress."""
 
-    def no_progress(prompt, system, run_id):
-        for event in engine_run(prompt, system, run_id):
+    def _run(self, prompt, system, run_id):
+        for event in super()._run(prompt, system, run_id):
             if not isinstance(event, PrefillProgress):
                 yield event
 
-    engine._run = no_progress
+
+async def test_a_prefill_without_progress_still_ticks():
+    engine = NoProgressPrefillEngine()
     app = make_app(engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "prefill", timeout=10, what="prefill")

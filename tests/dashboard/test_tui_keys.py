@@ -60,6 +60,8 @@ SAMPLER_KEYS = [
     ("k", SamplerSettings(top_k=10), "top_k", 5, "top-k 5"),
     ("K", SamplerSettings(top_k=10), "top_k", 20, "top-k 20"),
     ("g", SamplerSettings(greedy=False), "greedy", True, "mode greedy"),
+    ("M", SamplerSettings(min_p=0.0), "min_p", 0.05, "min-p 0.05"),  # the key min-p came with (core/samplers.py)
+    ("m", SamplerSettings(min_p=0.05), "min_p", 0.0, "min-p 0.00 (off)"),
 ]
 
 
@@ -314,9 +316,12 @@ async def test_help_screen_lists_every_key():
         await pilot.pause()
         text = " ".join(screen_text(app).split())
         assert len(KEYS) >= 17
-        for needle in ("temperature", "top-p", "top-k", "greedy", "seed", "pause", "one token", "same seed",
-                       "edit the prompt", "Heat map", "token id", "Export", "Quit", "ctrl+p", "6 detokenize"):
+        for needle in ("temperature", "top-p", "top-k", "min-p", "greedy", "seed", "pause", "one token",
+                       "same seed", "edit the prompt", "Heat map", "token id", "Export", "Quit", "ctrl+p"):
             assert needle in text, needle
+        await pilot.press("end")  # the six steps come after the keys: at 48 rows, below them
+        await pilot.pause()
+        assert "6 detokenize" in " ".join(screen_text(app).split())
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

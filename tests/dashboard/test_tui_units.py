@@ -152,22 +152,22 @@ async def test_output_view_wraps_at_token_boundaries_and_appends_only():
     async with app.run_test(size=(20, 5)) as pilot:
         view = app.query_one(OutputView)
         await pilot.pause()
-        width = view._wrap
+        width = view.answer.width
         tokens = [("Partly", 0.5), (".", 0.9), (" Some", 0.4), (" weights", 0.3), (" are", 0.9), (" open", 0.8),
                   (".\n", 0.9), ("开放", 0.9), ("x" * 30, 0.1)]
         view.append(tokens)
         assert view.text == "".join(t for t, _ in tokens)
-        lines = ["".join(view._texts[i][s:e] for i, s, e in line) for line in view._lines]
+        lines = ["".join(view.answer.texts[i][s:e] for i, s, e in line) for line in view.answer.lines]
         assert all(len(line) <= width for line in lines)
         assert lines[0] == "Partly. Some"  # " weights" moves to the next line whole, without its space
         assert lines[1].startswith("weights")
         assert any(line.startswith("开放") for line in lines)
-        before = [list(line) for line in view._lines]
+        before = [list(line) for line in view.answer.lines]
         view.append([(" more", 0.5)])
-        assert view._lines[: len(before) - 1] == before[:-1]  # earlier lines untouched
+        assert view.answer.lines[: len(before) - 1] == before[:-1]  # earlier lines untouched
         await pilot.resize_terminal(40, 5)
         await pilot.pause()
-        assert view._wrap > width and view.text.endswith(" more")
+        assert view.answer.width > width and view.text.endswith(" more")
 
 
 async def test_a_growing_answer_scrolls_and_moves_the_thumb_without_relaying_out_the_screen():
@@ -194,8 +194,8 @@ async def test_a_growing_answer_scrolls_and_moves_the_thumb_without_relaying_out
         for batch in range(20):
             view.append([(f" more{batch}-{i}", 0.5) for i in range(6)])
             await pilot.pause()
-            assert view.virtual_size.height == len(view._lines)
-            assert view.vertical_scrollbar.window_virtual_size == len(view._lines)
+            assert view.virtual_size.height == len(view.answer.lines)
+            assert view.vertical_scrollbar.window_virtual_size == len(view.answer.lines)
             assert view.is_vertical_scroll_end and view.scroll_y == view.max_scroll_y > 0, (view.scroll_y, view.max_scroll_y, view.virtual_size, view.container_size, batch)
         assert layouts == []
         view.scroll_home(animate=False, immediate=True)  # the reader scrolls up: the view stays there
@@ -206,5 +206,5 @@ async def test_a_growing_answer_scrolls_and_moves_the_thumb_without_relaying_out
         view.append([(" again", 0.5)] * 12)
         await pilot.pause()
         assert view.is_vertical_scroll_end and view.scroll_y == view.max_scroll_y
-        last = "".join(view._texts[i][s:e] for i, s, e in view._lines[-1])
+        last = "".join(view.answer.texts[i][s:e] for i, s, e in view.answer.lines[-1])
         assert last.strip() and last.strip() in "".join(s.text for s in view.render_line(view.size.height - 1))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from fake_script import ANSWER_TEXT
 from fakes import ScriptedEngine, make_loader, screen_text, wait_for
+from noting_app import NotingApp
 
 from tokentui.core.runs.fanout_view import ranked
 from tokentui.core.runs.requests import ScoreRequest
 from tokentui.core.settings import SamplerSettings
-from tokentui.tui import DashboardConfig, TokentuiApp
+from tokentui.tui import DashboardConfig
 from tokentui.tui.screens.branch_picker import BranchPicker
 from tokentui.tui.screens.fanout import FanoutScreen
 from tokentui.tui.screens.phrase import PhraseDialog
@@ -20,8 +21,8 @@ SIZE = (120, 40)
 GREEDY = SamplerSettings(temperature=0.0)
 
 
-def make_app(engine, **config) -> TokentuiApp:
-    return TokentuiApp(DashboardConfig(load=make_loader(engine), user_theme_dir=None, sampler=engine.sampler,
+def make_app(engine, **config) -> NotingApp:
+    return NotingApp(DashboardConfig(load=make_loader(engine), user_theme_dir=None, sampler=engine.sampler,
                                        options=engine.options, **config))
 
 
@@ -96,7 +97,7 @@ async def test_f_while_generating_live_says_to_pause_first():
         await pilot.press("f")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, FanoutScreen)
-        assert any("Pause (space) to fan out" in n.message for n in app._notifications)
+        assert any("Pause (space) to fan out" in n.message for n in app.toasts)
 
 
 async def test_a_scored_text_opens_on_its_summary_and_escape_shows_the_heat_coloured_answer():

@@ -1,4 +1,4 @@
-"""Snapshots of issue 26 (README "What else could it have said?"): the phrase dialog with the pieces typed, the
+"""Snapshots of issue 26 (docs/runs.md, "What else could it have said?"): the phrase dialog with the pieces typed, the
 fan-out list, the scored answer with its summary — at 80×24 and 160×48."""
 
 from __future__ import annotations

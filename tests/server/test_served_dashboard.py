@@ -13,11 +13,12 @@ from dataclasses import replace
 
 import pytest
 from fakes import ScriptedEngine, make_loader, screen_text, wait_for
+from noting_app import NotingApp
 
 from tokentui.core.runs.events import Candidate, DoneEvent, PrefillEvent, StepEvent
 from tokentui.core.runs.facts import ModelFacts, ServerFacts
 from tokentui.core.settings import RunOptions, SamplerSettings
-from tokentui.tui import DashboardConfig, TokentuiApp
+from tokentui.tui import DashboardConfig
 from tokentui.tui.panels import (
     AnatomyPanel,
     CandidatesPanel,
@@ -93,7 +94,7 @@ class ServedEngine(ScriptedEngine):
                        server_kv_usage=KV_USAGE.get(step.index) if self.facts.server.kv_source else None)
 
 
-class ServedApp(TokentuiApp):
+class ServedApp(NotingApp):
     CURSOR_BLINK = False
 
 
@@ -111,7 +112,7 @@ async def finished(pilot) -> None:
     app = pilot.app
     await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the served run to finish")
     await pilot.pause(0.1)
-    app._rebuild_all()
+    app.redraw()
     await pilot.pause(0.3)  # the plot's throttled redraw
 
 
@@ -119,7 +120,7 @@ async def view(pilot, position: int) -> None:
     """Hold the time-travel cursor at `position` (0-based), by keys: < to the first step, then ]."""
     await pilot.press("less_than_sign", *["right_square_bracket"] * position)
     await pilot.pause(0.1)
-    pilot.app._rebuild_all()
+    pilot.app.redraw()
     await pilot.pause(0.3)
 
 
@@ -276,7 +277,7 @@ async def test_lens_says_it_is_not_available_and_asks_nothing_of_the_server():
         assert "not available for a served model" in plain(app, LensPanel)
         assert "hidden states" in plain(app, LensPanel)
         assert app.client.options.logit_lens is False
-        assert not [n for n in app._notifications if n.severity == "error"]
+        assert not [n for n in app.toasts if n.severity == "error"]
 
 
 async def test_heat_map_colours_by_the_probability_the_server_gives():
@@ -330,7 +331,7 @@ async def test_merged_step_says_the_server_gave_no_probabilities():
         await finished(pilot)
         app.branch_tree.shown_branch.state = state
         state.cursor_go(2)
-        app._rebuild_all()
+        app.redraw()
         await pilot.pause(0.2)
         cands = " ".join(plain(app, CandidatesPanel).split())
         assert "merged" in cands and "no probabilities" in cands

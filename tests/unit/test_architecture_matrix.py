@@ -8,7 +8,7 @@ nbytes at every length; the layer kinds are the architecture's; the logit lens's
 and logit post-processing applied by hand to hooked block outputs, and the last row is the model's own distribution;
 every one-pass shape is the real tensor's; the blocks' order (parallel or not), positions, norm and experts are read
 right; `--compile` compiles without recompiling and gives the same ids, or says before the run why it decodes
-eagerly; and the README's table is these observations. Then: prompts longer than a prefill chunk, bfloat16, records,
+eagerly; and the table in docs/models.md is these observations. Then: prompts longer than a prefill chunk, bfloat16, records,
 and a Mamba folder loaded and run the way a user's is."""
 
 from __future__ import annotations
@@ -153,22 +153,22 @@ def test_compile_compiles_without_recompiling_or_says_why_not_before_the_run(see
         assert "\n" not in seen.compile_notice
 
 
-def test_the_readme_table_is_the_matrix(smol_tokenizer):
+def test_the_models_page_table_is_the_matrix(smol_tokenizer):
     import transformers
-    from arch_matrix import readme_section, render
+    from arch_matrix import render, table_section
 
     # The table's figures are transformers' caches (Falcon's new decoder caches only its K/V heads since 5.25):
     # it is the pinned release's (scripts/setup.sh); on another, the per-family tests above are the check.
     pin = re.search(r"transformers==([0-9][0-9.]*)", (REPO / "scripts" / "setup.sh").read_text()).group(1)
     if transformers.__version__ != pin:
-        pytest.skip(f"the README's table is measured on the pinned transformers {pin}; this is "
+        pytest.skip(f"docs/models.md's table is measured on the pinned transformers {pin}; this is "
                     f"{transformers.__version__} (scripts/try_newest.py runs the matrix on it)")
     for name in NAMES:
         if name not in OBSERVED:
             OBSERVED[name] = observe(name, smol_tokenizer)
     table = render([OBSERVED[n] for n in NAMES])
-    assert readme_section((REPO / "README.md").read_text(encoding="utf-8")) == table, \
-        "the README's architecture table is not the matrix's: run `.venv/bin/python scripts/arch_table.py`"
+    assert table_section((REPO / "docs" / "models.md").read_text(encoding="utf-8")) == table, \
+        "docs/models.md's architecture table is not the matrix's: run `.venv/bin/python scripts/arch_table.py`"
 
 
 # ---------------------------------------------------------------------------------------------- beyond the matrix

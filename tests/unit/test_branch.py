@@ -19,9 +19,11 @@ from cli_run import tokentui
 from run_checks import failure_of
 from tokentui.core.errors import ErrorKind
 from tokentui.core.model import branch as branch_module
+from transformers import StaticCache
 from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.branch import BranchPoint, HeldCache, crop_cache, crop_problem
-from tokentui.core.model.decode.compiled import StaticKV
+from tokentui.core.model.decode.run_cache import RunCache
+from tokentui.core.model.decode.steps import CompiledWhole, TorchForward
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError
@@ -79,29 +81,37 @@ def test_a_cropped_cache_is_exactly_a_fresh_prefill_of_the_prefix(tiny, growable
     ids = list(prompt_ids) + [s.id for s in steps]
     keep = len(prompt_ids) + AT - 1
     if growable:  # the engine's own cache (GrowableLayer), as its run left it
-        cache = engine._held.cache
-        assert engine.held_ids == tuple(ids[:-1]) and cache_tokens(cache) == len(ids) - 1
+        held = engine.take_held_cache()
+        engine.hold_cache(held)  # looked at, and kept for a branch as the run left it
+        cache = held.cache
+        assert engine.held_ids == tuple(ids[:-1]) and cache.tokens() == len(ids) - 1
     else:  # transformers' DynamicLayer, filled by one prefill
-        cache = new_cache(tiny.model)
+        cache = RunCache(new_cache(tiny.model), TorchForward(tiny.model))
         prefill(tiny.model, ids, cache)
     crop_cache(cache, keep)
-    fresh = new_cache(tiny.model, keep)
+    fresh, _ = TorchForward(tiny.model).new_cache(keep, 0)
     prefill(tiny.model, ids[:keep], fresh)
-    assert cache_tokens(cache) == cache_tokens(fresh) == keep
-    assert cache_nbytes(cache) == cache_nbytes(fresh) == keep * tiny.facts.kv_bytes_per_token
-    for (k, v), (fk, fv) in zip(cache_layers(cache), cache_layers(fresh), strict=True):
+    assert cache.tokens() == fresh.tokens() == keep
+    assert cache_tokens(cache.kv) == cache_tokens(fresh.kv) == keep  # transformers' own count
+    assert cache.nbytes() == cache_nbytes(fresh.kv) == keep * tiny.facts.kv_bytes_per_token
+    for (k, v), (fk, fv) in zip(cache_layers(cache.kv), cache_layers(fresh.kv), strict=True):
         assert k.shape == fk.shape and v.shape == fv.shape
         torch.testing.assert_close(k, fk, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(v, fv, rtol=1e-4, atol=1e-5)
 
 
+def static_run_cache(model) -> RunCache:
+    """A run's cache as --compile's whole step makes it (a static cache, counted on the host)."""
+    return RunCache(StaticCache(config=model.config, max_cache_len=64), CompiledWhole(None, TorchForward(model)),
+                    static=True)
+
+
 def test_crop_refuses_what_it_cannot_do(tiny_llama):
-    cache = new_cache(tiny_llama.model, 16)
+    cache, _ = TorchForward(tiny_llama.model).new_cache(4, 12)
     prefill(tiny_llama.model, [1, 2, 3, 4], cache)
     with pytest.raises(ValueError):
         crop_cache(cache, 5)
-    static = StaticKV(tiny_llama.model.config, 64, decoder=object())
-    assert "--compile" in crop_problem(static)
+    assert "--compile" in crop_problem(static_run_cache(tiny_llama.model))
     assert crop_problem(cache) is None
 
 
@@ -176,15 +186,17 @@ def test_a_branch_never_reads_past_its_crop(tiny_llama, monkeypatch):
     engine = greedy_engine(tiny_llama)
     prompt_ids, steps = parent_run(engine)
     keep = len(prompt_ids) + AT - 1
+    held = engine.take_held_cache()
+    engine.hold_cache(held)
     with torch.inference_mode():  # poison every position past the crop, in the buffers themselves
-        for layer in engine._held.cache.layers:
+        for layer in held.cache.kv.layers:
             layer._kbuf[..., keep:, :] = float("nan")
             layer._vbuf[..., keep:, :] = float("nan")
     seen = []
     real = branch_module.decode_one_token
 
     def spy(model, token_id, cache, **kw):
-        seen.append((token_id, cache_tokens(cache)))
+        seen.append((token_id, cache.tokens()))
         return real(model, token_id, cache, **kw)
 
     monkeypatch.setattr(branch_module, "decode_one_token", spy)
@@ -225,7 +237,7 @@ def test_a_held_static_cache_is_not_reused_and_a_notice_says_why(tiny_llama):
     prompt_ids, steps = parent_run(engine)
     point = point_at(prompt_ids, steps, AT, 9)
     expected = [s.id for s in of(StepEvent, greedy_engine(tiny_llama).branch(point))]
-    engine._held = HeldCache(StaticKV(tiny_llama.model.config, 64, decoder=object()), engine.held_ids)
+    engine.hold_cache(HeldCache(static_run_cache(tiny_llama.model), engine.held_ids))
     events = list(engine.branch(point))
     notes = [e.message for e in of(Notice, events)]
     assert any("not reused" in n and "--compile" in n for n in notes)

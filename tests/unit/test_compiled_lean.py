@@ -11,11 +11,11 @@ import torch
 
 from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
 from tokentui.core.model.decode.compiled_lean import CompiledLeanStep
-from tokentui.core.model.decode.decode_paths import NATIVE_INSTEAD
+from tokentui.core.model.decode.plan import NATIVE_INSTEAD
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits
 from tokentui.core.model.decode.lean_step import lean_decoder
-from tokentui.core.model.native.native_step import decode_step_for, native_step
+from tokentui.core.model.native.native_step import native_step
 from tokentui.core.model.native.native_step import disabled as native_step_disabled
 from tokentui.core.model.quant.qlinear import kernel_available
 from tokentui.core.model.speed import SpeedOptions
@@ -51,7 +51,7 @@ def test_compile_keeps_the_native_step_where_it_serves(embedded_quantized):
     engine = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=3, ignore_eos=True),
                     speed=SpeedOptions(compile=True, threads=1), progress=stages.append)
     assert not any(s.stage.startswith("compiling") for s in stages)
-    assert engine.new_eager_cache(8, 8).lean_step is native_step(model)
+    assert engine.plan.step.name == "native step"
     events = list(engine.run(PROMPT))
     assert [e.message for e in events if isinstance(e, Notice)] == [NATIVE_INSTEAD]
     assert len([e for e in events if isinstance(e, StepEvent)]) == 3
@@ -89,14 +89,15 @@ def assert_close_scores(ours: torch.Tensor, eager: torch.Tensor) -> None:
         assert int(p.argmax()) == int(top[0])
 
 
-def test_the_engine_compiles_the_lean_step_and_its_caches_carry_it(compiled_engine, step, embedded_quantized):
+def test_the_engine_compiles_the_lean_step_and_decodes_with_it(compiled_engine, step, embedded_quantized):
     engine, stages = compiled_engine
     assert any(s.startswith("compiling the 4-bit decode step") for s in stages), stages
-    assert engine.new_eager_cache(8, 8).lean_step is step
+    assert engine.plan.step.name == "compiled lean step"
+    assert engine.facts.decode_plan.startswith("compiled lean step: --compile; ")
     # an engine without --compile keeps the eager step (the native one where it serves)
     model = embedded_quantized.model
     plain = Engine(embedded_quantized, GREEDY, RunOptions(max_new_tokens=4))
-    assert plain.new_eager_cache(8, 8).lean_step is decode_step_for(model)
+    assert plain.plan.step.name == ("native step" if native_step(model) is not None else "lean torch step")
     # the compiled step reads the layers' weights stacked, and the modules now hold rows of those stacks: the
     # weights are held once, and the eager lean step still gives the forward's scores bit for bit
     storages = {layer.self_attn.q_proj.fused.packed.untyped_storage().data_ptr() for layer in model.model.layers}

@@ -20,7 +20,8 @@ from tiny_models import tiny_model
 from cli_run import one_line_error
 from cli_run import tokentui
 from tiny_models import generate_ids
-from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens, first_capacity, new_cache
+from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import ModelLoadError, SettingsError
@@ -222,16 +223,16 @@ def test_chunked_prefill_equals_one_pass(kind, smol_tokenizer):
     model = tiny_model(kind, smol_tokenizer)
     ids = smol_tokenizer(LONG_PROMPT)["input_ids"]
     assert len(ids) > 40
-    whole = new_cache(model, first_capacity(len(ids), 8))
+    whole, _ = TorchForward(model).new_cache(len(ids), 8)
     logits_whole, _ = prefill(model, ids, whole, chunk=len(ids))
-    chunked = new_cache(model, first_capacity(len(ids), 8))
+    chunked, _ = TorchForward(model).new_cache(len(ids), 8)
     seen = list(prefill_chunks(model, ids, chunked, chunk=16))
     assert [n for n, _, _ in seen] == [min(16 * (i + 1), len(ids)) for i in range(math.ceil(len(ids) / 16))]
     assert all(logits is None for _, logits, _ in seen[:-1])
     torch.testing.assert_close(seen[-1][1], logits_whole, rtol=1e-4, atol=1e-4)
-    assert cache_tokens(chunked) == cache_tokens(whole) == len(ids)
-    assert cache_nbytes(chunked) == cache_nbytes(whole)
-    for a, b in zip(chunked.layers, whole.layers):
+    assert cache_tokens(chunked.kv) == cache_tokens(whole.kv) == len(ids)
+    assert cache_nbytes(chunked.kv) == cache_nbytes(whole.kv)
+    for a, b in zip(chunked.kv.layers, whole.kv.layers):
         torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-4)
 
@@ -281,17 +282,20 @@ def test_stop_during_a_chunked_prefill_ends_at_the_next_chunk(tiny):
 def test_a_static_cache_is_prefilled_in_chunks_too(smol_tokenizer):
     """The --compile path's static cache: its prefill is eager, so this needs no compile."""
     from tokentui.core.model.decode.compiled import CompiledDecoder
+    from tokentui.core.model.decode.steps import CompiledWhole
 
     model = tiny_model("llama", smol_tokenizer)
     ids = smol_tokenizer(LONG_PROMPT)["input_ids"]
-    decoder = CompiledDecoder.for_model(model, 1)
-    cache, _ = decoder.new_cache(len(ids) + 4)
+    step = CompiledWhole(CompiledDecoder.for_model(model, 1), TorchForward(model))
+    cache, _ = step.new_cache(len(ids), 4)
+    assert cache.static
     *_, (done, logits, _) = prefill_chunks(model, ids, cache, chunk=16)
-    assert done == len(ids) and cache.host_tokens == len(ids) == cache_tokens(cache)
-    whole = new_cache(model, len(ids))
+    # the count kept on the host is transformers' own (which reads the device)
+    assert done == len(ids) and cache.tokens() == len(ids) == cache_tokens(cache.kv)
+    whole, _ = TorchForward(model).new_cache(len(ids), 0)
     expected, _ = prefill(model, ids, whole, chunk=len(ids))
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
-    assert cache_nbytes(cache) == cache_nbytes(whole)
+    assert cache.nbytes() == whole.nbytes()
 
 
 def test_prefill_progress_is_validated():
@@ -361,7 +365,7 @@ def test_precheck_names_the_cuda_device_asked_for(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA answer")
 def test_precheck_asks_torch_in_a_subprocess_without_importing_it_here():
-    code = ("import sys; from tokentui.core.model import precheck; print(precheck.visible_cuda_devices()); "
+    code = ("import sys; from tokentui.core.model.load import precheck; print(precheck.visible_cuda_devices()); "
             "precheck.check_model_and_device(None, 'cpu'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False"]

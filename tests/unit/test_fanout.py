@@ -14,7 +14,7 @@ import torch
 from run_checks import failure_of
 from tiny_models import tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.decode.adapter import new_cache
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
@@ -60,7 +60,7 @@ def replay_draws(model, prefix: list[int], sample: SampleEvent, settings: Sample
     be the sample's token, or — the two forwards round differently — one exactly as likely (a tie whose order the
     rounding decided); returns how many ties there were."""
     generator = torch.Generator().manual_seed(sample.seed)
-    cache = new_cache(model, len(prefix) + len(sample.ids))
+    cache, _ = TorchForward(model).new_cache(len(prefix), len(sample.ids))
     logits, _ = prefill(model, prefix, cache)
     ties = 0
     for token, prob in zip(sample.ids, sample.probs):

@@ -281,7 +281,7 @@ def test_the_recompile_guard_falls_back_to_eager_instead_of_a_storm(smol_tokeniz
     monkeypatch.setattr(architecture, "compile_problem", lambda model: None)  # the engine asks it there
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, events, prompt, steps = _compiled_run("mistral", smol_tokenizer, n=24)
     notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
     assert notices == ["--compile stopped (the decode step would compile again at every step): decoding eagerly"]
@@ -294,7 +294,7 @@ def test_a_compile_failure_mid_run_goes_on_eagerly_on_the_same_cache(smol_tokeni
 
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     calls = []
     real = compiled.CompiledDecoder._compiled_step
 
@@ -318,7 +318,7 @@ def test_a_compile_failure_mid_run_goes_on_eagerly_on_the_same_cache(smol_tokeni
 def test_compiled_hybrid_lfm2_with_inductor_matches_generate(smol_tokenizer):
     """A hybrid (LFM2: short-conv layers with a fixed-size state, attention layers with a static KV cache) compiled
     for real, as --compile does it on a CPU (inductor, freezing, autotuning: ~45 s on 2 cores)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, events, prompt, steps = _compiled_run("lfm2", smol_tokenizer, n=24)
     notices = [e.message for e in events if isinstance(e, Notice)]
     assert len(notices) == 1 and notices[0].startswith("static KV cache")
@@ -339,7 +339,7 @@ def test_a_model_whose_forward_refuses_the_static_cache_decodes_eagerly_with_a_n
     monkeypatch.setattr(compiled.CompiledDecoder, "prefill", refuse)
     monkeypatch.setattr(compiled, "compile_settings",
                         lambda device: (dict(fullgraph=True, dynamic=False, backend="eager"), {}))
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, events, prompt, steps = _compiled_run("bloom", smol_tokenizer, n=8)
     notices = [e.message for e in events[:events.index(prompt)] if isinstance(e, Notice)]
     assert len(notices) == 1 and "does not take a static KV cache" in notices[0]

@@ -18,6 +18,8 @@ from tiny_models import INIT, tiny_model
 from tokentui.core.model.native import native_step as native
 from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
 from tokentui.core.model.branch import crop_cache
+from tokentui.core.model.decode.run_cache import RunCache
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.observe.fidelity import agreement, teacher_forced_logits
 from tokentui.core.model.quant.int4_kernel import TorchInt4
@@ -83,7 +85,7 @@ def test_tiny_models_decode_natively_with_generates_greedy_ids(kind, kernel, smo
     assert isinstance(step, NativeStep) and decode_step_for(model) is step
     loaded = LoadedModel(model=model, tokenizer=smol_tokenizer, facts=model_facts(model, smol_tokenizer, name="t"))
     engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4))
-    assert engine.new_eager_cache(8, 4).lean_step is step  # what every eager run decodes with
+    assert engine.plan.step.name == "native step"  # what every run decodes with
     # float32 activations: the same ids; int16: the same but at a near-tie (the helper says why)
     assert_engine_is_generate(model, smol_tokenizer, "Is OpenAI open?", 40, vary=True)
 
@@ -106,8 +108,8 @@ def test_states_and_cache_rows_are_the_lean_steps_up_to_float32_rounding(kind, k
         assert a.keys.shape == b.keys.shape
         assert within_rounding(a.keys, b.keys, bound) and within_rounding(a.values, b.values, bound)
     # a cropped cache (a branch's) goes on from the shorter prefix, as the lean step's does
-    crop_cache(ours, len(PROMPT) + 10)
-    crop_cache(theirs, len(PROMPT) + 10)
+    for cache in (ours, theirs):
+        crop_cache(RunCache(cache, TorchForward(model)), len(PROMPT) + 10)
     assert within_rounding(step.hidden(7, ours), lean.hidden(7, theirs), bound)
 
 
@@ -152,8 +154,8 @@ def test_refused_where_it_would_not_give_the_lean_steps_scores(smol_tokenizer, m
     strict = quantized_tiny("llama", smol_tokenizer, NativeQ4.name, monkeypatch)
     assert native_step(strict) is None and decode_step_for(strict) is lean_decoder(strict)
     loaded = LoadedModel(model=strict, tokenizer=smol_tokenizer, facts=model_facts(strict, smol_tokenizer, name="t"))
-    cache = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4)).new_eager_cache(8, 4)
-    assert isinstance(cache.lean_step, LeanDecoder)
+    engine = Engine(loaded, SamplerSettings(temperature=0), RunOptions(max_new_tokens=4))
+    assert engine.plan.step.name == "lean torch step"
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ import torch
 import tokentui.core.model.engine as engine_module
 import tokentui.core.model.observe.timing as timing_module
 from tiny_models import REPO, tiny_model
-from tokentui.core.model.decode.adapter import cache_layers, forward_last_logits, new_cache
+from tokentui.core.model.decode.adapter import cache_layers
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.observe.anatomy import Stage, one_pass
 from tokentui.core.steps.decode import decode_one_token
 from tokentui.core.model.engine import Engine
@@ -95,16 +96,17 @@ def test_stage_shapes_are_the_models_own_tensors_on_a_decode_step_and_a_prefill(
     model, facts = loaded.model, loaded.facts
     assert facts.architecture in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
     ids = smol_tokenizer("The apple is sweet")["input_ids"]
-    cache = new_cache(model, len(ids) + 4)
+    run, _ = TorchForward(model).new_cache(len(ids), 4)
+    cache = run.kv
     prompt = torch.tensor([ids])
     with torch.inference_mode():
-        seen = hooked_forward(model, lambda: forward_last_logits(model, prompt, cache))
+        seen = hooked_forward(model, lambda: run.step.prefill(run, prompt, True))
     # the prefill as a run's first step: its forward read len(ids) ids (the step's timing says so)
     first = replace(fake_step(), timing=StepTiming(1.0, 0.1, 0.01, 0.1, 0.0, 8 * len(ids), 180))
     stages = one_pass(facts, cache_tokens(cache), first)
     assert by_name(stages)["id to the device"].shape == (1, len(ids))
     check_stages_match(stages, seen, cache, facts)
-    seen = hooked_forward(model, lambda: decode_one_token(model, 42, cache))
+    seen = hooked_forward(model, lambda: decode_one_token(model, 42, run))
     stages = one_pass(facts, cache_tokens(cache))
     assert cache_tokens(cache) == len(ids) + 1 and by_name(stages)["id to the device"].shape == (1, 1)
     check_stages_match(stages, seen, cache, facts)

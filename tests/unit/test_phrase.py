@@ -12,7 +12,8 @@ import torch
 from run_checks import failure_of
 from tiny_models import generate_ids, tiny_model
 from tokentui.core.errors import ErrorKind, SettingsError
-from tokentui.core.model.decode.adapter import cache_layers, new_cache
+from tokentui.core.model.decode.adapter import cache_layers
+from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.branch import crop_cache
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.forcing import phrase_ids
@@ -87,13 +88,13 @@ def test_each_forced_token_equals_a_teacher_forced_forward_and_greedy_goes_on_as
     assert [s.id for s in new[k:]] == generate_ids(tiny.model, full, AFTER, stop_at_eos=False)
     # the KV cache right after the phrase is a fresh prefill of it: tokens and bytes
     after = new[k]
-    fresh = new_cache(tiny.model, len(full))
+    fresh, _ = TorchForward(tiny.model).new_cache(len(full), 0)
     prefill(tiny.model, full, fresh)
-    assert after.kv_tokens == cache_tokens(fresh) == len(full)
-    assert after.kv_bytes == cache_nbytes(fresh)
+    assert after.kv_tokens == cache_tokens(fresh.kv) == len(full)
+    assert after.kv_bytes == cache_nbytes(fresh.kv)
     held = engine.take_held_cache()  # and so are its tensors, cut back to there
     crop_cache(held.cache, len(full))
-    for (hk, hv), (fk, fv) in zip(cache_layers(held.cache), cache_layers(fresh), strict=True):
+    for (hk, hv), (fk, fv) in zip(cache_layers(held.cache.kv), cache_layers(fresh.kv), strict=True):
         torch.testing.assert_close(hk, fk, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(hv, fv, rtol=1e-4, atol=1e-5)
 

@@ -150,9 +150,9 @@ async def test_a_stale_run_s_events_are_dropped_and_a_new_run_gets_only_its_own(
 
     def reply(run: StartRun):
         # the tail of an older run arrives first: it must not show up in this one
-        yield RunEvent(run.serial - 1, events[-1])
+        yield RunEvent(run.run_id - 1, events[-1])
         for event in events:
-            yield RunEvent(run.serial, event)
+            yield RunEvent(run.run_id, event)
 
     client = await process_client(reply)
     try:
@@ -169,8 +169,8 @@ async def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_m
     events = scripted_events("Is OpenAI open?")
 
     def reply(run: StartRun):
-        yield RunEvent(run.serial, events[0])
-        yield ("event", run.serial, events[1])  # the old positional form: refused
+        yield RunEvent(run.run_id, events[0])
+        yield ("event", run.run_id, events[1])  # the old positional form: refused
 
     client = await process_client(reply)
     try:
@@ -186,7 +186,7 @@ async def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_m
 
 async def test_a_crash_message_ends_its_run_with_the_child_s_words():
     def reply(run: StartRun):
-        yield Crash(run.serial, "the model process failed: RuntimeError: boom")
+        yield Crash(run.run_id, "the model process failed: RuntimeError: boom")
 
     client = await process_client(reply)
     try:
@@ -201,7 +201,7 @@ async def test_a_child_that_goes_away_mid_run_ends_the_run_at_once():
     events = scripted_events("Is OpenAI open?")
 
     def reply(run: StartRun):
-        yield RunEvent(run.serial, events[0])
+        yield RunEvent(run.run_id, events[0])
         raise EOFError  # the stand-in child ends here, mid-run
 
     client = await process_client(reply)
@@ -222,12 +222,12 @@ async def test_a_branch_travels_to_the_child_whole_and_its_events_come_back_unde
     def reply(run):
         got.append(run)
         if isinstance(run, StartBranch):
-            yield RunEvent(run.serial - 1, events[-1])  # the superseded run's tail: not shown
-            yield RunEvent(run.serial, BranchEvent(run.point.at, run.point.token, "x", 10, "y", 4, [1, 2, 3], [7, 8],
+            yield RunEvent(run.run_id - 1, events[-1])  # the superseded run's tail: not shown
+            yield RunEvent(run.run_id, BranchEvent(run.point.at, run.point.token, "x", 10, "y", 4, [1, 2, 3], [7, 8],
                                                    "ab"))
-            yield RunEvent(run.serial, events[-1])
+            yield RunEvent(run.run_id, events[-1])
         else:
-            yield from (RunEvent(run.serial, event) for event in events)
+            yield from (RunEvent(run.run_id, event) for event in events)
 
     client = await process_client(reply)
     try:
@@ -245,7 +245,7 @@ async def test_a_branch_travels_to_the_child_whole_and_its_events_come_back_unde
 
 async def test_a_branch_sent_back_to_the_parent_is_refused():
     def reply(run):
-        yield StartBranch(run.serial, POINT)  # a command, from the child: not a reply
+        yield StartBranch(run.run_id, POINT)  # a command, from the child: not a reply
 
     client = await process_client(reply)
     try:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.engine import Engine
+from tokentui.core.model.speed import SpeedOptions
 from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits
 from tokentui.core.model.load.gguf_load import _skeleton, plan_gguf
 from tokentui.core.model.quant.gguf_quant import GROUP, GroupedInt4
@@ -99,7 +100,8 @@ def test_each_packed_module_multiplies_like_the_reference_weights(embedded_quant
         else:
             matrix = plan.matrices[name]
             weight = reference["model.embed_tokens.weight" if isinstance(module, QLMHead) else f"{name}.weight"]
-            run = module._product if isinstance(module, QLMHead) else module  # the head: its kernel pass
+            # the head: its kernel pass alone (QLinear's forward; QLMHead's own recomputes the top scores exactly)
+            run = (lambda x, head=module: QLinear.forward(head, x)) if isinstance(module, QLMHead) else module
         x = torch.randn(2, module.in_features)
         exact = F.linear(x.double(), weight.double()).float()
         assert ((run(x) - exact).abs() <= bound(x, matrix, exact)).all(), name
@@ -134,13 +136,19 @@ def test_closer_to_the_reference_than_llama_server(embedded_quantized, embedded,
 
 
 def test_the_lean_step_gives_the_forwards_scores(embedded_quantized, embedded):
-    from tokentui.core.model.decode.static_cache import new_eager_cache
+    from tokentui.core.model.native import native_step
 
+    options = RunOptions(max_new_tokens=2)
+    with native_step.disabled(embedded_quantized.model):  # the lean torch step where the native one does not serve
+        assert Engine(embedded_quantized, SamplerSettings(temperature=0.0), options,
+                      speed=SpeedOptions(kv_shapes="dynamic")).plan.step.name == "lean torch step"
+        # a bucketed cache hands attention a padded view: the lean step, which attends over what it is given, is
+        # not used
+        assert Engine(embedded_quantized, SamplerSettings(temperature=0.0), options,
+                      speed=SpeedOptions(kv_shapes="bucketed")).plan.step.name == "transformers' forward"
+    # float32: through the forward
+    assert Engine(embedded, SamplerSettings(temperature=0.0), options).plan.step.name == "transformers' forward"
     model = embedded_quantized.model
-    assert new_eager_cache(model, 16, bucketed=False).lean_step is not None
-    assert new_eager_cache(embedded.model, 16, bucketed=False).lean_step is None  # float32: through the forward
-    # a bucketed cache hands attention a padded view: the lean step, which attends over what it is given, is not used
-    assert new_eager_cache(model, 16, bucketed=True).lean_step is None
     lean = LeanDecoder(model)
     a, b = new_cache(model, 64), new_cache(model, 64)
     from tokentui.core.model.decode.adapter import forward_last_logits

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from fakes import ANSWER_TEXT, FACTS, ScriptedEngine, record_scripted, screen_text, wait_for
+from noting_app import NotingApp
 from tokentui.cli import main
 from tokentui.core.errors import SettingsError
 from tokentui.core.runs.events import DoneEvent, LoadProgress, Notice, StepEvent
@@ -206,7 +207,7 @@ async def test_the_dashboard_replays_a_record_writes_none_and_refuses_sampler_ke
     engine = ReplayEngine.from_record(path, speed=0)
     config = replay_config(engine, user_theme_dir=None)
     assert config.recorder is None and config.prompt == "Is OpenAI open?" and config.sampler == engine.sampler
-    app = TokentuiApp(config)
+    app = NotingApp(config)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.state.phase == "done", what="the replay")
         await pilot.pause(0.1)
@@ -215,7 +216,7 @@ async def test_the_dashboard_replays_a_record_writes_none_and_refuses_sampler_ke
         assert app.state.facts.source == f"replay of {path.name}" and "source       replay of 2" in screen_text(app)
         await pilot.press("t")  # temperature up: a replay cannot
         await pilot.pause(0.1)
-        assert any("A replay plays the recorded settings" in str(n.message) for n in app._notifications)
+        assert any("A replay plays the recorded settings" in str(n.message) for n in app.toasts)
         assert app.controller.sampler == engine.sampler
         await pilot.press("q")
     assert app.controller.tree_paths == [] and not recorder_dir.exists()

@@ -213,15 +213,15 @@ def test_step_settings_are_sampler_settings_in_memory_and_the_same_dict_on_disk(
     events = list(engine.run("Is OpenAI open?"))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert all(type(s.settings) is SamplerSettings for s in steps) and steps[0].settings == engine.sampler
-    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "greedy": False,
-                                              "seed": 0}
+    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0,
+                                              "greedy": False, "seed": 0}  # one key per parameter (core/samplers.py)
     with pytest.raises(TypeError, match="must be SamplerSettings, got dict"):
         replace(steps[0], settings=steps[0].settings.to_dict())
     lines = [FACTS.to_dict()]
     for n, event in enumerate(events):
         data = event.to_dict()
         if isinstance(event, StepEvent):
-            data["settings"] = {**data["settings"], "min_p": 0.05}  # a setting from a newer tokentui
+            data["settings"] = {**data["settings"], "future_p": 0.05}  # a setting from a newer tokentui
             if n > 8:
                 data["settings"]["temperature"] = 0.0 if n < 12 else 0.7  # two changes: 0.7, 0.0, back to 0.7
         lines.append(data)
@@ -231,7 +231,7 @@ def test_step_settings_are_sampler_settings_in_memory_and_the_same_dict_on_disk(
     assert [s.temperature for s in settings] == [0.7] * 7 + [0.0] * 3 + [0.7] * 4  # steps are events 2..15
     assert len({id(s) for s in settings[:-1]}) == 2  # one object per distinct value, the last step's as it came
     assert settings[0] is settings[12] and settings[0] == SamplerSettings() and settings[-1] == settings[0]
-    assert '"min_p"' not in json.dumps(run[0].to_dict())  # the unknown key is not carried on
+    assert '"future_p"' not in json.dumps(run[0].to_dict())  # the unknown key is not carried on
 
 
 def test_a_missing_file_or_a_folder_is_refused_in_one_line(tmp_path):

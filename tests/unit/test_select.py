@@ -119,8 +119,8 @@ def check_against_oracle(x: torch.Tensor, s: SamplerSettings, top_n: int = 10, s
     assert len(sel.top_ids) == n and len(set(sel.top_ids)) == n
     assert torch.equal(x[ids], torch.sort(x, descending=True).values[:n])
     assert torch.allclose(torch.tensor(sel.top_raw_probs, dtype=torch.float64), raw[ids], rtol=0, atol=PROB_TOL)
-    assert torch.allclose(torch.tensor(sel.top_probs, dtype=torch.float64), ref[ids], rtol=0, atol=tol)
-    assert torch.allclose(torch.tensor(sel.top_probs), ref32[ids], rtol=5e-5, atol=tol)
+    assert torch.allclose(torch.tensor(sel.top_sampled_probs, dtype=torch.float64), ref[ids], rtol=0, atol=tol)
+    assert torch.allclose(torch.tensor(sel.top_sampled_probs), ref32[ids], rtol=5e-5, atol=tol)
 
     # the chosen token: never a cut one; its rank and probabilities by direct computation
     t = sel.token_id
@@ -217,7 +217,7 @@ def test_top_k_ties_at_the_boundary_are_all_kept():
         assert sel.kept_count == int((ref > 0).sum()) == 303
         assert ref[sel.token_id] > 0
         assert sel.chosen_prob == pytest.approx(float(ref[sel.token_id]), abs=PROB_TOL)
-        assert torch.allclose(torch.tensor(sel.top_probs), ref[sel.top_ids], atol=PROB_TOL)
+        assert torch.allclose(torch.tensor(sel.top_sampled_probs), ref[sel.top_ids], atol=PROB_TOL)
         assert sel.kept_mass == pytest.approx(float(torch.softmax(x.double(), -1)[ref > 0].sum()), abs=2e-6)
 
 
@@ -229,7 +229,7 @@ def test_top_k_ties_under_temperature_match_the_warper():
         sel = select(x, s, gen(k), 8)
         assert sel.kept_count == int((ref > 0).sum())
         got = torch.zeros(8)
-        got[sel.top_ids] = torch.tensor(sel.top_probs)
+        got[sel.top_ids] = torch.tensor(sel.top_sampled_probs)
         assert torch.allclose(got, ref, atol=PROB_TOL)
 
 
@@ -243,7 +243,7 @@ def test_top_p_ties_match_the_warper_up_to_which_tied_token_is_kept():
         sel = select(x, s, gen(2), 50)
         assert sel.kept_count == int((ref > 0).sum())
         assert 1 < sel.kept_count < 41
-        ours = sorted((q for q in sel.top_probs if q > 0), reverse=True)
+        ours = sorted((q for q in sel.top_sampled_probs if q > 0), reverse=True)
         theirs = sorted(ref[ref > 0].tolist(), reverse=True)
         assert ours == pytest.approx(theirs, abs=PROB_TOL)
         assert x[sel.token_id] >= 2.0
@@ -269,7 +269,7 @@ def test_greedy_is_torch_argmax():
         assert sel.chosen_raw_prob == pytest.approx(float(raw[sel.token_id]), abs=PROB_TOL)
         assert sel.kept_mass == pytest.approx(float(raw[sel.token_id]), abs=PROB_TOL)
         assert sel.top_ids == torch.sort(x, descending=True).indices[:10].tolist()
-        assert sel.top_probs == [1.0] + [0.0] * 9
+        assert sel.top_sampled_probs == [1.0] + [0.0] * 9
         assert sel.entropy_bits == pytest.approx(_entropy_bits(torch.softmax(x.double(), -1)), rel=1e-5)
 
 
@@ -347,7 +347,7 @@ def test_top_n_larger_than_the_vocabulary():
     for s in (sampler(1.0, 0, 1.0), sampler(0.7, 2, 0.9), sampler(greedy=True)):
         sel = select(x, s, gen(0), top_n=10)
         assert sel.top_ids == [1, 3, 0, 4, 2]
-        assert len(sel.top_raw_probs) == len(sel.top_probs) == 5
+        assert len(sel.top_raw_probs) == len(sel.top_sampled_probs) == 5
     check_against_oracle(x, sampler(1.0, 0, 1.0), top_n=10)
     check_against_oracle(x, sampler(0.7, 2, 0.9), top_n=10)
     for s in (sampler(1.0, 0, 1.0), sampler(0.7, 3, 0.5), sampler(greedy=True)):  # a vocabulary of one

@@ -94,7 +94,7 @@ def test_the_call_reports_what_the_torch_path_reports(kind, vocab):
             assert (va is None) == (vb is None) and (va is None or abs(va - vb) < 1e-4), (s, field, va, vb)
         assert a.top_ids == b.top_ids, s
         assert torch.allclose(torch.tensor(a.top_raw_probs), torch.tensor(b.top_raw_probs), atol=1e-6), s
-        assert torch.allclose(torch.tensor(a.top_probs), torch.tensor(b.top_probs), atol=1e-6), s
+        assert torch.allclose(torch.tensor(a.top_sampled_probs), torch.tensor(b.top_sampled_probs), atol=1e-6), s
 
 
 def test_a_tie_made_by_the_temperature_at_the_k_th_score_keeps_every_tied_token():

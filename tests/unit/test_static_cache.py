@@ -64,7 +64,7 @@ def test_bucketed_decode_matches_generate_across_a_bucket_boundary(smol_tokenize
     per_token = loaded.facts.kv_bytes_per_token
     assert all(s.kv_bytes == per_token * s.kv_tokens for s in steps)
     assert steps[-1].kv_tokens == len(prompt.ids) + 239
-    cache = engine.take_held_cache().cache
+    cache = engine.take_held_cache().cache.kv  # transformers' cache object of the run
     assert all(isinstance(layer, BucketedLayer) for layer in cache.layers)
     assert cache_nbytes(cache) == steps[-1].kv_bytes
     allocated = cache_allocated_nbytes(cache)

@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 
 from tokentui.core.errors import EXIT_BAD_INPUT
+from tokentui.core.samplers import PARAMS
 
-from .common import (TextArgumentParser, answer_text, bad_input, check_record_dir, integer, interrupted, json_line,
-                     make_loader, number, recorded_line, say)
+from .common import (TextArgumentParser, add_sampler_flags, answer_text, bad_input, check_record_dir, integer,
+                     interrupted, json_line, make_loader, number, recorded_line, say)
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_SAMPLER_FLAGS = ("temperature", "top_k", "top_p", "greedy", "seed")
+_SAMPLER_FLAGS = tuple(p.name for p in PARAMS)  # the sampler chain's settings (core/samplers.py), one flag each
 
 
 class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
@@ -70,11 +71,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="the model (default: the record's, when it is the embedded model or a hub id; a record of "
                         "a local folder or .gguf needs it)")
     g = p.add_argument_group("sampling (default: the record's settings at STEP)")
-    g.add_argument("--temperature", type=number("temperature"), default=None, help="0 = greedy")
-    g.add_argument("--top-p", type=number("top-p"), default=None, help="nucleus mass in (0, 1], 1 = off")
-    g.add_argument("--top-k", type=integer("top-k"), default=None, help="keep the k best, 0 = off")
-    g.add_argument("--greedy", action="store_const", const=True, default=None, help="always take the top token")
-    g.add_argument("--seed", type=integer("seed"), default=None, help="sampling seed")
+    add_sampler_flags(g, defaults=False)  # one per parameter of the sampler chain (core/samplers.py)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end token")
     p.add_argument("--top-candidates", type=integer("top-candidates"), default=10, help="candidates per step (10)")
     p.add_argument("--logit-lens", action="store_true", help="each step also reports the logit lens (as tokentui)")

@@ -60,6 +60,24 @@ def integer(name: str):
     return parse
 
 
+def add_sampler_flags(group, defaults: bool = True) -> None:
+    """One flag per parameter of the sampler chain (core/samplers.py PARAMS: --temperature, --top-k, ..., --greedy,
+    --seed), parsed as its kind; the range is checked where the settings are built (one SettingsError line).
+    `defaults` False: every flag defaults to None ("keep the record's", for branch / fanout / score)."""
+    from tokentui.core.samplers import PARAMS  # light: no torch
+
+    for p in PARAMS:
+        if p.kind is bool:
+            if defaults:
+                group.add_argument(p.flag, action="store_true", help=p.help)
+            else:
+                group.add_argument(p.flag, action="store_const", const=True, default=None, help=p.help)
+            continue
+        parse = integer(p.label) if p.kind is int else number(p.label)
+        group.add_argument(p.flag, type=parse, default=p.default if defaults else None,
+                           help=f"{p.help} ({p.default})" if defaults else p.help)
+
+
 MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024  # --prompt-file: far past any model's context, and read without hanging
 
 
@@ -103,11 +121,11 @@ def check_record_dir(args) -> None:
 
 def settings_from_args(args):
     """The sampler settings and run options of the arguments, checked (and --threads, which the engine spec takes)."""
+    from tokentui.core.samplers import PARAMS
     from tokentui.core.settings import RunOptions, SamplerSettings, check_threads
 
     check_threads(getattr(args, "threads", None))
-    sampler = SamplerSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              greedy=args.greedy, seed=args.seed)
+    sampler = SamplerSettings(**{p.name: getattr(args, p.name) for p in PARAMS})
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                          top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False))
     return sampler, options

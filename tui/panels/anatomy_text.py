@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from tokentui.core.samplers import stage_summary
+
 from ..format import human_bytes
 
 PART_FIELD = {"forward": "forward_ms", "select": "select_ms", "copy": "copy_ms", "detok": "detok_ms"}
@@ -89,14 +91,12 @@ def _entropy_chain(step, raw_label: str, how: bool) -> str:
 
 def distribution_line(step) -> str:
     """The distribution's shape at this step in one line: entropy raw → after temperature (same order, reshaped)
-    → after top-k / top-p, what each kept, the kept mass."""
+    → after the cutting stages (core/samplers.py), what each kept, the kept mass."""
     s = step.settings
     if _greedy(step):
         return (f"distribution: greedy, the top score wins (entropy {bits(step.entropy_bits)} bits raw; nothing "
                 "reshaped or cut)")
-    k_kept, p_kept = step.top_k_kept, step.top_p_kept
-    cuts = [f"top-k {s.top_k}" + (f" kept {k_kept:,}" if k_kept is not None else "") if s.top_k else "top-k off",
-            f"top-p {s.top_p:g}" + (f" kept {p_kept:,}" if p_kept is not None else "") if s.top_p < 1 else "top-p off"]
+    cuts = stage_summary(s, step, exact=True)
     return (_entropy_chain(step, " raw", how=True)
             + f" · {', '.join(cuts)} · {step.kept_count:,} kept, {step.kept_mass * 100:.1f}% of the raw mass")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
+from tokentui.core.samplers import stage_summary
 from tokentui.core.steps.display import display_text
 
 from ..format import fit_cells, fit_piece, percent
@@ -171,7 +172,7 @@ class CandidatesPanel(Panel):
         return out
 
     def _settings_line(self, step) -> Text:
-        """The sampler this step used, in a few words: greedy, or its top-k and top-p."""
+        """The sampler this step used, in a few words: greedy, or its cutting stages (core/samplers.py)."""
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
         s = step.settings  # the SamplerSettings this step used
@@ -180,9 +181,7 @@ class CandidatesPanel(Panel):
             line.append("greedy", value)
             line.append(" · always the top token", muted)
         else:
-            parts = [f"top-k {s.top_k}" if s.top_k else "top-k off",
-                     "top-p off" if s.top_p >= 1.0 else f"top-p {s.top_p:.2f}"]
-            line.append(" · ".join(parts), value)
+            line.append(" · ".join(stage_summary(s)), value)
         return line
 
     def _chose_line(self, step, probability: str, width: int = 0) -> Text:

@@ -124,6 +124,9 @@ class ModelPanel(Panel):
             row("vocab rows", f"{facts.vocab_rows:,}")
             row("context", context, "tokens" if facts.max_context else "no limit in the config")
         row("device", facts.device, f"· {facts.dtype}")
+        if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
+            step, _, why = facts.decode_plan.partition(": ")
+            row("decode", step, why)
         quant = facts.quantization
         dequantized = facts.dequantized_from
         if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded

@@ -170,7 +170,7 @@ class OutputView(ScrollView, can_focus=True, inherit_bindings=False):
 
     def _update_size(self) -> None:
         """Tell Textual the new scroll range. Assigning `virtual_size` re-lays out the whole screen, and then every
-        panel renders again (a layout per frame at a fast model's rate: BENCHMARKS.md, "Why the code is as it is").
+        panel renders again (a layout per frame at a fast model's rate: docs/design-record.md, "The answer view's scroll range").
         A longer answer only changes this view's scroll range and its scrollbar's thumb, so that is what is
         updated; a real layout happens only when the scrollbar appears, the width changes or the text shrinks."""
         size, old = Size(self._wrap, len(self._lines)), self.virtual_size

@@ -1,4 +1,5 @@
-"""Step 4's knobs: temperature, top-k, top-p, greedy / sample, seed — and which setting changed at which step."""
+"""Step 4's knobs, one row per parameter of the sampler chain (core/samplers.py: temperature, top-k, top-p, min-p,
+greedy / sample, seed) — and which setting changed at which step."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import textwrap
 from rich.cells import cell_len
 from rich.text import Text
 
+from tokentui.core.samplers import PARAMS, param
 from tokentui.core.settings import SamplerSettings
 
-from ..keys import next_top_k
 from .base import Panel
+
+LADDER = param("top_k")  # the one parameter whose keys walk a ladder of notches: the row shows the next ones
 
 # A change asked for that the engine has not used yet, longest first: the first that fits is said.
 PENDING_LIVE = ("changed: applies at the next step", "changed: from the next step", "changed: next step", "changed")
@@ -18,37 +21,28 @@ PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next 
                  "changed")
 
 
+def room_for(history: list[str]) -> int:
+    """Rows under the settings for the changes: "changed:" and the latest two (or the one there is)."""
+    return 1 + min(len(history), 2)
+
+
 def fitting(alternatives, room: int) -> str:
     """The first of `alternatives` that fits in `room` cells whole, "" when none does."""
     return next((text for text in alternatives if cell_len(text) <= room), "")
 
 
-SHORT_NAMES = {"temperature": "temp", "top_k": "top-k", "top_p": "top-p", "greedy": "mode", "seed": "seed"}
+SHORT_NAMES = {p.name: p.short_name for p in PARAMS}  # a setting's name in a change line ("temp 0.70→0.80")
 
 
-def describe(s: SamplerSettings) -> dict[str, str]:
-    return {
-        "temperature": f"{s.temperature:.2f}" + (" (greedy)" if s.temperature == 0 else ""),
-        "top-k": f"{s.top_k}" if s.top_k else "off",
-        "top-p": f"{s.top_p:.2f}" + (" (off)" if s.top_p >= 1.0 else ""),
-        "mode": "greedy" if s.is_greedy else "sample",
-        "seed": f"{s.seed}",
-    }
+def describe(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
+    """The panel's rows: one per sampler parameter (core/samplers.py), its row name and its value in full;
+    `brief` (one line) leaves out the stages that are off and need not say so (min-p off)."""
+    return {p.row_name: p.long_text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
 
 
 def setting_value(name: str, value) -> str:
     """One setting's value as the panel writes it (from a field of a step's SamplerSettings: the raw value)."""
-    if value is None:
-        return "—"
-    if name == "temperature":
-        return f"{float(value):.2f}"
-    if name == "top_k":
-        return f"{value}" if value else "off"
-    if name == "top_p":
-        return "off" if float(value) >= 1.0 else f"{float(value):.2f}"
-    if name == "greedy":
-        return "greedy" if value else "sample"
-    return f"{value}"
+    return param(name).text(value) if value is not None else "—"
 
 
 def describe_change(change) -> list[str]:
@@ -57,16 +51,10 @@ def describe_change(change) -> list[str]:
             for name, old, new in change.changes]
 
 
-def short_values(s: SamplerSettings) -> dict[str, str]:
+def short_values(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
     """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
-    ones the keys change)."""
-    return {
-        "temp": f"{s.temperature:.2f}",
-        "top-k": f"{s.top_k}" if s.top_k else "off",
-        "top-p": "off" if s.top_p >= 1.0 else f"{s.top_p:.2f}",
-        "mode": "greedy" if s.is_greedy else "sample",
-        "seed": f"{s.seed}",
-    }
+    ones the keys change); `brief` as for `describe`."""
+    return {p.short_name: p.text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
 
 
 class SamplerPanel(Panel):
@@ -107,12 +95,14 @@ class SamplerPanel(Panel):
         waiting = (PENDING_LIVE if state.running else PENDING_ENDED) if differs else ()
         pending = Text(fitting(waiting, width), changed) if waiting else Text()
         history = [line for change in state.settings_changes for line in describe_change(change)]
+        if history and height - len(values) < room_for(history):  # a quiet stage that is off gives its row up
+            values = describe(settings, brief=True)
         viewed = state.view_step if not state.live else None
         if viewed is not None:  # the time-travel cursor holds a past step: its settings beside the live ones
             return self._travel(viewed, settings, width, height, pending, history)
         out = Text()
-        if height < 4:  # one line: every value, then the latest change
-            for n, (key, val) in enumerate(values.items()):
+        if height < 4:  # one line: every value (but a quiet stage that is off), then the latest change
+            for n, (key, val) in enumerate(describe(settings, brief=True).items()):
                 if n:
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
@@ -128,10 +118,10 @@ class SamplerPanel(Panel):
                 out.append("\n")
             out.append(f"{key:<12}", label)
             out.append(val, value)
-            if key == "top-k":  # the notches k and K move to, so the ladder is visible
-                down = next_top_k(settings.top_k, -1)
-                up = next_top_k(settings.top_k, +1)
-                hint = f"  k→{down or 'off'} K→{up or 'off'}"
+            if key == LADDER.label:  # the notches its keys move to, so the ladder is visible
+                value_now = getattr(settings, LADDER.name)
+                down, up = LADDER.nudge(value_now, -1), LADDER.nudge(value_now, +1)
+                hint = f"  {LADDER.keys[0]}→{down or 'off'} {LADDER.keys[1]}→{up or 'off'}"
                 if 12 + len(val) + len(hint) <= width:
                     out.append(hint, muted)
         rows_left = height - len(values)
@@ -170,10 +160,12 @@ class SamplerPanel(Panel):
         upto = step.index + 1
         history = [line for change in state.settings_changes if change.step <= upto
                    for line in describe_change(change)]
+        if history and height - len(values) < room_for(history):  # as for the live settings
+            values = describe(step.settings, brief=True)
         out = Text()
         if height < 4:
             out.append("recorded ", label)
-            for n, (key, val) in enumerate(values.items()):
+            for n, (key, val) in enumerate(describe(step.settings, brief=True).items()):
                 if n:
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
@@ -218,7 +210,7 @@ class SamplerPanel(Panel):
                 out = Text(no_wrap=True, overflow="ellipsis")
                 sep = " · " if spaced else " "
                 out.append(number + ": ", label)
-                for n, (key, val) in enumerate(then.items()):
+                for n, (key, val) in enumerate(short_values(step.settings, brief=True).items()):
                     if n:
                         out.append(sep, muted)
                     if key != "mode":  # "sample" / "greedy" says what it is

@@ -20,6 +20,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from tokentui.core.runs.fanout_view import first_difference, first_tokens, piece_texts, ranked, split_from_others
+from tokentui.core.samplers import stage_summary
 
 from .modal import ListDialog, list_dialog_css
 
@@ -29,12 +30,8 @@ BAR = 12  # cells of the first-token share bars
 def _settings(s) -> str:
     if s.is_greedy:
         return "greedy"
-    parts = [f"T {s.temperature:g}"]
-    if s.top_p < 1:
-        parts.append(f"top-p {s.top_p:g}")
-    if s.top_k:
-        parts.append(f"top-k {s.top_k}")
-    return " ".join(parts)
+    cuts = [part for part in stage_summary(s, exact=True) if not part.endswith(" off")]  # the stages that cut
+    return " ".join([f"T {s.temperature:g}", *cuts])
 
 
 def sample_line(sample, run_after: tuple[int, ...], samples, width: int) -> Text:

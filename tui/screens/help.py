@@ -11,6 +11,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from tokentui.core.samplers import STAGES
+
 from ..keys import KEYS
 from ..sizes import plan, size_table
 
@@ -18,7 +20,7 @@ STEPS = (
     ("1 chat template", "the app wraps your question in the model's fixed format"),
     ("2 tokenize", "the formatted text becomes token ids"),
     ("3 prefill", "one model run over the whole prompt scores the first token and fills the KV cache"),
-    ("4 selection", "temperature, top-k, top-p, then greedy or sampling pick one token"),
+    ("4 selection", f"{', '.join(s.param.label for s in STAGES)}, then greedy or a draw"),
     ("5 decode", "the chosen token goes back in; one model run per token"),
     ("6 detokenize", "ids turn back into text; incomplete bytes wait for the next token"),
 )

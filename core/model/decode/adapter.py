@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 # The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
@@ -122,7 +122,7 @@ class GrowableLayer(DynamicLayer):
 def growable_layers(cache) -> list[GrowableLayer] | None:
     """`cache`'s layers when every one is a GrowableLayer holding buffers (after a prefill), for a step that writes
     the buffers itself (core/model/decode/compiled_lean.py, core/model/native/native_step.py); else None."""
-    layers = getattr(cache, "layers", None)
+    layers = cache.layers
     if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
         return None
     return layers
@@ -140,6 +140,25 @@ def new_cache(model, capacity: int | None = None) -> DynamicCache:
         first = int(capacity)
         cache.layers = [GrowableLayer(first) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def new_static_cache(model, length: int) -> StaticCache:
+    """transformers' StaticCache of `length` positions for `model` (--compile's, core/model/decode/compiled.py)."""
+    return StaticCache(config=model.config, max_cache_len=length)
+
+
+def static_capacity(cache: StaticCache) -> int:
+    """The positions a static cache holds at most: its attention layers' preallocated length (a hybrid model's
+    recurrent layers, LFM2's conv ones, have none)."""
+    return int(next(layer.max_cache_len for layer in cache.layers if getattr(layer, "max_cache_len", None)))
+
+
+def drop_positions(cache, count: int) -> None:
+    """Cut `count` positions off the end of `cache` (core/model/branch.py's crop). transformers' `Cache.crop(n)`
+    took an absolute length for n >= 0 before 5.15 and refuses it since; a negative n ("remove |n| positions")
+    means the same in every version, so that is the only form called here."""
+    if count > 0:
+        cache.crop(-count)
 
 
 def first_capacity(prompt_tokens: int, max_new_tokens: int, max_context: int = 0) -> int:
@@ -177,11 +196,9 @@ def state_only(model) -> bool:
 
 def call_model(model, input_ids: torch.Tensor, cache, **extra):
     """One forward of `input_ids` [1, T] extending `cache` (under the keyword the model takes), `logits_to_keep=1`
-    so the LM head runs for the last position only. Counts the positions fed on the cache (`fed_tokens`): a cache
-    of recurrent layers only (Mamba) has no layer that counts them."""
-    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache}, **extra)
-    cache.fed_tokens = getattr(cache, "fed_tokens", 0) + int(input_ids.shape[1])
-    return out
+    so the LM head runs for the last position only. The positions fed are counted by the caller (core/model/decode/
+    run_cache.py's RunCache: a cache of recurrent layers only, Mamba's, has no layer that counts them)."""
+    return model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache}, **extra)
 
 
 @torch.inference_mode()
@@ -196,12 +213,11 @@ def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> 
 @torch.inference_mode()
 def forward_all_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """Run the model over `input_ids` extending `cache`; return every position's scores (a scored text's one
-    forward, core/model/scoring.py). Counts the positions fed, as `call_model` does.
+    forward, core/model/scoring.py). The caller counts the positions fed, as for `call_model`.
 
     input_ids: [1, T] int64 on the model's input device  ->  logits: [T, V] (model dtype)
     """
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=0, **{cache_keyword(model): cache})
-    cache.fed_tokens = getattr(cache, "fed_tokens", 0) + int(input_ids.shape[1])
     return out.logits[0]
 
 
@@ -225,12 +241,12 @@ def _states(layer) -> list[torch.Tensor]:
     return out
 
 
-def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cache_layers(cache, tokens: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per layer that caches per position, as the tensors that hold the cached tokens; keys/values:
     [batch, kv_heads, tokens, head_dim] (MLA: the latent [batch, 1, tokens, rank] and the rotary key). For a static
-    (preallocated, fixed-size) cache these are the used prefix of each buffer. Recurrent layers' fixed-size states
-    are `cache_states`."""
-    tokens = getattr(cache, "host_tokens", None)  # static caches: the token count kept on the host (no sync)
+    (preallocated, fixed-size) cache these are the used prefix of each buffer, `tokens` long (the count kept on the
+    host: reading the static layers' own would wait for the device). Recurrent layers' fixed-size states are
+    `cache_states`."""
     out = []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -247,20 +263,18 @@ def cache_states(cache) -> list[list[torch.Tensor]]:
     return [_states(layer) for layer in cache.layers]
 
 
-def cache_tokens(cache) -> int:
-    """Positions the cache has seen: the static cache's host count, else transformers' count off the first layer
-    that tracks one, else (a cache of recurrent layers only) the positions fed through `call_model`."""
-    tokens = getattr(cache, "host_tokens", None)
-    if tokens is not None:
-        return int(tokens)
+def cache_tokens(cache, fed: int = 0) -> int:
+    """Positions the cache has seen: transformers' count off the first layer that tracks one, else (a cache of
+    recurrent layers only) `fed`, the positions the caller fed through `call_model`."""
     if any(isinstance(layer, CacheLayerMixin) for layer in cache.layers):
         return int(cache.get_seq_length())
-    return int(getattr(cache, "fed_tokens", 0))
+    return int(fed)
 
 
-def cache_nbytes(cache) -> int:
-    """Bytes held for the cached tokens and any recurrent state, read off the tensors themselves (no formula)."""
-    kv = sum(k.nbytes + v.nbytes for k, v in cache_layers(cache))
+def cache_nbytes(cache, tokens: int | None = None) -> int:
+    """Bytes held for the cached tokens and any recurrent state, read off the tensors themselves (no formula);
+    `tokens`: a static cache's positions in use (`cache_layers`)."""
+    kv = sum(k.nbytes + v.nbytes for k, v in cache_layers(cache, tokens))
     return kv + sum(t.nbytes for states in cache_states(cache) for t in states)
 
 

@@ -1,6 +1,6 @@
 """The `--compile` fast path: a static KV cache and a torch.compile'd one-token decode step.
 
-Why each piece (the measurements behind it: BENCHMARKS.md, "Why the code is as it is", --compile):
+Why each piece (the measurements behind it: docs/design-record.md, "--compile"):
 
 * Decode on CPU is bound by reading the weights, and eager PyTorch (MKL's fp32 matrix-vector kernel) reads them well
   below what one core can stream. Inductor with `freezing` (weights become constants) and `max_autotune` over the
@@ -29,9 +29,10 @@ Why each piece (the measurements behind it: BENCHMARKS.md, "Why the code is as i
 * Threads on CPU: the generated kernels bake in the thread count they were compiled with; the engine compiles at
   its decode thread count (1 on 2 cores). Compiled with 2 threads the step collapsed on a busy 2-core box (OpenMP
   barriers on a shared core).
-* The cache's token count is kept on the host (`host_tokens`): StaticCache keeps it in a tensor, and reading that
-  every step would be a device sync on CUDA. KV bytes are reported for the tokens used (the used prefix of each
-  buffer, read off the tensors); the allocation is reported once, as a Notice.
+* The cache's token count is kept on the host (the run's RunCache, core/model/decode/run_cache.py, passes it in as
+  `tokens`): StaticCache keeps it in a tensor, and reading that every step would be a device sync on CUDA. KV
+  bytes are reported for the tokens used (the used prefix of each buffer, read off the tensors); the allocation is
+  reported once, as a Notice.
 
 * Dynamo checks its guards on every step, a few percent of it. `set_stance(skip_guard_eval_unsafe=True)` saves about
   that and is not used: for that little, an instrument keeps its correctness checks (the next point shows how
@@ -68,9 +69,8 @@ import weakref
 from typing import Callable
 
 import torch
-from transformers import StaticCache
-
-from .adapter import cache_keyword, forward_last_logits, input_device, synchronize
+from .adapter import (cache_keyword, forward_last_logits, input_device, new_static_cache, static_capacity,
+                      synchronize)
 from .fused_step import fused_select, sampler_tensor, write_sampler
 from ...settings import SamplerSettings
 from ...steps.select import draw_noise
@@ -81,8 +81,8 @@ MAX_COMPILED_TOKENS = 4096
 _BUCKET_MIN = 256
 _WARMUP_PROMPT = 8  # tokens of the throw-away prefill that triggers compilation
 _TICK_S = 5.0  # how often compile progress is reported
-_WARMUP_SAMPLERS = (SamplerSettings(temperature=0), SamplerSettings(temperature=0.7, top_k=40, top_p=0.9),
-                    SamplerSettings(temperature=1.0))
+_WARMUP_SAMPLERS = (SamplerSettings(temperature=0), SamplerSettings(temperature=0.7, top_k=40, min_p=0.05),
+                    SamplerSettings(temperature=1.0))  # greedy, every cut on (top-p's default 0.9), none
 
 
 def static_bytes(model, dtype: torch.dtype, bucket: int) -> int:
@@ -150,16 +150,6 @@ def compile_settings(device: torch.device) -> tuple[dict, dict]:
     return dict(fullgraph=True, dynamic=False), options
 
 
-class StaticKV(StaticCache):
-    """transformers' StaticCache plus the token count on the host and the decoder that fills it."""
-
-    def __init__(self, config, max_cache_len: int, decoder: "CompiledDecoder"):
-        super().__init__(config=config, max_cache_len=max_cache_len)
-        self.capacity = max_cache_len
-        self.host_tokens = 0
-        self.decoder = decoder
-
-
 _SHARED: "weakref.WeakKeyDictionary[object, dict[int, CompiledDecoder]]" = weakref.WeakKeyDictionary()
 _SHARED_LOCK = threading.Lock()
 
@@ -184,7 +174,7 @@ class CompiledDecoder:
         self.device = input_device(model)
         self._cache_keyword = cache_keyword(model)  # read once, outside the graph (adapter.py: the version's name)
         self._dtype = model.get_input_embeddings().weight.dtype
-        self._caches: dict[int, StaticKV] = {}
+        self._caches: dict[int, object] = {}  # bucket -> transformers' StaticCache of that length
         self._compiled: set[int] = set()
         self._warm_calls: dict[int, int] = {}
         self._ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # reused input: no per-step alloc
@@ -214,23 +204,24 @@ class CompiledDecoder:
             raise RuntimeError("the compiled decoder's model is gone")
         return model
 
-    def _forward(self, ids: torch.Tensor, cache: StaticKV, *_) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, cache, *_) -> torch.Tensor:
         return self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
                           **{self._cache_keyword: cache}).logits[0, -1]
 
-    def _forward_select(self, ids: torch.Tensor, cache: StaticKV, sampler: torch.Tensor,
+    def _forward_select(self, ids: torch.Tensor, cache, sampler: torch.Tensor,
                         noise: torch.Tensor) -> torch.Tensor:
         """The whole step: ids [1, 1] -> the step's packed selection [15 + 3 * top_n] (core/steps/select.py's
         layout), forward, selection and packing in one graph."""
         return fused_select(self._forward(ids, cache), sampler, noise, self.top_n)
 
     # ------------------------------------------------------------------------------------------- caches
-    def cache(self, bucket: int) -> StaticKV:
+    def cache(self, bucket: int):
+        """The static cache (transformers' StaticCache) of `bucket` positions, one per bucket, shared by the runs."""
         if bucket not in self._caches:
-            self._caches[bucket] = StaticKV(self.model.config, bucket, self)
+            self._caches[bucket] = new_static_cache(self.model, bucket)
         return self._caches[bucket]
 
-    def new_cache(self, tokens: int, max_context: int = 0) -> tuple[StaticKV | None, str | None]:
+    def new_cache(self, tokens: int, max_context: int = 0) -> tuple[object | None, str | None]:
         """A static cache for a run needing `tokens` slots and a Notice text, or (None, why) to decode eagerly."""
         bucket = bucket_for(tokens, max_context)
         if bucket is None:
@@ -245,26 +236,24 @@ class CompiledDecoder:
         return cache, notice
 
     # ------------------------------------------------------------------------------------------- the run
-    def prefill(self, ids: torch.Tensor, cache: StaticKV, first: bool = True) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, cache, first: bool = True) -> torch.Tensor:
         """Eager prefill of one chunk into the static cache (reset first when `first`); ids [1, T] -> logits [V].
         A later chunk lands after the tokens already written (StaticCache counts them per layer)."""
         if first:
             with torch.inference_mode():
                 cache.reset()
-            cache.host_tokens = 0
-        logits = forward_last_logits(self.model, ids, cache)
-        cache.host_tokens += ids.shape[1]
-        return logits
+        return forward_last_logits(self.model, ids, cache)
 
-    def step(self, token_id: int, cache: StaticKV) -> torch.Tensor:
-        """One compiled decode step; returns logits [V] (a copy: CUDA graphs reuse their output buffers). After a
+    def step(self, token_id: int, cache, tokens: int) -> torch.Tensor:
+        """One compiled decode step on `cache` holding `tokens` positions; returns logits [V] (a copy: CUDA graphs
+        reuse their output buffers). After a
         failure (`failure`), and on a whole-step decoder (whose graph returns a selection), an eager step on the
         same static cache."""
         if self.top_n is not None:
-            return self._eager(token_id, cache)
-        return self._run(token_id, cache)
+            return self._eager(token_id, cache, tokens)
+        return self._run(token_id, cache, tokens)
 
-    def step_select(self, token_id: int, cache: StaticKV, settings: SamplerSettings,
+    def step_select(self, token_id: int, cache, tokens: int, settings: SamplerSettings,
                     generator: torch.Generator | None) -> torch.Tensor:
         """The whole step of a `top_n` decoder: feed `token_id`, select the next token with `settings` (the noise
         drawn from `generator` when sampling); returns the packed selection [15 + 3 * top_n] on the device, for
@@ -274,19 +263,21 @@ class CompiledDecoder:
             self._sampler_in = settings
         if not settings.is_greedy:
             draw_noise(generator, self._noise.numel(), self.device, out=self._noise)
-        return self._run(token_id, cache)
+        return self._run(token_id, cache, tokens)
 
-    def _eager(self, token_id: int, cache: StaticKV) -> torch.Tensor:
-        if cache.host_tokens >= cache.capacity:
-            raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
+    @staticmethod
+    def _check_room(cache, tokens: int) -> None:
+        capacity = static_capacity(cache)
+        if tokens >= capacity:
+            raise RuntimeError(f"static KV cache full ({capacity} tokens)")
+
+    def _eager(self, token_id: int, cache, tokens: int) -> torch.Tensor:
+        self._check_room(cache, tokens)
         self._ids.fill_(token_id)
-        logits = forward_last_logits(self.model, self._ids, cache)
-        cache.host_tokens += 1
-        return logits
+        return forward_last_logits(self.model, self._ids, cache)
 
-    def _run(self, token_id: int, cache: StaticKV) -> torch.Tensor:
-        if cache.host_tokens >= cache.capacity:
-            raise RuntimeError(f"static KV cache full ({cache.capacity} tokens)")
+    def _run(self, token_id: int, cache, tokens: int) -> torch.Tensor:
+        self._check_room(cache, tokens)
         self._ids.fill_(token_id)  # a fill kernel: no host-to-device copy, no sync
         if self.failure is None:
             try:
@@ -303,11 +294,10 @@ class CompiledDecoder:
             if self.top_n is not None:
                 with torch.inference_mode():
                     logits = fused_select(logits, self._sampler, self._noise, self.top_n)
-        cache.host_tokens += 1
         return logits
 
-    def _compiled_step(self, cache: StaticKV) -> torch.Tensor:
-        capacity = cache.capacity
+    def _compiled_step(self, cache) -> torch.Tensor:
+        capacity = static_capacity(cache)
         calls = self._warm_calls.get(capacity, 0)
         # Only a bucket's first call may compile: a later one that would compile again raises instead of recompiling
         # at every step (the module docstring)
@@ -337,6 +327,7 @@ class CompiledDecoder:
             cache = self.cache(bucket)
             token = 0
             ids = torch.full((1, _WARMUP_PROMPT), token, dtype=torch.long, device=self.device)
+            tokens = _WARMUP_PROMPT
             try:
                 self.prefill(ids, cache)
             except Exception as err:  # the model's eager forward does not take a static cache (e.g. Bloom's ALiBi
@@ -346,15 +337,15 @@ class CompiledDecoder:
                                 f"{type(err).__name__}: {text}): decoding eagerly")
             for call in range(3 if self.failure is None else 0):
                 if self.top_n is None:
-                    self.step(token, cache)
+                    self.step(token, cache, tokens)
                 else:  # greedy, then sampling: the graph is one, whatever the sampler
-                    self.step_select(token, cache, _WARMUP_SAMPLERS[call], None)
+                    self.step_select(token, cache, tokens, _WARMUP_SAMPLERS[call], None)
+                tokens += 1
                 if self.failure is not None:
                     break
             synchronize(self.device)
             with torch.inference_mode():
                 cache.reset()
-            cache.host_tokens = 0
         seconds = time.perf_counter() - started
         self.compile_seconds[bucket] = seconds
         if self.failure is None and progress is not None:

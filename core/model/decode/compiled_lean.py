@@ -1,6 +1,6 @@
 """`--compile` for a 4-bit Llama-family model: the lean decode step (core/model/decode/lean_step.py) compiled whole.
 
-Why (measured: BENCHMARKS.md, "The 4-bit path (issue 25)"): in the eager lean step the 121 int4 kernel calls are
+Why (measured: docs/design-record.md, "Where a 4-bit step's time goes"): in the eager lean step the 121 int4 kernel calls are
 about half of a step. The rest is some 1,000 small host operations between them, each slower than alone, since a
 kernel has just streamed megabytes through the caches. Here the whole step is one graph: all layers unrolled, the
 4-bit kernel called as the eager step calls it (either kernel of core/model/quant/int4_kernel.py), and everything between the kernel calls (norms, the rotation, the
@@ -9,14 +9,14 @@ written out (two batched products and a softmax): for one query, torch's flash-a
 that. The general `--compile` path (core/model/decode/compiled.py: transformers' forward on a static cache) measured
 slower than the eager lean step on 4-bit models, so a model the lean step serves compiles this instead; and a model
 the native step serves (core/model/native/native_step.py, one C++ call a token, faster still) compiles nothing
-(core/model/decode/decode_paths.py).
+(core/model/decode/plan.py).
 
 * Only two sizes are dynamic: the position and the length of the cache's buffers are symbols. One graph serves
   every position and every buffer size, so it compiles once per process. Every other size (the weights' and the
   activations', the buffers' other dims) is marked static and the body's float constants (the norm epsilon, the
   attention scale) specialized while it compiles (`_compiling`): left symbolic, dynamo traced the body twice and
-  reasoned about every size as a symbol, several times slower to start (BENCHMARKS.md, "Why the code is as it
-  is"). After warm-up every call runs under `fail_on_recompile`: a call that would compile again raises instead,
+  reasoned about every size as a symbol, several times slower to start (docs/design-record.md,
+  "Two dynamic sizes"). After warm-up every call runs under `fail_on_recompile`: a call that would compile again raises instead,
   and the step falls back to the eager lean step for good (`failure` says why).
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
@@ -47,7 +47,7 @@ from ...runs.events import LoadProgress
 from .adapter import GrowableLayer, growable_layers
 from .compiled import elapsed_reports
 from ..quant.gguf_quant import GROUP
-from .lean_step import LeanDecoder, lean_decoder, stacked_weights
+from .lean_step import LeanDecoder, lean_decoder, llama_layer, stacked_weights
 from ..quant.int4_kernel import TorchInt4
 
 _WARMUP_PROMPT = 6  # positions written before the compiling calls: ints 0 and 1 would be specialized by dynamo
@@ -69,7 +69,7 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
     Shapes: x [1, H]; cos / sin [1, 1, 1, D]; kbufs / vbufs per layer [1, KV, capacity, D], row `pos` written;
     stacked: lean_step.stacked_weights' 13 kinds, each [L, ...] or None; returns the final norm's output [1, H]."""
     heads, kv_heads, dim = decoder.heads, decoder.kv_heads, decoder.head_dim
-    half, q_width, k_width, group = dim // 2, heads * dim, kv_heads * dim, heads // kv_heads
+    q_width, group = heads * dim, heads // kv_heads
     kernel = decoder.layers[0].qkv.kernel  # one kernel for the whole model (core/model/quant/qlinear.py chose it)
     if len({id(module.kernel) for layer in decoder.layers for module in (layer.qkv, layer.o_proj, layer.gate_up,
                                                                          layer.down)}) != 1:
@@ -84,28 +84,24 @@ def _make_body(decoder: LeanDecoder, act, eps: float, scale: float, width: int, 
         def product(h: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
             return kernel.mm(h.to(kernel.activation_dtype).contiguous(), packed, scale_zeros).to(dtype)
 
+    def norm(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(h, weight.shape, weight, eps)
+
     def body(x, pos: int, cos, sin, kbufs, vbufs, stacked, norm_weight):
         for index in range(len(kbufs)):
-            w1, qkv_p, qkv_s, qkv_b, qn, kn, o_p, o_s, w2, gu_p, gu_s, d_p, d_s = (
-                None if kind is None else kind[index] for kind in stacked)
-            qkv = product(F.rms_norm(x, w1.shape, w1, eps), qkv_p, qkv_s)  # [1, q + k + v]
-            if qkv_b is not None:
-                qkv = qkv + qkv_b
-            qk = qkv[:, :q_width + k_width].view(1, heads + kv_heads, 1, dim)
-            if qn is not None:  # Qwen3: a norm per head before the rotation
-                qk = torch.cat([F.rms_norm(qk[:, :heads], qn.shape, qn, eps),
-                                F.rms_norm(qk[:, heads:], kn.shape, kn, eps)], 1)
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
             kbuf, vbuf = kbufs[index], vbufs[index]
-            kbuf[:, :, pos:pos + 1].copy_(qk[:, heads:])
-            vbuf[:, :, pos:pos + 1].copy_(qkv[:, q_width + k_width:].view(1, kv_heads, 1, dim))
-            # attention written out: one query per head, each kv head's `group` query heads as one batch row (the
-            # grouping transformers' repeat_kv makes); two small products and a softmax
-            scores = torch.bmm(qk[0, :heads].view(kv_heads, group, dim), kbuf[0, :, :pos + 1].transpose(1, 2))
-            out = torch.bmm(torch.softmax(scores * scale, dim=-1), vbuf[0, :, :pos + 1])  # [KV, group, D]
-            x = x + product(out.reshape(1, q_width), o_p, o_s)
-            gate_up = product(F.rms_norm(x, w2.shape, w2, eps), gu_p, gu_s)
-            x = x + product(act(gate_up[:, :width]) * gate_up[:, width:], d_p, d_s)
+
+            def attend(q, k, v, kbuf=kbuf, vbuf=vbuf):
+                kbuf[:, :, pos:pos + 1].copy_(k)
+                vbuf[:, :, pos:pos + 1].copy_(v)
+                # attention written out: one query per head, each kv head's `group` query heads as one batch row
+                # (the grouping transformers' repeat_kv makes); two small products and a softmax
+                scores = torch.bmm(q[0].view(kv_heads, group, dim), kbuf[0, :, :pos + 1].transpose(1, 2))
+                out = torch.bmm(torch.softmax(scores * scale, dim=-1), vbuf[0, :, :pos + 1])  # [KV, group, D]
+                return out.reshape(1, q_width)
+
+            weights = tuple(None if kind is None else kind[index] for kind in stacked)
+            x = llama_layer(x, cos, sin, weights, (heads, kv_heads, dim, width), norm, product, attend, act)
         return F.rms_norm(x, norm_weight.shape, norm_weight, eps)
 
     return body
@@ -127,7 +123,7 @@ def _compiling(x, cos, sin, buffers, stacked, norm_weight):
 
 class CompiledLeanStep:
     """The lean step of one model, compiled (the module docstring); `step(token_id, cache) -> logits [V]` as
-    LeanDecoder's, so core/steps/decode.py calls it as `cache.lean_step`. Get one with `for_model`."""
+    LeanDecoder's (core/model/decode/steps.py's CompiledLean decodes a run with it). Get one with `for_model`."""
 
     def __init__(self, decoder: LeanDecoder, threads: int):
         self.decoder, self.threads = decoder, int(threads)

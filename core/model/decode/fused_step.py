@@ -7,7 +7,7 @@ What it computes is core/steps/select.py's `select`, number for number (the same
 prefix and widens it while the kept set does not end inside (a host round trip, data-dependent shapes); here the
 whole vocabulary is sorted once (stable, descending: ties in id order, so position 0 is torch.argmax's first index,
 generate's greedy pick) and every cut is a mask over it. The sampler arrives as a tensor (`sampler_tensor`:
-temperature, top-k, top-p, greedy), never as Python numbers, so changing it does not compile again: greedy and
+temperature, top-k, top-p, greedy, min-p: the stages of core/samplers.py it implements), never as Python numbers, so changing it does not compile again: greedy and
 every cut being on or off are `torch.where`s, not branches.
 
 The draw is select.py's exponential race (`race_index`) over noise drawn per token id from the run's seeded
@@ -25,8 +25,9 @@ __all__ = ["fused_select", "sampler_tensor", "write_sampler"]
 
 
 def sampler_tensor(device: torch.device) -> torch.Tensor:
-    """[4] float32: temperature, top_k (0: off), top_p (1: off), greedy (1 or 0); fill with `write_sampler`."""
-    return torch.zeros(4, dtype=torch.float32, device=device)
+    """[5] float32: temperature, top_k (0: off), top_p (1: off), greedy (1 or 0), min_p (0: off); fill with
+    `write_sampler`."""
+    return torch.zeros(5, dtype=torch.float32, device=device)
 
 
 def write_sampler(out: torch.Tensor, settings: SamplerSettings) -> None:
@@ -34,17 +35,18 @@ def write_sampler(out: torch.Tensor, settings: SamplerSettings) -> None:
     values without compiling again)."""
     greedy = settings.is_greedy
     values = [1.0 if greedy else float(settings.temperature), float(max(0, settings.top_k)),
-              float(settings.top_p) if settings.top_p < 1.0 else 1.0, 1.0 if greedy else 0.0]
+              float(settings.top_p) if settings.top_p < 1.0 else 1.0, 1.0 if greedy else 0.0, float(settings.min_p)]
     out.copy_(torch.tensor(values, dtype=torch.float32))
 
 
 def fused_select(logits: torch.Tensor, sampler: torch.Tensor, noise: torch.Tensor, n: int) -> torch.Tensor:
-    """The step's selection, packed: logits [V] (any float dtype), sampler [4] (`sampler_tensor`), noise [V] Exp(1)
+    """The step's selection, packed: logits [V] (any float dtype), sampler [5] (`sampler_tensor`), noise [V] Exp(1)
     per token id (ignored for greedy) -> [15 + 3n] float32 in select.py's layout (`select.unpack` reads it)."""
     x = logits.reshape(-1).to(torch.float32)  # [V]
     vocab = x.shape[0]
     temperature, top_k, top_p = sampler[0], sampler[1], sampler[2]
     greedy = sampler[3] > 0.5  # []
+    min_p = sampler[4]  # [] 0: off
     # The raw distribution (as select.py: renormalised by its own pairwise sum) and its entropy.
     p = torch.softmax(x, dim=-1)
     p = p / p.sum()  # [V]
@@ -68,6 +70,11 @@ def fused_select(logits: torch.Tensor, sampler: torch.Tensor, noise: torch.Tenso
     kept = torch.where(keep, e, 0.0)
     z = kept.sum()  # [] >= 1: the top token always stays
     probs = kept / z  # [V] post-sampler, in sorted order
+    # MinPLogitsWarper on what is left: a token stays iff its probability >= min_p times the top one's (position 0,
+    # which always stays); min_p 0 keeps everything, so this is a no-op when off.
+    kept = torch.where(probs >= min_p * probs[0], kept, 0.0)
+    z = kept.sum()
+    probs = kept / z
     ok = torch.isfinite(h + z)
     j = torch.argmax(torch.where(ok, probs, 1.0) / noise.index_select(0, idx))  # the race (select.race_index)
     j = torch.where(greedy, 0, j).reshape(1)  # [1] position in the sorted order

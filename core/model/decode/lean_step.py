@@ -65,10 +65,37 @@ class _Layer:
     down: QLinear
 
 
+def llama_layer(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: tuple, shape: tuple[int, int, int, int],
+                norm, product, attend, act) -> torch.Tensor:
+    """One Llama-family decoder layer for one token: the arithmetic the lean step runs eagerly and the compiled lean
+    step compiles (core/model/decode/compiled_lean.py), written once. What differs between the two is passed in:
+    `norm(x, weight)` (an RMSNorm), `product(h, packed, scale_zeros)` (a 4-bit product), `attend(q, k, v)` (writes
+    this position's k and v to the cache and attends over it: [1, heads, 1, D], [1, KV, 1, D] x2 -> [1, heads * D]),
+    `act` (the MLP's activation module).
+
+    Shapes: x [1, H] -> [1, H]; cos / sin [1, 1, 1, D]; `weights`: one layer's row of `stacked_weights`' 13 kinds
+    (what `norm` and `product` take; None for a kind the model does not have); `shape`: (heads, kv_heads, head_dim,
+    the MLP width)."""
+    w1, qkv_p, qkv_s, qkv_b, qn, kn, o_p, o_s, w2, gu_p, gu_s, d_p, d_s = weights
+    heads, kv_heads, dim, width = shape
+    half, q_width, k_width = dim // 2, heads * dim, kv_heads * dim
+    qkv = product(norm(x, w1), qkv_p, qkv_s)  # [1, q + k + v]
+    if qkv_b is not None:
+        qkv = qkv + qkv_b
+    qk = qkv[:, :q_width + k_width].view(1, heads + kv_heads, 1, dim)
+    if qn is not None:  # Qwen3: a norm per head before the rotation
+        qk = torch.cat([norm(qk[:, :heads], qn), norm(qk[:, heads:], kn)], 1)
+    # transformers' apply_rotary_pos_emb, once for q and k: x * cos + rotate_half(x) * sin
+    qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+    out = attend(qk[:, :heads], qk[:, heads:], qkv[:, q_width + k_width:].view(1, kv_heads, 1, dim))
+    x = x + product(out, o_p, o_s)
+    gate_up = product(norm(x, w2), gu_p, gu_s)
+    return x + product(act(gate_up[:, :width]) * gate_up[:, width:], d_p, d_s)
+
+
 class LeanDecoder:
-    """One model's lean decode step (see the module docstring): `step(token_id, cache) -> logits [V]`. A cache made
-    for a run (core/model/decode/static_cache.py's new_eager_cache, unbucketed) carries it as `cache.lean_step`, which
-    core/steps/decode.py calls.
+    """One model's lean decode step (see the module docstring): `step(token_id, cache) -> logits [V]`, on a
+    transformers cache; core/model/decode/steps.py's LeanTorch decodes a run with it.
 
     `fused_norms`: RMSNorm as torch's one-op `F.rms_norm` instead of the model's module (eight operations); used
     only when that, too, gives bit-identical scores."""
@@ -115,7 +142,7 @@ class LeanDecoder:
         return module(x)
 
     @staticmethod
-    def _product(weights, x: torch.Tensor) -> torch.Tensor:
+    def _product(x: torch.Tensor, weights, _=None) -> torch.Tensor:
         """x [1, in] float32 -> [1, out] float32 through the 4-bit kernel (QLinear's arithmetic, 2-D throughout)."""
         kernel = weights.kernel
         return kernel.mm(x.to(kernel.activation_dtype).contiguous(), weights.packed, weights.scale_zeros).to(x.dtype)
@@ -136,32 +163,29 @@ class LeanDecoder:
         x = F.embedding(ids, self.embed.weight)  # [1, H]
         cos, sin = self.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=self.device))
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, 1, D]
-        heads, kv_heads, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
-        q_width, k_width = heads * dim, kv_heads * dim
+        q_width = self.heads * self.head_dim
+
+        def norm(h: torch.Tensor, module: nn.Module) -> torch.Tensor:
+            return self._norm(module, h)
+
         for index, layer in enumerate(self.layers):
-            qkv = self._product(layer.qkv, self._norm(layer.norm1, x))  # [1, q + k + v]
-            if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
-            qk = qkv[:, :q_width + k_width].view(1, heads + kv_heads, 1, dim)
-            if layer.q_norm is not None:  # Qwen3: a norm per head before the rotation
-                qk = torch.cat([self._norm(layer.q_norm, qk[:, :heads]), self._norm(layer.k_norm, qk[:, heads:])], 1)
-            # transformers' apply_rotary_pos_emb, once for q and k: x * cos + rotate_half(x) * sin
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
-            v = qkv[:, q_width + k_width:].view(1, kv_heads, 1, dim)
-            k, v = cache.update(qk[:, heads:], v, index)
-            out = F.scaled_dot_product_attention(qk[:, :heads], k, v, attn_mask=None, dropout_p=0.0,
-                                                 scale=layer.attn.scaling, is_causal=False, enable_gqa=self.gqa)
-            x = x + self._product(layer.o_proj, out.reshape(1, q_width))
-            gate_up = self._product(layer.gate_up, self._norm(layer.norm2, x))
-            width = layer.gate_up.widths[0]
-            x = x + self._product(layer.down, layer.act(gate_up[:, :width]) * gate_up[:, width:])
+            def attend(q, k_new, v_new, index=index, layer=layer):
+                k, v = cache.update(k_new, v_new, index)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                                     scale=layer.attn.scaling, is_causal=False, enable_gqa=self.gqa)
+                return out.reshape(1, q_width)
+
+            weights = (layer.norm1, layer.qkv, None, layer.qkv_bias, layer.q_norm, layer.k_norm, layer.o_proj, None,
+                       layer.norm2, layer.gate_up, None, layer.down, None)
+            x = llama_layer(x, cos, sin, weights, (self.heads, self.kv_heads, self.head_dim, layer.gate_up.widths[0]),
+                            norm, self._product, attend, layer.act)
         return self._norm(self.norm, x)
 
 
 def stacked_weights(decoder: LeanDecoder) -> list[torch.Tensor | None]:
     """Each kind of per-layer weight as one tensor [L, ...] (None for a kind the model does not have), made once
     per model. Why: every tensor handed to a compiled graph is checked and unwrapped on every call; 13 stacked
-    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (BENCHMARKS.md, issue 25); the
+    tensors instead of ~400 per-layer ones cut that from ~0.9 to ~0.3 ms a step (docs/design-record.md); the
     native step (core/model/native/native_step.py) reads its layers' weights by offsets into the same stacks. The
     4-bit modules are re-pointed at their rows of the stacks (same values, in place, as core/model/quant/weight_layout.py
     re-lays float weights), so the weights are held once."""
@@ -232,8 +256,8 @@ def lean_decoder(model) -> LeanDecoder | None:
 
 @contextlib.contextmanager
 def disabled(model):
-    """Caches made for `model` meanwhile get no lean step: decode goes through the model's forward (for measuring
-    one against the other: benchmarks/bench_quant.py)."""
+    """Engines made for `model` meanwhile decode through the model's forward, not the lean step (their decode plan
+    is chosen as they are made; for measuring one against the other: benchmarks/bench_quant.py)."""
     saved = lean_decoder(model)
     with _LOCK:
         _DECODERS[model] = None

@@ -34,7 +34,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .adapter import GrowableLayer, new_cache, state_only
-from ..native.native_step import decode_step_for
 
 BUCKET = 256  # positions per attention shape
 
@@ -86,21 +85,17 @@ def bucketing_problem(model) -> str | None:
 
 def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
     """The eager path's cache (core/model/decode/adapter.py's `new_cache`, `capacity` positions reserved), its
-    full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). Unbucketed, it
-    carries a 4-bit model's lean decode step (core/model/decode/lean_step.py; None for other models), which core/steps/
-    decode.py then calls (the native step where it serves the model, core/model/native/native_step.py): that step attends
-    over exactly the keys the cache returns, so never over a padded bucket."""
+    full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). A 4-bit model's
+    lean and native steps (core/model/decode/steps.py) decode only on unbucketed ones: they attend over exactly the
+    keys the cache returns, so never over a padded bucket (core/model/decode/plan.py chooses accordingly)."""
     cache = new_cache(model, capacity)
     if bucketed:
         cache.layers = [BucketedLayer(capacity) if type(layer) is GrowableLayer else layer for layer in cache.layers]
-        cache.lean_step = None
-    else:
-        cache.lean_step = decode_step_for(model)
     return cache
 
 
 def kv_shapes_for(choice: str, device: torch.device) -> bool:
-    """Whether `--kv-shapes choice` buckets on `device`: "auto" buckets on CUDA only (BENCHMARKS.md)."""
+    """Whether `--kv-shapes choice` buckets on `device`: "auto" buckets on CUDA only (docs/design-record.md)."""
     if choice == "auto":
         return device.type == "cuda"
     return choice == "bucketed"

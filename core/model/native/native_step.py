@@ -34,7 +34,7 @@ from .q4_native import NativeQ4, NativeQ4I16
 # step to be accepted, by what the kernel rounds the activations to (Int4Kernel.activations). float32: sums in
 # another order differ by ~1e-6 of that. int16: a sum one rounding away moves an activation by a step of its group's
 # int16 scale, and 30 layers amplify it: measured up to 7e-4 over 128 steps of the embedded model and 7e-3 on its
-# --quantize int4 copy (BENCHMARKS.md). A wrong weight, rotation or cache row differs by far more than either.
+# --quantize int4 copy (docs/design-record.md, "The native decode step"). A wrong weight, rotation or cache row differs by far more than either.
 TOLERANCES = {"float32": 1e-4, "int16": 3e-2}
 _STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
@@ -51,8 +51,8 @@ def _activation_is_silu(act: nn.Module) -> bool:
 
 
 class NativeStep:
-    """One model's native decode step: `step(token_id, cache) -> logits [V]`, as LeanDecoder's (core/steps/decode.py
-    calls it as `cache.lean_step`). Get one with `decode_step_for`."""
+    """One model's native decode step: `step(token_id, cache) -> logits [V]`, as LeanDecoder's (core/model/decode/
+    steps.py's NativeCpp decodes a run with it). Get one with `native_step`."""
 
     def __init__(self, decoder: LeanDecoder):
         layers = decoder.layers
@@ -156,15 +156,15 @@ def native_step(model) -> NativeStep | None:
 
 
 def decode_step_for(model) -> NativeStep | LeanDecoder | None:
-    """The step a 4-bit model's eager runs decode with: the native step where it serves the model, else the eager
-    lean step, else None (the model's own forward)."""
+    """The step a 4-bit model's eager runs decode with (core/model/decode/plan.py chooses by the same order): the
+    native step where it serves the model, else the eager lean step, else None (the model's own forward)."""
     return native_step(model) or lean_decoder(model)
 
 
 @contextlib.contextmanager
 def disabled(model):
-    """Caches made for `model` meanwhile get the eager lean step instead of the native one (for measuring one
-    against the other: benchmarks/bench_quant.py)."""
+    """Engines made for `model` meanwhile decode with the eager lean step instead of the native one (their decode
+    plan is chosen as they are made; for measuring one against the other: benchmarks/bench_quant.py)."""
     saved = native_step(model)
     with _LOCK:
         _STEPS[model] = None

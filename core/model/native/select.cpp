@@ -8,7 +8,7 @@
 //
 // Why hand-written: the torch path is ~60 small operations over the vocabulary (two softmaxes, two topks, a
 // nonzero, a whole-vocabulary uniform_ that runs one element at a time); at V = 49,152 that was 7.5 % of the
-// 4-bit model's step (BENCHMARKS.md). Here it is one pass over the scores (the maximum), one more that does
+// 4-bit model's step (docs/design-record.md). Here it is one pass over the scores (the maximum), one more that does
 // everything else (exponentials, sums, a histogram), the random stream's own recurrence vectorised, and work on
 // the few candidates the sampler can keep. No library computes top-k / top-p with this report.
 //

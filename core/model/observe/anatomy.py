@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ...runs.architecture import BlockGroup, KVGroup, ModelAnatomy, kv_bytes_at, layer_span
 from ...runs.events import StepEvent
 from ...runs.facts import ModelFacts
+from ...samplers import backend_gaps, cut_stage_names, stage_summary
 
 __all__ = ["LEGACY", "Stage", "one_pass"]
 
@@ -132,7 +133,7 @@ def one_pass(facts: ModelFacts, kv_tokens: int, step: StepEvent | None = None, s
                             module=anatomy.final_norm_module))
     stages.append(Stage("LM head", "device", f"logits {_dims((1, V))}", (1, V), "forward",
                         _head_note(facts, anatomy, rows), module=anatomy.head_module))
-    stages += _sampler_stages(V, step, settings, greedy)
+    stages += _sampler_stages(V, step, settings, greedy, on_cpu and facts.server is None)
     d2h = timing.d2h_bytes if timing is not None else None
     stages += [
         Stage("to the host", "host", "packed selection" + (f" [{d2h // 4}] float32" if d2h else ""),
@@ -293,7 +294,9 @@ def _head_note(facts: ModelFacts, anatomy: ModelAnatomy, rows: int) -> str:
     return f"{last}{H} → {V}: [1, {H}] × [{H}, {V}]{bias}; {tied}{then}"
 
 
-def _sampler_stages(V: int, step: StepEvent | None, settings, greedy: bool) -> list[Stage]:
+def _sampler_stages(V: int, step: StepEvent | None, settings, greedy: bool, local_cpu: bool = False) -> list[Stage]:
+    """Step 4's stages. `local_cpu`: a model run here on the CPU, whose selection is one native call unless the
+    settings use a stage that call lacks (core/samplers.py `backend_gaps`): then the line says the torch one ran."""
     scores, probs = f"scores {_dims((1, V))}", f"probs {_dims((1, V))}"
     if greedy:
         temperature = "greedy: none (argmax of the logits)"
@@ -305,8 +308,10 @@ def _sampler_stages(V: int, step: StepEvent | None, settings, greedy: bool) -> l
         temperature = "T = 1: unchanged" if t == 1.0 else f"÷ {t:g}"
         if step is not None and step.temp_entropy_bits is not None:
             temperature += f": entropy {step.entropy_bits:.2f} → {step.temp_entropy_bits:.2f} bits"
-        cuts = "; ".join([_cut("top-k", settings.top_k if settings.top_k > 0 else None, step, "top_k_kept"),
-                          _cut("top-p", settings.top_p if settings.top_p < 1.0 else None, step, "top_p_kept")])
+        cuts = "; ".join(stage_summary(settings, step, exact=True, kept=": {} kept"))
+        gaps = backend_gaps(settings, "native") if local_cpu else []
+        if gaps:
+            cuts += f" (torch selection: the native one has no {', '.join(gaps)})"
     soft = ""
     if step is not None:
         soft = (f"{step.kept_count} kept, {step.kept_mass:.1%} of the raw mass; entropy "
@@ -318,16 +323,9 @@ def _sampler_stages(V: int, step: StepEvent | None, settings, greedy: bool) -> l
     if step is not None:
         draw += f"; id {step.id} {step.piece}, p {step.chosen_prob:.1%}, rank {step.chosen_rank + 1}"
     return [Stage("temperature", "device", scores, (1, V), "select", temperature),
-            Stage("top-k / top-p", "device", scores, (1, V), "select", cuts),
+            Stage(cut_stage_names(settings), "device", scores, (1, V), "select", cuts),
             Stage("softmax", "device", probs, (1, V), "select", soft),
             Stage("draw", "device", "id [1]", (1,), "select", draw)]
-
-
-def _cut(name: str, value, step: StepEvent | None, field: str) -> str:
-    if value is None:
-        return f"{name} off"
-    kept = getattr(step, field, None) if step is not None else None
-    return f"{name} {value:g}" + (f": {kept} kept" if kept is not None else "")
 
 
 def _detok_note(step: StepEvent | None) -> str:

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 import torch
 
 from ...steps.decode import decode_one_token
-from ..decode.adapter import forward_last_logits, input_device, new_cache
+from ...steps.prefill import prefill
+from ..decode.steps import LeanTorch, TorchForward
 
 
 def teacher_forced_logits(model, prompt_ids: list[int], tokens: list[int], lean_step=None) -> list[torch.Tensor]:
     """Scores [V] (float32) for each of `tokens`' positions: after the prompt, then after each token in turn, as a
     run computes them (one prefill, then one decode step per token through the model's forward, whose scores the
-    eager lean step gives bit for bit). `lean_step`: decode through that step instead (--compile's,
-    core/model/decode/compiled_lean.py)."""
-    cache = new_cache(model, len(prompt_ids) + len(tokens))
-    if lean_step is not None:
-        cache.lean_step = lean_step
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=input_device(model))
-    out = [forward_last_logits(model, ids, cache).float()]
+    eager lean step gives bit for bit). `lean_step`: decode through that step instead (an object with
+    `step(token_id, cache)`: the native step, --compile's core/model/decode/compiled_lean.py)."""
+    step = TorchForward(model) if lean_step is None else LeanTorch(model, lean_step)
+    cache, _ = step.new_cache(len(prompt_ids), len(tokens))
+    logits, _ = prefill(model, prompt_ids, cache, chunk=max(1, len(prompt_ids)))
+    out = [logits.float()]
     for token in tokens[:-1]:
         logits, _ = decode_one_token(model, token, cache)
         out.append(logits.float())

@@ -5,8 +5,8 @@ five matrix products per layer where two would do. On a GPU each product is a ke
 row) a launch costs about as much as the arithmetic, so the engine fuses eager decode on CUDA. On CPU the float32
 step measured ~5 % slower fused (MKL's matrix-vector kernel gains nothing from the larger matrices), so it does not
 fuse there; the 4-bit path fuses on CPU with its own kernel (core/model/quant/qlinear.py), where that measured faster.
-The counts per decode step, before and after, and the CPU measurement: BENCHMARKS.md, "GPU path, round 2 (issue
-27)" and "Why the code is as it is" (benchmarks/step_kernels.py).
+The counts per decode step, before and after: BENCHMARKS.md, "GPU path, round 2 (issue 27)"
+(benchmarks/step_kernels.py); the CPU measurement: docs/design-record.md, "q/k/v and gate/up fused on CUDA only".
 
 How (the layout core/model/quant/qlinear.py uses for 4-bit weights): `FusedLinear` is an nn.Linear whose weight is the
 siblings' weights stacked ([sum of outs, in]; their biases likewise), registered on the siblings' parent. Each

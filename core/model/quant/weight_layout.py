@@ -4,8 +4,8 @@ Why: a decode step multiplies one activation row by every weight matrix, and on 
 sgemm with the weight as stored by `nn.Linear`, [out, in] row-major. For *wide* matrices (out >= 2 * in: the MLP's
 gate and up projections and the vocabulary head) MKL streams them much faster when the same numbers are stored
 [in, out] row-major; narrow or square matrices gain nothing or lose, so they keep the stock layout. Prefill (many
-rows at once) measured the same either way. The figures per matrix shape and for a whole step: BENCHMARKS.md, "Why
-the code is as it is", the weight layout.
+rows at once) measured the same either way. The figures per matrix shape and for a whole step: docs/design-record.md,
+"The weight layout".
 
 How: the same values, only the storage order changes. `weight.data` becomes the transpose of a contiguous [in, out]
 tensor, i.e. a non-contiguous [out, in] view, so every caller — `F.linear`, transformers' own forward, `generate`,
