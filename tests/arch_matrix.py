@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from tiny_models import FORCED_TOL, INIT, forced_gaps, forced_ok  # noqa: F401  (the tests import them from here too)
+# FORCED_TOL, INIT, forced_gaps, forced_ok: the tests import them from here too
+from tiny_models import FORCED_TOL, INIT, cache_kwargs, forced_gaps, forced_ok  # noqa: F401
 
 # sliding windows and attention chunks: 40, so a 31-token prompt ("Hi" in the chat template) crosses them while
 # decoding (the layer keeps 39 positions). Soft-caps, scales and divisors are set where they change the tiny
@@ -247,13 +248,6 @@ def _first(output):
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _kwarg(model) -> str:
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
-
-
 def _by_hand(model, spec: Spec, block_outputs):
     """softmax(op(head(norm(h)))) per block output h [H]: the lens computed from the modules named in the spec."""
     import torch
@@ -357,12 +351,11 @@ def _cache_growth(model, ids, prompt: int) -> dict[int, int]:
 
     cache = DynamicCache(config=model.config)
     out = {}
-    key = _kwarg(model)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([ids[:prompt]]), use_cache=True, **{key: cache})
+        model(input_ids=torch.tensor([ids[:prompt]]), use_cache=True, **cache_kwargs(model, cache))
         out[prompt] = tensor_bytes(cache)
         for n in range(prompt, len(ids)):
-            model(input_ids=torch.tensor([[ids[n]]]), use_cache=True, **{key: cache})
+            model(input_ids=torch.tensor([[ids[n]]]), use_cache=True, **cache_kwargs(model, cache))
             out[n + 1] = tensor_bytes(cache)
     return out
 

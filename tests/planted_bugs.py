@@ -21,7 +21,7 @@ BUGS = ("cache_unread", "chunk_dropped", "positions_off", "temperature_skipped",
 
 
 def _cache_of(kwargs):
-    return kwargs.get("past_key_values", kwargs.get("cache_params"))
+    return next((kwargs[k] for k in ("cache", "past_key_values", "cache_params") if kwargs.get(k) is not None), None)
 
 
 def _is_decode(kwargs) -> bool:

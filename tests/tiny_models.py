@@ -87,6 +87,16 @@ def assert_varies(ids, what: str = "the reference ids") -> None:
         "(a larger initializer_range).")
 
 
+def cache_kwargs(model, cache) -> dict:
+    """`cache` under the keyword the installed transformers' forward takes for it, read off the signature here (not
+    the engine's reading: core/model/decode/adapter.py's is what the tests check): `cache` (>= 5.24, every family;
+    the old names warn there), else `past_key_values`, or `cache_params` (the Mamba family before 5.24)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {next((k for k in ("cache", "past_key_values", "cache_params") if k in params), "past_key_values"): cache}
+
+
 def forced_gaps(model, prompt_ids, steps) -> list[tuple[float, bool]]:
     """The teacher-forced oracle: one forward of the prompt and every chosen id but the last, without a cache; per
     step, the largest |log p| difference between the engine's candidates' raw probabilities (softmax of its raw

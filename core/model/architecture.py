@@ -149,8 +149,11 @@ def _attention_dims(model, cfg, layer, mixer) -> tuple[int, int, int]:
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     kind = getattr(cfg, "model_type", "")
     if kind == "falcon":
-        # transformers' Falcon: the new decoder broadcasts K and V to every query head before caching them
-        kv = heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else (cfg.num_kv_heads or heads))
+        # transformers' Falcon, new decoder: up to 5.24 it broadcasts K and V to every query head before caching
+        # them; since 5.25 it caches its K/V heads and repeats them after (its attention has num_key_value_groups)
+        broadcast = not isinstance(getattr(mixer, "num_key_value_groups", None), int)
+        kv = (heads if broadcast else cfg.num_kv_heads) if cfg.new_decoder_architecture else (
+            1 if cfg.multi_query else (cfg.num_kv_heads or heads))
     elif getattr(cfg, "multi_query", False):  # GPT-BigCode
         kv = 1
     hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
@@ -244,12 +247,12 @@ def kv_groups(model) -> list[KVGroup]:
 def compile_problem(model) -> str | None:
     """Why `--compile`'s static cache and fixed-shape decode step do not fit this model (None: they do).
     transformers' static sliding-window (and chunked) layer keeps its length as a Python int, which a fixed-shape
-    graph bakes in: every step would compile again. The Mamba family takes its state under another keyword
-    (`cache_params`) and has no static cache. Full attention, MLA and the linear-attention / conv layers of hybrids
+    graph bakes in: every step would compile again. The Mamba family keeps only a recurrent state and has no
+    static cache. Full attention, MLA and the linear-attention / conv layers of hybrids
     (Qwen3-Next, LFM2), whose states have fixed shapes, compile."""
-    from .decode.adapter import cache_keyword
+    from .decode.adapter import state_only
 
-    if cache_keyword(model) != "past_key_values":
+    if state_only(model):
         return "--compile covers models with a KV cache; this one keeps only a recurrent state (the Mamba family)"
     kinds = {g.kind for g in kv_groups(model)} - {"full", "latent", "state"}
     if not kinds:

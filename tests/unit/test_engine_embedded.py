@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from tiny_models import generate_ids
+from tiny_models import cache_kwargs, generate_ids
 from tokentui.core.model.engine import Engine
 from tokentui.core.runs.events import DoneEvent, PrefillEvent, PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -125,7 +125,7 @@ def test_kv_bytes_equal_tensor_nbytes_and_the_formula(embedded):
     cache = DynamicCache(config=cfg)
     with torch.inference_mode():
         embedded.model(torch.tensor([next(e for e in events if isinstance(e, PromptEvent)).ids]),
-                       past_key_values=cache, use_cache=True)
+                       use_cache=True, **cache_kwargs(embedded.model, cache))
     nbytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
     assert nbytes == prefill.kv_bytes
 

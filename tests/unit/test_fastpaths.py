@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tiny_models import INIT, assert_engine_is_the_oracle, generate_ids, tiny_model
+from tiny_models import INIT, assert_engine_is_the_oracle, cache_kwargs, generate_ids, tiny_model
 from tokentui.core.model.decode.adapter import (
     GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache,
 )
@@ -49,13 +49,13 @@ def test_growable_cache_gives_bit_identical_scores_and_keys(tiny, capacity):
     ours, theirs = new_cache(model, capacity), DynamicCache(config=model.config)
     assert all(isinstance(layer, GrowableLayer) for layer in ours.layers)
     with torch.inference_mode():
-        a = model(input_ids=ids, past_key_values=ours, use_cache=True).logits
-        b = model(input_ids=ids, past_key_values=theirs, use_cache=True).logits
+        a = model(input_ids=ids, use_cache=True, **cache_kwargs(model, ours)).logits
+        b = model(input_ids=ids, use_cache=True, **cache_kwargs(model, theirs)).logits
         assert torch.equal(a, b)
         for token in range(300, 320):  # grows past every capacity above
             x = torch.tensor([[token]])
-            a = model(input_ids=x, past_key_values=ours, use_cache=True).logits
-            b = model(input_ids=x, past_key_values=theirs, use_cache=True).logits
+            a = model(input_ids=x, use_cache=True, **cache_kwargs(model, ours)).logits
+            b = model(input_ids=x, use_cache=True, **cache_kwargs(model, theirs)).logits
             assert torch.equal(a, b)
     assert cache_tokens(ours) == cache_tokens(theirs) == 36
     for mine, ref in zip(ours.layers, theirs.layers):
@@ -67,7 +67,7 @@ def test_growable_cache_gives_bit_identical_scores_and_keys(tiny, capacity):
 def test_growable_cache_crop_and_unsupported_batch_ops(tiny):
     cache = new_cache(tiny.model, 8)
     with torch.inference_mode():
-        tiny.model(input_ids=torch.tensor([list(range(100, 110))]), past_key_values=cache, use_cache=True)
+        tiny.model(input_ids=torch.tensor([list(range(100, 110))]), use_cache=True, **cache_kwargs(tiny.model, cache))
     layer = cache.layers[0]
     layer.crop(-4)
     assert layer.get_seq_length() == 6 and layer.keys.shape[-2] == 6

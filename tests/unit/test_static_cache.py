@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arch_matrix import SPECS, build
-from tiny_models import INIT, assert_engine_is_the_oracle, generate_ids, tiny_model
+from tiny_models import INIT, assert_engine_is_the_oracle, cache_kwargs, generate_ids, tiny_model
 from tokentui.core.errors import SettingsError
 from tokentui.core.model.decode.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes
 from tokentui.core.model.engine import Engine
@@ -89,13 +89,13 @@ def test_bucketed_layer_scores_equal_the_dynamic_cache(smol_tokenizer):
     ours, theirs = new_eager_cache(model, 8, True), new_eager_cache(model, 8, False)
     with torch.inference_mode():
         ids = torch.tensor([list(range(200, 216))])
-        a = model(input_ids=ids, past_key_values=ours, use_cache=True).logits
-        b = model(input_ids=ids, past_key_values=theirs, use_cache=True).logits
+        a = model(input_ids=ids, use_cache=True, **cache_kwargs(model, ours)).logits
+        b = model(input_ids=ids, use_cache=True, **cache_kwargs(model, theirs)).logits
         assert torch.equal(a, b)
         for token in range(300, 320):
             x = torch.tensor([[token]])
-            a = model(input_ids=x, past_key_values=ours, use_cache=True).logits
-            b = model(input_ids=x, past_key_values=theirs, use_cache=True).logits
+            a = model(input_ids=x, use_cache=True, **cache_kwargs(model, ours)).logits
+            b = model(input_ids=x, use_cache=True, **cache_kwargs(model, theirs)).logits
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for mine, ref in zip(ours.layers, theirs.layers):
         assert mine.keys.shape == ref.keys.shape and mine.keys.shape[-2] == 36

@@ -1,8 +1,10 @@
 """The one place that calls into the model and its KV cache.
 
-transformers' forward/cache API moves between releases (the cache keyword was renamed in 5.24, `Cache.crop`
-changed meaning in 5.15, cache layers are classes since 5.0), so pyproject pins the range and every call goes
-through here (and through core/model/decode/compiled.py, the compiled fast path): when the pin moves, only these files change.
+transformers' forward/cache API moves between releases (the cache keyword became `cache` in 5.24 for every
+family, `past_key_values` and the Mamba family's `cache_params` before; `Cache.crop` changed meaning in 5.15; cache
+layers are classes since 5.0), so pyproject pins the range and every call goes through here (core/model/decode/
+compiled.py's compiled step takes its keyword from here too): this file adapts to the installed version by reading
+the forward's signature and the cache's layer classes, so the rest of the code never asks which version runs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 # The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
 # --max-new-tokens does not reserve gigabytes for a run that stops at the first end token.
@@ -167,17 +169,29 @@ def first_capacity(prompt_tokens: int, max_new_tokens: int, max_context: int = 0
 
 
 _KEYWORDS: dict[type, str] = {}
+# The forward's name for the cache, newest first: `cache` (transformers >= 5.24, every family; the older names still
+# work there but warn a FutureWarning on every call, which must not reach the user's output), `past_key_values`
+# (before), `cache_params` (the Mamba family before 5.24).
+_CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 
 
 def cache_keyword(model) -> str:
-    """The forward's keyword for the cache (cached per model class): `past_key_values`, or `cache_params` for the
-    Mamba family, whose forward takes its recurrent state under that name."""
+    """The forward's keyword for the cache in the installed transformers (cached per model class), read off the
+    forward's signature (transformers' deprecation wrapper keeps the new one's): the first of _CACHE_NAMES it takes;
+    `past_key_values` for a forward that names none (it takes them through **kwargs)."""
     kind = type(model)
     if kind not in _KEYWORDS:
         params = inspect.signature(model.forward).parameters
-        _KEYWORDS[kind] = ("cache_params" if "cache_params" in params and "past_key_values" not in params
-                           else "past_key_values")
+        _KEYWORDS[kind] = next((name for name in _CACHE_NAMES if name in params), "past_key_values")
     return _KEYWORDS[kind]
+
+
+def state_only(model) -> bool:
+    """Whether `model`'s cache holds only recurrent state, no positions (the Mamba family): every layer of the
+    cache transformers builds for it is a linear-attention (conv / SSM state) layer without an attention part."""
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(isinstance(layer, LinearAttentionCacheLayerMixin)
+                                and not isinstance(layer, CacheLayerMixin) for layer in layers)
 
 
 def call_model(model, input_ids: torch.Tensor, cache, **extra):

@@ -69,7 +69,8 @@ import weakref
 from typing import Callable
 
 import torch
-from .adapter import forward_last_logits, input_device, new_static_cache, static_capacity, synchronize
+from .adapter import (cache_keyword, forward_last_logits, input_device, new_static_cache, static_capacity,
+                      synchronize)
 from .fused_step import fused_select, sampler_tensor, write_sampler
 from ...settings import SamplerSettings
 from ...steps.select import draw_noise
@@ -171,6 +172,7 @@ class CompiledDecoder:
         self.run_lock = threading.Lock()
         self._model = weakref.ref(model)  # the registry is keyed on the model: a strong reference would keep it
         self.device = input_device(model)
+        self._cache_keyword = cache_keyword(model)  # read once, outside the graph (adapter.py: the version's name)
         self._dtype = model.get_input_embeddings().weight.dtype
         self._caches: dict[int, object] = {}  # bucket -> transformers' StaticCache of that length
         self._compiled: set[int] = set()
@@ -203,7 +205,8 @@ class CompiledDecoder:
         return model
 
     def _forward(self, ids: torch.Tensor, cache, *_) -> torch.Tensor:
-        return self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        return self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                          **{self._cache_keyword: cache}).logits[0, -1]
 
     def _forward_select(self, ids: torch.Tensor, cache, sampler: torch.Tensor,
                         noise: torch.Tensor) -> torch.Tensor:

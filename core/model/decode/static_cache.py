@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer, cache_keyword, new_cache
+from .adapter import GrowableLayer, new_cache, state_only
 
 BUCKET = 256  # positions per attention shape
 
@@ -72,7 +72,7 @@ class BucketedLayer(GrowableLayer):
 
 def bucketing_problem(model) -> str | None:
     """Why `model`'s cache cannot take bucketed shapes (sliding, chunked, recurrent layers); None: it can."""
-    if cache_keyword(model) != "past_key_values":
+    if state_only(model):
         return "this model keeps only a recurrent state (the Mamba family), which has one shape already"
     layers = DynamicCache(config=model.config).layers
     others = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
