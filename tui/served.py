@@ -37,8 +37,8 @@ def prob_name(server) -> str:
 
 def prob_detail(server) -> str:
     """The probability's meaning, one short line (≤ 36 cells)."""
-    return {"raw": "before temperature / top-k / top-p",
-            "post-sampler": "after temperature / top-k / top-p"}.get(server.probs, "raw or post-sampler: not said")
+    return {"raw": "before the sampler chain",
+            "post-sampler": "after the sampler chain"}.get(server.probs, "raw or post-sampler: not said")
 
 
 def prob_missing(server) -> str | None:

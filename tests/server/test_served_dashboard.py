@@ -179,9 +179,9 @@ async def test_served_run_at_160x48(probs):
         said = {"raw": "raw", "post-sampler": "post-sampler", "unknown": "not said"}[probs]
         assert f"probs        {said}\n" in model  # the row names what the server gives, and only that
         if probs == "raw":
-            assert "before temperature / top-k / top-p" in model and "post-sampler" not in model
+            assert "before the sampler chain" in model and "post-sampler" not in model
         elif probs == "post-sampler":
-            assert "after temperature / top-k / top-p" in model and "raw" not in model
+            assert "after the sampler chain" in model and "raw" not in model
         else:
             assert "raw or post-sampler: not said" in model and "temperature" not in model
         speed = app.query_one(SpeedPanel)
