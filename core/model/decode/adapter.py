@@ -178,10 +178,11 @@ _CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 def cache_keyword(model) -> str:
     """The forward's keyword for the cache in the installed transformers (cached per model class), read off the
     forward's signature (transformers' deprecation wrapper keeps the new one's): the first of _CACHE_NAMES it takes;
-    `past_key_values` for a forward that names none (it takes them through **kwargs)."""
+    `past_key_values` for a forward that names none (it takes them through **kwargs). The class's forward is read,
+    not the instance's: a wrapper put on one model (a hook taking *args, **kwargs) must not decide for its class."""
     kind = type(model)
     if kind not in _KEYWORDS:
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(kind.forward).parameters
         _KEYWORDS[kind] = next((name for name in _CACHE_NAMES if name in params), "past_key_values")
     return _KEYWORDS[kind]
 
