@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 
 from tokentui.core.runs.facts import SHORT_DTYPES
@@ -126,7 +128,13 @@ class ModelPanel(Panel):
         row("device", facts.device, f"· {facts.dtype}")
         if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
             step, _, why = facts.decode_plan.partition(": ")
-            row("decode", step, why)
+            if 13 + len(step) + 1 + len(why) <= width:
+                row("decode", step, why)
+            else:  # the why on lines of its own under the value, whole (a cut one would mislead); the most
+                row("decode", step)  # compact form leaves it out
+                if compact < 2:
+                    for line in textwrap.wrap(why, max(10, width - 13)):
+                        facts_out.append("\n" + " " * 13 + line, muted)
         quant = facts.quantization
         dequantized = facts.dequantized_from
         if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded
