@@ -179,11 +179,13 @@ def cache_keyword(model) -> str:
     """The forward's keyword for the cache in the installed transformers (cached per model class), read off the
     forward's signature (transformers' deprecation wrapper keeps the new one's): the first of _CACHE_NAMES it takes;
     `past_key_values` for a forward that names none (it takes them through **kwargs). The class's forward is read,
-    not the instance's: a wrapper put on one model (a hook taking *args, **kwargs) must not decide for its class."""
+    not the instance's: a wrapper put on one model (a hook taking *args, **kwargs) must not decide for its class;
+    a subclass whose forward only passes **kwargs on is read through its bases' forwards."""
     kind = type(model)
     if kind not in _KEYWORDS:
-        params = inspect.signature(kind.forward).parameters
-        _KEYWORDS[kind] = next((name for name in _CACHE_NAMES if name in params), "past_key_values")
+        named = (name for klass in kind.__mro__ if "forward" in vars(klass)
+                 for name in _CACHE_NAMES if name in inspect.signature(vars(klass)["forward"]).parameters)
+        _KEYWORDS[kind] = next(named, "past_key_values")
     return _KEYWORDS[kind]
 
 
