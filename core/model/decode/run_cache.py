@@ -16,8 +16,9 @@ __all__ = ["RunCache"]
 
 class RunCache:
     """A run's cache: `kv` (transformers' cache object), `step` (the DecodeStep that prefills and extends it,
-    core/model/decode/steps.py, which imports this module: so not annotated here) and `fed` (the positions fed through it so far: prompt chunks, decoded tokens; cut back by a crop). `static`: `kv`
-    is preallocated whole and its positions are counted here only (--compile's static cache)."""
+    core/model/decode/steps.py, which imports this module: so not annotated here) and `fed` (the positions fed
+    through it so far: prompt chunks, decoded tokens; cut back by a crop). `static`: `kv` is preallocated whole and
+    its positions are counted here only (--compile's static cache)."""
 
     __slots__ = ("kv", "step", "fed", "static")
 
