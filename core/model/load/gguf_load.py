@@ -193,6 +193,12 @@ def assemble(skeleton: nn.Module, modules: dict[str, nn.Module], floats: dict[st
     for name, module in modules.items():
         _set(skeleton, name, module)
     skeleton.load_state_dict(floats, strict=False, assign=True)
+    out = skeleton.get_output_embeddings()
+    if isinstance(getattr(out, "weight", None), nn.Parameter) and out.weight.is_meta:
+        # A tied file (no output.weight) whose embedding is not a 4-bit head (Q6_K in a Q4_K_M or Q4_0 file): the
+        # head is a plain Linear, and assign=True gave the embedding a new Parameter, leaving the head's tied one on
+        # the meta device; transformers ties it again to the table just assigned (where the config says tied).
+        skeleton.tie_weights()
     still_meta = [n for n, p in skeleton.named_parameters() if p.is_meta]
     if still_meta:
         raise ModelLoadError(f"the GGUF file has no tensor for {still_meta[0]} (and {len(still_meta) - 1} more): "
