@@ -101,6 +101,22 @@ def fit_cells(text: str, width: int) -> str:
     return set_cell_size(set_cell_size(text, width - 1) + "…", width)
 
 
+def fitting(alternatives, room: int) -> str:
+    """The first of `alternatives` (longest first) that fits in `room` cells whole, "" when none does: a shorter
+    wording chosen by the width, never a cut one."""
+    return next((text for text in alternatives if cell_len(text) <= room), "")
+
+
+def whole_lines(text: Text, width: int) -> list[Text]:
+    """`text` (one line) as lines at most `width` cells wide, broken between words (styles kept): a line too long
+    for its panel goes on, never cut with "…". width <= 0: as it is."""
+    if width <= 0 or text.cell_len <= width:
+        return [text]
+    from rich.console import Console  # rich's own word wrap, which keeps the spans' styles
+
+    return list(text.wrap(Console(width=width, color_system=None), width))
+
+
 def fit_piece(piece: str, width: int) -> str:
     """A token's piece drawn as every panel draws it (core/steps/display.py: `␣` for a space, other invisible
     characters named), in exactly `width` cells."""

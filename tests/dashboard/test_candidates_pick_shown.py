@@ -127,8 +127,9 @@ def test_a_candidate_piece_is_drawn_like_every_other_panel_draws_it():
     assert fit_piece("␣accountability", 10) == "␣accounta…"
 
 
-async def test_a_long_chose_line_keeps_its_numbers_and_cuts_words_first(tmp_path):
-    """At 80×24 "chose ␣benefits (rank 98, raw 0.1%, p 0.1%)" was cut to "… p 0…": the words go before the numbers."""
+async def test_a_long_chose_line_keeps_its_numbers_and_the_name_whole(tmp_path):
+    """At 80×24 "chose ␣benefits (rank 98, raw 0.1%, p 0.1%)" was cut to "… p 0…": the words go before the numbers;
+    then the name goes on a line of its own, whole (issue 40: the picked token is always readable in full)."""
     run = Run(FACTS)
     for event in ScriptedEngine(sampler=SamplerSettings(temperature=1.0, top_p=1.0)).run("Is OpenAI open?"):
         if isinstance(event, StepEvent) and event.index == 0:  # a token far down the list, not a candidate
@@ -141,6 +142,6 @@ async def test_a_long_chose_line_keeps_its_numbers_and_cuts_words_first(tmp_path
         await pilot.press("less_than_sign")
         await pilot.pause(0.1)
         panel = app.query_one(CandidatesPanel)
-        line = panel.last_text.plain.splitlines()[-1]
-        assert line.endswith(" #98 raw 0.1% p 0.1%") and line.startswith("chose ␣benef"), line
-        assert len(line) <= panel.content_size.width
+        name, line = panel.last_text.plain.splitlines()[-2:]
+        assert name == "chose ␣benefitsbenefits" and line.strip() == "#98 raw 0.1% p 0.1%", (name, line)
+        assert all(len(row) <= panel.content_size.width for row in panel.last_text.plain.splitlines())

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rich.cells import cell_len, set_cell_size
+from rich.cells import cell_len, chop_cells, set_cell_size
 from rich.text import Text
 
 from tokentui.core.samplers import stage_summary
 from tokentui.core.steps.display import display_text
 
-from ..format import fit_cells, fit_piece, percent
+from ..format import fit_piece, fitting, percent, whole_lines
 from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
 from .base import Panel
 
@@ -24,18 +24,18 @@ MIN_BAR = 6  # cells the bar keeps before the token column gives up its width
 BAR_LABEL = "sampled p"
 
 
-def rows_that_fit(count: int, room: int | None, chosen: int | None, kept: int | None, chose_lines: int = 1
-                  ) -> tuple[int, bool, bool]:
+def rows_that_fit(count: int, room: int | None, chosen: int | None, kept: int | None, chose_lines: int = 1,
+                  row_lines: int = 1) -> tuple[int, bool, bool]:
     """How many of `count` candidate rows to draw in `room` lines (None: as many as there are), so that the chosen
-    token is always on screen: its row, or — where its row does not fit, or it is not among the candidates — a
-    "chose" line (`chose_lines` long) under them. `chosen`: its position in the list (None: not in it); `kept`: the
-    rows the sampler kept (the cut rule goes after them; None: nothing cut). Returns (rows, the cut rule drawn, a
-    "chose" line needed)."""
-    room = count + 1 + chose_lines if room is None else room
+    token is always on screen: its row (`row_lines` long: a name too long for its row goes on lines above it), or —
+    where its row does not fit, or it is not among the candidates — a "chose" line (`chose_lines` long) under them.
+    `chosen`: its position in the list (None: not in it); `kept`: the rows the sampler kept (the cut rule goes after
+    them; None: nothing cut). Returns (rows, the cut rule drawn, a "chose" line needed)."""
+    room = count + 1 + max(chose_lines, row_lines) if room is None else room
     for rows in range(min(count, room), -1, -1):
         rule = kept is not None and 0 < kept < rows
         chose = chosen is None or chosen >= rows
-        if rows + rule + chose * chose_lines <= room:
+        if rows + rule + chose * chose_lines + (not chose) * (row_lines - 1) <= room:
             return rows, rule, chose
     return 0, False, True
 
@@ -47,6 +47,16 @@ def column_widths(width: int, id_w: int, numbers: int) -> tuple[int, int]:
     rest = 2 + 1 + id_w + numbers  # the ▶ mark, the space after the token, the id, the numbers
     piece_w = max(PIECE_W[0], min(PIECE_W[1], width - rest - MIN_BAR))
     return piece_w, max(0, width - rest - piece_w)
+
+
+def chosen_name(piece: str, piece_w: int, bar_w: int, width: int) -> tuple[str, list[str]]:
+    """The chosen token's name, always whole (issue 40): on its row where the token column and the bar hold it (the
+    bar gives way first, the numbers moving right with it) — (the row's name cell, []) — else on lines of its own
+    above the row, folded at the panel's width, the row's name cell left blank — ("", those lines)."""
+    name = display_text(piece)
+    if cell_len(name) <= piece_w + bar_w:
+        return (name if cell_len(name) > piece_w else set_cell_size(name, piece_w)), []
+    return " " * piece_w, chop_cells("▶ " + name, max(4, width))
 
 
 def id_width(facts, cands) -> int:
@@ -121,13 +131,15 @@ class CandidatesPanel(Panel):
         if server is not None:  # a served model: one probability per candidate, labelled by what the server gives
             return self._served(state, step, server, cands, chosen, width, height)
         kept = step.kept_count if 0 < step.kept_count < len(cands) else None
-        room = None if height is None else height - 1 - len(self._summary(step, width, chose=False))
-        rows, rule, chose = rows_that_fit(len(cands), room, chosen, kept)
-        summary = self._summary(step, width, chose=chose)
-        cands = cands[:rows]
-
         id_w = id_width(state.facts, cands)
         piece_w, bar_w = column_widths(width, id_w, 1 + NUM_W + 1 + NUM_W + 1)
+        name_cell, above = chosen_name(step.piece, piece_w, bar_w, width)
+        without = len(self._summary(step, width, chose=False))
+        room = None if height is None else height - 1 - without
+        rows, rule, chose = rows_that_fit(len(cands), room, chosen, kept, len(self._summary(step, width, True))
+                                          - without, 1 + len(above))
+        summary = self._summary(step, width, chose=chose)
+        cands = cands[:rows]
         header = self.style_of("candidates--header")
         out = Text()
         out.append(
@@ -151,14 +163,19 @@ class CandidatesPanel(Panel):
             out.append("\n")
             is_chosen = c.id == step.id
             kept_row = c.prob > 0
+            if is_chosen and above:  # its name on lines of its own, whole
+                for part in above:
+                    out.append(set_cell_size(part, width), chosen_style)
+                    out.append("\n")
             line = Text()
-            line.append("▶ " if is_chosen else "  ")
-            line.append(fit_piece(c.piece, piece_w), special_style if c.special else None)
+            line.append("▶ " if is_chosen and not above else "  ")
+            name = name_cell if is_chosen else fit_piece(c.piece, piece_w)
+            line.append(name, special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
             line.append(" " + percent(c.raw_prob).rjust(NUM_W))
             line.append(" " + (percent(c.prob) if kept_row else "cut").rjust(NUM_W))
             line.append(" ")
-            for chars, kind in bar(c.prob, c.raw_prob, bar_w):
+            for chars, kind in bar(c.prob, c.raw_prob, bar_w - (cell_len(name) - piece_w)):
                 line.append(chars, styles[kind])
             if is_chosen:
                 line.append(" " * max(0, width - line.cell_len))
@@ -184,22 +201,22 @@ class CandidatesPanel(Panel):
             line.append(" · ".join(stage_summary(s)), value)
         return line
 
-    def _chose_line(self, step, probability: str, width: int = 0) -> Text:
+    def _chose_line(self, step, probability: str, width: int = 0) -> list[Text]:
         """The token taken, where its row is not on screen: its rank among every token by raw score and its
         probabilities (`probability`: the rest of the parenthesis, e.g. "raw 1.2%, p 3.4%"). Where the line is
-        wider than `width`, the words go first ("rank 98," → "#98"), then the piece is cut (with "…"): the
-        numbers are never the part cut off."""
+        wider than `width`, the words go first ("rank 98," → "#98"); then the name goes on a line of its own
+        (folded at the width where even that is too narrow) and the numbers on the next: neither is ever cut."""
         style = self.style_of("candidates--value")
         piece = display_text(step.piece)
         rank = f"rank {step.chosen_rank + 1}, " if step.chosen_rank is not None else ""
         line = f"chose {piece} ({rank}{probability})"
         if width <= 0 or cell_len(line) <= width:
-            return Text(line, style=style)
-        tail = (f" #{step.chosen_rank + 1}" if step.chosen_rank is not None else "") + " " + \
-            probability.replace(", ", " ")
-        room = width - cell_len("chose ") - cell_len(tail)
-        return Text(f"chose {piece if cell_len(piece) <= room else fit_cells(piece, max(2, room))}{tail}",
-                    style=style)
+            return [Text(line, style=style)]
+        tail = (f"#{step.chosen_rank + 1} " if step.chosen_rank is not None else "") + probability.replace(", ", " ")
+        if cell_len(f"chose {piece} {tail}") <= width:
+            return [Text(f"chose {piece} {tail}", style=style)]
+        return [Text(part, style=style) for part in chop_cells(f"chose {piece}", max(4, width))] + \
+            [Text(f"  {tail}", style=style)]
 
     def _summary(self, step, width: int, chose: bool) -> list[Text]:
         muted = self.style_of("candidates--muted")
@@ -221,14 +238,13 @@ class CandidatesPanel(Panel):
         second.append(f"{max(0.0, step.entropy_bits):.2f} bits", value)
         second.append(" → ", muted)
         second.append(f"{max(0.0, step.sampled_entropy_bits):.2f}", value)
-        second.append(" after sampler", muted)
+        # the words after the numbers, as many as fit (issue 40: "→ 1.15 after samp…" at 120×30)
+        second.append(fitting((" after sampler", " sampled", ""), width - second.cell_len), muted)
         rows.append(second)
         if chose:
-            rows.append(self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}",
-                                         width))
-        for row in rows:
-            row.truncate(width, overflow="ellipsis")
-        return rows
+            rows += self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}",
+                                     width)
+        return [row for part in rows for row in whole_lines(part, width)]
 
     # ---- a served model ------------------------------------------------------------------------------------
     def _served(self, state, step, server, cands, chosen, width: int, height: int | None) -> Text:
@@ -236,16 +252,17 @@ class CandidatesPanel(Panel):
         or not said), labelled so, and "—" for what it does not report (kept tokens, entropy, the other
         probability; the chosen token's rank when it is not among the candidates)."""
         muted = self.style_of("candidates--muted")
-        without = len(self._served_summary(step, server, width, False, cands))
-        room = None if height is None else height - 1 - without
-        chose_lines = len(self._served_summary(step, server, width, True, cands)) - without
-        rows, _rule, chose = rows_that_fit(len(cands), room, chosen, None, chose_lines)
-        summary = self._served_summary(step, server, width, chose, cands)
-        cands = cands[:rows]
         label = prob_label(server)
         id_w = id_width(state.facts, cands)
         num_w = max(NUM_W, len(label))
         piece_w, bar_w = column_widths(width, id_w, 1 + num_w + 1)
+        name_cell, above = chosen_name(step.piece, piece_w, bar_w, width)
+        without = len(self._served_summary(step, server, width, False, cands))
+        room = None if height is None else height - 1 - without
+        chose_lines = len(self._served_summary(step, server, width, True, cands)) - without
+        rows, _rule, chose = rows_that_fit(len(cands), room, chosen, None, chose_lines, 1 + len(above))
+        summary = self._served_summary(step, server, width, chose, cands)
+        cands = cands[:rows]
         out = Text()
         out.append("  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + label.rjust(num_w),
                    self.style_of("candidates--header"))
@@ -259,14 +276,19 @@ class CandidatesPanel(Panel):
             is_chosen = c.id == step.id
             p = value_of(c)
             cut = post and p == 0  # a post-sampler probability of 0: the server's sampler cut it
+            if is_chosen and above:  # its name on lines of its own, whole
+                for part in above:
+                    out.append(set_cell_size(part, width) + "\n", chosen_style)
             line = Text()
-            line.append("▶ " if is_chosen else "  ")
-            line.append(fit_piece(c.piece, piece_w), special_style if c.special else None)
+            line.append("▶ " if is_chosen and not above else "  ")
+            name = name_cell if is_chosen else fit_piece(c.piece, piece_w)
+            line.append(name, special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
             line.append(" " + (DASH if p is None else "cut" if cut else percent(p)).rjust(num_w))
-            if p is not None and bar_w:
+            room_w = bar_w - (cell_len(name) - piece_w)
+            if p is not None and room_w > 0:
                 line.append(" ")
-                for chars, kind in bar(p, 0.0, bar_w):
+                for chars, kind in bar(p, 0.0, room_w):
                     line.append(chars, bar_style)
             if is_chosen:
                 line.append(" " * max(0, width - line.cell_len))
@@ -313,6 +335,4 @@ class CandidatesPanel(Panel):
             else:
                 rows += [Text(head, style=value), Text("  its " + tail, style=value)]
         rows.append(Text(LEGEND, style=muted))
-        for row in rows:
-            row.truncate(width, overflow="ellipsis")
-        return rows
+        return [row for part in rows for row in whole_lines(part, width)]

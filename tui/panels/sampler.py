@@ -11,6 +11,7 @@ from rich.text import Text
 from tokentui.core.samplers import PARAMS, param
 from tokentui.core.settings import SamplerSettings
 
+from ..format import fitting
 from .base import Panel
 
 LADDER = param("top_k")  # the one parameter whose keys walk a ladder of notches: the row shows the next ones
@@ -24,11 +25,6 @@ PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next 
 def room_for(history: list[str]) -> int:
     """Rows under the settings for the changes: "changed:" and the latest two (or the one there is)."""
     return 1 + min(len(history), 2)
-
-
-def fitting(alternatives, room: int) -> str:
-    """The first of `alternatives` that fits in `room` cells whole, "" when none does."""
-    return next((text for text in alternatives if cell_len(text) <= room), "")
 
 
 SHORT_NAMES = {p.name: p.short_name for p in PARAMS}  # a setting's name in a change line ("temp 0.70→0.80")
