@@ -27,36 +27,12 @@
 
 #include "i16_kernels.h"
 #include "q4_kernels.h"
+#include "step_math.h"
 
 namespace {
 
 using namespace tokentui_q4;
-
-// y = x / sqrt(mean(x^2) + eps) * w over n values (F.rms_norm's arithmetic in float32).
-void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  float squares = 0.f;
-  for (int64_t i = 0; i < n; ++i) squares += x[i] * x[i];
-  const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = horizontal_sum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// y += p x over n values
-void axpy(float p, const float* x, float* y, int64_t n) {
-  const __m256 pv = _mm256_set1_ps(p);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += p * x[i];
-}
+using namespace tokentui_step;  // rms_norm, dot, axpy, attend (step_math.h)
 
 // Layer l's row of a stack [L, ...] (core/model/decode/lean_step.py's stacked_weights), as a pointer: no tensor is made.
 template <typename T>
@@ -72,31 +48,6 @@ void product(bool int16, const float* x, int64_t K, const at::Tensor& packed, co
     q4_rows_product_i16(x, 1, K, row<uint8_t>(packed, l), row<float>(dm, l), y, packed.size(1));
   else
     q4_rows_product(x, 1, K, row<uint8_t>(packed, l), row<float>(dm, l), y, packed.size(1));
-}
-
-// Attention of the query heads [heads, D] over rows 0..pos of the layer's buffers [KV, capacity, D] -> out
-// [heads, D]; scores [heads, pos + 1] is scratch.
-void attend(const float* q, const float* keys, const float* values, int64_t capacity, int64_t heads,
-            int64_t kv_heads, int64_t D, int64_t pos, float scale, float* scores, float* out) {
-  const int64_t group = heads / kv_heads, length = pos + 1;
-  const int64_t grain = length >= 256 ? 1 : heads;  // a short cache: one thread (a fork costs more than the work)
-  at::parallel_for(0, heads, grain, [&](int64_t h0, int64_t h1) {
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* k = keys + (h / group) * capacity * D;
-      const float* v = values + (h / group) * capacity * D;
-      float* s = scores + h * length;
-      float top = -INFINITY;
-      for (int64_t t = 0; t < length; ++t) {
-        s[t] = scale * dot(q + h * D, k + t * D, D);
-        top = std::max(top, s[t]);
-      }
-      float total = 0.f;
-      for (int64_t t = 0; t < length; ++t) total += (s[t] = std::exp(s[t] - top));
-      float* o = out + h * D;
-      std::fill_n(o, D, 0.f);
-      for (int64_t t = 0; t < length; ++t) axpy(s[t] / total, v + t * D, o, D);
-    }
-  });
 }
 
 // x [1, H] float32 (the token's embedding row), cos / sin [D] (the rotation at `pos`), kbufs / vbufs per layer

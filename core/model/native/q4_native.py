@@ -34,9 +34,12 @@ from ..quant.gguf_quant import GROUP, GroupedInt4
 from ..quant.int4_kernel import Int4Kernel
 
 NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
-# one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py)
-SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp")
-HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h")
+# one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py);
+# ggml_ops.cpp / ggml_step.cpp run ggml's CPU kernels, opened at run time (core/model/quant/ggml_linear.py)
+SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "ggml_ops.cpp",
+           NATIVE / "ggml_step.cpp")
+HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
+           NATIVE / "step_math.h", NATIVE / "ggml_abi.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"
@@ -83,7 +86,7 @@ def _build(compiler: str, target: Path) -> None:
         out = Path(tmp) / target.name
         _run_all(compiles, compiler)
         _run_all([[compiler, *FLAGS, *map(str, objects), "-o", str(out), f"-L{torch_dir / 'lib'}", "-lc10",
-                   "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}"]], compiler)
+                   "-ltorch_cpu", "-ldl", f"-Wl,-rpath,{torch_dir / 'lib'}"]], compiler)  # -ldl: ggml_ops.cpp's dlopen
         os.replace(out, target)
 
 

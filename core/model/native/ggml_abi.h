@@ -1,0 +1,91 @@
+// ggml's CPU kernels as tokentui's library calls them (core/model/native/ggml_ops.cpp binds them, ggml_step.cpp uses
+// them), in two parts.
+//
+// 1. The few declarations of ggml's ABI this needs, copied from the pinned llama.cpp's ggml/include/ggml.h
+//    (`enum ggml_type`'s numbers, `struct ggml_type_traits`, `ggml_get_type_traits`) and ggml/include/ggml-cpu.h
+//    (`struct ggml_type_traits_cpu`, `ggml_get_type_traits_cpu`, `ggml_cpu_init`). Why copied: tokentui's library is
+//    built on the user's first start from these sources and torch's headers alone (core/model/native/q4_native.py),
+//    before and without ggml's headers; ggml itself (libggml-cpu.so) is opened at run time with dlopen and its
+//    functions found with dlsym, so only the layouts of these two structs and the functions' signatures must match
+//    the library's (they have been stable since ggml split its CPU backend out, 2024-10).
+// 2. tokentui's own interface between ggml_ops.cpp (which holds the bound library) and ggml_step.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+// ggml.h: the block formats' numbers in GGUF files and in ggml (stable: a removed format's number is never reused)
+enum ggml_type_abi : int {
+  GGML_ABI_F32 = 0, GGML_ABI_F16 = 1, GGML_ABI_Q4_0 = 2, GGML_ABI_Q4_1 = 3, GGML_ABI_Q5_0 = 6, GGML_ABI_Q5_1 = 7,
+  GGML_ABI_Q8_0 = 8, GGML_ABI_Q8_1 = 9, GGML_ABI_Q2_K = 10, GGML_ABI_Q3_K = 11, GGML_ABI_Q4_K = 12,
+  GGML_ABI_Q5_K = 13, GGML_ABI_Q6_K = 14, GGML_ABI_Q8_K = 15, GGML_ABI_IQ2_XXS = 16, GGML_ABI_IQ2_XS = 17,
+  GGML_ABI_IQ3_XXS = 18, GGML_ABI_IQ1_S = 19, GGML_ABI_IQ4_NL = 20, GGML_ABI_IQ3_S = 21, GGML_ABI_IQ2_S = 22,
+  GGML_ABI_IQ4_XS = 23, GGML_ABI_IQ1_M = 29, GGML_ABI_BF16 = 30, GGML_ABI_TQ1_0 = 34, GGML_ABI_TQ2_0 = 35,
+  GGML_ABI_MXFP4 = 39,
+};
+
+typedef void (*ggml_to_float_t)(const void* x, float* y, int64_t k);
+typedef void (*ggml_from_float_t)(const float* x, void* y, int64_t k);
+typedef void (*ggml_vec_dot_t)(int n, float* s, size_t bs, const void* x, size_t bx, const void* y, size_t by,
+                               int nrc);
+
+struct ggml_type_traits {  // ggml.h
+  const char* type_name;
+  int64_t blck_size;
+  int64_t blck_size_interleave;
+  size_t type_size;
+  bool is_quantized;
+  ggml_to_float_t to_float;
+  ggml_from_float_t from_float_ref;
+};
+
+struct ggml_type_traits_cpu {  // ggml-cpu.h
+  ggml_from_float_t from_float;
+  ggml_vec_dot_t vec_dot;
+  int vec_dot_type;  // enum ggml_type
+  int64_t nrows;     // rows vec_dot may process at once (we always ask for one: nrc = 1 is valid for every kernel)
+};
+
+typedef const ggml_type_traits* (*ggml_get_type_traits_fn)(int type);
+typedef const ggml_type_traits_cpu* (*ggml_get_type_traits_cpu_fn)(int type);
+typedef void (*ggml_cpu_init_fn)(void);
+}
+
+namespace tokentui_ggml {
+
+// One weight format as the bound library runs it: its blocks, its conversions, its dot product and the format the
+// activations are converted to for it (vec_dot_type: Q8_0 for Q4_0 / Q8_0, Q8_1 for Q4_1, Q8_K for K-quants, ...).
+struct Format {
+  int type;
+  int64_t block;           // values a block
+  int64_t type_size;       // bytes a block
+  ggml_to_float_t to_float;
+  ggml_from_float_t from_float_ref;
+  ggml_vec_dot_t vec_dot;
+  int act_type;            // vec_dot_type
+  int64_t act_block;       // its values a block and bytes a block
+  int64_t act_type_size;
+  ggml_from_float_t act_from_float;  // the CPU backend's conversion of float32 rows to act_type
+  int64_t row_bytes(int64_t k) const { return k / block * type_size; }
+  int64_t act_row_bytes(int64_t k) const { return k / act_block * act_type_size; }
+};
+
+// The format of ggml type `type` from the bound library (TORCH_CHECK fails, one line, when nothing is bound or the
+// library has no CPU kernel for it).
+const Format& format(int64_t type);
+
+// One product job for run_products: rows of a weight matrix times one converted activation row.
+struct Job {
+  const Format* format;
+  const uint8_t* weights;  // [rows, row_bytes]
+  int64_t rows;
+  const uint8_t* act;      // the activation row in format->act_type
+  float* out;              // [rows]
+};
+
+// Every job's rows, split over torch's threads (at::parallel_for) as one range, so a layer's q, k and v (or gate and
+// up) fork once; each row one vec_dot of K values.
+void run_products(const Job* jobs, int64_t count, int64_t K);
+
+}  // namespace tokentui_ggml
