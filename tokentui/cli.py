@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "costs time per step; in --json output and the run record)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: a 4-bit GGUF on CPU "
-                   "runs as stored, 4-bit weights and bf16 activations into them; else bf16 on CUDA, fp32 on CPU; "
-                   "float32: a GGUF de-quantized, the exact reference)")
+                   "runs as stored, 4-bit weights and bf16 activations into them; a model folder on CPU keeps the "
+                   "dtype it is stored in; else bf16 on CUDA, fp32 on CPU; float32: a GGUF de-quantized, the exact "
+                   "reference)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
     p.add_argument("--threads", type=integer("threads"), default=None,
                    help="CPU threads for the model, at most 4 per CPU (default: all cores but one, which the "
@@ -71,10 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "wide float32 weight matrices stored transposed; for a faster decode (same values, scores "
                         "differ by float rounding); stock: leave them as loaded")
     # core.model.quantize.QUANTIZE, spelled out for the same reason
-    p.add_argument("--quantize", choices=("none", "int4"), default="none",
+    p.add_argument("--quantize", choices=("none", "int4", "int8"), default="none",
                    help="int4: quantize a float model's weight matrices here to 4 bits (group 32, bf16 scales; "
                         "bf16 activations into them; CPU), the layout a 4-bit GGUF runs in: ~6x fewer bytes a "
-                        "step. The model panel says so. none (default): the weights as loaded")
+                        "step than float32. int8: to Q8_0 blocks of 32 run by ggml's kernels (llama.cpp's; CPU). "
+                        "The model panel says so. none (default): the weights as loaded")
     # core.model.static_cache.KV_SHAPES, spelled out for the same reason
     p.add_argument("--kv-shapes", choices=("auto", "dynamic", "bucketed"), default="auto",
                    help="eager decode's attention shapes: bucketed (the KV cache padded to 256-position buckets, "

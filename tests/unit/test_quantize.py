@@ -190,7 +190,7 @@ def test_quantizing_twice_or_on_a_gpu_is_one_line(smol_tokenizer):
     with pytest.raises(SettingsError, match="4-bit already"):
         load_model(None, quantize="int4")  # the embedded GGUF runs as stored
     with pytest.raises(SettingsError, match="--quantize must be"):
-        load_model(None, quantize="int8")
+        load_model(None, quantize="int2")
 
 
 def test_the_command_line_offers_exactly_what_the_engine_knows():

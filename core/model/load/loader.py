@@ -274,6 +274,10 @@ def load_model(
     import torch
 
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    # an HF folder on CPU loads in the dtype it is stored in (core/model/quant/hf_stored.py): no float32 copy
+    as_stored = where.gguf_file is None and _as_stored(dtype, dev, device_map)
+    if as_stored:
+        kwargs["dtype"] = "auto"  # transformers': config.json's dtype, else the weights' own
     if source == "hub" and not isinstance(folder, Path):
         kwargs["local_files_only"] = hub_offline()
     if not allow_pickle:
@@ -305,6 +309,16 @@ def load_model(
         progress(LoadProgress(STAGE_QUANTIZE, None))
         kept = quantize_model(model)
         quantized = quantized_facts(model, kept)
+    elif quantize == "int8":  # core/model/quant/hf_stored.py: Q8_0 blocks, ggml's kernels, one matrix at a time
+        from ..quant.hf_stored import quantize_int8
+
+        progress(LoadProgress(STAGE_QUANTIZE, None))
+        quantized = quantize_int8(model, progress)
+    elif as_stored:  # its matrices viewed as ggml's rows where the native step serves it, else torch in its dtype
+        from ..quant.hf_stored import run_as_stored
+
+        stored = run_as_stored(model, progress)
+        quantized, notice = stored.facts, stored.notice or notice
     try:
         facts = model_facts(model, tokenizer, name=name, source=source, trust_remote_code=trust_remote_code,
                             load_seconds=time.perf_counter() - started)
@@ -332,11 +346,17 @@ def _check_quantize(quantize: str, dtype: str, device, device_map: str | None) -
     if quantize == "none":
         return
     if device.type != "cpu" or device_map:
-        raise SettingsError(f"--quantize {quantize} runs on CPU only (the CUDA int4 path is not built); pass "
+        raise SettingsError(f"--quantize {quantize} runs on CPU only (no CUDA path is built for it); pass "
                             "--device cpu or drop --quantize")
     if (dtype or "auto").strip().lower() not in ("auto", "float32"):
-        raise SettingsError(f"--quantize {quantize} computes around its 4-bit products in float32; drop --dtype "
+        raise SettingsError(f"--quantize {quantize} computes around its quantized products in float32; drop --dtype "
                             "or pass --dtype float32")
+
+
+def _as_stored(dtype: str, device, device_map: str | None) -> bool:
+    """Whether an HF folder loads in its stored dtype (bf16 / fp16 / fp32: core/model/quant/hf_stored.py): the default
+    (--dtype auto) on CPU without a device map. Elsewhere --dtype's own choice (resolve_dtype)."""
+    return (dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
 
 
 def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:
@@ -385,7 +405,9 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     attention = next((b for b in parts.blocks if b.heads), None) if parts is not None else None
     heads = getattr(text_config, "num_attention_heads", None)
     out_emb = model.get_output_embeddings()
-    vocab_rows = int(out_emb.weight.shape[0]) if out_emb is not None else int(text_config.vocab_size)
+    # out_features first: a GGMLLinear head's `weight` is a float32 copy made on demand (core/model/quant/ggml_linear.py)
+    rows = getattr(out_emb, "out_features", None) or (out_emb.weight.shape[0] if out_emb is not None else None)
+    vocab_rows = int(rows) if rows is not None else int(text_config.vocab_size)
     return ModelFacts(
         name=name,
         source=source,
@@ -416,6 +438,9 @@ def tied_lm_head(model) -> bool | None:
     two views of the same memory), whatever `config.tie_word_embeddings` claims. None when the model has no
     separate input or output embeddings to compare, or their weights are not materialised (meta tensors)."""
     inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    a, b = (_stored_bytes(m) for m in (inp, out))
+    if a is not None and b is not None:  # ggml rows (a GGMLLinear / GGMLEmbedding) or a table viewed as them
+        return a.data_ptr() == b.data_ptr() != 0 and a.numel() == b.numel()
     a, b = getattr(inp, "weight", None), getattr(out, "weight", None)
     if a is None or b is None:
         return None
@@ -424,3 +449,16 @@ def tied_lm_head(model) -> bool | None:
     if a.is_meta or b.is_meta:
         return None
     return a.device == b.device and a.shape == b.shape and a.data_ptr() == b.data_ptr() != 0
+
+
+def _stored_bytes(module):
+    """The bytes a module multiplies by without reading its `weight` (a GGMLLinear's is a float32 copy made on
+    demand): a ggml module's rows, an nn.Embedding's table as bytes; None for anything else."""
+    import torch
+
+    matrix = getattr(module, "matrix", None)
+    if matrix is not None:
+        return matrix.raw
+    if not isinstance(module, torch.nn.Embedding) or module.weight.is_meta:
+        return None
+    return module.weight.detach().reshape(-1).view(torch.uint8)

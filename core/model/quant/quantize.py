@@ -36,9 +36,12 @@ from .gguf_quant import BF16_ROUNDOFF, GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
 from .qlinear import (EXACT_SCORES, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, quantized_modules,
                       step_weight_bytes)
 
-QUANTIZE = ("none", "int4")
+QUANTIZE = ("none", "int4", "int8")  # int8: core/model/quant/hf_stored.py (Q8_0 blocks, ggml's kernels)
 SOURCE = "int4"  # GroupedInt4.source for a matrix quantized here (a GGUF's say its block type)
 FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# rows of a matrix quantized at once: its float32 temporaries (~4 copies of the slice) stay a few MB, not 4 copies of
+# a 151,936-row LM head (2.5 GB at Qwen3-0.6B's shapes)
+ROWS_AT_ONCE = 4096
 
 
 def quantize_matrix(weight: torch.Tensor) -> GroupedInt4:
@@ -50,6 +53,10 @@ def quantize_matrix(weight: torch.Tensor) -> GroupedInt4:
     n, k = weight.shape
     if k % GROUP:
         raise ValueError(f"the input size must be a multiple of {GROUP}, got {k}")
+    if n > ROWS_AT_ONCE:  # each row's groups are its own: in slices, the float32 temporaries stay one slice's
+        parts = [quantize_matrix(weight[i:i + ROWS_AT_ONCE]) for i in range(0, n, ROWS_AT_ONCE)]
+        return GroupedInt4(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
+                           torch.cat([p.zero for p in parts]), SOURCE)
     w = weight.detach().float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
     low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
     scale = ((high - low) / 15.0).to(KERNEL_SCALE_DTYPE).float()
@@ -143,7 +150,6 @@ def quantize_model(model: nn.Module) -> int:
     if not layers:
         raise ModelLoadError("--quantize int4: none of this model's layers is a linear layer the int4 kernel takes "
                              f"(inputs a multiple of {GROUP}, outputs of 16); drop --quantize")
-    model.float()  # everything around the 4-bit products computes in float32 (the kernel's activations are bf16)
     with torch.no_grad():
         for parent in list(model.modules()):
             for group in FUSE:
@@ -155,7 +161,13 @@ def quantize_model(model: nn.Module) -> int:
                     biases = [None if m.bias is None else m.bias.detach().float() for m in members]
                     for name, part in zip(group, fused.parts(biases)):
                         setattr(parent, name, part)
-        for path, module in list(model.named_modules()):
+        # the head last: after the float32 cast, which its float rows (a tied head's: the embedding's) need
+        body = [(path, m) for path, m in model.named_modules() if m is not head and _fits(m, kinds)]
+        for path, module in body + [(path, m) for path, m in model.named_modules() if m is head]:
+            if module is head:
+                # everything around the 4-bit products computes in float32 (the kernel's activations are bf16); cast
+                # only now that the body's matrices are 4-bit: a bf16 model never holds a float32 copy of them
+                _float_rest(model)
             if not _fits(module, kinds):
                 continue
             parent, name = _parent_and_name(model, path)
@@ -171,7 +183,24 @@ def quantize_model(model: nn.Module) -> int:
             else:
                 replacement = QLinear.from_matrix(quantize_matrix(_weight_of(module)), bias=bias, kernel=kernel)
             setattr(parent, name, replacement)
+        if head is None or not any(m is head for m in model.modules()):
+            _float_rest(model)  # no head among the modules: the cast above did not run
     return _float_matrices(model)
+
+
+def _float_rest(model: nn.Module) -> None:
+    """`model.float()` for everything but its 4-bit modules, whose bfloat16 scales are what the kernel reads. In
+    place (`.data`), so a Parameter shared by two modules (a tied embedding) stays one."""
+    skip = {id(m) for q in quantized_modules(model) for m in q.modules()}
+    for module in model.modules():
+        if id(module) in skip:
+            continue
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_floating_point() and b.dtype != torch.float32:
+                setattr(module, name, b.float())
 
 
 def quantized_facts(model: nn.Module, kept_float: int):
