@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
+from ..format import shorter_form
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
                            head_words, stage_shapes, timing_sum, waited, wrap)
@@ -103,8 +104,14 @@ class AnatomyPanel(Panel):
     def _title(self, facts) -> None:
         device = device_label(facts.device)
         where = "no GPU: the model runs on the CPU too" if device == "CPU" else facts.device
-        title = (f"one pass · [$stage-host]host[/] = Python on the CPU · [$stage-device]{device}[/] = the device "
-                 f"({where})")
+        host, dev = "[$stage-host]host[/]", f"[$stage-device]{device}[/]"
+        forms = (f"one pass · {host} = Python on the CPU · {dev} = the device ({where})",
+                 f"one pass · {host} = Python on the CPU · {dev} = the device",
+                 f"one pass · {host} = Python · {dev} = the device", f"one pass · {host} = Python · {dev} = device",
+                 f"one pass · {host} · {dev}")
+        room = (self.outer_size.width or 200) - 8  # what Textual keeps of the border beside a title
+        title = next((form for form in forms if len(Text.from_markup(form.replace("$", "")).plain) <= room),
+                     forms[-1])  # the longest wording that fits, never one cut with "…" (issue 40)
         if self.__dict__.get("_title_markup") != title:
             self.__dict__["_title_markup"] = title
             self.border_title = title
@@ -121,9 +128,9 @@ class AnatomyPanel(Panel):
         if time_w:
             line.append(f" {mark} ", self.style_of("anatomy--rule"))
             line.append(set_cell_size(time, time_w), self.style_of("anatomy--time"))
-        room = width - line.cell_len - 1
-        if stage.note and room >= 8:
-            line.append(" " + stage.note, self.style_of("anatomy--note"))
+        note = shorter_form(stage.note, width - line.cell_len - 1)  # whole clauses only (issue 40)
+        if note and cell_len(note) >= 8:
+            line.append(" " + note, self.style_of("anatomy--note"))
         line.truncate(width, overflow="ellipsis")
         return line
 
@@ -158,7 +165,8 @@ class AnatomyPanel(Panel):
                 line.append_text(b[n])
             lines.append(Line(line))
         if not spare:
-            lines.append(Line(Text(distribution_line(step), style=self.style_of("anatomy--note")), NOTE))
+            lines.append(Line(Text(shorter_form(distribution_line(step), width),
+                                   style=self.style_of("anatomy--note")), NOTE))
         return lines
 
     def _fixed_width(self, stages, timing) -> int:
@@ -238,8 +246,8 @@ class AnatomyPanel(Panel):
                 row.append(set_cell_size(stage.name, name_w) + " ", self.style_of("anatomy--name"))
                 row.append(stage_shapes(stage), self.style_of("anatomy--shape"))
                 lines.append(Line(row, KEEP if part is not None else EXTRA))  # the id alone goes first
-                if part == "select" and stage.note:  # the distribution's shape change, stage by stage
-                    note = Text("     " + stage.note, style=self.style_of("anatomy--note"))
+                if part == "select" and shorter_form(stage.note, width - 5):  # the shape change, stage by stage
+                    note = Text("     " + shorter_form(stage.note, width - 5), style=self.style_of("anatomy--note"))
                     lines.append(Line(note, EXTRA if "draw" in stage.name else NOTE))  # the draw's goes first
         return lines
 

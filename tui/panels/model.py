@@ -7,7 +7,7 @@ import textwrap
 from rich.text import Text
 
 from tokentui.core.runs.facts import SHORT_DTYPES
-from ..format import human_count
+from ..format import fitting, human_count, shorter_form
 from ..served import (CLIENT_MEASURED, DASH, LEGEND, NOT_REPORTED, prefix_caching, prob_detail, prob_name,
                       server_of, wrap)
 from .base import Panel
@@ -92,14 +92,31 @@ class ModelPanel(Panel):
         value = self.style_of("model--value")
         muted = self.style_of("model--muted")
 
-        def row(name: str, val: str, extra: str = "", optional: bool = False) -> None:
-            """One row; an `optional` extra goes where it does not fit (a cut word would mislead)."""
+        def row(name: str, val: str, extra: str | tuple[str, ...] = "", optional: bool = False) -> None:
+            """One row, never cut (issue 40: "model runs 102 (prefill + 101 dec…" at 120×30): `extra` (or the
+            first of its shorter wordings that fits) where it fits, else its clauses that fit; an `optional` extra
+            that does not goes, any other goes on a line of its own under the value. A value wider than the panel
+            goes on as many lines as it needs."""
             if out:
                 out.append("\n")
             out.append(f"{name:<13}", label)
-            out.append(val, value)
-            if extra and not (optional and 13 + len(val) + 1 + len(extra) > width):
-                out.append(f" {extra}", muted)
+            room = max(10, width - 13)
+            parts = textwrap.wrap(val, room, break_on_hyphens=False) or [""]
+            out.append(parts[0], value)
+            for part in parts[1:]:
+                out.append("\n" + " " * 13)
+                out.append(part, value)
+            forms = (extra,) if isinstance(extra, str) else extra
+            if not forms[0]:
+                return
+            left = width - 13 - len(parts[-1]) - 1
+            said = fitting(forms, left) or shorter_form(forms[0], left)
+            if said:
+                out.append(f" {said}", muted)
+            elif not optional:
+                for part in textwrap.wrap(forms[0].removeprefix("· "), room, break_on_hyphens=False):
+                    out.append("\n" + " " * 13)
+                    out.append(part, muted)
 
         return row
 
@@ -110,7 +127,7 @@ class ModelPanel(Panel):
         muted = self.style_of("model--muted")
         facts_out = Text()
         row = self._row_writer(facts_out, width)
-        facts_out.append(facts.name, self.style_of("model--name"))
+        self._model_name(facts.name, facts_out, width)
         row("architecture", facts.architecture)
         row("parameters", human_count(facts.parameters), f"({facts.parameters:,})")
         row("layers", f"{facts.layers}", f"· hidden {facts.hidden_size:,}")
@@ -143,7 +160,8 @@ class ModelPanel(Panel):
             self.border_subtitle = ""
             if dequantized:  # a GGUF's blocks de-quantized at load to the device row's dtype (float32: the reference)
                 row("weights", f"{dequantized} de-quantized")
-        row("source", facts.source, f"· loaded {facts.load_seconds:.1f} s" if facts.load_seconds else "")
+        row("source", facts.source, (f"· loaded {facts.load_seconds:.1f} s", f"· {facts.load_seconds:.1f} s")
+            if facts.load_seconds else "")
         if facts.trust_remote_code:
             facts_out.append("\n")
             facts_out.append("⚠ trust-remote-code: runs the model's own code", self.style_of("model--warning"))
@@ -159,7 +177,8 @@ class ModelPanel(Panel):
             row("prompt", f"{prompt_tokens:,}", "token" if prompt_tokens == 1 else "tokens")
             row("answer", f"{answer_tokens:,}", "token" if answer_tokens == 1 else "tokens")
         decodes = max(0, runs - 1)
-        row("model runs", f"{runs:,}", f"(prefill + {decodes:,} decode{'s' if decodes != 1 else ''})" if runs else "")
+        row("model runs", f"{runs:,}", (f"(prefill + {decodes:,} decode{'s' if decodes != 1 else ''})",
+                                         f"(prefill + {decodes:,})") if runs else "")
         if compact:
             row("scores", f"{state.scores:,}", f"= {runs:,} runs × {facts.vocab_rows:,}", optional=True)
         else:
@@ -187,11 +206,19 @@ class ModelPanel(Panel):
         out.append_text(totals)
         return out
 
+    def _model_name(self, name: str, out: Text, width: int) -> None:
+        """The model's name: whole where it fits; else without its parenthesis (`(Q4_1 GGUF, embedded)`: the
+        weights and source rows say it); a name wider than the panel still, on as many lines as it needs."""
+        if len(name) > width and " (" in name and name.endswith(")"):
+            name = name[:name.index(" (")]
+        out.append("\n".join(textwrap.wrap(name, width, break_on_hyphens=False) or [name]),
+                   self.style_of("model--name"))
+
     def _weights(self, quant, row) -> None:
         """The record's QuantFacts.summary() in the panel's width: "weights  Q4_1 as stored · 4-bit g32" (or "int4
         quantized here", --quantize) and, in the
         bottom border, "bf16 scales · bf16 activations"."""
-        row("weights", quant.stored_words(), f"· {quant.bits}-bit g{quant.group}")
+        row("weights", quant.stored_words(), (f"· {quant.bits}-bit g{quant.group}", f"· {quant.bits}-bit"))
         self.border_subtitle = (f"{SHORT_DTYPES.get(quant.scale_dtype, quant.scale_dtype)} scales · "
                                 f"{SHORT_DTYPES.get(quant.activation_dtype, quant.activation_dtype)} activations")
 
