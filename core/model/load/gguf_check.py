@@ -46,11 +46,10 @@ def check_gguf(path: Path) -> None:
 
 
 def checked_reader(path: Path):
-    """gguf-py's GGUFReader of `path`, once every check above holds (raises ModelLoadError otherwise)."""
-    from gguf import GGUFReader
-
+    """gguf-py's GGUFReader of `path` (`fast_reader`), once every check above holds (raises ModelLoadError
+    otherwise)."""
     try:
-        reader = GGUFReader(str(path))
+        reader = fast_reader(path)
     except Exception as err:  # gguf-py's own refusals (see the module docstring), worded as transformers' are
         raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); download it "
                              "again or pass another --model") from None
@@ -59,6 +58,26 @@ def checked_reader(path: Path):
         raise _corrupt(path, problem)
     _passed.add(_identity(path))
     return reader
+
+
+def fast_reader(path: Path):
+    """gguf-py's GGUFReader, its parse several times faster: it slices a plain ndarray view of the file's memory map
+    instead of the memmap itself (numpy's memmap does per-slice bookkeeping, and the parse takes one slice per
+    metadata value: 2 per vocabulary entry). The same fields and tensors; tensor data are read-only views of the
+    same map."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    class FastReader(GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):  # gguf-py's own, on the plain view
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)
+            count = int(count)
+            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    return FastReader(str(path))
 
 
 def _identity(path: Path) -> tuple:
