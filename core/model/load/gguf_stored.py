@@ -1,0 +1,228 @@
+"""A GGUF run as stored: every matrix of an `nn.Linear`, the input embedding and the LM head stays the file's own
+bytes, memory-mapped (no copy, no de-quantized float32 matrix), and is multiplied by ggml's own CPU kernels
+(core/model/quant/ggml_linear.py's GGMLLinear / GGMLEmbedding over a GGMLMatrix; core/model/native/ggml_build.py
+builds llama.cpp's libggml-cpu). This is how llama.cpp itself loads a file.
+
+Each start: the file is checked and parsed once (core/model/load/gguf_check.py's checked_reader, gguf-py's GGUFReader:
+its tensors are views of one read-only memory map); the config and the tokenizer come from transformers' GGUF reader
+on a first start only and are cached under `cache_dir()/stored/<key>` (the file's identity: path, size, mtime,
+transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the model is built
+on the meta device (gguf_load._skeleton) and each GGUF tensor named for its parameter as transformers names it
+(`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_load.plan_gguf does):
+
+    2-D weight of an nn.Linear, the input embedding,     a GGMLLinear / GGMLEmbedding over the mapped bytes; rows
+    the LM head (in a block type ggml runs)              the processor permutes (llama's q/k) are the one copy
+    tied head (no output.weight)                         a GGMLLinear over the embedding's same GGMLMatrix
+    1-D tensors (norms, biases)                          de-quantized to float32 (small)
+    a type ggml cannot run, or a tensor the processor    de-quantized to float32 as transformers does, and counted
+    changes beyond a row order, or any other tensor      in the model facts (with its bytes)
+
+The model facts' account of the weights: core/model/load/gguf_stored_facts.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...errors import ModelLoadError, error_line
+from ...paths import cache_dir
+from ...runs.events import LoadProgress
+from .gguf_check import checked_reader
+from .gguf_load import _skeleton
+from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
+
+FORMAT = 1  # bump when what the cache folder holds changes
+STAGE_CACHED = "reading the cached tokenizer and config"
+STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
+FOUR_BIT_PACKED = ("Q4_0", "Q4_1", "Q4_K")  # the types the packed path's own kernels run (gguf_load.py)
+
+
+@dataclass
+class StoredLoad:
+    """A GGUF loaded as stored: the model, its tokenizer, the de-quantized 2-D tensors (HF name -> (block type, the
+    float32 bytes they now take)), and why the config / tokenizer were not cached (None: cached, or read from it)."""
+
+    model: nn.Module
+    tokenizer: object
+    dequantized: dict[str, tuple[str, int]] = field(default_factory=dict)
+    notice: str | None = None
+    from_cache: bool = False
+
+
+def packed_serves(reader) -> bool:
+    """Whether tokentui's own 4-bit kernels (the packed path, gguf_load.py) serve the file: every 2-D matrix of its
+    blocks (`blk.N.`) is Q4_0, Q4_1 or Q4_K (the embedding and a head in another type are handled there too)."""
+    matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    return bool(matrices) and all(t.tensor_type.name in FOUR_BIT_PACKED for t in matrices)
+
+
+def cache_key(path: Path) -> str:
+    import transformers
+
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{FORMAT}"
+    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def cached_folder(path: Path) -> Path:
+    """Where `path`'s config and tokenizer are kept once converted."""
+    return cache_dir() / "stored" / cache_key(path)
+
+
+def _cached(target: Path, progress: Progress):
+    """(config, tokenizer) from a complete cache folder, or None (absent, or damaged: removed)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (target / ".complete").is_file():
+        return None
+    progress(LoadProgress(STAGE_CACHED, None))
+    try:
+        return AutoConfig.from_pretrained(target), AutoTokenizer.from_pretrained(target)
+    except Exception:  # a damaged cache: converted again
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+
+
+def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) -> StoredLoad:
+    """The GGUF at `path` with its matrices as stored (the module docstring); CPU only. `reader`: the file's
+    checked GGUFReader when the caller has one (the routing in loader.py parsed it already). ggml's library must
+    be bound first (ggml_linear.load); a bad file is one line (ModelLoadError)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
+    target = cached_folder(path)
+    found = _cached(target, progress)
+    try:
+        if found is None:
+            progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
+            folder, name = str(path.parent), path.name
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        else:
+            config, tokenizer = found
+        model = _skeleton(config)
+        dequantized = place_stored(reader, model, progress)
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
+                             "download it again or pass another --model") from err
+    check_first_pass(model, tokenizer, path)  # a file whose first scores are not numbers is refused, every start
+    notice = None
+    if found is None:
+        def write(tmp: Path) -> None:
+            config.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+
+        notice = write_cache(target, write, path)
+    return StoredLoad(model, tokenizer, dequantized, notice=notice, from_cache=found is not None)
+
+
+# ---------------------------------------------------------------------------------------------- the tensors
+def _module_name(model: nn.Module, module: nn.Module | None) -> str | None:
+    if module is None:
+        return None
+    return next((name for name, m in model.named_modules() if m is module), None)
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: None) -> dict[str, tuple[str, int]]:
+    """Fill `skeleton` (parameters on the meta device) from `reader`'s tensors, in place: the modules of the module
+    docstring's table. -> the 2-D tensors de-quantized instead (HF name -> (block type, float32 bytes))."""
+    from gguf import dequantize
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map, read_field)
+
+    from ..quant.ggml_linear import GGMLEmbedding, GGMLLinear
+
+    architecture = read_field(reader, "general.architecture")[0]
+    # the processor reads the HF config's names (num_attention_heads...), as transformers' own parse gives them
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=skeleton.config.to_dict())
+    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    floats: dict[str, torch.Tensor] = {}
+    parsed = {"config": skeleton.config.to_dict(), "tensors": floats}  # processors that split tensors write there
+    embed = _module_name(skeleton, skeleton.get_input_embeddings())
+    head = _module_name(skeleton, skeleton.get_output_embeddings())
+    matrices, dequantized = {}, {}
+    total = max(sum(int(t.n_bytes) for t in reader.tensors), 1)
+    stage = STAGE_MAP.format(tensors=len(reader.tensors))
+    done, sent = 0, -1.0
+    for tensor in reader.tensors:
+        if done / total - sent >= 0.01:
+            sent = done / total
+            progress(LoadProgress(stage, sent))
+        done += int(tensor.n_bytes)
+        hf = mapping.get(tensor.name, "")
+        module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
+        matrix = _as_stored(tensor, skeleton, module, embed, head, processor, mapping, parsed)
+        if matrix is not None:
+            matrices[module] = matrix
+            continue
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
+                                   parsed_parameters=parsed)
+        if result.name in mapping:
+            target = mapping[result.name]
+            floats[target] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
+            if floats[target].dim() >= 2:
+                dequantized[target] = (tensor.tensor_type.name, floats[target].nbytes)
+    progress(LoadProgress(stage, 1.0))
+    for name, matrix in matrices.items():
+        if name == embed:
+            _set(skeleton, name, GGMLEmbedding(matrix))
+        else:
+            _set(skeleton, name, GGMLLinear(matrix, bias=floats.pop(f"{name}.bias", None)))
+    tied = head is not None and head not in matrices and f"{head}.weight" not in floats
+    if tied and embed in matrices:  # no output.weight: the head multiplies by the embedding's own stored matrix
+        _set(skeleton, head, GGMLLinear(matrices[embed], bias=floats.pop(f"{head}.bias", None)))
+    skeleton.load_state_dict(floats, strict=False, assign=True)
+    out = skeleton.get_output_embeddings()
+    if type(out) is nn.Linear and out.weight.is_meta:  # tied to a de-quantized embedding (a type ggml cannot run):
+        skeleton.tie_weights()  # assign=True gave the embedding a new Parameter; transformers ties the head to it
+    still_meta = [n for n, p in skeleton.named_parameters() if p.is_meta]
+    if still_meta:
+        raise ModelLoadError(f"the GGUF file has no tensor for {still_meta[0]} (and {len(still_meta) - 1} more): "
+                             "it does not match its own architecture; pass --dtype float32 to load it as "
+                             "transformers does")
+    skeleton.eval()
+    return dequantized
+
+
+def _as_stored(tensor, skeleton: nn.Module, module: str | None, embed: str | None, head: str | None, processor,
+               mapping, parsed):
+    """`tensor` as a GGMLMatrix over the file's bytes for `module`, or None when it must be de-quantized: not the
+    weight of an nn.Linear / the embedding / the head, a shape the module does not have, a processor that changes
+    more than its row order, or a block type ggml does not run (GGMLMatrix refuses it)."""
+    from ..quant.gguf_quant import row_order
+    from ..quant.ggml_linear import GGMLMatrix
+
+    if module is None or len(tensor.shape) != 2:
+        return None
+    target = skeleton.get_submodule(module)
+    if not (type(target) is nn.Linear or (module == embed and type(target) is nn.Embedding)):
+        return None  # (a subclass may do more than the product: Gemma's scaled embedding)
+    cols, rows = (int(n) for n in tensor.shape)  # gguf lists dimensions innermost first
+    weight = target._parameters.get("weight")  # the meta Parameter (its shape), not a property
+    if weight is None or tuple(weight.shape) != (rows, cols):
+        return None
+    order = row_order(processor, tensor.name, rows, tensor_key_mapping=mapping, parsed_parameters=parsed)
+    if order is None:
+        return None
+    try:
+        matrix = GGMLMatrix.from_gguf_tensor(tensor)
+    except ValueError:  # a block type ggml's CPU kernels do not run: de-quantized, and counted in the facts
+        return None
+    if not np.array_equal(order, np.arange(rows)):
+        matrix = matrix.take_rows(torch.from_numpy(order))  # llama's q/k rows: the one copy
+    return matrix
