@@ -47,6 +47,24 @@ def describe_change(change) -> list[str]:
             for name, old, new in change.changes]
 
 
+def latest_forms(changes) -> tuple[str, ...]:
+    """The latest step's changes on one line, every setting changed at it (issue 40: a one-line panel said only
+    the last of several), longest wording first: `step 12 temp 0.70→0.80, top-p 0.90→0.95`, `step 12 temp→0.80,
+    top-p→0.95`, `step 12: temp, top-p changed`, `step 12: temp, top-p`, `step 12: 2 changes`. () when nothing
+    changed."""
+    if not changes:
+        return ()
+    change = changes[-1]
+    names = [SHORT_NAMES.get(name, name) for name, _old, _new in change.changes]
+    full = ", ".join(f"{short} {setting_value(name, old)}→{setting_value(name, new)}"
+                     for short, (name, old, new) in zip(names, change.changes))
+    brief = ", ".join(f"{short}→{setting_value(name, new)}"
+                      for short, (name, _old, new) in zip(names, change.changes))
+    step = f"step {change.step}"
+    return (f"{step} {full}", f"{step} {brief}", f"{step}: {', '.join(names)} changed", f"{step}: {', '.join(names)}",
+            f"{step}: {len(names)} change{'s' if len(names) != 1 else ''}")
+
+
 def short_values(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
     """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
     ones the keys change); `brief` as for `describe`."""
@@ -98,13 +116,18 @@ class SamplerPanel(Panel):
             return self._travel(viewed, settings, width, height, pending, history)
         out = Text()
         if height < 4:  # one line: every value (but a quiet stage that is off), then the latest change
-            for n, (key, val) in enumerate(describe(settings, brief=True).items()):
-                if n:
-                    out.append(" · ", muted)
-                out.append(("temp" if key == "temperature" else key) + " ", label)
-                out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
-            room = width - cell_len(out.plain) - 3  # after " · "
-            note = fitting(waiting, room) if waiting else fitting(history[-1:], room)
+            notes = waiting or latest_forms(state.settings_changes)
+            for labelled in (True, False):  # "sample" / "greedy" says what it is: its label goes to make room
+                out = Text()
+                for n, (key, val) in enumerate(describe(settings, brief=True).items()):
+                    if n:
+                        out.append(" · ", muted)
+                    if labelled or key != "mode":
+                        out.append(("temp" if key == "temperature" else key) + " ", label)
+                    out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
+                note = fitting(notes, width - cell_len(out.plain) - 3)  # after " · "
+                if note or not notes:
+                    break
             if note:
                 out.append(" · ", muted)
                 out.append(note, changed)
@@ -166,7 +189,8 @@ class SamplerPanel(Panel):
                     out.append(" · ", muted)
                 out.append(("temp" if key == "temperature" else key) + " ", label)
                 out.append(val.replace(" (greedy)", "").replace(" (off)", ""), value)
-            note = fitting(history[-1:], (self.content_size.width or 26) - cell_len(out.plain) - 3)
+            upto_changes = [change for change in state.settings_changes if change.step <= upto]
+            note = fitting(latest_forms(upto_changes), (self.content_size.width or 26) - cell_len(out.plain) - 3)
             if note:  # whole, or not at all
                 out.append(" · ", muted)
                 out.append(note, changed)
