@@ -1,0 +1,199 @@
+"""The native decode step for models whose matrices are GGUF tensors kept as stored (core/model/quant/ggml_linear.py's
+GGMLLinear): a Llama / Mistral / Qwen2 / Qwen3 model's whole decode step as one C++ call (core/model/native/
+ggml_step.cpp), every product through ggml's own CPU kernels, each matrix in its own format.
+
+Like core/model/native/native_step.py (the same C++ arithmetic between the products, step_math.h): the rotation's
+cos / sin from the model's own rotary module, the KV buffers the cache's own (growable_layers), the embedding row from
+the model's own embedding module and the head the model's own (a tied head: a GGMLLinear on the embedding's matrix,
+through ggml's product), called once on the final hidden state.
+
+Its states are not the model's forward's bit for bit: the norms and attention sum in another order. The products
+are the same (GGMLLinear runs ggml's product for one row: the same 8-bit activation blocks, the same vec_dot), but an
+activation one float32 rounding away may round to the neighbouring step of its 8-bit block; so `ggml_step(model)`
+accepts the step only where, on three tokens after a four-token prompt (scratch caches), its final hidden states are
+within TOLERANCE of the model's forward's. tests/unit/test_ggml_step.py holds it to the model's forward (greedy ids,
+cache rows) and to `generate` on tiny Llama / Qwen2 / Qwen3 models.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch import nn
+
+from ..decode.adapter import cache_keyword, growable_layers, new_cache
+from ..quant.ggml_linear import GGMLEmbedding, GGMLLinear, available
+
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# max |difference| of the final norm's output from the model's forward's, relative to its largest |value| (or 1),
+# for the step to be accepted. The two differ where a float32 rounding moves an activation across a rounding
+# boundary of its 8-bit block: that activation then differs by one step (1/127 of its block's largest), ~0.4% of
+# one input of one product, and the layers carry it on. Measured on the tiny test models and a Qwen3-0.6B-shaped
+# random model: BENCHMARKS.md's ggml section; a wrong weight, rotation, norm, bias or cache row differs by far more.
+TOLERANCE = 3e-2
+_MATS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+         "mlp.up_proj", "mlp.down_proj")
+_STEPS: "weakref.WeakKeyDictionary[object, GGMLStep | None]" = weakref.WeakKeyDictionary()
+_WHY: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def _module(root: nn.Module, path: str):
+    for part in path.split("."):
+        root = getattr(root, part, None)
+    return root
+
+
+def _is_silu(act) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def _rms(module) -> bool:
+    """An RMSNorm-like module: a float32 weight and variance_epsilon (Llama's, Qwen2's, Qwen3's, Mistral's)."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 \
+        and hasattr(module, "variance_epsilon") and "RMSNorm" in type(module).__name__
+
+
+class GGMLStep:
+    """One model's native decode step on ggml's kernels: `step(token_id, cache) -> logits [V]` and `hidden(token_id,
+    cache) -> [1, H]`, as NativeStep's. ValueError (one line: why not) for a model it cannot run. Get one with
+    `ggml_step`."""
+
+    def __init__(self, model):
+        family = type(model).__name__
+        if family not in SUPPORTED:
+            raise ValueError(f"family {family}: the ggml step runs {', '.join(SUPPORTED)}")
+        config = model.config
+        types = getattr(config, "layer_types", None) or ["full_attention"]
+        if any(t != "full_attention" for t in types) or (
+                getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+            raise ValueError(f"family {family}: its layers have sliding-window attention")
+        inner = model.model
+        self.model, self.embed, self.rotary, self.norm, self.head = model, inner.embed_tokens, inner.rotary_emb, \
+            inner.norm, model.lm_head
+        if not isinstance(self.embed, (GGMLEmbedding, nn.Embedding)):
+            raise ValueError(f"an embedding of another kind ({type(self.embed).__name__})")
+        self._mats: list[torch.Tensor] = []
+        self._types: list[int] = []
+        self._vectors: list[torch.Tensor | None] = []
+        epsilons, scales = {self.norm.variance_epsilon} if _rms(self.norm) else set(), set()
+        if not _rms(self.norm):
+            raise ValueError(f"family {family}: its final norm is not an RMSNorm in float32")
+        for layer in inner.layers:
+            mats = [_module(layer, path) for path in _MATS]
+            if not all(isinstance(m, GGMLLinear) for m in mats):
+                kinds = sorted({type(m).__name__ for m in mats if not isinstance(m, GGMLLinear)})
+                raise ValueError(f"family {family}: its layers have matrices not kept as GGUF tensors "
+                                 f"({', '.join(kinds)})")
+            if any(m.bias is not None for m in mats[3:]):
+                raise ValueError(f"family {family}: its layers have biases outside q/k/v")
+            if not _is_silu(layer.mlp.act_fn):
+                raise ValueError("an MLP activation other than SiLU")
+            attn = layer.self_attn
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            qk = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
+            if not all(_rms(n) for n in norms) or (any(n is not None for n in qk) and not all(_rms(n) for n in qk)):
+                raise ValueError(f"family {family}: its layers have norms other than float32 RMSNorm")
+            epsilons.update(n.variance_epsilon for n in (*norms, *qk) if n is not None)
+            scales.add(attn.scaling)
+            self._mats += [m.matrix.raw for m in mats]
+            self._types += [m.matrix.type for m in mats]
+            self._vectors += [n.weight.detach() for n in norms]
+            self._vectors += [None if m.bias is None else m.bias.detach() for m in mats[:3]]
+            self._vectors += [None if n is None else n.weight.detach() for n in qk]
+        if len(epsilons) != 1 or len(scales) != 1:
+            raise ValueError("layers differ in their norm epsilon or attention scale")
+        first = inner.layers[0].self_attn
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = first.head_dim
+        self._eps, self._scale = float(epsilons.pop()), float(scales.pop())
+        self._norm_weight = self.norm.weight.detach()
+
+    @torch.inference_mode()
+    def step(self, token_id: int, cache) -> torch.Tensor:
+        """One token through the model, extending `cache` (after a prefill: its layers hold buffers) -> logits [V];
+        the model's own forward where the cache is of another kind."""
+        return self.head(self.hidden(token_id, cache))[0]
+
+    @torch.inference_mode()
+    def hidden(self, token_id: int, cache) -> torch.Tensor:
+        """`step` up to the head: the final norm's output [1, H].
+
+        Shapes: x [1, H]; cos / sin [D] for this position; the buffers [1, KV, capacity, D], row `position`
+        written by the C++ step, which the layers then count."""
+        layers = growable_layers(cache)
+        ids = torch.full((1,), token_id, dtype=torch.long)  # [1]
+        if layers is None:
+            return self._forward_hidden(ids.view(1, 1), cache)
+        position = cache.get_seq_length()
+        x = self.embed(ids).to(torch.float32).contiguous()  # [1, H]
+        cos, sin = self.rotary(x, torch.full((1, 1), position, dtype=torch.long))
+        buffers = [layer.room_for_one() for layer in layers]
+        hidden = torch.ops.tokentui_ggml.decode_step(
+            x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
+            [k for k, _ in buffers], [v for _, v in buffers], self._mats, self._types, self._vectors,
+            self._norm_weight, self.heads, self.kv_heads, self._eps, self._scale)  # [1, H]
+        for layer in layers:
+            layer.count_one()
+        return hidden
+
+    def _forward_hidden(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """The model's own forward of ids [1, T] extending `cache` -> the last position's final hidden state [1, H]."""
+        inner = self.model.model
+        out = inner(input_ids=ids, use_cache=True, **{cache_keyword(inner): cache})
+        return out.last_hidden_state[:, -1]
+
+
+def close_enough(ours: torch.Tensor, forward: torch.Tensor) -> bool:
+    """`ours` within TOLERANCE of the forward's, relative to its largest |value| (or 1); every value finite."""
+    bound = TOLERANCE * max(1.0, float(forward.abs().max()))
+    return bool(torch.isfinite(ours).all()) and float((ours - forward).abs().max()) <= bound
+
+
+def _close_to_forward(model, step: GGMLStep) -> bool:
+    """Three tokens after a four-token prompt, through `step` and the model's forward on scratch caches: the final
+    norm's outputs `close_enough`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a few small steps: on a busy 2-core machine two threads only wait on each other
+    try:
+        with torch.inference_mode():
+            prompt = torch.tensor([[1, 2, 3, 4]])
+            ours, theirs = new_cache(model, 8), new_cache(model, 8)
+            step._forward_hidden(prompt, ours)
+            step._forward_hidden(prompt, theirs)
+            return all(close_enough(step.hidden(token, ours), step._forward_hidden(torch.tensor([[token]]), theirs))
+                       for token in (5, 6, 7))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ggml_step(model) -> GGMLStep | None:
+    """The ggml step for `model` (made and checked once per model), or None where it does not serve it (`why_not`
+    says why)."""
+    with _LOCK:
+        if model not in _STEPS:
+            _STEPS[model] = found = None
+            why = available()
+            if why is None:
+                try:
+                    candidate = GGMLStep(model)
+                    if _close_to_forward(model, candidate):
+                        found = candidate
+                    else:
+                        why = "its states differ from the model's forward by more than 8-bit rounding"
+                except (ValueError, RuntimeError, AttributeError) as err:
+                    why = (str(err).splitlines() or [type(err).__name__])[0]
+            else:
+                why = f"ggml's kernels are not available: {why}"
+            _STEPS[model], _WHY[model] = found, why or ""
+        return _STEPS[model]
+
+
+def why_not(model) -> str:
+    """One line for the model panel: why the ggml step does not decode `model` ("" where it does)."""
+    ggml_step(model)
+    with _LOCK:
+        return _WHY.get(model, "")
