@@ -1,11 +1,12 @@
 """Finding and loading a model: the embedded SmolLM2 GGUF, any `.gguf` file, a local folder, or a hub id
 from the user's cache. Every failure becomes one actionable line (`ModelLoadError`).
 
-On CPU a GGUF with 4-bit blocks runs them as stored by default (core/model/load/gguf_load.py: converted once into packed
-4-bit tensors, cached, `runs_as_stored`). Otherwise, and with --dtype float32 (the exact de-quantized reference),
-GGUF files are de-quantized by transformers on every load (~25 s on 2 CPU cores for 135M parameters), so the
-first load converts once and caches plain safetensors + tokenizer under the user cache dir; later starts take
-seconds.
+On CPU a GGUF runs as stored by default (core/model/load/gguf_route.py chooses): a file whose matrices are all
+Q4_0 / Q4_1 / Q4_K by tokentui's own 4-bit kernels (core/model/load/gguf_load.py: converted once into packed 4-bit
+tensors, cached), any other by ggml's kernels over the file's memory-mapped bytes (core/model/load/gguf_stored.py).
+Otherwise, and with --dtype float32 (the exact de-quantized reference), GGUF files are de-quantized by transformers
+on every load (~25 s on 2 CPU cores for 135M parameters), so the first load converts once and caches plain
+safetensors + tokenizer under the user cache dir; later starts take seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...runs.facts import ModelFacts
 from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf
+from .gguf_route import gguf_route
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
 from .precheck import (EMBEDDED, EMBEDDED_NAME, embedded_gguf, hub_offline, no_cuda_message, parse_device,
@@ -41,7 +43,8 @@ class LoadedModel:
     model: object
     tokenizer: object
     facts: ModelFacts
-    notice: str | None = None  # said in the first run: why a model converted here was not cached
+    # said in the first run: why a model converted here was not cached; why a GGUF on CPU does not run as stored
+    notice: str | None = None
 
 
 def _noop(_: LoadProgress) -> None:
@@ -247,24 +250,35 @@ def load_model(
     source, name = where.source, where.name
     folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
-    if where.gguf_file is not None and runs_as_stored(dtype, dev, device_map, where.gguf_file):
+    # a GGUF: packed 4-bit, as stored by ggml's kernels, or de-quantized (core/model/load/gguf_route.py)
+    route = gguf_route(dtype, dev, device_map, where.gguf_file, progress) if where.gguf_file is not None else None
+    if route is not None and route.kind != "float":
         if quantize != "none":
-            raise SettingsError(f"--quantize {quantize}: {name}'s weights are 4-bit already and run as stored; drop "
-                                "--quantize (or pass --dtype float32 to quantize its de-quantized copy again)")
-        from .gguf_load import load_quantized, quant_facts
+            raise SettingsError(f"--quantize {quantize}: {name}'s weights are quantized already and run as stored; "
+                                "drop --quantize (or pass --dtype float32 to quantize its de-quantized copy again)")
+        if route.kind == "packed":
+            from .gguf_load import load_quantized, quant_facts
 
-        loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices as stored (core/model/load/gguf_load.py)
+            loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices packed (core/model/load/gguf_load.py)
+            quantization = quant_facts(loaded.model, loaded.manifest)
+        else:
+            from .gguf_stored import load_stored
+            from .gguf_stored_facts import stored_facts
+
+            loaded = load_stored(where.gguf_file, progress, route.reader)  # the file's bytes, ggml's kernels
+            quantization = stored_facts(loaded.model, loaded.dequantized)
         facts = replace(model_facts(loaded.model, loaded.tokenizer, name=name, source=source,
-                                    load_seconds=time.perf_counter() - started),
-                        quantization=quant_facts(loaded.model, loaded.manifest))
+                                    load_seconds=time.perf_counter() - started), quantization=quantization)
         if ready:
             progress(LoadProgress(STAGE_READY, 1.0))
-        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts, notice=loaded.notice)
-    notice = None
+        notice = "; ".join(n for n in (route.notice, loaded.notice) if n) or None
+        return LoadedModel(model=loaded.model, tokenizer=loaded.tokenizer, facts=facts, notice=notice)
+    notice = route.notice if route is not None else None  # why a CPU run is not as stored (ggml cannot be had)
     if where.gguf_file is not None:
-        folder, model, tokenizer, notice = converted_gguf_dir(where.gguf_file, progress)
-        if device_map and notice:
-            raise ModelLoadError(f"--device-map places the weights from the converted model's files, and {notice}")
+        folder, model, tokenizer, converted = converted_gguf_dir(where.gguf_file, progress)
+        notice = "; ".join(n for n in (notice, converted) if n) or None
+        if device_map and converted:
+            raise ModelLoadError(f"--device-map places the weights from the converted model's files, and {converted}")
         if device_map:  # let accelerate place the weights from the cached files
             model = None
     elif isinstance(folder, Path):  # config.json against the weights' headers, before transformers builds anything
@@ -359,17 +373,6 @@ def _as_stored(dtype: str, device, device_map: str | None) -> bool:
     return (dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
 
 
-def runs_as_stored(dtype: str, device, device_map: str | None, gguf_file: Path) -> bool:
-    """Whether a GGUF runs with its 4-bit matrices as stored (core/model/load/gguf_load.py): the default (--dtype auto)
-    on CPU, when this torch has the int4 CPU kernel and the file has 4-bit tensors. --dtype float32 is the exact
-    de-quantized reference; on a GPU and with a device map the file is de-quantized as before."""
-    from .gguf_load import quantizable_gguf
-    from ..quant.qlinear import kernel_available
-
-    return ((dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map
-            and kernel_available() and quantizable_gguf(gguf_file))
-
-
 def _explain_load_error(name: str, err: BaseException) -> str:
     text = _first_line(err)
     low = text.lower()
@@ -412,7 +415,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         name=name,
         source=source,
         architecture=(config.architectures or [type(model).__name__])[0],
-        parameters=sum(p.numel() for p in model.parameters()) + quantized_parameters(model),
+        parameters=sum(p.numel() for p in model.parameters()) + quantized_parameters(model) + _ggml_values(model),
         layers=int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "n_layer", 0) or 0),
         hidden_size=int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "n_embd", 0) or 0),
         vocab_rows=vocab_rows,
@@ -449,6 +452,18 @@ def tied_lm_head(model) -> bool | None:
     if a.is_meta or b.is_meta:
         return None
     return a.device == b.device and a.shape == b.shape and a.data_ptr() == b.data_ptr() != 0
+
+
+def _ggml_values(model) -> int:
+    """Weights held as ggml rows (GGMLLinear / GGMLEmbedding: not Parameters), each matrix once; a matrix that is a
+    Parameter's own memory (a tied head viewing the embedding table) is counted there already."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        matrix = getattr(module, "matrix", None)
+        if matrix is not None and hasattr(matrix, "raw") and matrix.raw.data_ptr() not in params:
+            seen[matrix.raw.data_ptr()] = matrix.rows * matrix.cols
+    return sum(seen.values())
 
 
 def _stored_bytes(module):
