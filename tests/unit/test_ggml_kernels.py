@@ -1,0 +1,227 @@
+"""ggml's CPU kernels inside tokentui's library (core/model/native/ggml_ops.cpp) and the modules on them
+(core/model/quant/ggml_linear.py), held to gguf-py's own quantizer and de-quantizer (an implementation of the formats
+independent of ggml's C) and to float64 arithmetic: per format, the stored bytes de-quantize to exactly
+gguf.dequantize's values; a product is the activations converted to the format's vec_dot_type (llama.cpp's table)
+times the de-quantized matrix, to float32 rounding, and so within that 8-bit (or 16-bit) rounding of x W^T; an
+embedding row is the de-quantized row. Skipped in one line where ggml's library cannot be had (failed under
+TOKENTUI_REQUIRE_LLAMA_SERVER=1)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from tokentui.core.model.native import ggml_build
+from tokentui.core.model.quant import ggml_linear
+from tokentui.core.model.quant.ggml_linear import GGMLEmbedding, GGMLLinear, GGMLMatrix
+
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# llama.cpp's activation format for each weight format (ggml-cpu.c's type_traits_cpu[...].vec_dot_type)
+ACTIVATIONS = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q4_1": "Q8_1",
+               "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K"}
+ROWS, COLS = 48, 512  # COLS: two K-quant blocks a row
+
+
+def ggml_or_skip():
+    """Bind ggml's library (the user's cached build, shared with the GGUF fixtures; $TOKENTUI_GGML_LIB as is), or
+    skip with one line (fail under TOKENTUI_REQUIRE_LLAMA_SERVER=1)."""
+    why = None
+    try:
+        try:
+            from gguf_fixtures import ggml_library  # the build the GGUF fixtures use, in the user's cache
+        except ImportError:
+            ggml_library = ggml_build.library
+        path = ggml_library()
+    except ggml_build.GGMLUnavailable as exc:
+        why = str(exc)
+    else:
+        os.environ[ggml_build.ENV_LIB] = str(path)  # what a model load in the same session then binds too
+        why = ggml_linear.load(lambda _: None)
+    if why is not None:
+        if os.environ.get("TOKENTUI_REQUIRE_LLAMA_SERVER") == "1":
+            pytest.fail(f"ggml's CPU library: {why}", pytrace=False)
+        pytest.skip(f"ggml's CPU library: {why}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ggml():
+    ggml_or_skip()
+
+
+def values(rows: int = ROWS, cols: int = COLS, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g)  # rows of different scales
+
+
+def gguf_bytes(w: torch.Tensor, fmt: str) -> torch.Tensor | None:
+    """gguf-py's own quantization of w as [rows, row_bytes] uint8 (None where gguf-py has no quantizer)."""
+    try:
+        out = gguf.quantize(w.numpy(), gguf.GGMLQuantizationType[fmt])
+    except NotImplementedError:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(out).view(np.uint8).reshape(w.shape[0], -1))
+
+
+def stored(w: torch.Tensor, fmt: str) -> GGMLMatrix:
+    """w in format fmt: gguf-py's bytes where it quantizes the format, else ggml's reference quantization (the
+    K-quants)."""
+    raw = gguf_bytes(w, fmt)
+    return GGMLMatrix(raw, fmt, *w.shape) if raw is not None else GGMLMatrix.quantize(w, fmt)
+
+
+def gguf_values(raw: torch.Tensor, fmt: str) -> torch.Tensor:
+    """gguf-py's de-quantization of the bytes, float32 [rows, cols]."""
+    out = gguf.dequantize(raw.numpy(), gguf.GGMLQuantizationType[fmt])
+    return torch.from_numpy(np.asarray(out, dtype=np.float32)).reshape(raw.shape[0], -1)
+
+
+def activation_values(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x as a product sees it: converted by ggml's CPU conversion to the activation format of weight format fmt,
+    read back (gguf-py for the formats it knows; Q8_1 and Q8_K, activation-only formats gguf-py lacks, by their
+    block layouts in ggml-common.h)."""
+    act = ACTIVATIONS[fmt]
+    if act == "F32":
+        return x.clone()
+    raw = torch.ops.tokentui_ggml.quantize(x, int(gguf.GGMLQuantizationType[act]), True).numpy()
+    if act in ("F16", "BF16", "Q8_0"):
+        return gguf_values(torch.from_numpy(raw), act)
+    rows = x.shape[0]
+    if act == "Q8_1":  # block: f16 d, f16 s (= d * sum q), int8 q[32]
+        d, q, _ = q8_1_blocks(raw, rows)
+    else:  # Q8_K block: f32 d, int8 q[256], int16 bsums[16]
+        blocks = raw.reshape(rows, -1, 292)
+        d = blocks[..., 0:4].copy().view(np.float32)
+        q = blocks[..., 4:260].view(np.int8).astype(np.float32)
+    return torch.from_numpy((d * q).reshape(rows, -1))
+
+
+def q8_1_blocks(raw: np.ndarray, rows: int):
+    """Q8_1 bytes [rows, ...] -> d [rows, B, 1], q [rows, B, 32] float32, s [rows, B] float32 (stored as f16)."""
+    blocks = raw.reshape(rows, -1, 36)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
+    s = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+    return d, blocks[..., 4:].view(np.int8).astype(np.float32), s
+
+
+def q4_1_sum_term(x: torch.Tensor, matrix: GGMLMatrix) -> torch.Tensor:
+    """What Q4_1's dot product adds to converted x W^T [M, N]: with W = d q + m a block, it takes the block's
+    m * sum x from Q8_1's s, stored as f16 (ggml's vec_dot_q4_1_q8_1), not from the sum of its values."""
+    raw = torch.ops.tokentui_ggml.quantize(x, int(gguf.GGMLQuantizationType.Q8_1), True).numpy()
+    d, q, s = q8_1_blocks(raw, x.shape[0])
+    exact_sums = (d * q).sum(-1)  # [M, B]
+    m = matrix.raw.numpy().reshape(matrix.rows, -1, 20)[..., 2:4].copy().view(np.float16).astype(np.float64)[..., 0]
+    return torch.from_numpy((s.astype(np.float64) - exact_sums) @ m.T)  # [M, N]
+
+
+def test_the_formats_it_runs_are_the_libraries():
+    names = {gguf.GGMLQuantizationType(t).name for t in torch.ops.tokentui_ggml.types()}
+    assert names == ggml_linear.RUNNABLE
+    assert set(FORMATS) <= names
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stored_bytes_dequantize_to_ggufs_values_and_ggmls_quantizer_is_ggufs(fmt):
+    w = values()
+    matrix = stored(w, fmt)
+    assert torch.equal(matrix.dequantize(), gguf_values(matrix.raw, fmt))
+    theirs = gguf_bytes(w, fmt)
+    if theirs is not None:  # ggml's reference quantizer writes gguf-py's bytes
+        assert torch.equal(GGMLMatrix.quantize(w, fmt).raw, theirs)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_product_is_the_converted_activations_times_the_dequantized_matrix(fmt):
+    matrix = stored(values(), fmt)
+    wd = gguf_values(matrix.raw, fmt).double()
+    x = values(5, COLS, seed=1)
+    y = torch.ops.tokentui_ggml.product(x, matrix.raw, matrix.type).double()  # [5, ROWS]
+    converted = activation_values(x, fmt).double()
+    expected = converted @ wd.T + (q4_1_sum_term(x, matrix) if fmt == "Q4_1" else 0)
+    scale = float(expected.abs().max())
+    assert float((y - expected).abs().max()) <= 1e-5 * scale
+    # so within the activations' rounding of x W^T: |(x - x') . w| <= |x - x'| . |w|, per output
+    exact = x.double() @ wd.T
+    rounding = (x.double() - converted).abs() @ wd.abs().T
+    assert bool(((y - exact).abs() <= rounding + 1e-5 * scale).all())
+    # and what it moves the outputs by is small: under 1% of the largest output for 8-bit activations (and
+    # BF16's 8-bit mantissa), 0.1% for F16's 11 bits
+    bound = {"F32": 1e-5, "F16": 1e-3}.get(fmt, 1e-2)
+    assert float((y - exact).abs().max()) < bound * float(exact.abs().max())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_are_the_dequantized_rows(fmt):
+    matrix = stored(values(), fmt)
+    ids = torch.tensor([[3, 0], [47, 3]])
+    table = GGMLEmbedding(matrix)
+    out = table(ids)
+    assert out.shape == (2, 2, COLS) and out.dtype == torch.float32
+    assert torch.equal(out.reshape(4, COLS), gguf_values(matrix.raw, fmt)[ids.reshape(-1)])
+    assert torch.equal(table.weight, gguf_values(matrix.raw, fmt))
+    assert (table.num_embeddings, table.embedding_dim) == (ROWS, COLS)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+def test_linear_decodes_through_the_product_and_prefills_through_float32(fmt):
+    matrix = stored(values(), fmt)
+    bias = torch.randn(ROWS)
+    layer = GGMLLinear(matrix, bias)
+    assert (layer.in_features, layer.out_features) == (COLS, ROWS)
+    wd = gguf_values(matrix.raw, fmt)
+    assert torch.equal(layer.weight, wd)
+    few = values(ggml_linear.PRODUCT_ROWS, COLS, seed=2).view(2, -1, COLS)
+    assert torch.equal(layer(few), (torch.ops.tokentui_ggml.product(few.reshape(-1, COLS), matrix.raw, matrix.type)
+                                    + bias).view(2, -1, ROWS))
+    many = values(ggml_linear.PRODUCT_ROWS + 3, COLS, seed=3)
+    expected = many.double() @ wd.double().T + bias.double()
+    assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    half = layer(few.to(torch.bfloat16))  # another dtype: cast in, the result cast back
+    assert half.dtype == torch.bfloat16 and half.shape == (2, ggml_linear.PRODUCT_ROWS // 2, ROWS)
+
+
+def test_take_rows_permutes_the_stored_rows_only():
+    matrix = stored(values(), "Q4_K")
+    order = torch.randperm(ROWS, generator=torch.Generator().manual_seed(4))
+    taken = matrix.take_rows(order)
+    assert torch.equal(taken.dequantize(), matrix.dequantize()[order])
+    with pytest.raises(ValueError, match="permutation"):
+        matrix.take_rows(torch.zeros(ROWS, dtype=torch.long))
+
+
+def test_a_gguf_files_tensor_is_wrapped_without_a_copy(tmp_path):
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    w = values(8, 64)
+    q8 = gguf.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("q8", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("f32", w.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the read-only memory map's warning is not let through
+        q8m, f32m = GGMLMatrix.from_gguf_tensor(tensors["q8"]), GGMLMatrix.from_gguf_tensor(tensors["f32"])
+    assert (q8m.type_name, q8m.rows, q8m.cols, f32m.type_name) == ("Q8_0", 8, 64, "F32")
+    assert q8m.raw.data_ptr() == tensors["q8"].data.ctypes.data  # the file's bytes, not a copy
+    assert torch.equal(q8m.dequantize(), gguf_values(q8m.raw, "Q8_0")) and torch.equal(f32m.dequantize(), w)
+
+
+@pytest.mark.parametrize("raw, fmt, cols, words", [
+    (torch.zeros(4, 33, dtype=torch.uint8), "Q8_0", 32, "takes [4, 34] bytes"),
+    (torch.zeros(4, 34, dtype=torch.int8), "Q8_0", 32, "uint8"),
+    (torch.zeros(4, 34, dtype=torch.uint8), "Q8_0", 48, "multiple of Q8_0's block of 32"),
+    (torch.zeros(4, 34, dtype=torch.uint8), "Q8_1", 32, "no CPU kernel"),
+    (torch.zeros(4, 68, dtype=torch.uint8)[:, ::2], "Q8_0", 32, "contiguous"),
+])
+def test_a_matrix_that_does_not_fit_is_refused_in_one_line(raw, fmt, cols, words):
+    with pytest.raises(ValueError) as err:
+        GGMLMatrix(raw, fmt, 4, cols)
+    assert words in str(err.value) and "\n" not in str(err.value)
