@@ -147,8 +147,11 @@ class TokentuiApp(App[int]):
     def on_mount(self) -> None:
         self.theme = self._initial_theme
         self.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self.redraw))
-        for message, severity in self._startup_notes:
-            self.notify(message, severity=severity, timeout=12, markup=False)
+        if self._startup_notes:  # one notice (a newer one replaces it: see notify)
+            severities = [severity for _message, severity in self._startup_notes]
+            worst = next((s for s in ("error", "warning") if s in severities), "information")
+            self.notify("\n".join(message for message, _severity in self._startup_notes), severity=worst,
+                        timeout=12, markup=False)
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
         self._repaint_now()
         self._install_signal_handlers()
@@ -276,6 +279,12 @@ class TokentuiApp(App[int]):
 
     def notify(self, message: str, *, title: str = "", severity: str = "information",  # type: ignore[override]
                timeout: float | None = None, markup: bool = False) -> None:
+        """One notice on screen at a time, the newest (issue 40: stacked ones grew down over the live readings; the
+        place they go, over the prompt panel, is app.tcss's)."""
+        self.clear_notifications()
+        if self.screen_stack:  # Textual removes the toasts but leaves their holders, a row each
+            for holder in self.screen.query("ToastHolder"):
+                holder.remove()
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def run_failed(self, title: str, message: str) -> None:

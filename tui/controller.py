@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
 from .export import export_answer
+from .format import short_path
 from .served import server_of
 from .state import RunState
 from .view import View
@@ -242,8 +244,8 @@ class DashboardController:
         its next step. A value out of range or a replay (whose settings are the record's) is refused in one line.
         True when the settings changed."""
         if self.replaying:
-            self.view.notify("A replay plays the recorded settings: run `tokentui branch FILE --at N --token ID` to "
-                             "try others", severity="warning", timeout=6)
+            self.view.notify(f"A replay plays the recorded settings: run `tokentui branch {self.replayed_record} --at "
+                             "N --token ID` to try others", severity="warning", timeout=6)
             return False
         try:
             new = self.client.sampler.with_changes(**changes)
@@ -356,6 +358,20 @@ class DashboardController:
         if self.state.cursor_go(position):
             self.view.repaint()
 
+    @property
+    def replayed_record(self) -> str:
+        """The record of the run a replay shows, as it is typed in a command (`~/…` where that needs no quoting),
+        for the notices that say what to run instead (issue 40: they said `FILE`); "FILE" when not known."""
+        tree = self.config.replay
+        if tree is None:
+            return "FILE"
+        run = tree.runs.get(self.tree.shown_branch.number) or tree.runs.get(1)
+        path = getattr(run, "record_path", None)
+        if path is None:
+            return "FILE"
+        short = short_path(path, width=100_000)
+        return short if shlex.quote(short.removeprefix("~")) == short.removeprefix("~") else shlex.quote(str(path))
+
     # ---- branching -----------------------------------------------------------------------------------------
     def step_to_branch(self, verb: str = "branch") -> StepEvent | None:
         """The step a branch (or a fan-out: `verb` "fan out") would leave from: the cursor's step; live, the newest
@@ -363,7 +379,7 @@ class DashboardController:
         state = self.state
         if self.replaying:
             where = f" --at {state.view_step.index + 1}" if state.view_step is not None else " --at STEP"
-            self.view.notify(f"A replay cannot branch: run `tokentui branch FILE{where} --token ID`",
+            self.view.notify(f"A replay cannot branch: run `tokentui branch {self.replayed_record}{where} --token ID`",
                              severity="warning", timeout=6)
             return None
         refusal = self.client.branch_refusal

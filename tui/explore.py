@@ -159,8 +159,10 @@ class Explore:
         them as they come. None (said why) when it cannot start."""
         controller = self.controller
         if controller.replaying:
+            viewed = controller.state.view_step
+            at = viewed.index + 1 if viewed is not None else "STEP"
             controller.view.notify("A replay cannot run the model: fan out from the record with `tokentui fanout "
-                                   "RECORD --at STEP -n N`", severity="warning", timeout=6)
+                                   f"{controller.replayed_record} --at {at} -n N`", severity="warning", timeout=6)
             return None
         refusal = controller.client.refusal("fanout")
         if refusal is not None:

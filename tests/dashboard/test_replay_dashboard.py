@@ -69,8 +69,10 @@ async def test_a_replay_refuses_keys_at_once_in_words_for_a_user(tmp_path):
         assert any(n.startswith("A replay plays the recorded settings") for n in notes(app))
         await pilot.press("less_than_sign", "b")
         await pilot.pause(0.1)
-        assert any(n.startswith("A replay cannot branch: run `tokentui branch FILE --at 1 --token ID`")
+        record = tmp_path / "run.jsonl"  # the real path, not a placeholder (issue 40)
+        assert any(n.startswith(f"A replay cannot branch: run `tokentui branch {record} --at 1 --token ID`")
                    for n in notes(app)), notes(app)
+        assert any(f"tokentui branch {record} --at N --token ID` to try others" in n for n in notes(app))
         assert not any("engine" in n.lower() for n in notes(app))  # no jargon
 
 
