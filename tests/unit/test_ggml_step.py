@@ -1,0 +1,174 @@
+"""The native decode step on ggml's kernels (core/model/native/ggml_native.py, ggml_step.cpp) for models whose
+matrices are GGUF tensors kept as stored: tiny Llama / Qwen2 (q/k/v bias) / Qwen3 (q/k RMSNorm) models with every
+Linear a GGMLLinear in Q8_0, or K-quants mixed per matrix as a Q4_K_M file mixes them. Held to the model's own
+forward through the same modules (which runs the same products: ggml's, on the same 8-bit activation blocks):
+greedy ids over 20 steps, the KV cache rows, the logits; to `generate`'s float32 greedy ids where Q8_0 keeps them;
+and refused, in one line, where it does not serve a model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from test_ggml_kernels import ggml_or_skip
+from tiny_models import INIT, assert_varies, tiny_model
+from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
+from tokentui.core.model.native import ggml_native
+from tokentui.core.model.native.ggml_native import GGMLStep, ggml_step, why_not
+from tokentui.core.model.quant.ggml_linear import GGMLEmbedding, GGMLLinear, GGMLMatrix
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+PROMPT = [5, 17, 99, 3, 250, 42]
+# a K-quant-shaped config: every matrix's input width a multiple of 256 (the K-quants' block)
+K_SHAPED = dict(hidden_size=256, intermediate_size=512, head_dim=64)
+# a Q4_K_M-like mix: Q6_K for v, down and the (tied) embedding, Q4_K for the rest
+MIXED = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed": "Q6_K"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ggml():
+    ggml_or_skip()
+
+
+class Vocabulary:
+    """What tiny_model reads of a tokenizer: a 512-token vocabulary (ids only: nothing here is text)."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+    def __len__(self):
+        return 512
+
+
+def float_model(kind: str, *, random_norms: bool = True, **overrides):
+    """A tiny float32 model at INIT (context-dependent greedy ids); Qwen2's q/k/v biases drawn large enough to
+    matter. random_norms: every RMSNorm weight drawn from [0.5, 1.5], as trained models' are. (At the initial
+    all-ones weights, a norm's output over a de-quantized embedding row is a few integers times one scale, so
+    many values fall exactly on a rounding boundary of the 8-bit activation blocks, and float32 rounding in another
+    order — the C++ step's — decides them: real, but a trained model's weights make it rare.)"""
+    model = tiny_model(kind, Vocabulary(), initializer_range=INIT, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") and random_norms:
+                p.uniform_(0.5, 1.5)
+            if name.endswith("_proj.bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def stored(model, formats: dict[str, str] | str):
+    """`model` (changed in place) with every Linear a GGMLLinear and the embedding a GGMLEmbedding of its weights
+    quantized by ggml (formats: one for all, or per module name with Q4_K for the rest), the head tied to the
+    embedding's matrix (as a tied GGUF has no head tensor)."""
+    def fmt(name: str) -> str:
+        return formats if isinstance(formats, str) else formats.get(name, "Q4_K")
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and name != "lm_head":
+                setattr(module, name, GGMLLinear(GGMLMatrix.quantize(child.weight, fmt(name)), child.bias))
+    table = GGMLEmbedding(GGMLMatrix.quantize(model.model.embed_tokens.weight, fmt("embed")))
+    model.model.embed_tokens = table
+    model.lm_head = GGMLLinear(table.matrix)
+    return model
+
+
+def greedy(model, cache, steps: int, decode) -> list[int]:
+    """The prompt through the model's forward, then `steps` greedy tokens through decode(token, cache) -> logits."""
+    with torch.inference_mode():
+        ids = [int(forward_last_logits(model, torch.tensor([PROMPT]), cache).argmax())]
+        for _ in range(steps - 1):
+            ids.append(int(decode(ids[-1], cache).argmax()))
+    return ids
+
+
+def forward_decode(model):
+    return lambda token, cache: forward_last_logits(model, torch.tensor([[token]]), cache)
+
+
+def rows_close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= rel * max(1.0, float(b.abs().max()))
+
+
+CASES = [(kind, fmt) for kind in ("llama", "qwen2", "qwen3") for fmt in ("Q8_0", "mixed")]
+
+
+@pytest.mark.parametrize("kind, fmt", CASES)
+def test_greedy_ids_and_cache_rows_are_the_models_own_forwards(kind, fmt):
+    model = stored(float_model(kind, **(K_SHAPED if fmt == "mixed" else {})), MIXED if fmt == "mixed" else fmt)
+    step = ggml_step(model)
+    assert isinstance(step, GGMLStep) and why_not(model) == ""
+    ours, theirs = new_cache(model, 8), new_cache(model, 8)  # 8 rows: the buffers grow under the step
+    ids = greedy(model, ours, 20, step.step)
+    assert ids == greedy(model, theirs, 20, forward_decode(model))
+    assert_varies(ids, "the forward's 20 greedy ids")
+    assert ours.get_seq_length() == theirs.get_seq_length() == len(PROMPT) + 19
+    # float32 rounding apart (an 8-bit rounding boundary crossed would move a row by ~1%: these models have none)
+    for a, b in zip(ours.layers, theirs.layers):
+        assert rows_close(a.keys, b.keys) and rows_close(a.values, b.values)
+    with torch.inference_mode():  # the logits: the model's own (tied) head on the step's final hidden state
+        token = ids[-1]
+        logits = step.step(token, ours)
+        expected = forward_decode(model)(token, theirs)
+    assert rows_close(logits, expected)
+
+
+def test_q8_0_keeps_generates_float32_greedy_ids():
+    # On this model (tiny Llama at INIT, as built) Q8_0's rounding moves no greedy choice over 24 steps; on the
+    # others above it does at some step (their margins are a random model's), which is Q8_0's, not the step's.
+    reference = float_model("llama", random_norms=False)
+    x = torch.tensor([PROMPT])
+    expected = reference.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24,
+                                  eos_token_id=-1)[0, len(PROMPT):].tolist()
+    model = stored(copy.deepcopy(reference), "Q8_0")
+    step = ggml_step(model)
+    assert step is not None
+    assert greedy(model, new_cache(model, 64), 24, step.step) == expected
+    assert_varies(expected, "generate's 24 greedy ids")
+
+
+def test_the_same_bits_at_one_and_two_threads():
+    model = stored(float_model("qwen3", **K_SHAPED), MIXED)
+    step = ggml_step(model)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        cache = new_cache(model, 64)
+        with torch.inference_mode():
+            forward_last_logits(model, torch.tensor([PROMPT]), cache)
+            results.append([step.hidden(token, cache) for token in (3, 99, 123)])
+    torch.set_num_threads(1)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_cache_it_cannot_write_decodes_through_the_forward():
+    model = stored(float_model("llama"), "Q8_0")
+    a, b = DynamicCache(config=model.config), DynamicCache(config=model.config)  # transformers' own layers
+    with torch.inference_mode():
+        forward_last_logits(model, torch.tensor([PROMPT]), a)
+        forward_last_logits(model, torch.tensor([PROMPT]), b)
+        assert torch.equal(ggml_step(model).step(5, a), forward_decode(model)(5, b))
+    assert a.get_seq_length() == b.get_seq_length() == len(PROMPT) + 1
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: stored(float_model("llama", hidden_act="gelu"), "Q8_0"), "an MLP activation other than SiLU"),
+    (lambda: float_model("llama"), "matrices not kept as GGUF tensors (Linear)"),
+    (lambda: stored(float_model("qwen2", use_sliding_window=True, sliding_window=16), "Q8_0"), "sliding-window"),
+])
+def test_refused_in_one_line_where_it_does_not_serve(make, words):
+    model = make()
+    assert ggml_step(model) is None
+    reason = why_not(model)
+    assert words in reason and "\n" not in reason
+
+
+def test_refused_where_its_states_are_not_the_forwards(monkeypatch):
+    # the acceptance check itself: with no tolerance at all, float32 sums in another order are refused
+    monkeypatch.setattr(ggml_native, "TOLERANCE", 0.0)
+    model = stored(float_model("llama", **K_SHAPED), MIXED)
+    assert ggml_step(model) is None
+    assert why_not(model) == "its states differ from the model's forward by more than 8-bit rounding"
