@@ -73,7 +73,8 @@ def _find_parts(model) -> Parts | str:
     count = _num_layers(cfg)
     head = model.get_output_embeddings()
     embedding = model.get_input_embeddings()
-    if head is None or getattr(head, "weight", None) is None:
+    # (a ggml head's `matrix` first: its `weight` is a float32 copy made on demand, core/model/quant/ggml_linear.py)
+    if head is None or (getattr(head, "matrix", None) is None and getattr(head, "weight", None) is None):
         return f"{name} has no output embeddings (LM head) tokentui can call"
     paths = {id(m): p for p, m in model.named_modules()}
     layers_path = next((p for p, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count

@@ -70,6 +70,13 @@ class QuantFacts:
     weight_bytes: int = 0
     quantized_here: bool = False  # float weights quantized by tokentui (--quantize int4), not a file's blocks
     kernel: str = ""  # the 4-bit product: "avx2-int16", "avx2-fp32" or "torch-int4" (core/model/quant/int4_kernel.py)
+    # a GGUF run as stored by ggml's kernels (core/model/load/gguf_stored_facts.py): per format the matrices and
+    # their bytes, what was de-quantized instead, the float tensors, e.g. "Q4_K ×12 1.6 MB, Q6_K ×3 1.9 MB;
+    # float32: 9 norms" ("": a packed 4-bit file or --quantize). `bits` and `group` are then the format holding the
+    # most bytes (a K-quant's group: its sub-block under one fp16 super-block scale); `kernel` "ggml's vec_dot,
+    # llama.cpp <version>"; `activation_dtype` "int8": a decode step's activations rounded to the format's 8-bit
+    # blocks, as llama.cpp does (a prefill's are float32: core/model/quant/ggml_linear.py)
+    formats: str = ""
 
     def stored_words(self) -> str:
         """"Q4_1 as stored" for a file's blocks, "int4 quantized here" for --quantize."""

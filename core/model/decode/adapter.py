@@ -293,8 +293,11 @@ def cache_allocated_nbytes(cache) -> int:
 
 
 def input_device(model) -> torch.device:
-    """Where token IDs go: the embedding's device (differs from model.device under a multi-GPU device_map)."""
-    return model.get_input_embeddings().weight.device
+    """Where token IDs go: the embedding's device (differs from model.device under a multi-GPU device_map). A ggml
+    embedding's (core/model/quant/ggml_linear.py) is its rows': its `weight` is a float32 copy made on demand."""
+    embedding = model.get_input_embeddings()
+    matrix = getattr(embedding, "matrix", None)
+    return matrix.raw.device if matrix is not None else embedding.weight.device
 
 
 def synchronize(device: torch.device) -> None:

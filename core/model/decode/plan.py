@@ -10,7 +10,13 @@ is chosen from the architecture, the weights' formats, the device and the flags,
     --compile, a 4-bit Llama-family model                the lean step compiled whole (warmed up here: minutes)
     --compile, any other model                           the whole step (forward + selection) compiled on a static
                                                          cache; runs too long for it decode as without --compile
+    --compile, a model whose matrices are ggml rows      not compiled (ggml's products are C++ calls; a Notice says
+                                                         so): as without --compile
     bucketed KV shapes (--kv-shapes; auto: on CUDA)      transformers' forward (the 4-bit steps need exact lengths)
+    ggml rows (a GGUF as stored, an HF folder viewed     the native ggml step (one C++ call a token, each matrix in
+    as them) of a family the ggml step serves            its own format, ggml's kernels)
+    ggml rows, any other family                          transformers' forward (the modules call ggml's kernels);
+                                                         the description says why not the native ggml step
     a 4-bit model the native step serves (CPU)           the native step (one C++ call a token)
     a 4-bit Llama-family model                           the lean torch step (the forward's scores bit for bit)
     any other model                                      transformers' forward
@@ -24,21 +30,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...runs.events import LoadProgress
+from ..native.ggml_native import ggml_step, why_not as ggml_why_not
 from ..native.native_step import native_step
 from ..native.q4_native import NativeQ4, NativeQ4I16
 from ..quant.fused_linear import FuseReport, fuse_siblings, wanted as fusion_wanted
+from ..quant.ggml_linear import GGMLLinear
 from ..quant.qlinear import quantized_modules
 from ..quant.weight_layout import LayoutReport, plan_wide_weights, transpose_wide_weights
 from ..speed import SpeedOptions, cpu_cores, use_threads
 from .lean_step import LeanDecoder, lean_decoder
 from .run_cache import RunCache
 from .static_cache import bucketing_problem, describe, kv_shapes_for
-from .steps import CompiledLean, CompiledWhole, DecodeStep, LeanTorch, NativeCpp, TorchForward
+from .steps import CompiledLean, CompiledWhole, DecodeStep, LeanTorch, NativeCpp, NativeGGML, TorchForward
 
 __all__ = ["DecodePlan", "NATIVE_INSTEAD", "choose_plan"]
 
 NATIVE_INSTEAD = ("--compile: this 4-bit model's native decode step (one C++ call a token) is faster than a compiled "
                   "one, so nothing is compiled: decoding natively")
+GGML_NOT_COMPILED = ("--compile: this model's matrices are multiplied by ggml's kernels (C++ calls torch.compile does "
+                     "not trace), so nothing is compiled: decoding eagerly")
 
 
 @dataclass
@@ -70,6 +80,11 @@ class DecodePlan:
         if self.fallback is not None and self.step.failure is not None:
             self.notice = self.step.failure
             self.step, self.fallback = self.fallback, None
+
+
+def _ggml_rows(model) -> bool:
+    """Whether the model's matrices are ggml rows (GGMLLinear: a GGUF as stored, an HF folder viewed as them)."""
+    return any(isinstance(module, GGMLLinear) for module in model.modules())
 
 
 def _weights(quant, model) -> str:
@@ -121,6 +136,11 @@ def _eager_choice(model, bucketed: bool, max_context, quant, kv_line: str, kv_pr
                   ) -> tuple[DecodeStep, str]:
     """The step without --compile, and the description's line for it."""
     weights = _weights(quant, model)
+    ggml = _ggml_rows(model)
+    if not bucketed and ggml:
+        found = ggml_step(model)
+        if found is not None:
+            return NativeGGML(model, found, max_context), f"native ggml step: {weights}"
     if not bucketed:
         native = native_step(model)
         if native is not None:
@@ -130,6 +150,9 @@ def _eager_choice(model, bucketed: bool, max_context, quant, kv_line: str, kv_pr
             return (LeanTorch(model, decoder, max_context),
                     f"lean torch step: {weights}; {_why_not_native(decoder)}")
     reasons = [weights]
+    if ggml:
+        reasons.append("the native ggml step needs exact lengths, not buckets" if bucketed
+                       else f"no native ggml step ({ggml_why_not(model)})")
     if quantized_modules(model):
         reasons.append("the 4-bit steps need exact lengths, not buckets" if bucketed and LeanDecoder.supports(model)
                        else "no lean 4-bit step for this architecture")
@@ -151,6 +174,10 @@ def _choose_compiled(plan: DecodePlan, model, device, speed: SpeedOptions, top_c
     if isinstance(plan.step, NativeCpp):
         plan.notice = NATIVE_INSTEAD
         plan.description += "; --compile keeps it (faster)"
+        return
+    if _ggml_rows(model):
+        plan.notice = GGML_NOT_COMPILED
+        plan.description += "; not compiled (ggml's kernels)"
         return
     if (lean := CompiledLeanStep.for_model(model, speed.decode_threads())) is not None:
         # a 4-bit Llama-family model: its lean step compiled whole (faster there, core/model/decode/compiled_lean.py)

@@ -7,6 +7,9 @@ feeds it one token at a time. core/model/decode/plan.py chooses one per engine, 
                    for bit, fewer host operations
     CompiledLean   that step compiled whole (--compile, core/model/decode/compiled_lean.py)
     NativeCpp      that step as one C++ call (core/model/native/native_step.py), the default where it serves
+    NativeGGML     a model whose matrices are ggml rows (a GGUF kept as stored, core/model/load/gguf_stored.py; an HF
+                   folder's weights viewed as them, core/model/quant/hf_stored.py): the Llama / Mistral / Qwen2 / Qwen3
+                   step as one C++ call on ggml's kernels (core/model/native/ggml_native.py), each matrix in its format
     CompiledWhole  --compile's whole step on a static cache (core/model/decode/compiled.py): forward and selection
 
 Each keeps what it knows about a run on the run's RunCache (core/model/decode/run_cache.py), never on transformers'
@@ -30,7 +33,7 @@ from .static_cache import new_eager_cache
 from ..observe.lens import forward_last_states
 from ...steps.prefill import continues_chunks
 
-__all__ = ["CompiledLean", "CompiledWhole", "DecodeStep", "LeanTorch", "NativeCpp", "TorchForward"]
+__all__ = ["CompiledLean", "CompiledWhole", "DecodeStep", "LeanTorch", "NativeCpp", "NativeGGML", "TorchForward"]
 
 
 class DecodeStep(Protocol):
@@ -136,6 +139,13 @@ class NativeCpp(_KernelStep):
     """The lean step's arithmetic as one C++ call (core/model/native/native_step.py's NativeStep)."""
 
     name = "native step"
+
+
+class NativeGGML(_KernelStep):
+    """A model whose matrices are ggml rows (GGMLLinear), its decode step as one C++ call on ggml's kernels
+    (core/model/native/ggml_native.py's GGMLStep)."""
+
+    name = "native ggml step"
 
 
 class CompiledLean(_KernelStep):

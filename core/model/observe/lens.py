@@ -32,12 +32,21 @@ import torch
 from ...runs.events import LensRow
 from ..decode.adapter import call_model, forward_all_logits
 from ..architecture import Parts, logits_ops, model_parts
+from ..quant.ggml_linear import PRODUCT_ROWS
 
 __all__ = ["LensRow", "forward_all_states", "forward_last_states", "lens_logits", "lens_support", "lens_top", "lens_unavailable",
            "logit_lens", "verify"]
 
 # per model: None (the lens's last row reproduced the model's output), or why it did not
 _VERDICTS: "weakref.WeakKeyDictionary[object, str | None]" = weakref.WeakKeyDictionary()
+
+
+def _head_input(head) -> tuple[torch.device, torch.dtype]:
+    """Where and in what dtype the LM head takes its input. A ggml head (core/model/quant/ggml_linear.py) takes
+    float32 on the CPU, and its `weight` is a float32 copy made on demand, so it is not read."""
+    if getattr(head, "matrix", None) is not None:
+        return head.matrix.raw.device, torch.float32
+    return head.weight.device, head.weight.dtype
 
 
 def lens_support(model) -> str | None:
@@ -108,12 +117,17 @@ def lens_logits(model, states: torch.Tensor) -> torch.Tensor:
     layers = len(parts.layers)
     if states.dim() != 2 or states.shape[0] != layers:
         raise ValueError(f"the logit lens needs {layers} block outputs [L, H], got {tuple(states.shape)}")
-    x = states.to(parts.head.weight.device)[None]  # [1, L, H]: the batch, positions shape the modules expect
+    device, dtype = _head_input(parts.head)
+    x = states.to(device)[None]  # [1, L, H]: the batch, positions shape the modules expect
     if parts.norm is not None:
         x = parts.norm(x)
     if parts.project is not None:
         x = parts.project(x)
-    logits = parts.head(x.to(parts.head.weight.dtype))[0].float()  # [L, V]: one matrix product for every layer
+    x = x.to(dtype)
+    if getattr(parts.head, "matrix", None) is None:
+        logits = parts.head(x)[0].float()  # [L, V]: one matrix product for every layer
+    else:  # ggml rows: a few rows at a time, so each row's scores are the step's own (the same 8-bit product)
+        logits = torch.cat([parts.head(rows)[0] for rows in x.split(PRODUCT_ROWS, dim=1)]).float()
     for _, op in logits_ops(model):
         logits = op(logits)
     return logits
