@@ -224,6 +224,7 @@ class TokentuiApp(App[int]):
             self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
             self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
             self.query_one(PromptPanel).template_rows = layout.template_rows
+            self.query_one(PromptPanel).prefill_shown = not layout.shows("speed")  # step 3 named somewhere
             # a served model's passes are the server's: nothing to time (the panel says so)
             controller.set_time_stages(placed.anatomy_shown and server_of(self.state.facts) is None)
         except NoMatches:  # not composed yet, or shutting down
@@ -310,7 +311,8 @@ class TokentuiApp(App[int]):
         self._apply_layout()
         prompt_panel = self.query_one(PromptPanel)
         prompt_panel.show_ids = controller.show_ids
-        key = (id(state.prompt), state.phase == "loading", controller.show_ids, prompt_panel.template_rows)
+        key = (id(state.prompt), state.phase == "loading", controller.show_ids, prompt_panel.template_rows,
+               id(state.prefill), prompt_panel.prefill_shown)
         if force or key != self._prompt_key:
             self._prompt_key = key
             prompt_panel.show(state, force)

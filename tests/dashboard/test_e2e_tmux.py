@@ -32,7 +32,7 @@ def check_readings_strip(screen: str, record: list[dict]) -> None:
     """The strip's KV size, token count, ms/step and pending bytes are those of one step in the run record."""
     from tokentui.tui.format import human_bytes
 
-    match = re.search(r"KV (\S+ \S+) · ([\d,]+) tok │ last ([\d.]+) ms(?:/step)? · ([\d.]+) tok/s avg │ "
+    match = re.search(r"5 decode KV (\S+ \S+) · ([\d,]+) tok ?│ ?last ([\d.]+) ms(?:/step)? · ([\d.]+) tok/s avg ?│ ?"
                       r"pending (.+?)\s*│", screen)
     assert match, screen
     size, tokens, ms_step, pending = match.group(1), int(match.group(2).replace(",", "")), match.group(3), \

@@ -14,6 +14,7 @@ from textual.widget import Widget
 
 from tokentui.core.steps.display import display_text
 
+from ..format import ms
 from .base import FRAME_CSS, SCROLL_BINDINGS, component_style, forget_styles
 
 
@@ -70,6 +71,9 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         self.body = PromptText()
         self.show_ids = False
         self.template_rows = 3  # rows of templated text; 0 hides it (the app sets this per terminal size)
+        # the bottom border names step 3 with its time where no speed panel does (the app sets it per size: issue
+        # 40, every one of the six steps named at every size)
+        self.prefill_shown = False
         self.last_text: Text | None = None  # what the panel shows now (tests read its .plain)
         self._state = None
         self._shown_prompt = None
@@ -118,6 +122,8 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
             subtitle += " · raw prompt"
             out.append("⚠ no chat template: the raw prompt is used, exactly as typed\n",
                        self.style_of("prompt--warning"))
+        if self.prefill_shown:
+            subtitle += " · 3 prefill " + (ms(state.prefill.ms) if state.prefill is not None else "—")
         self.border_subtitle = subtitle + (" · ids on" if self.show_ids else "")
         if self.template_rows > 0:
             out.append_text(self._template_text(event, self.template_rows, self.text_width))

@@ -43,12 +43,12 @@ def readings(state) -> dict[str, str | None]:
 
 
 class ReadingsStrip(Widget):
-    """`KV 5.4 MiB · 124 tok │ last 74.0 ms/step · 13.5 tok/s avg │ pending e5 bc needs 1 more byte` — shorter forms
-    when narrow. Which reading is which is said: the last step's latency beside the run's average rate, a past
+    """`5 decode KV 5.4 MiB · 124 tok │ last 74.0 ms/step · 13.5 tok/s avg │ pending e5 bc needs 1 more byte` —
+    shorter forms when narrow; the prompt panel's border names step 3 (prefill) where this strip stands in. Which reading is which is said: the last step's latency beside the run's average rate, a past
     step's own latency beside the rate up to it, a prefill's step as its TTFT."""
 
     COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes",
-                         "readings--step"}
+                         "readings--step", "readings--step-name"}
 
     DEFAULT_CSS = """
     ReadingsStrip {
@@ -61,6 +61,7 @@ class ReadingsStrip(Widget):
         & > .readings--muted { color: $text-muted; }
         & > .readings--bytes { color: $pending-bytes; text-style: bold; }
         & > .readings--step { color: $warning; text-style: bold; }
+        & > .readings--step-name { color: $primary; text-style: bold; }
     }
     """
 
@@ -111,7 +112,7 @@ class ReadingsStrip(Widget):
 
     def build(self, state) -> Text:
         width = max(1, self.content_size.width or 78)
-        forms = [self._line(state, level) for level in range(3)]
+        forms = [self._line(state, level) for level in range(4)]
         for text in forms:
             if text.cell_len <= width:
                 return text
@@ -119,24 +120,28 @@ class ReadingsStrip(Widget):
         text.truncate(width, overflow="ellipsis")
         return text
 
-    def _line(self, state, level: int) -> Text:
-        """level 0: in words; 1: shorter; 2: shortest."""
+    def _line(self, state, form: int) -> Text:
+        """form 0: in words; 1: shorter words; 2: those, the bars unspaced (what says which reading is which kept);
+        3: shortest."""
         s = lambda name: component_style(self, f"readings--{name}")  # noqa: E731
         r = readings(state)
         dash = "—"
-        sep = (" │ ", " │ ", "│")[level]
-        dot = (" · ", " · ", "·")[level]
+        level = (0, 1, 1, 2)[form]  # the words' form
+        sep = (" │ ", " │ ", "│", "│")[form]
+        dot = (" · ", " · ", " · ", "·")[form]
         out = Text(no_wrap=True, overflow="ellipsis")
         if r["step"]:  # the time-travel cursor holds a past step: these readings are that step's
-            out.append(("at step " if level < 2 else "@") + r["step"], s("step"))
+            out.append(("at step " if form < 2 else "@") + r["step"], s("step"))
             out.append(sep, s("muted"))
+        # the step these readings are (issue 40: all six named at every size): a step the prefill scored, its own
+        out.append("3 prefill " if r["ttft"] else "5 decode ", s("step-name"))
         out.append("KV ", s("label"))
         if server_of(state.facts) is not None:  # a served model: tokens counted by tokentui, the server's share
             out.append(r["kv_tokens"] or dash, s("value"))
             out.append(" tok", s("muted"))
             out.append(dot, s("muted"))
             if r["server_kv"]:
-                out.append(("server " if level < 2 else ""), s("label"))
+                out.append(("server " if form < 2 else ""), s("label"))
                 out.append(r["server_kv"] if level < 2 else r["server_kv"].replace(" in use", ""), s("value"))
             else:
                 out.append("size ", s("label"))
