@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
+from tokentui.core.runs import scoring
 from tokentui.core.steps.display import display_text
 
 
@@ -50,7 +51,9 @@ def ms(value: float | None) -> str:
 
 
 def percent(p: float, digits: int = 1) -> str:
-    return f"{p * 100:.{digits}f}%"
+    """A probability as every panel writes it: core/runs/scoring.py's one rule, with 1 decimal by default
+    (41.9%; one too small for it: 4e-03%, never 0.0%)."""
+    return scoring.percent(p, digits)
 
 
 def short_path(path: os.PathLike | str | None, width: int = 60) -> str:

@@ -25,9 +25,14 @@ def surprisal_bits(p: float | None) -> float | None:
     return math.inf if p <= 0 else -math.log2(p)
 
 
-def percent(p: float) -> str:
-    """A probability as a percentage, its leading digits shown however small it is (5.0e-06%, not 0.00%)."""
-    return f"{p:.2%}" if p >= 1e-4 or p == 0 else f"{p * 100:.1e}%"
+def percent(p: float, digits: int = 2) -> str:
+    """A probability as a percentage with `digits` decimals — the one rule every probability tokentui shows follows
+    (the dashboard's columns with 1, text with 2) — and, where it is too small for them to show (it would read
+    0.00%), its leading digits in exponent form, `digits` significant: 5.0e-06% (2), 5e-06% (1)."""
+    fixed = f"{p * 100:.{digits}f}"
+    if p == 0 or float(fixed) != 0:
+        return fixed + "%"
+    return f"{p * 100:.{max(0, digits - 1)}e}%"
 
 
 def scored_tokens(steps: Iterable[StepEvent]) -> list[ScoredToken]:

@@ -7,7 +7,7 @@ import textwrap
 
 from tokentui.core.samplers import stage_summary
 
-from ..format import human_bytes
+from ..format import human_bytes, percent
 
 PART_FIELD = {"forward": "forward_ms", "select": "select_ms", "copy": "copy_ms", "detok": "detok_ms"}
 
@@ -98,7 +98,7 @@ def distribution_line(step) -> str:
                 "reshaped or cut)")
     cuts = stage_summary(s, step, exact=True)
     return (_entropy_chain(step, " raw", how=True)
-            + f" · {', '.join(cuts)} · {step.kept_count:,} kept, {step.kept_mass * 100:.1f}% of the raw mass")
+            + f" · {', '.join(cuts)} · {step.kept_count:,} kept, {percent(step.kept_mass)} of the raw mass")
 
 
 def entropy_path(step) -> str:

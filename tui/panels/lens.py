@@ -9,6 +9,7 @@ from rich.text import Text
 
 from tokentui.core.steps.display import display_text
 
+from ..format import percent
 from ..served import NOT_AVAILABLE, server_of
 from .base import Panel
 
@@ -96,7 +97,7 @@ class LensPanel(Panel):
             out.append("\n")
             out.append(f"{layer:>3}{'◆' if layer == first_chosen else ' '} ", muted)
             out.append(set_cell_size(display_text(row.piece), piece_w), style)
-            out.append(f" {row.prob * 100:5.1f}% ", style)
+            out.append(f" {percent(row.prob):>6} ", style)
             if bar_w:
                 out.append("█" * max(0, round(row.prob * bar_w)), self.style_of("lens--bar"))
         if len(layers) < len(rows):

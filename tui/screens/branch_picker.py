@@ -17,13 +17,13 @@ from textual.widgets.option_list import Option
 
 from tokentui.core.runs.events import StepEvent
 
-from ..format import fit_piece
+from ..format import fit_piece, percent
 from .modal import ListDialog, list_dialog_css
 
 
 def _pct(p: float | None) -> str:
     """A probability as the list writes it; "—" where it was not reported (a served model's other one)."""
-    return f"{p * 100:5.1f}%" if p is not None else "    —"
+    return f"{percent(p):>6}" if p is not None else "     —"
 
 
 class BranchPicker(ListDialog):
