@@ -65,7 +65,9 @@ class Branch:
     def label(self) -> str:
         if self.parent is None:
             return f"#{self.number} first run"
-        was, taken = display_text(self.parent_piece) if self.parent_piece else "?", display_text(self.token_piece)
+        was = display_text(self.parent_piece) if self.parent_piece else "?"
+        # an adopted sample is named in words ("sample #1"), not a token: no ␣ for its space (issue 40)
+        taken = self.token_piece if self.sample is not None else display_text(self.token_piece)
         return f"#{self.number} from #{self.parent} at step {self.at + 1}: {was} → {taken}"
 
     @property

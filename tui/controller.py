@@ -236,7 +236,8 @@ class DashboardController:
         node = self.config.replay.node(number)
         parent = self.tree.number(node.parent)
         point = BranchPoint.of_run(parent.state.run, node.at, node.token, parent=self.tree.parent_name(parent))
-        self.start_branch(parent, node.at, node.piece or str(node.token), point)
+        if self.start_branch(parent, node.at, node.piece or str(node.token), point) and node.sample is not None:
+            self.tree.live_branch.sample = node.sample  # an adopted sample, named in words as it was (Branch.label)
 
     # ---- the sampler ---------------------------------------------------------------------------------------
     def change_sampler(self, **changes) -> bool:

@@ -98,7 +98,8 @@ async def test_a_record_made_without_the_lens_replays_without_it(tmp_path):
         await pilot.press("l")  # asked for anyway: the panel says why there is none, and how to record one
         await pilot.pause(0.2)
         text = app.query_one(LensPanel).last_text.plain
-        assert "made without it (tokentui --logit-lens records it)" in text and "next step" not in text, text
+        assert "made without it; tokentui --logit-lens records it)" in text and "next step" not in text, text
+        assert text.count("(") == 1, text  # one parenthesis deep (issue 40)
 
 
 async def test_the_lens_turned_on_after_a_live_run_says_r_runs_it_again_not_the_next_step():

@@ -70,7 +70,7 @@ class LensPanel(Panel):
             if refused:
                 return Text(refused, style=muted)
             if self.replaying:
-                how = "this record was made without it (tokentui --logit-lens records it)"
+                how = "this record was made without it; tokentui --logit-lens records it"  # one parenthesis deep
             elif state.running:
                 how = "it shows from the next step"
             else:  # the run has ended: no next step

@@ -1,0 +1,36 @@
+"""Wording (issue 40, 9): a label that is not a token gets no `␣` glyph (an adopted fan-out sample's branch read
+`AI → sample␣#1`), and the replay's lens notice is one parenthesis deep (it nested two). Read as the terminal shows
+it, at 80×24, 120×30 and 160×48."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes import ScriptedEngine, make_loader, screen_text, wait_for
+from snapshot_apps import SnapshotApp
+from tokentui.core.settings import SamplerSettings
+from tokentui.tui import DashboardConfig
+from tokentui.tui.screens.fanout import FanoutScreen
+
+SIZES = [(80, 24), (120, 30), (160, 48)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_an_adopted_samples_label_has_no_space_glyph(size):
+    engine = ScriptedEngine(sampler=SamplerSettings(temperature=0.8, top_p=1.0, seed=5))
+    app = SnapshotApp(DashboardConfig(load=make_loader(engine), user_theme_dir=None, sampler=engine.sampler,
+                                      options=engine.options, recorder=None))
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.state.phase == "done", timeout=10, what="the run to finish")
+        await pilot.press("less_than_sign", *["right_square_bracket"] * 4, "f")
+        await wait_for(pilot, lambda: isinstance(app.screen, FanoutScreen) and not app.screen.state.running,
+                       what="the fan-out")
+        await pilot.press("enter")  # adopt the most likely sample
+        await wait_for(pilot, lambda: len(app.branch_tree) == 2 and app.state.phase == "done", timeout=10,
+                       what="the adopted sample's branch")
+        branch = app.branch_tree.shown_branch
+        assert branch.label.endswith(f"→ sample #{branch.sample}"), branch.label
+        await pilot.press("B")  # the runs of this prompt, each by its label
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        assert f"sample #{branch.sample}" in text and "sample␣" not in text, text
