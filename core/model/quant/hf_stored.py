@@ -7,7 +7,9 @@ step for GGUF-stored models (core/model/native/ggml_native.py) decodes it like a
 Around those products the model computes in float32, as llama.cpp does: the norms and biases (small) become float32,
 and the embedding table stays a torch nn.Embedding in its dtype (no copy) whose rows are cast to float32 as they
 leave it. What the kernels round: ggml's BF16 / F16 dot products round the activations to the weights' dtype first
-(their vec_dot_type), as llama.cpp does; F32 rounds nothing.
+(their vec_dot_type), as llama.cpp does; F32 rounds nothing. A prefill's products (more rows than a step's) go
+through torch's own 16-bit F.linear on the same memory where the CPU has the dtype's instructions (`StoredLinear`:
+faster there), rounding their outputs to the dtype too.
 
 Where ggml's library is not available, or the native step does not serve the architecture, the model stays as
 transformers loaded it and torch runs it in its dtype; a 16-bit dtype this CPU has no instructions for (torch's
@@ -28,8 +30,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from ...errors import ModelLoadError
 from ...runs.events import LoadProgress
+from .ggml_linear import PRODUCT_ROWS, GGMLLinear
 
 __all__ = ["STORED_TYPES", "Stored", "cpu_lacks", "quantize_int8", "run_as_stored", "stored_linears"]
 
@@ -89,6 +94,25 @@ def _view(weight: torch.Tensor):
     return GGMLMatrix(w.view(torch.uint8), STORED_TYPES[w.dtype], rows, cols)
 
 
+class StoredLinear(GGMLLinear):
+    """A GGMLLinear over a 16-bit weight's own memory whose prefill (more than PRODUCT_ROWS rows) goes through torch's
+    F.linear on that weight in its dtype, where the CPU has the dtype's instructions: 2-3x faster there than ggml's
+    product or the matrix de-quantized in tiles (BENCHMARKS.md, "HF folders as stored"). Its outputs are rounded
+    to the dtype (oneDNN's), its inputs as ggml's product rounds them."""
+
+    def __init__(self, matrix, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(matrix, bias)
+        self._stored = weight.detach()  # the same memory as `matrix.raw`; not a Parameter (`matrix` is the weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // self.in_features <= PRODUCT_ROWS:
+            return super().forward(x)
+        y = F.linear(x.to(self._stored.dtype), self._stored).to(torch.float32)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
 def _float_around(model: nn.Module, linears: set[int]):
     """Everything but the linear layers' matrices (already ggml's) and the embedding table computes in float32:
     norms and biases cast (small), the embedding's rows cast as they leave it. Returns what undoes it."""
@@ -114,14 +138,16 @@ def _rows_to_float32(_module, _inputs, output):
 def _replace(model: nn.Module, make) -> tuple[list, dict]:
     """Each of `stored_linears` replaced by `make(module)` (a GGMLLinear); returns [(path, the old module)] and the
     new modules by the old one's id (a head tied to the embedding is made from the embedding's table)."""
-    from .ggml_linear import GGMLLinear
-
     old, new = [], {}
     for path, module in stored_linears(model):
         parent, name = _parent_and_name(model, path)
         matrix = make(module)
         bias = None if module.bias is None else module.bias.detach().float()
-        layer = GGMLLinear(matrix, bias=bias)
+        dtype = module.weight.dtype
+        if matrix.type_name == STORED_TYPES.get(dtype) and dtype != torch.float32 and cpu_lacks(dtype) is None:
+            layer = StoredLinear(matrix, module.weight, bias=bias)
+        else:
+            layer = GGMLLinear(matrix, bias=bias)
         setattr(parent, name, layer)
         old.append((path, module))
         new[id(module)] = layer
@@ -141,7 +167,7 @@ def run_as_stored(model: nn.Module, progress=None) -> Stored:
     why = _ggml_problem(progress, build=False)  # a GGUF load or --quantize int8 builds it: minutes, said as such
     if why is None:
         old, _ = _replace(model, lambda m: _view(m.weight))
-        undo = _float_around(model, {id(m) for m in model.modules() if type(m).__name__ == "GGMLLinear"})
+        undo = _float_around(model, {id(m) for m in model.modules() if isinstance(m, GGMLLinear)})
         from ..native.ggml_native import ggml_step, why_not
 
         if ggml_step(model) is not None:
@@ -184,7 +210,7 @@ def quantize_int8(model: nn.Module, progress=None):
 
     with torch.no_grad():
         _replace(model, q8)
-        _float_around(model, {id(m) for m in model.modules() if type(m).__name__ == "GGMLLinear"})
+        _float_around(model, {id(m) for m in model.modules() if isinstance(m, GGMLLinear)})
     return stored_facts(model, INT8)
 
 
@@ -195,7 +221,6 @@ def stored_facts(model: nn.Module, blocks: str):
     """The model facts' account (QuantFacts) of a model whose linear layers `run_as_stored` or `quantize_int8`
     made ggml rows of type `blocks`."""
     from ...runs.facts import QuantFacts
-    from .ggml_linear import GGMLLinear
 
     layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
     head = model.get_output_embeddings()
