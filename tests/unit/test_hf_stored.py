@@ -110,6 +110,7 @@ def test_a_16_bit_folder_loads_as_stored_and_decodes_like_its_float32_values(fol
     assert facts.dtype == str(dtype).removeprefix("torch.") and facts.quantization.blocks == name
     assert facts.quantization.weight_bytes == sum(m.in_features * m.out_features * 2 for m in layers)
     assert facts.tied_lm_head is (kind == "qwen3")
+    assert facts.kv_bytes_per_value == 4  # the cache is float32, as the computation around the products
     oracle = reference(folder, torch.float32)
     assert facts.parameters == sum(p.numel() for p in oracle.parameters())
     engine, prompt, ids = run_ids(loaded)

@@ -338,6 +338,11 @@ def load_model(
                             load_seconds=time.perf_counter() - started)
         if quantized is not None:
             facts = replace(facts, quantization=quantized)
+        if quantized is not None and quantized.kernel == "ggml" and facts.kv_bytes_per_value:
+            # around ggml's rows the model computes in float32 (core/model/quant/hf_stored.py): so does its KV cache,
+            # whatever dtype its embedding table (the first parameter) is stored in
+            facts = replace(facts, kv_bytes_per_value=4, kv_bytes_per_token=None if facts.kv_bytes_per_token is None
+                            else facts.kv_bytes_per_token * 4 // facts.kv_bytes_per_value)
     except Exception as err:  # a config without the shapes every causal LM has: one line, not a traceback
         raise ModelLoadError(f"{name}: tokentui cannot read this model's shapes ({_first_line(err)})") from err
     if where.gguf_file is not None:  # the model event says the weights are a de-quantized copy of the file's
