@@ -1,4 +1,5 @@
-"""`e`: edit the prompt and the system prompt; ctrl+s runs it."""
+"""`e`: edit the prompt and the system prompt; ctrl+s runs it, ctrl+a selects all of the field being typed in (then
+typing replaces it, delete clears it: the dialog says so)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
 
+CLEAR_HINT = "prompt — ctrl+a selects it all: type to replace it, delete to clear it"
+
+
 class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
     """Dismisses with (prompt, system or None), or None when cancelled."""
 
     BINDINGS = [
         Binding("escape", "cancel", "cancel"),
         Binding("ctrl+s", "submit", "run", priority=True),
+        # every editor's select-all (issue 40: it went to the line's start); priority: the fields' own ctrl+a is home
+        Binding("ctrl+a", "select_all", "select all", priority=True),
     ]
 
     DEFAULT_CSS = """
@@ -73,8 +79,8 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "edit prompt"
-            box.border_subtitle = "ctrl+s run · esc cancel"
-            yield Label("prompt")
+            box.border_subtitle = "ctrl+s run · ctrl+a select all · esc cancel"
+            yield Label(CLEAR_HINT, id="prompt-label")
             area = TextArea(self._prompt, id="prompt-text", soft_wrap=True, show_line_numbers=False)
             area.cursor_blink = self._blink
             yield area
@@ -117,6 +123,12 @@ class PromptEditor(ModalScreen["tuple[str, str | None] | None"]):
             return
         system = self.query_one("#system-text", Input).value.strip() or None
         self.dismiss((prompt, system))
+
+    def action_select_all(self) -> None:
+        """Select all of the focused field (the prompt or the system prompt)."""
+        focused = self.focused
+        if isinstance(focused, (TextArea, Input)):
+            focused.select_all()
 
     def action_cancel(self) -> None:
         self.dismiss(None)
