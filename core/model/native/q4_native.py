@@ -1,6 +1,8 @@
 """tokentui's AVX2 4-bit product (core/model/native/q4_avx2.cpp), whole decode step (native/decode_step.cpp, used
 by core/model/native/native_step.py) and selection (native/select.cpp, used by core/steps/select.py on CPU): one library,
 built here and loaded into torch; and the products' layouts (float32 and int16 activations: NativeQ4, NativeQ4I16).
+The same library holds the bridge to ggml's CPU kernels (native/ggml_ops.cpp, opened at run time: core/model/quant/
+ggml_linear.py) and the decode step on them (native/ggml_step.cpp, used by core/model/native/ggml_native.py).
 
 Why built at run time: it is a few hundred lines of intrinsics against torch's C++ headers, and the compiled library
 must match the torch it is loaded into (its ABI, its headers); building it on the first start with the machine's

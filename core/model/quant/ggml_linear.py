@@ -94,7 +94,18 @@ def _bind(path: str) -> str | None:
         if result:
             return f"ggml's CPU library {path}: {result.splitlines()[0]}"
         _BOUND["path"] = path
+        _register_fakes()
         return None
+
+
+def _register_fakes() -> None:
+    """Shapes of the operations for torch.compile's tracing (a GGMLLinear inside a compiled model)."""
+    torch.library.register_fake("tokentui_ggml::product")(
+        lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
+    torch.library.register_fake("tokentui_ggml::dequantize")(
+        lambda raw, type, k: raw.new_empty((raw.shape[0], k), dtype=torch.float32))
+    torch.library.register_fake("tokentui_ggml::rows")(
+        lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
 
 
 def _type(name: str) -> int:
