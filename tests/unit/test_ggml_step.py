@@ -1,6 +1,7 @@
 """The native decode step on ggml's kernels (core/model/native/ggml_native.py, ggml_step.cpp) for models whose
-matrices are GGUF tensors kept as stored: tiny Llama / Qwen2 (q/k/v bias) / Qwen3 (q/k RMSNorm) models with every
-Linear a GGMLLinear in Q8_0, or K-quants mixed per matrix as a Q4_K_M file mixes them. Held to the model's own
+matrices are GGUF tensors kept as stored: tiny Llama / Qwen2 (q/k/v bias) / Qwen3 (q/k RMSNorm) / Mistral models,
+tied and untied, with every Linear a GGMLLinear in Q8_0, or K-quants mixed per matrix as a Q4_K_M file mixes them.
+Held to the model's own
 forward through the same modules (which runs the same products: ggml's, on the same 8-bit activation blocks):
 greedy ids over 20 steps, the KV cache rows, the logits; to `generate`'s float32 greedy ids where Q8_0 keeps them;
 and refused, in one line, where it does not serve a model."""
@@ -49,7 +50,16 @@ def float_model(kind: str, *, random_norms: bool = True, **overrides):
     all-ones weights, a norm's output over a de-quantized embedding row is a few integers times one scale, so
     many values fall exactly on a rounding boundary of the 8-bit activation blocks, and float32 rounding in another
     order — the C++ step's — decides them: real, but a trained model's weights make it rare.)"""
-    model = tiny_model(kind, Vocabulary(), initializer_range=INIT, **overrides)
+    if kind == "mistral":  # (tiny_models has none: its config with no sliding window, as Mistral 7B v0.2 on)
+        import transformers
+
+        torch.manual_seed(0)
+        config = transformers.MistralConfig(vocab_size=len(Vocabulary()), hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            sliding_window=None, initializer_range=INIT, **overrides)
+        model = transformers.MistralForCausalLM(config).eval()
+    else:
+        model = tiny_model(kind, Vocabulary(), initializer_range=INIT, **overrides)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") and random_norms:
@@ -61,8 +71,8 @@ def float_model(kind: str, *, random_norms: bool = True, **overrides):
 
 def stored(model, formats: dict[str, str] | str):
     """`model` (changed in place) with every Linear a GGMLLinear and the embedding a GGMLEmbedding of its weights
-    quantized by ggml (formats: one for all, or per module name with Q4_K for the rest), the head tied to the
-    embedding's matrix (as a tied GGUF has no head tensor)."""
+    quantized by ggml (formats: one for all, or per module name with Q4_K for the rest); a tied head is a GGMLLinear
+    on the embedding's matrix (as a tied GGUF has no head tensor), an untied one on its own."""
     def fmt(name: str) -> str:
         return formats if isinstance(formats, str) else formats.get(name, "Q4_K")
 
@@ -70,9 +80,10 @@ def stored(model, formats: dict[str, str] | str):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear) and name != "lm_head":
                 setattr(module, name, GGMLLinear(GGMLMatrix.quantize(child.weight, fmt(name)), child.bias))
+    tied = model.config.tie_word_embeddings
     table = GGMLEmbedding(GGMLMatrix.quantize(model.model.embed_tokens.weight, fmt("embed")))
-    model.model.embed_tokens = table
-    model.lm_head = GGMLLinear(table.matrix)
+    head = table.matrix if tied else GGMLMatrix.quantize(model.lm_head.weight, fmt("lm_head"))
+    model.model.embed_tokens, model.lm_head = table, GGMLLinear(head)
     return model
 
 
@@ -93,12 +104,15 @@ def rows_close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4) -> bool:
     return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= rel * max(1.0, float(b.abs().max()))
 
 
-CASES = [(kind, fmt) for kind in ("llama", "qwen2", "qwen3") for fmt in ("Q8_0", "mixed")]
+CASES = [(kind, fmt, True) for kind in ("llama", "qwen2", "qwen3") for fmt in ("Q8_0", "mixed")] + [
+    ("mistral", "Q8_0", True), ("llama", "Q8_0", False), ("qwen3", "mixed", False)]
 
 
-@pytest.mark.parametrize("kind, fmt", CASES)
-def test_greedy_ids_and_cache_rows_are_the_models_own_forwards(kind, fmt):
-    model = stored(float_model(kind, **(K_SHAPED if fmt == "mixed" else {})), MIXED if fmt == "mixed" else fmt)
+@pytest.mark.parametrize("kind, fmt, tied", CASES)
+def test_greedy_ids_and_cache_rows_are_the_models_own_forwards(kind, fmt, tied):
+    shape = K_SHAPED if fmt == "mixed" else {}
+    model = stored(float_model(kind, tie_word_embeddings=tied, **shape), MIXED if fmt == "mixed" else fmt)
+    assert (model.lm_head.matrix is model.model.embed_tokens.matrix) == tied
     step = ggml_step(model)
     assert isinstance(step, GGMLStep) and why_not(model) == ""
     ours, theirs = new_cache(model, 8), new_cache(model, 8)  # 8 rows: the buffers grow under the step
