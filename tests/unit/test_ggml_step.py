@@ -1,10 +1,9 @@
 """The native decode step on ggml's kernels (core/model/native/ggml_native.py, ggml_step.cpp) for models whose
 matrices are GGUF tensors kept as stored: tiny Llama / Qwen2 (q/k/v bias) / Qwen3 (q/k RMSNorm) / Mistral models,
 tied and untied, with every Linear a GGMLLinear in Q8_0, or K-quants mixed per matrix as a Q4_K_M file mixes them.
-Held to the model's own
-forward through the same modules (which runs the same products: ggml's, on the same 8-bit activation blocks):
-greedy ids over 20 steps, the KV cache rows, the logits; to `generate`'s float32 greedy ids where Q8_0 keeps them;
-and refused, in one line, where it does not serve a model."""
+Held to the model's own forward through the same modules (which runs the same products: ggml's, on the same 8-bit
+activation blocks): greedy ids over 20 steps, the KV cache rows, the logits; to `generate`'s float32 greedy ids
+where Q8_0 keeps them; and refused, in one line, where it does not serve a model."""
 
 from __future__ import annotations
 
