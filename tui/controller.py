@@ -410,13 +410,20 @@ class DashboardController:
     def start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
         """Start the branch `point` of `parent` at step `at` (`piece`: what its node is named by in the tree; a
         forced phrase or an adopted sample too, tui/explore.py): the run in progress stops, the branch becomes the
-        live run of the tree and is shown. False (said why) when the engine refuses it."""
+        live run of the tree and is shown. False (said why) when the engine refuses it. A run the user paused
+        stays paused: the branch's forced steps (the token taken, a phrase's tokens) come, then it waits for n
+        (issue 40: picking tokens by hand, step by step, as token-explorer does)."""
+        keep_paused = self.client.paused and not self.dialog_paused  # a dialog's own pause is not the user's
         self.dialog_paused = False  # the branch replaces the paused run, which ends "stopped"
         self.client.halt()
         branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token,
                                       phrase=point.phrase or None, phrase_text=point.phrase_text, sample=point.sample)
         self.view.clear_answer()
         self.view.repaint()
+        if keep_paused:  # as `space` while loading does for a run: paused, the forced steps let through
+            self.client.pause()
+            for _token in point.forced_ids:  # one token, or a phrase's (or a sample's) every token
+                self.client.step_once()
         try:
             # the parent's prompt goes first into the branch's record: it replays on its own
             branch.run_id = self.client.branch(point, prompt=parent.state.prompt)

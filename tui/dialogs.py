@@ -161,7 +161,8 @@ def branch(app: DialogHost) -> None:
         else:
             controller.branch_at(parent, step, token)
 
-    app.push_screen(BranchPicker(step, label), chosen)
+    app.push_screen(BranchPicker(step, label, paused=controller.client.paused and not controller.dialog_paused),
+                    chosen)
 
 
 def phrase(app: DialogHost, parent, step, label: str) -> None:

@@ -71,7 +71,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.restart", "r", "r", "restart", "restart", "Restart",
             "run the same prompt again with the same seed"),
     KeySpec("tokentui.edit", "e", "e", "edit_prompt", "prompt", "Edit prompt",
-            "edit the prompt and system prompt, then run again"),
+            "edit the prompt and system prompt (ctrl+a selects all), then run again"),
     KeySpec("tokentui.heat", "h", "h", "toggle_heat", "heat", "Heat map",
             "colour each answer token by the probability it had; show token boundaries"),
     KeySpec("tokentui.ids", "i", "i", "toggle_ids", "ids", "Token ids",
@@ -79,7 +79,8 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("tokentui.export", "x", "x", "export", "export", "Export answer",
             "write the answer to a text file next to the run record and show both paths"),
     KeySpec("tokentui.branch", "b", "b", "branch", "branch", "Branch here",
-            "another candidate at the step in view, or t: a phrase to force"),
+            "another candidate at the step in view (its rank 1–9 at once), or t: a phrase to force; a paused run "
+            "stays paused"),
     KeySpec("tokentui.fanout", "f", "f", "fanout", "fan out", "Fan out here",
             "8 samples × 32 tokens from the step in view; enter adopts one", bar=False),
     KeySpec("tokentui.branches", "B,shift+b", "B", "branches", "runs", "Runs of this prompt",

@@ -33,7 +33,7 @@ def ids(state) -> list[int]:
     return state.run.values("id")
 
 
-async def test_b_branches_at_the_newest_step_while_paused_and_the_run_goes_on_from_the_picked_token():
+async def test_b_branches_at_the_newest_step_while_paused_and_the_run_goes_on_from_the_picked_token_once_resumed():
     engine = ScriptedEngine(delay=0.05, sampler=GREEDY)
     app = make_app(engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -51,6 +51,12 @@ async def test_b_branches_at_the_newest_step_while_paused_and_the_run_goes_on_fr
         assert f"branch at step {at + 1}" in text and "taken" in text
         other = next(c for c in step.candidates if c.id != step.id)  # the first one not taken: highlighted
         await pilot.press("enter")
+        # a run paused by the user stays paused across the branch (issue 40): the picked token, then it waits
+        await wait_for(pilot, lambda: len(app.branch_tree) == 2 and len(app.state.run) == at + 1,
+                       what="the branch's first step")
+        await pilot.pause(0.3)
+        assert app.client.paused and len(app.state.run) == at + 1
+        await pilot.press("space")  # and goes on from it when resumed
         await wait_for(pilot, lambda: app.state.phase == "done", timeout=30, what="the branch to finish")
         assert len(app.branch_tree) == 2 and app.branch_tree.shown_branch.number == 2
         branch_ids = ids(app.state)

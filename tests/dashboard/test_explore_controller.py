@@ -3,6 +3,8 @@ of test_controller.py and the scripted engine behind an in-process client."""
 
 from __future__ import annotations
 
+import asyncio
+
 from dataclasses import replace
 
 from fake_script import ANSWER, ANSWER_TEXT, FACTS
@@ -39,6 +41,11 @@ async def test_a_typed_phrase_is_forced_token_by_token_then_generation_goes_on()
         assert [p.piece for p in pieces] == ["␣weights", "␣are"]
         ids = tuple(p.id for p in pieces)
         assert controller.explore.force_phrase(parent, step, " weights are", ids)
+        # paused by the user: the phrase's tokens come, then the branch waits (issue 40); resumed, it goes on
+        await until(lambda: len(controller.tree) == 2 and len(controller.state.run) == 4)
+        await asyncio.sleep(0.2)
+        assert controller.client.paused and len(controller.state.run) == 4
+        controller.toggle_pause()
         await until(lambda: controller.state.phase == "done" and len(controller.tree) == 2)
         branch = controller.tree.shown_branch
         run = branch.state.run
