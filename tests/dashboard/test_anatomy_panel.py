@@ -16,7 +16,7 @@ from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig, TokentuiApp
 from tokentui.tui.sizes import PARTS, hidden_note, plan, size_table
 from tokentui.tui.panels.anatomy import NO_TIMING, AnatomyPanel, part_marks, part_times, split_at
-from tokentui.tui.panels.anatomy_text import device_label, distribution_line, shape_text, timing_sum
+from tokentui.tui.panels.anatomy_text import device_label, distribution_line, shape_text, shown_name, timing_sum
 
 
 def make_app(engine, **config) -> TokentuiApp:
@@ -125,7 +125,7 @@ def test_the_layout_table_lists_it_and_never_counts_it_as_hidden():
 # ---- what it shows ------------------------------------------------------------------------------------------------
 
 def stage_cells(stage: Stage) -> list[str]:
-    return [stage.name[:8], shape_text(stage.shape)]
+    return [shown_name(stage)[:8], shape_text(stage.shape)]
 
 
 async def test_the_rows_are_the_stages_of_the_step_in_view_and_follow_the_cursor():

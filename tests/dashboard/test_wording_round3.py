@@ -34,3 +34,21 @@ async def test_an_adopted_samples_label_has_no_space_glyph(size):
         await pilot.pause(0.2)
         text = screen_text(app)
         assert f"sample #{branch.sample}" in text and "sample␣" not in text, text
+
+
+async def test_the_copy_back_is_not_host_to_the_host():
+    """The one-pass panel's copy back to the host read `host to the host` (the CPU being host and device): it is
+    named by where it comes from."""
+    from snapshot_apps_anatomy import SAMPLED, TimedEngine
+
+    from tokentui.tui.panels import AnatomyPanel
+
+    engine = TimedEngine(sampler=SAMPLED)
+    app = SnapshotApp(DashboardConfig(load=make_loader(engine), sampler=SAMPLED, user_theme_dir=None, recorder=None))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.state.phase == "done", what="the run")
+        await pilot.pause(0.1)
+        app.redraw()
+        await pilot.pause()
+        text = app.query_one("#anatomy", AnatomyPanel).last_text.plain
+        assert "host from the device " in text and "to the host" not in text, text

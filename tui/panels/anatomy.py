@@ -13,7 +13,7 @@ the last stages ("… N more").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
@@ -21,7 +21,7 @@ from rich.text import Text
 from ..format import shorter_form
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
-                           head_words, stage_shapes, timing_sum, waited, wrap)
+                           head_words, shown_name, stage_shapes, timing_sum, waited, wrap)
 from .base import Panel
 
 TWO_COLUMNS = 132  # content width from which the stages flow into two columns (else: grouped under their parts)
@@ -88,6 +88,8 @@ class AnatomyPanel(Panel):
         width = max(20, self.content_size.width or 60)
         height = max(1, self.content_size.height or 16)
         stages = one_pass(facts, step.kv_tokens, step, step.settings)
+        if not isinstance(stages, str):
+            stages = [replace(st, name=shown_name(st)) for st in stages]
         device = device_label(facts.device)
         if isinstance(stages, str):  # an architecture it cannot take apart: say so, then what is still known
             lines = [Line(Text(t, style=muted)) for t in wrap(stages, width)]

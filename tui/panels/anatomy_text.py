@@ -30,6 +30,12 @@ def stage_shapes(stage) -> str:
     return shape_text(stage.shape) + (f" + {shape_text(also)}" if also is not None else "")
 
 
+def shown_name(stage) -> str:
+    """The name the panel gives a stage: its own, but the copy back to the host's, which is named by where it comes
+    from ("host from the device": "host to the host" read like a typo where the CPU is both host and device)."""
+    return "from the device" if (stage.where, stage.name) == ("host", "to the host") else stage.name
+
+
 def device_label(device: str | None) -> str:
     """What the device column says: GPU for CUDA (ROCm too, which torch calls cuda), MPS, else the CPU itself."""
     kind = (device or "cpu").split(":")[0].lower()
