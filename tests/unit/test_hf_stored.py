@@ -61,10 +61,10 @@ def reference(folder, dtype):
 
 @pytest.fixture(scope="module")
 def folders(smol_tokenizer, tmp_path_factory):
-    """Tiny Qwen3 (q/k norms, tied head) and Llama (untied head) folders saved in bf16 and fp16."""
+    """Tiny Qwen3 (q/k norms, tied head) and Llama (untied head) folders saved in bf16, fp16 and fp32."""
     root = tmp_path_factory.mktemp("stored")
     return {(kind, dtype): save_folder(root, smol_tokenizer, kind, dtype, tie_word_embeddings=kind == "qwen3")
-            for kind in ("qwen3", "llama") for dtype in (torch.bfloat16, torch.float16)}
+            for kind in ("qwen3", "llama") for dtype in (torch.bfloat16, torch.float16, torch.float32)}
 
 
 def linears(model):
@@ -89,13 +89,13 @@ def test_the_linear_layers_become_views_of_the_loaded_tensors(folders):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_a_16_bit_folder_loads_as_stored_and_decodes_like_its_float32_values(folders, kind, dtype):
-    """load_model (--dtype auto, CPU): no float32 matrix (the norms and biases alone are float32: they are what the
-    C++ step reads, a few KB), the linear layers ggml rows of the stored dtype, the facts say so; the engine's greedy
-    ids over 16 steps are transformers' `generate` on the same stored values in float32. (Not `generate` in bf16:
-    transformers rounds every activation to bf16 there, and on the tiny Qwen3 that parts from its own float32 run
-    at the first step; ggml's products round only their inputs, as llama.cpp does.)"""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_a_folder_loads_as_stored_and_decodes_like_its_float32_values(folders, kind, dtype):
+    """load_model (--dtype auto, CPU): no float32 copy of a 16-bit matrix (the norms and biases alone are float32:
+    they are what the C++ step reads, a few KB), the linear layers ggml rows of the stored dtype, the facts say so;
+    the engine's greedy ids over 16 steps are transformers' `generate` on the same stored values in float32. (Not
+    `generate` in bf16: transformers rounds every activation to bf16 there, and on the tiny Qwen3 that parts from its
+    own float32 run at the first step; ggml's products round only their inputs, as llama.cpp does.)"""
     _ggml_or_skip()
     folder = folders[kind, dtype]
     loaded = load_model(str(folder), device="cpu")
@@ -108,7 +108,8 @@ def test_a_16_bit_folder_loads_as_stored_and_decodes_like_its_float32_values(fol
     assert not any(type(m) is nn.Linear for m in model.modules())
     facts = loaded.facts
     assert facts.dtype == str(dtype).removeprefix("torch.") and facts.quantization.blocks == name
-    assert facts.quantization.weight_bytes == sum(m.in_features * m.out_features * 2 for m in layers)
+    size = torch.empty((), dtype=dtype).element_size()
+    assert facts.quantization.weight_bytes == sum(m.in_features * m.out_features * size for m in layers)
     assert facts.tied_lm_head is (kind == "qwen3")
     assert facts.kv_bytes_per_value == 4  # the cache is float32, as the computation around the products
     oracle = reference(folder, torch.float32)
@@ -175,6 +176,7 @@ def test_quantize_int8_rows_within_q8_0_rounding_and_greedy_its_own_forward(fold
     assert quant.summary() == "Q8_0 weights quantized here (8-bit, group 32, fp16 scales) · int8 activations"
     assert quant.weight_bytes == sum(m.matrix.nbytes for m in layers.values())
     engine, prompt, ids = run_ids(loaded)
+    assert "Q8_0 weights (--quantize)" in engine.facts.decode_plan
     expected = generate_ids(model, prompt, STEPS, stop_at_eos=False)
     assert_varies(expected)
     assert_same_or_near_tie(engine, ids, expected)

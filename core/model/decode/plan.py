@@ -92,7 +92,7 @@ def _weights(quant, model) -> str:
     holds 4-bit modules the facts do not describe)."""
     if quant is None:
         return "4-bit weights" if quantized_modules(model) else "float weights"
-    return "int4 weights (--quantize)" if quant.quantized_here else f"{quant.blocks} weights as stored"
+    return f"{quant.blocks} weights (--quantize)" if quant.quantized_here else f"{quant.blocks} weights as stored"
 
 
 def _why_not_native(decoder: LeanDecoder) -> str:

@@ -338,7 +338,7 @@ def load_model(
                             load_seconds=time.perf_counter() - started)
         if quantized is not None:
             facts = replace(facts, quantization=quantized)
-        if quantized is not None and quantized.kernel == "ggml" and facts.kv_bytes_per_value:
+        if quantized is not None and quantized.kernel.startswith("ggml") and facts.kv_bytes_per_value:
             # around ggml's rows the model computes in float32 (core/model/quant/hf_stored.py): so does its KV cache,
             # whatever dtype its embedding table (the first parameter) is stored in
             facts = replace(facts, kv_bytes_per_value=4, kv_bytes_per_token=None if facts.kv_bytes_per_token is None

@@ -8,8 +8,8 @@ Around those products the model computes in float32, as llama.cpp does: the norm
 and the embedding table stays a torch nn.Embedding in its dtype (no copy) whose rows are cast to float32 as they
 leave it. What the kernels round: ggml's BF16 / F16 dot products round the activations to the weights' dtype first
 (their vec_dot_type), as llama.cpp does; F32 rounds nothing. A prefill's products (more rows than a step's) go
-through torch's own 16-bit F.linear on the same memory where the CPU has the dtype's instructions (`StoredLinear`:
-faster there), rounding their outputs to the dtype too.
+through torch's own F.linear on the same memory where the CPU has the dtype's instructions (`StoredLinear`: faster
+there), a 16-bit one rounding their outputs to the dtype too.
 
 Where ggml's library is not available, or the native step does not serve the architecture, the model stays as
 transformers loaded it and torch runs it in its dtype; a 16-bit dtype this CPU has no instructions for (torch's
@@ -95,10 +95,11 @@ def _view(weight: torch.Tensor):
 
 
 class StoredLinear(GGMLLinear):
-    """A GGMLLinear over a 16-bit weight's own memory whose prefill (more than PRODUCT_ROWS rows) goes through torch's
-    F.linear on that weight in its dtype, where the CPU has the dtype's instructions: 2-3x faster there than ggml's
-    product or the matrix de-quantized in tiles (BENCHMARKS.md, "HF folders as stored"). Its outputs are rounded
-    to the dtype (oneDNN's), its inputs as ggml's product rounds them."""
+    """A GGMLLinear over a weight's own memory (bf16 / fp16 / float32) whose prefill (more than PRODUCT_ROWS rows)
+    goes through torch's F.linear on that weight in its dtype, where the CPU has the dtype's instructions: for bf16
+    2-3x faster there than ggml's product or the matrix de-quantized in tiles (BENCHMARKS.md, "HF folders as
+    stored"); for float32 no tile is copied. A 16-bit prefill's outputs are rounded to the dtype (oneDNN's), its
+    inputs as ggml's product rounds them."""
 
     def __init__(self, matrix, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(matrix, bias)
@@ -144,7 +145,7 @@ def _replace(model: nn.Module, make) -> tuple[list, dict]:
         matrix = make(module)
         bias = None if module.bias is None else module.bias.detach().float()
         dtype = module.weight.dtype
-        if matrix.type_name == STORED_TYPES.get(dtype) and dtype != torch.float32 and cpu_lacks(dtype) is None:
+        if matrix.type_name == STORED_TYPES.get(dtype) and cpu_lacks(dtype) is None:
             layer = StoredLinear(matrix, module.weight, bias=bias)
         else:
             layer = GGMLLinear(matrix, bias=bias)
@@ -221,6 +222,7 @@ def stored_facts(model: nn.Module, blocks: str):
     """The model facts' account (QuantFacts) of a model whose linear layers `run_as_stored` or `quantize_int8`
     made ggml rows of type `blocks`."""
     from ...runs.facts import QuantFacts
+    from ..native.llama_sdist import VERSION  # the llama.cpp whose ggml is built (as a GGUF's facts say it)
 
     layers = [m for m in model.modules() if isinstance(m, GGMLLinear)]
     head = model.get_output_embeddings()
@@ -239,7 +241,7 @@ def stored_facts(model: nn.Module, blocks: str):
                       group=BLOCK if blocks == INT8 else 1, scale_dtype="float16" if blocks == INT8 else "none",
                       activation_dtype=activations, head=head_words, exact_scores=0, matrices=len(layers),
                       dequantized=float_kept, weight_bytes=sum(m.matrix.nbytes for m in layers),
-                      quantized_here=blocks == INT8, kernel="ggml")
+                      quantized_here=blocks == INT8, kernel=f"ggml's vec_dot, llama.cpp {VERSION}")
 
 
 def _was_tied(model: nn.Module) -> bool:
