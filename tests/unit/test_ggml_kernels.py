@@ -8,6 +8,7 @@ TOKENTUI_REQUIRE_LLAMA_SERVER=1)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -50,7 +51,22 @@ def ggml_or_skip():
 
 @pytest.fixture(scope="module", autouse=True)
 def ggml():
-    ggml_or_skip()
+    with bound_ggml():
+        yield
+
+
+@contextlib.contextmanager
+def bound_ggml():
+    """ggml's library bound (`ggml_or_skip`) meanwhile, $TOKENTUI_GGML_LIB put back after."""
+    saved = os.environ.get(ggml_build.ENV_LIB)
+    try:
+        ggml_or_skip()
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ggml_build.ENV_LIB, None)
+        else:
+            os.environ[ggml_build.ENV_LIB] = saved
 
 
 def values(rows: int = ROWS, cols: int = COLS, seed: int = 0) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from test_ggml_kernels import ggml_or_skip
+from test_ggml_kernels import bound_ggml
 from tiny_models import INIT, assert_varies, tiny_model
 from tokentui.core.model.decode.adapter import forward_last_logits, new_cache
 from tokentui.core.model.native import ggml_native
@@ -31,7 +31,8 @@ MIXED = {"v_proj": "Q6_K", "down_proj": "Q6_K", "embed": "Q6_K"}
 
 @pytest.fixture(scope="module", autouse=True)
 def ggml():
-    ggml_or_skip()
+    with bound_ggml():
+        yield
 
 
 class Vocabulary:
