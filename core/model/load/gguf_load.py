@@ -33,7 +33,7 @@ from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
-from .gguf_check import check_gguf, checked_reader
+from .gguf_check import check_gguf, checked_reader, fast_reader
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native
@@ -84,6 +84,21 @@ def cached_folder(path: Path, kernel: Int4Kernel) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- conversion
+def read_config(path: Path, reader=None):
+    """transformers' config of the GGUF at `path` (`reader`: its GGUFReader, parsed here if None), with the head
+    size the file states (`<arch>.attention.key_length`): transformers' GGUF reader does not map it, so a Qwen3
+    file whose heads are not 128 wide got Qwen3Config's default 128 and a model its tensors do not fit."""
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    reader = reader if reader is not None else fast_reader(path)
+    field = reader.fields.get(f"{read_field(reader, 'general.architecture')[0]}.attention.key_length")
+    if field is not None and getattr(config, "head_dim", None) is not None:
+        config.head_dim = int(field.parts[field.data[0]][0])
+    return config
+
+
 def _skeleton(config):
     """The model with its parameters on the meta device and its buffers real (computed from the config)."""
     from accelerate import init_empty_weights
@@ -349,7 +364,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     try:
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        config = read_config(path)
         model = _skeleton(config)
         plan = plan_gguf(path, model, progress)
     except ModelLoadError:

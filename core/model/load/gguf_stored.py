@@ -22,6 +22,8 @@ The model facts' account of the weights: core/model/load/gguf_stored_facts.py.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import shutil
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from .gguf_check import checked_reader
-from .gguf_load import _skeleton
+from .gguf_load import _skeleton, read_config
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
 FORMAT = 1  # bump when what the cache folder holds changes
@@ -94,7 +96,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
     """The GGUF at `path` with its matrices as stored (the module docstring); CPU only. `reader`: the file's
     checked GGUFReader when the caller has one (the routing in loader.py parsed it already). ggml's library must
     be bound first (ggml_linear.load); a bad file is one line (ModelLoadError)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
@@ -104,7 +106,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
             progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
             folder, name = str(path.parent), path.name
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+            config = read_config(path, reader)
         else:
             config, tokenizer = found
         model = _skeleton(config)
@@ -137,6 +139,21 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
+@contextlib.contextmanager
+def _name_map_once():
+    """transformers' get_gguf_hf_weights_map calls itself on every submodule, and each call builds gguf-py's whole
+    tensor-name map for the architecture again (seconds for a 28-layer model, every start): for its duration, the
+    map is built once per (architecture, layers) and shared (it is only read)."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
 def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: None) -> dict[str, tuple[str, int]]:
     """Fill `skeleton` (parameters on the meta device) from `reader`'s tensors, in place: the modules of the module
     docstring's table. -> the 2-D tensors de-quantized instead (HF name -> (block type, float32 bytes))."""
@@ -149,7 +166,9 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
     architecture = read_field(reader, "general.architecture")[0]
     # the processor reads the HF config's names (num_attention_heads...), as transformers' own parse gives them
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=skeleton.config.to_dict())
-    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    # the names the file's architecture gives its tensors (a Mistral file is "llama" in llama.cpp's names)
+    with _name_map_once():
+        mapping = get_gguf_hf_weights_map(skeleton, processor, model_type=architecture)
     floats: dict[str, torch.Tensor] = {}
     parsed = {"config": skeleton.config.to_dict(), "tensors": floats}  # processors that split tensors write there
     embed = _module_name(skeleton, skeleton.get_input_embeddings())
