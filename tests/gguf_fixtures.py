@@ -4,15 +4,22 @@ each family the native step covers, saved as a float32 Hugging Face folder, conv
 cached: core/model/native/ggml_build.py's `tools`).
 
     hf_folder(family, tied)           the float32 HF folder: the float32 reference of every file made from it
-    tiny_gguf(family, fmt, tied=...)  that folder as a GGUF of format fmt (llama.cpp's names: FORMATS)
+    tiny_gguf(family, fmt, tied=...)  that folder as a GGUF of format fmt (llama.cpp's names: FORMATS): F32 from the
+                                      converter, every other format quantized from it by llama-quantize
+    tiny_gguf_converted(family, fmt, tied=...)  F16 / BF16 / Q8_0 from the converter itself (--outtype)
+
+The converter is run once a model: its F16, BF16 and Q8_0 tensors are llama-quantize's from its F32 file, byte for
+byte (tests/server/test_gguf_fixtures.py checks it), and each converter run costs seconds where llama-quantize's
+cost a fraction of one, which keeps the whole set within CI's budget.
 
 Families: llama, qwen2 (q/k/v bias), qwen3 (q/k RMSNorm), mistral; every matrix's input width a multiple of 256, so
 every K-quant applies to every matrix. The tokenizer is the embedded SmolLM2's (llama.cpp's converter knows its
 pre-tokenizer), so the vocabulary is its 49,152 tokens.
 
 Everything is cached under the tokentui cache folder of the user running the tests (``fixtures/<key>``; the key
-holds the family, tied, the config, the sdist's version and FORMAT), read when this module is imported: the tests'
-own isolated cache folder (tests/conftest.py's isolated_dirs) is set later and would rebuild it all every session.
+holds the family, tied, the config and, for the GGUFs, the sdist's version and FORMAT), read when this module is
+imported: the tests' own isolated cache folder (tests/conftest.py's isolated_dirs) is set later and would rebuild it
+all every session.
 The `gguf_tools` fixture skips in one line where cmake or a compiler is missing, and fails under
 TOKENTUI_REQUIRE_LLAMA_SERVER=1 (test.sh), as tests/llama_server_fixture.py does for llama-server.
 """
@@ -25,6 +32,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,12 +45,11 @@ from tokentui.core.model.native import ggml_build
 from tokentui.core.model.native.llama_sdist import VERSION
 from tokentui.core.paths import cache_dir
 
-FORMAT = 1  # bump when what is built changes in a way the key does not see
+FORMAT = 2  # bump when what is built changes in a way the key does not see (2: one converter run a model)
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-# the converter's own outputs (--outtype), then llama-quantize's (from the F32 file)
+# the converter's --outtype of each format it writes
 CONVERTED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
-QUANTIZED = ("Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K")
-FORMATS = (*CONVERTED, *QUANTIZED)
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K")
 # every matrix's input width (hidden, heads x head_dim, intermediate) a multiple of 256, K-quants' block
 CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-6,
@@ -78,9 +85,8 @@ def ggml_library() -> Path:
         return ggml_build.library()
 
 
-def _key(family: str, tied: bool) -> str:
-    ident = json.dumps({"family": family, "tied": tied, "config": CONFIG, "seed": SEED, "llama.cpp": VERSION,
-                        "format": FORMAT}, sort_keys=True)
+def _key(family: str, tied: bool, **more) -> str:
+    ident = json.dumps({"family": family, "tied": tied, "config": CONFIG, "seed": SEED, **more}, sort_keys=True)
     return f"{family}-{'tied' if tied else 'untied'}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
@@ -117,7 +123,7 @@ def staged(folder: Path):
 
 def tokenizer_folder() -> Path:
     """The embedded SmolLM2's tokenizer, read from its GGUF by transformers once and saved."""
-    folder = HOME_CACHE / "fixtures" / f"tokenizer-smollm2-{FORMAT}"
+    folder = HOME_CACHE / "fixtures" / "tokenizer-smollm2"
     with locked(folder):
         if not (folder / "tokenizer.json").is_file():
             from transformers import AutoTokenizer
@@ -231,16 +237,84 @@ def quantized(source: Path, fmt: str, target: Path) -> Path:
     return target
 
 
+def _gguf_folder(family: str, tied: bool) -> Path:
+    return HOME_CACHE / "fixtures" / f"gguf-{_key(family, tied, llama_cpp=VERSION, format=FORMAT)}"
+
+
 def tiny_gguf(family: str, fmt: str, *, tied: bool) -> Path:
-    """The tiny `family` model as a GGUF of format `fmt`: F32 / F16 / BF16 / Q8_0 from convert_hf_to_gguf.py, the
-    rest quantized from the F32 file by llama-quantize."""
+    """The tiny `family` model as a GGUF of format `fmt`: F32 from convert_hf_to_gguf.py, every other format
+    quantized from that F32 file by llama-quantize."""
     _check(family, fmt)
-    target = HOME_CACHE / "fixtures" / f"gguf-{_key(family, tied)}" / f"{fmt}.gguf"
+    target = _gguf_folder(family, tied) / f"{fmt}.gguf"
     if target.is_file():
         return target
-    if fmt in CONVERTED:
+    if fmt == "F32":
         return converted(hf_folder(family, tied), fmt, target)
     return quantized(tiny_gguf(family, "F32", tied=tied), fmt, target)
+
+
+def tiny_gguf_converted(family: str, fmt: str, *, tied: bool) -> Path:
+    """The tiny `family` model as convert_hf_to_gguf.py writes it with --outtype fmt (F32, F16, BF16, Q8_0)."""
+    _check(family, fmt)
+    if fmt not in CONVERTED:
+        raise ValueError(f"the converter writes {', '.join(CONVERTED)}, not {fmt}")
+    return converted(hf_folder(family, tied), fmt, _gguf_folder(family, tied) / f"converter-{fmt}.gguf")
+
+
+# GGUF metadata value types (the GGUF spec): fixed sizes, 8 = string, 9 = array
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def tensor_types(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's (type name, shape as ggml lists it: the row length first) in a GGUF file, from its header alone.
+
+    Why not gguf-py's GGUFReader: it builds a numpy view of every metadata item first, ~50,000 token strings here,
+    which takes seconds a file (several minutes over the fixtures); this skips the metadata and reads the tensor
+    list."""
+    from gguf import GGMLQuantizationType
+
+    with open(path, "rb") as fh:
+        data = fh.read(64 << 20)  # the header (metadata, then the tensor list) comes before the weights
+    magic, _version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    at = 24
+
+    def string() -> str:
+        nonlocal at
+        (n,) = struct.unpack_from("<Q", data, at)
+        at += 8 + n
+        return data[at - n:at].decode("utf-8", errors="replace")
+
+    def skip(kind: int) -> None:
+        nonlocal at
+        if kind == 8:
+            string()
+        elif kind == 9:
+            item, count = struct.unpack_from("<IQ", data, at)
+            at += 12
+            if item in _SIZES:
+                at += count * _SIZES[item]
+            else:
+                for _ in range(count):
+                    skip(item)
+        else:
+            at += _SIZES[kind]
+
+    for _ in range(n_kv):
+        string()
+        (kind,) = struct.unpack_from("<I", data, at)
+        at += 4
+        skip(kind)
+    tensors = {}
+    for _ in range(n_tensors):
+        name = string()
+        (n_dims,) = struct.unpack_from("<I", data, at)
+        shape = struct.unpack_from(f"<{n_dims}Q", data, at + 4)
+        kind, _offset = struct.unpack_from("<IQ", data, at + 4 + 8 * n_dims)
+        at += 4 + 8 * n_dims + 12
+        tensors[name] = (GGMLQuantizationType(kind).name, tuple(shape))
+    return tensors
 
 
 def require_tools() -> ggml_build.Tools:
