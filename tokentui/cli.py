@@ -55,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "final norm and LM head applied after each layer; every decoder family, not with --compile; "
                         "costs time per step; in --json output and the run record)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
+    # the activations' dtype is the kernel's, chosen at load (int16 in the native one, bf16 in torch's): the model
+    # panel's border says which (QuantFacts, one source), so the help names no dtype of its own for them
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: a 4-bit GGUF on CPU "
-                   "runs as stored, 4-bit weights and bf16 activations into them; a model folder on CPU keeps the "
+                   "runs as stored: 4-bit weights, the activations rounded as the kernel chosen at load takes them "
+                   "(int16 in the native one; the model panel says which); a model folder on CPU keeps the "
                    "dtype it is stored in; else bf16 on CUDA, fp32 on CPU; float32: a GGUF de-quantized, the exact "
                    "reference)")
     p.add_argument("--device-map", default=None, help="accelerate device map for several GPUs, e.g. auto")
@@ -73,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "differ by float rounding); stock: leave them as loaded")
     # core.model.quantize.QUANTIZE, spelled out for the same reason
     p.add_argument("--quantize", choices=("none", "int4", "int8"), default="none",
-                   help="int4: quantize a float model's weight matrices here to 4 bits (group 32, bf16 scales; "
-                        "bf16 activations into them; CPU), the layout a 4-bit GGUF runs in: ~6x fewer bytes a "
+                   help="int4: quantize a float model's weight matrices here to 4 bits (group 32; scales and "
+                        "activations as the kernel chosen at load takes them, as for a 4-bit GGUF; CPU): ~6x fewer "
+                        "bytes a "
                         "step than float32. int8: to Q8_0 blocks of 32 run by ggml's kernels (llama.cpp's; CPU). "
                         "The model panel says so. none (default): the weights as loaded")
     # core.model.static_cache.KV_SHAPES, spelled out for the same reason

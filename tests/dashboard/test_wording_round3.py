@@ -52,3 +52,21 @@ async def test_the_copy_back_is_not_host_to_the_host():
         await pilot.pause()
         text = app.query_one("#anatomy", AnatomyPanel).last_text.plain
         assert "host from the device " in text and "to the host" not in text, text
+
+
+def test_the_help_names_no_activation_dtype_of_its_own():
+    """`--help` said a 4-bit GGUF runs with bf16 activations while the panel and the README said int16: the dtype is
+    the kernel's, chosen at load, and the model panel's border says it (one source)."""
+    from tokentui.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "bf16 activations" not in text and "the model panel says which" in text, text
+
+
+async def test_a_four_bit_models_device_row_says_its_weights_are_four_bit():
+    """`device cpu · float32` for a 4-bit model read as if it ran in float32: its matrices are 4-bit."""
+    from test_nothing_cut import EMBEDDED, finished
+
+    _screen, panels = await finished((160, 48))
+    text = panels["ModelPanel"][0]
+    assert f"device       cpu · {EMBEDDED.dtype} + 4-bit weights" in text, text

@@ -142,7 +142,10 @@ class ModelPanel(Panel):
         else:
             row("vocab rows", f"{facts.vocab_rows:,}")
             row("context", context, "tokens" if facts.max_context else "no limit in the config")
-        row("device", facts.device, f"· {facts.dtype}")
+        # a 4-bit model's float parts are in facts.dtype; its matrices are 4-bit (issue 40: "cpu · float32" alone
+        # for a 4-bit model), their scales and activations said in the border (QuantFacts, one source)
+        row("device", facts.device, f"· {facts.dtype}" + (f" + {facts.quantization.bits}-bit weights"
+                                                         if facts.quantization is not None else ""))
         if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
             step, _, why = facts.decode_plan.partition(": ")
             if 13 + len(step) + 1 + len(why) <= width:
