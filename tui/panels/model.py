@@ -144,8 +144,9 @@ class ModelPanel(Panel):
             row("context", context, "tokens" if facts.max_context else "no limit in the config")
         # a 4-bit model's float parts are in facts.dtype; its matrices are 4-bit (issue 40: "cpu · float32" alone
         # for a 4-bit model), their scales and activations said in the border (QuantFacts, one source)
-        row("device", facts.device, f"· {facts.dtype}" + (f" + {facts.quantization.bits}-bit weights"
-                                                         if facts.quantization is not None else ""))
+        quant = facts.quantization
+        row("device", facts.device, (f"· {facts.dtype} + {quant.bits}-bit weights",
+                                     f"· {facts.dtype} + {quant.bits}-bit") if quant is not None else f"· {facts.dtype}")
         if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
             step, _, why = facts.decode_plan.partition(": ")
             if 13 + len(step) + 1 + len(why) <= width:
@@ -155,7 +156,6 @@ class ModelPanel(Panel):
                 if compact < 2:
                     for line in textwrap.wrap(why, max(10, width - 13)):
                         facts_out.append("\n" + " " * 13 + line, muted)
-        quant = facts.quantization
         dequantized = facts.dequantized_from
         if quant is not None:  # 4-bit weights as the file stores them: what is the file's and what is rounded
             self._weights(quant, row)
