@@ -47,6 +47,14 @@ struct ggml_type_traits_cpu {  // ggml-cpu.h
   int64_t nrows;     // rows vec_dot may process at once (we always ask for one: nrc = 1 is valid for every kernel)
 };
 
+// repack.h (ggml-cpu): llama.cpp's kernels on 8 weight rows interleaved (its "repack" buffers): gemv for one
+// activation row (from_float's blocks), gemm for 4 at a time (quantize_mat's 4-row interleaved blocks). s: the
+// outputs (gemm: row y of the activations at s + y * bs), vx: the interleaved weights, nr: activation rows, nc: weight
+// rows (a multiple of 8), n: values a row.
+typedef void (*ggml_gemv_t)(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
+typedef void (*ggml_quantize_mat_t)(const float* x, void* vy, int64_t k);  // 4 rows of k values
+typedef int (*ggml_cpu_has_fn)(void);
+
 typedef const ggml_type_traits* (*ggml_get_type_traits_fn)(int type);
 typedef const ggml_type_traits_cpu* (*ggml_get_type_traits_cpu_fn)(int type);
 typedef void (*ggml_cpu_init_fn)(void);
@@ -71,6 +79,18 @@ struct Format {
   int64_t act_row_bytes(int64_t k) const { return k / act_block * act_type_size; }
 };
 
+// llama.cpp's interleaved kernels for a format, where the bound library has them and llama.cpp itself would use
+// them on this CPU (repack.cpp's ggml_repack_get_optimal_repack_type on x86: Q4_0 and Q4_K, 8 rows interleaved 8
+// bytes at a time, with AVX2): the weights repacked once (ggml_repack.cpp), products by gemv / gemm.
+struct Interleaved {
+  ggml_gemv_t gemv = nullptr;
+  ggml_gemv_t gemm = nullptr;
+  ggml_quantize_mat_t quantize4 = nullptr;  // 4 activation rows -> gemm's interleaved blocks
+};
+
+// The interleaved kernels of ggml type `type`, or nullptr where the bound library has none for it (or none is bound).
+const Interleaved* interleaved(int64_t type);
+
 // The format of ggml type `type` from the bound library (TORCH_CHECK fails, one line, when nothing is bound or the
 // library has no CPU kernel for it).
 const Format& format(int64_t type);
@@ -78,14 +98,15 @@ const Format& format(int64_t type);
 // One product job for run_products: rows of a weight matrix times one converted activation row.
 struct Job {
   const Format* format;
-  const uint8_t* weights;  // [rows, row_bytes]
+  const uint8_t* weights;  // [rows, row_bytes], or with `packed` the rows 8 at a time in ggml's interleaved layout
+  const Interleaved* packed;  // nullptr: one vec_dot a row
   int64_t rows;
   const uint8_t* act;      // the activation row in format->act_type
   float* out;              // [rows]
 };
 
 // Every job's rows, split over torch's threads (at::parallel_for) as one range, so a layer's q, k and v (or gate and
-// up) fork once; each row one vec_dot of K values.
+// up) fork once; each row one vec_dot of K values, or a packed job's rows one gemv a group of 8.
 void run_products(const Job* jobs, int64_t count, int64_t K);
 
 }  // namespace tokentui_ggml

@@ -1,6 +1,7 @@
 """The native decode step for models whose matrices are GGUF tensors kept as stored (core/model/quant/ggml_linear.py's
 GGMLLinear): a Llama / Mistral / Qwen2 / Qwen3 model's whole decode step as one C++ call (core/model/native/
-ggml_step.cpp), every product through ggml's own CPU kernels, each matrix in its own format.
+ggml_step.cpp), every product through ggml's own CPU kernels, each matrix in its own format (a repacked Q4_0 / Q4_K
+matrix by ggml's interleaved gemv on its packed copy, as GGMLLinear runs it).
 
 Like core/model/native/native_step.py (the same C++ arithmetic between the products, step_math.h): the rotation's
 cos / sin from the model's own rotary module, the KV buffers the cache's own (growable_layers), the embedding row from
@@ -80,6 +81,7 @@ class GGMLStep:
             raise ValueError(f"an embedding of another kind ({type(self.embed).__name__})")
         self._mats: list[torch.Tensor] = []
         self._types: list[int] = []
+        self._packed: list[int] = []  # 1 where the matrix is in ggml's interleaved layout (GGMLLinear.packed)
         self._vectors: list[torch.Tensor | None] = []
         epsilons, scales = {self.norm.variance_epsilon} if _rms(self.norm) else set(), set()
         if not _rms(self.norm):
@@ -101,8 +103,9 @@ class GGMLStep:
                 raise ValueError(f"family {family}: its layers have norms other than float32 RMSNorm")
             epsilons.update(n.variance_epsilon for n in (*norms, *qk) if n is not None)
             scales.add(attn.scaling)
-            self._mats += [m.matrix.raw for m in mats]
+            self._mats += [m.matrix.raw if m.packed is None else m.packed for m in mats]
             self._types += [m.matrix.type for m in mats]
+            self._packed += [int(m.packed is not None) for m in mats]
             self._vectors += [n.weight.detach() for n in norms]
             self._vectors += [None if m.bias is None else m.bias.detach() for m in mats[:3]]
             self._vectors += [None if n is None else n.weight.detach() for n in qk]
@@ -136,7 +139,7 @@ class GGMLStep:
         buffers = [layer.room_for_one() for layer in layers]
         hidden = torch.ops.tokentui_ggml.decode_step(
             x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
-            [k for k, _ in buffers], [v for _, v in buffers], self._mats, self._types, self._vectors,
+            [k for k, _ in buffers], [v for _, v in buffers], self._mats, self._types, self._packed, self._vectors,
             self._norm_weight, self.heads, self.kv_heads, self._eps, self._scale)  # [1, H]
         for layer in layers:
             layer.count_one()

@@ -44,12 +44,33 @@ struct Bound {
   std::string path;
   std::array<Format, kTypes> formats{};
   std::array<bool, kTypes> runs{};
+  std::array<Interleaved, kTypes> packed{};  // a format's interleaved kernels (empty where none)
   ggml_get_type_traits_fn traits = nullptr;
   ggml_get_type_traits_cpu_fn cpu_traits = nullptr;
 };
 
 std::mutex bind_lock;
 Bound* bound = nullptr;  // set once, never freed (the library stays open for the process)
+
+// The interleaved kernels llama.cpp itself picks on x86 (repack.cpp, ggml_repack_get_optimal_repack_type): Q4_0 and
+// Q4_K 8x8 where ggml was built with AVX2 (ggml_cpu_has_avx2: its compile-time flags, as llama.cpp asks). Found by
+// their C names (ggml-cpu's repack.h exports them extern "C"); a library without them leaves the format on vec_dot.
+void bind_interleaved(void* handle, Bound* b) {
+  auto has_avx2 = reinterpret_cast<ggml_cpu_has_fn>(dlsym(handle, "ggml_cpu_has_avx2"));
+  if (has_avx2 == nullptr || !has_avx2()) return;
+  const struct {
+    int type;
+    const char *gemv, *gemm, *quantize4;
+  } kinds[] = {{GGML_ABI_Q4_0, "ggml_gemv_q4_0_8x8_q8_0", "ggml_gemm_q4_0_8x8_q8_0", "ggml_quantize_mat_q8_0_4x8"},
+               {GGML_ABI_Q4_K, "ggml_gemv_q4_K_8x8_q8_K", "ggml_gemm_q4_K_8x8_q8_K", "ggml_quantize_mat_q8_K_4x8"}};
+  for (const auto& kind : kinds) {
+    Interleaved k{reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemv)),
+                  reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemm)),
+                  reinterpret_cast<ggml_quantize_mat_t>(dlsym(handle, kind.quantize4))};
+    if (b->runs[kind.type] && k.gemv != nullptr && k.gemm != nullptr && k.quantize4 != nullptr)
+      b->packed[kind.type] = k;
+  }
+}
 
 const Format& checked(int64_t type) {
   TORCH_CHECK(bound != nullptr, "ggml: no library bound (tokentui_ggml::bind first)");
@@ -93,6 +114,7 @@ std::string bind(const std::string& path) {
                               ac->from_float};
     b->runs[type] = true;
   }
+  bind_interleaved(handle, b);
   bound = b;
   return "";
 }
@@ -213,6 +235,11 @@ at::Tensor quantize(const at::Tensor& x_in, int64_t type, bool cpu) {
 
 const Format& format(int64_t type) { return checked(type); }
 
+const Interleaved* interleaved(int64_t type) {
+  if (bound == nullptr || type < 0 || type >= kTypes || bound->packed[type].gemv == nullptr) return nullptr;
+  return &bound->packed[type];
+}
+
 void run_products(const Job* jobs, int64_t count, int64_t K) {
   int64_t total = 0;
   for (int64_t j = 0; j < count; ++j) total += jobs[j].rows;
@@ -223,6 +250,16 @@ void run_products(const Job* jobs, int64_t count, int64_t K) {
       while (r >= first + jobs[j].rows) first += jobs[j++].rows;
       const Job& job = jobs[j];
       const Format& fmt = *job.format;
+      if (job.packed != nullptr) {
+        // the groups of 8 rows whose first row lies in [r0, r1) (each group so in exactly one range), one gemv
+        const int64_t a = r - first, b = std::min(r1 - first, job.rows);
+        const int64_t g0 = (a + 7) / 8 * 8, g1 = (b + 7) / 8 * 8;
+        if (g1 > g0)
+          job.packed->gemv(static_cast<int>(K), job.out + g0, 0, job.weights + g0 * fmt.row_bytes(K), job.act, 1,
+                           static_cast<int>(g1 - g0));
+        r = first + b - 1;  // the loop goes on at the next job's (or the range's) end
+        continue;
+      }
       fmt.vec_dot(static_cast<int>(K), job.out + (r - first), 0, job.weights + (r - first) * fmt.row_bytes(K), 0,
                   job.act, 0, 1);
     }

@@ -6,8 +6,9 @@
 // when it is used and checks it against the model's forward.
 //
 // The products are llama.cpp's: the input of a product converted once per weight format's vec_dot_type (the
-// q/k/v, gate/up of a layer share one conversion when their formats share it), then one vec_dot per weight row; the
-// rows of a layer's q, k and v (and of its gate and up) split over torch's threads as one range.
+// q/k/v, gate/up of a layer share one conversion when their formats share it), then one vec_dot per weight row, or
+// for a matrix repacked into ggml's 8-row interleaved layout (Q4_0 / Q4_K on AVX2, as llama-server runs them) one
+// gemv per 8 rows; the rows of a layer's q, k and v (and of its gate and up) split over torch's threads as one range.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -48,6 +49,7 @@ class Converted {
 struct Matrix {
   const Format* format;
   const uint8_t* raw;
+  const tokentui_ggml::Interleaved* packed;  // raw in ggml's 8-row interleaved layout (gemv), or nullptr (vec_dot)
   int64_t rows;
 };
 
@@ -55,7 +57,7 @@ struct Matrix {
 void products(const float* x, int64_t K, std::initializer_list<std::pair<const Matrix*, float*>> targets) {
   Converted converted(x, K);
   std::vector<Job> jobs;
-  for (const auto& [m, out] : targets) jobs.push_back(Job{m->format, m->raw, m->rows, converted.as(*m->format), out});
+  for (const auto& [m, out] : targets) jobs.push_back(Job{m->format, m->raw, m->packed, m->rows, converted.as(*m->format), out});
   tokentui_ggml::run_products(jobs.data(), static_cast<int64_t>(jobs.size()), K);
 }
 
@@ -69,10 +71,12 @@ const float* maybe(const c10::List<std::optional<at::Tensor>>& vectors, size_t i
 
 // x [1, H] float32 (the token's embedding row), cos / sin [D] (the rotation at `pos`), kbufs / vbufs per layer
 // [1, KV, capacity, D] float32 contiguous (row `pos` is written here), mats: 7 per layer (q, k, v, o, gate, up, down
-// raw [rows, row_bytes] uint8) with their ggml types, vectors: 7 per layer (input norm, post-attention norm, q / k
+// raw [rows, row_bytes] uint8) with their ggml types and whether each is in ggml's 8-row interleaved layout
+// (packed: 1; ggml_repack.cpp), vectors: 7 per layer (input norm, post-attention norm, q / k
 // / v bias, q / k norm; None where the model has none), norm [H] -> the final norm's output [1, H].
 at::Tensor ggml_decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& cos, const at::Tensor& sin,
                             at::TensorList kbufs, at::TensorList vbufs, at::TensorList mats, at::IntArrayRef types,
+                            at::IntArrayRef packed,
                             const c10::List<std::optional<at::Tensor>>& vectors, const at::Tensor& norm,
                             int64_t heads, int64_t kv_heads, double eps_in, double scale_in) {
   const int64_t L = static_cast<int64_t>(kbufs.size()), H = x_in.size(-1), D = cos.numel();
@@ -82,6 +86,7 @@ at::Tensor ggml_decode_step(const at::Tensor& x_in, int64_t pos, const at::Tenso
                   && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && D % 2 == 0,
               "ggml_decode_step: x [1, H] and cos / sin [D] float32, as many value buffers as key buffers");
   TORCH_CHECK(static_cast<int64_t>(mats.size()) == kMats * L && static_cast<int64_t>(types.size()) == kMats * L
+                  && static_cast<int64_t>(packed.size()) == kMats * L
                   && static_cast<int64_t>(vectors.size()) == kVectors * L,
               "ggml_decode_step: 7 matrices, 7 types and 7 vectors a layer");
   TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == H,
@@ -100,7 +105,10 @@ at::Tensor ggml_decode_step(const at::Tensor& x_in, int64_t pos, const at::Tenso
                     && k % fmt.block == 0 && k % fmt.act_block == 0 && raw.size(1) == fmt.row_bytes(k),
                 "ggml_decode_step: matrix ", i % kMats, " of layer ", i / kMats, " is not [", rows,
                 ", row bytes of ", k, " values] uint8 in its ggml type");
-    matrices[i] = Matrix{&fmt, raw.data_ptr<uint8_t>(), rows};
+    const tokentui_ggml::Interleaved* kernels = packed[i] ? tokentui_ggml::interleaved(types[i]) : nullptr;
+    TORCH_CHECK(!packed[i] || (kernels != nullptr && rows % 8 == 0), "ggml_decode_step: matrix ", i % kMats,
+                " of layer ", i / kMats, " is interleaved, but ggml has no interleaved kernel for its type");
+    matrices[i] = Matrix{&fmt, raw.data_ptr<uint8_t>(), kernels, rows};
   }
   for (int64_t l = 0; l < L; ++l)
     TORCH_CHECK(kbufs[l].scalar_type() == at::kFloat && kbufs[l].is_contiguous() && vbufs[l].is_contiguous()
@@ -158,7 +166,7 @@ at::Tensor ggml_decode_step(const at::Tensor& x_in, int64_t pos, const at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("decode_step(Tensor x, int pos, Tensor cos, Tensor sin, Tensor(a!)[] kbufs, Tensor(b!)[] vbufs, "
-        "Tensor[] mats, int[] types, Tensor?[] vectors, Tensor norm, int heads, int kv_heads, float eps, "
+        "Tensor[] mats, int[] types, int[] packed, Tensor?[] vectors, Tensor norm, int heads, int kv_heads, float eps, "
         "float scale) -> Tensor");
 }
 

@@ -7,10 +7,17 @@ built from the pinned llama.cpp sdist (core/model/native/ggml_build.py) and boun
 (core/model/native/ggml_ops.cpp: the torch operations `torch.ops.tokentui_ggml.*`), so a product gives llama.cpp's
 values: each activation row converted once to the format's 8-bit (or 16-bit) activation blocks, one `vec_dot` per
 weight row. `load(progress)` binds it (building it on a first use); `available()` says whether it is bound.
+
+Where llama.cpp itself would not run a format as stored, neither does a GGMLLinear: on x86 with AVX2, llama-server
+repacks every Q4_0 and Q4_K matrix whose rows are a multiple of 8 into ggml's 8-row interleaved layout and multiplies
+by its gemv / gemm kernels (ggml-cpu's repack.cpp); a GGMLLinear does the same at construction (core/model/native/
+ggml_repack.cpp), then gives the file's pages of that matrix back (they are read again only if touched), so the
+packed copy takes the file's place in memory. $TOKENTUI_GGML_REPACK=0 keeps every matrix as stored (comparisons).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -34,6 +41,8 @@ RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_
 # there (measured: BENCHMARKS.md, "ggml's kernels").
 PRODUCT_ROWS = 16
 TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
+REPACK_ENV = "TOKENTUI_GGML_REPACK"  # "0": no matrix repacked into ggml's interleaved layout (before/after timings)
+ROWS_INTERLEAVED = 8  # rows a group of ggml's interleaved layout (block_q4_0x8, block_q4_Kx8)
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
 # take its bytes as const), so exactly that warning is silenced where a file's tensor is wrapped
 _READ_ONLY_WARNING = "The given NumPy array is not writable"
@@ -106,6 +115,10 @@ def _register_fakes() -> None:
         lambda raw, type, k: raw.new_empty((raw.shape[0], k), dtype=torch.float32))
     torch.library.register_fake("tokentui_ggml::rows")(
         lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
+    torch.library.register_fake("tokentui_ggml::packed_product")(
+        lambda x, packed, type, k: x.new_empty((x.shape[0], packed.shape[0])))
+    for name in ("repack", "unpack"):
+        torch.library.register_fake(f"tokentui_ggml::{name}")(lambda raw, type, k: torch.empty_like(raw))
 
 
 def _type(name: str) -> int:
@@ -189,12 +202,31 @@ class GGMLMatrix:
 
 
 # ------------------------------------------------------------------------------------------------- the modules
+def repack_enabled() -> bool:
+    """Whether a GGMLLinear repacks what ggml has interleaved kernels for (not where $TOKENTUI_GGML_REPACK=0)."""
+    return os.environ.get(REPACK_ENV, "1") != "0"
+
+
+def _packed(matrix: GGMLMatrix) -> torch.Tensor | None:
+    """`matrix`'s bytes in ggml's 8-row interleaved layout ([rows, row_bytes] uint8, the same size), its file pages
+    given back; None where ggml has no interleaved kernel for it here (another format or CPU, rows not a multiple of
+    8, ggml not bound, repacking turned off)."""
+    if not _BOUND or not repack_enabled() or matrix.rows % ROWS_INTERLEAVED \
+            or matrix.type not in _ops().packed_types():
+        return None
+    packed = _ops().repack(matrix.raw, matrix.type, matrix.cols)
+    _ops().release(matrix.raw)  # a file's read-only map only: any other memory is left as it is
+    return packed
+
+
 class GGMLLinear(nn.Module):
     """A Linear whose weight is a GGMLMatrix [out_features, in_features]: y = x W^T (+ bias) by ggml's product
-    (decode: the activations converted to the format's 8-bit blocks, as llama.cpp does), or for more than
-    PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix de-quantized a tile at a time."""
+    (decode: the activations converted to the format's 8-bit blocks, as llama.cpp does; a Q4_0 / Q4_K matrix by
+    ggml's interleaved gemv / gemm on a repacked copy where llama.cpp would run it so: module docstring), or for more
+    than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix de-quantized a tile at a time. `repack`: False
+    keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0: `repack_enabled`)."""
 
-    def __init__(self, matrix: GGMLMatrix, bias: torch.Tensor | None = None):
+    def __init__(self, matrix: GGMLMatrix, bias: torch.Tensor | None = None, repack: bool = True):
         super().__init__()
         if not isinstance(matrix, GGMLMatrix):
             raise ValueError(f"GGMLLinear takes a GGMLMatrix, not {type(matrix).__name__}")
@@ -203,36 +235,58 @@ class GGMLLinear(nn.Module):
         if bias is not None and tuple(bias.shape) != (matrix.rows,):
             raise ValueError(f"a bias of shape {list(bias.shape)} for {matrix.rows} outputs")
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
+        self._packed = _packed(matrix) if repack else None
+
+    @property
+    def packed(self) -> torch.Tensor | None:
+        """The matrix in ggml's 8-row interleaved layout ([rows, row_bytes] uint8) that the products run on, or None
+        where they run on the matrix as stored."""
+        return self._packed
+
+    @property
+    def kernel(self) -> str:
+        """ggml's kernel for a decode step's product: "vec_dot" (as stored) or "<format>x8 gemv" (repacked)."""
+        return "vec_dot" if self._packed is None else f"{self.matrix.type_name.lower()}x8 gemv"
 
     @property
     def weight(self) -> torch.Tensor:
         """The weight de-quantized to float32 [out, in]: a copy made on each read (the lens, tied-head checks), not
-        kept, since it is 4-8x the stored matrix."""
-        return self.matrix.dequantize()
+        kept, since it is 4-8x the stored matrix. A repacked matrix's from its packed copy (unpacked: the file's
+        bytes exactly), so the file's pages are not read again."""
+        if self._packed is None:
+            return self.matrix.dequantize()
+        m = self.matrix
+        return _ops().dequantize(_ops().unpack(self._packed, m.type, m.cols), m.type, m.cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] (float32; another float dtype is cast in and the result back) -> [..., out]."""
         flat = x.reshape(-1, self.in_features).to(torch.float32)
         m = self.matrix
         if flat.shape[0] <= PRODUCT_ROWS:
-            y = _ops().product(flat, m.raw, m.type)
+            y = _ops().product(flat, m.raw, m.type) if self._packed is None \
+                else _ops().packed_product(flat, self._packed, m.type, m.cols)
         else:
-            y = _tiled_linear(flat, m)
+            y = _tiled_linear(flat, m, self._packed)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.matrix.type_name}, " \
-               f"bias={self.bias is not None}"
+               f"bias={self.bias is not None}, kernel={self.kernel}"
 
 
-def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix) -> torch.Tensor:
-    """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once)."""
+def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, packed: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once); from
+    `packed` (the matrix interleaved, tiles of whole groups of 8 rows unpacked) where given."""
     out = x.new_empty((x.shape[0], matrix.rows))
     step = max(1, TILE_VALUES // matrix.cols)
+    if packed is not None:
+        step = max(ROWS_INTERLEAVED, step // ROWS_INTERLEAVED * ROWS_INTERLEAVED)
     for r0 in range(0, matrix.rows, step):
-        tile = _ops().dequantize(matrix.raw[r0:r0 + step], matrix.type, matrix.cols)  # [step, K]
+        rows = matrix.raw[r0:r0 + step] if packed is None \
+            else _ops().unpack(packed[r0:r0 + step], matrix.type, matrix.cols)
+        tile = _ops().dequantize(rows, matrix.type, matrix.cols)  # [step, K]
         out[:, r0:r0 + step] = F.linear(x, tile)
     return out
 
