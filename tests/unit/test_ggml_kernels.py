@@ -191,8 +191,10 @@ def test_linear_decodes_through_the_product_and_prefills_through_float32(fmt):
     wd = gguf_values(matrix.raw, fmt)
     assert torch.equal(layer.weight, wd)
     few = values(ggml_linear.PRODUCT_ROWS, COLS, seed=2).view(2, -1, COLS)
-    assert torch.equal(layer(few), (torch.ops.tokentui_ggml.product(few.reshape(-1, COLS), matrix.raw, matrix.type)
-                                    + bias).view(2, -1, ROWS))
+    ops = torch.ops.tokentui_ggml
+    product = ops.product(few.reshape(-1, COLS), matrix.raw, matrix.type) if layer.packed is None \
+        else ops.packed_product(few.reshape(-1, COLS), layer.packed, matrix.type, COLS)  # Q4_K: repacked (below)
+    assert torch.equal(layer(few), (product + bias).view(2, -1, ROWS))
     many = values(ggml_linear.PRODUCT_ROWS + 3, COLS, seed=3)
     expected = many.double() @ wd.double().T + bias.double()
     assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
@@ -241,3 +243,63 @@ def test_a_matrix_that_does_not_fit_is_refused_in_one_line(raw, fmt, cols, words
     with pytest.raises(ValueError) as err:
         GGMLMatrix(raw, fmt, 4, cols)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------- ggml's interleaved layout
+PACKED = ("Q4_0", "Q4_K")  # what llama.cpp repacks on x86 with AVX2 (repack.cpp: q4_0_8x8_q8_0, q4_K_8x8_q8_K)
+
+
+def packed_or_skip(fmt: str) -> None:
+    if int(gguf.GGMLQuantizationType[fmt]) not in torch.ops.tokentui_ggml.packed_types():
+        pytest.skip(f"ggml has no interleaved {fmt} kernel on this CPU / build (it stays on vec_dot)")
+
+
+@pytest.mark.parametrize("fmt", PACKED)
+def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_values(fmt):
+    """llama.cpp's repacked kernels sum the same 8-bit products in another order: within float32 rounding of
+    vec_dot's result, for a decode step's one row and gemm's rows 4 at a time (plus the rest through gemv)."""
+    packed_or_skip(fmt)
+    matrix = stored(values(), fmt)
+    layer, plain = GGMLLinear(matrix), GGMLLinear(matrix, repack=False)
+    assert (layer.kernel, plain.kernel, plain.packed) == (f"{fmt.lower()}x8 gemv", "vec_dot", None)
+    assert layer.packed.shape == matrix.raw.shape and not torch.equal(layer.packed, matrix.raw)
+    ops = torch.ops.tokentui_ggml
+    assert torch.equal(ops.unpack(layer.packed, matrix.type, COLS), matrix.raw)  # the file's bytes exactly
+    assert torch.equal(layer.weight, gguf_values(matrix.raw, fmt))
+    for rows in (1, 3, 4, 7, ggml_linear.PRODUCT_ROWS):
+        x = values(rows, COLS, seed=10 + rows)
+        ours, theirs = layer(x), plain(x)
+        assert not torch.equal(ours, theirs) or rows == 1  # another kernel (one row may happen to agree)
+        assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
+    many = values(ggml_linear.PRODUCT_ROWS + 9, COLS, seed=5)
+    assert torch.equal(layer(many), plain(many))  # a prefill's tiles: unpacked, the same float32 values
+
+
+def test_what_is_not_repacked_stays_on_vec_dot(monkeypatch):
+    packed_or_skip("Q4_0")
+    assert GGMLLinear(stored(values(44), "Q4_0")).kernel == "vec_dot"  # 44 rows: not groups of 8
+    assert GGMLLinear(stored(values(), "Q8_0")).kernel == "vec_dot"  # no interleaved kernel bound for it
+    monkeypatch.setenv(ggml_linear.REPACK_ENV, "0")
+    assert GGMLLinear(stored(values(), "Q4_0")).kernel == "vec_dot"
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        torch.ops.tokentui_ggml.repack(stored(values(44), "Q4_0").raw, int(gguf.GGMLQuantizationType.Q4_0), COLS)
+
+
+def test_a_repacked_files_pages_are_given_back_and_read_again(tmp_path):
+    packed_or_skip("Q4_0")
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    w = values(64, 4096)
+    q4 = gguf.quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("q4", q4, raw_shape=q4.shape, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    matrix = GGMLMatrix.from_gguf_tensor(gguf.GGUFReader(str(path)).tensors[0])
+    before = matrix.raw.clone()
+    assert torch.ops.tokentui_ggml.release(matrix.raw) > 0  # the file's read-only map: its whole pages
+    assert torch.equal(matrix.raw, before)  # read from the file again
+    assert torch.ops.tokentui_ggml.release(before) == 0  # anonymous memory: left alone
+    layer = GGMLLinear(matrix)
+    assert layer.kernel == "q4_0x8 gemv" and torch.equal(layer.weight, gguf_values(before, "Q4_0"))

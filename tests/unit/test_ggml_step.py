@@ -158,6 +158,30 @@ def test_the_same_bits_at_one_and_two_threads():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.parametrize("formats", ["Q4_0", "mixed"])
+def test_repacked_matrices_decode_as_the_stored_ones(formats, monkeypatch):
+    """Q4_0 / Q4_K matrices in ggml's interleaved layout (gemv, as llama-server on AVX2) against the same model kept
+    as stored (vec_dot): the same greedy ids over 20 steps, logits a float32 rounding apart."""
+    from tokentui.core.model.quant import ggml_linear
+
+    reference = float_model("qwen3", **K_SHAPED)
+    packed = stored(copy.deepcopy(reference), MIXED if formats == "mixed" else formats)
+    monkeypatch.setenv(ggml_linear.REPACK_ENV, "0")
+    plain = stored(copy.deepcopy(reference), MIXED if formats == "mixed" else formats)
+    kernels = {m.kernel for m in packed.modules() if isinstance(m, GGMLLinear)}
+    if kernels == {"vec_dot"}:
+        pytest.skip("ggml has no interleaved kernels on this CPU / build")
+    assert {"q4_0x8 gemv" if formats == "Q4_0" else "q4_kx8 gemv"} <= kernels
+    assert {m.kernel for m in plain.modules() if isinstance(m, GGMLLinear)} == {"vec_dot"}
+    caches, steps = [new_cache(packed, 8), new_cache(plain, 8)], [ggml_step(packed), ggml_step(plain)]
+    ids = [greedy(model, cache, 20, step.step) for model, cache, step in zip((packed, plain), caches, steps)]
+    assert ids[0] == ids[1]
+    assert_varies(ids[0], "the stored model's 20 greedy ids")
+    with torch.inference_mode():
+        logits = [step.step(ids[0][-1], cache) for step, cache in zip(steps, caches)]
+    assert rows_close(logits[0], logits[1])
+
+
 def test_a_cache_it_cannot_write_decodes_through_the_forward():
     model = stored(float_model("llama"), "Q8_0")
     a, b = DynamicCache(config=model.config), DynamicCache(config=model.config)  # transformers' own layers
