@@ -12,7 +12,9 @@ mechanism: the user's tokentui cache, ``fixtures/bench-<key>``).
 The tokenizer is the embedded SmolLM2's (49,152 tokens); the configs' vocabulary of 151,936 is kept (the converter
 pads the GGUF's token list with [PAD] tokens), so the embedding and head have the real models' sizes. Weights are
 drawn as transformers initialises them (normal, std = the config's initializer_range 0.02; norms 1), once, with a
-fixed seed, in float32, and saved as bf16.
+fixed seed, in float32, and saved as bf16; the embedding rows past the tokenizer's 49,152 (the [PAD] tokens, which
+no text encodes to) are zero, as a trained model's unused rows are near it, so that a tied head never picks them
+(a random row would win about two steps in three, and the text shown would be empty).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import gguf_fixtures  # noqa: E402
 from gguf_fixtures import HOME_CACHE, converted, locked, quantized, staged, tokenizer_folder  # noqa: E402
 
-FORMAT = 1  # bump when what is built changes in a way the key does not see
+FORMAT = 2  # bump when what is built changes in a way the key does not see (2: the unused embedding rows zero)
 # the published configs' shapes (their config.json), less what only the hub needs
 MODELS = {
     "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -71,6 +73,8 @@ def hf_folder(name: str) -> Path:
                                          eos_token_id=tokenizer.eos_token_id,
                                          pad_token_id=tokenizer.pad_token_id)).eval()
             model.config.architectures = [model_cls.__name__]
+            with torch.no_grad():
+                model.get_input_embeddings().weight[len(tokenizer):] = 0.0
             model = model.to(torch.bfloat16)
             with staged(folder) as tmp:
                 model.save_pretrained(tmp, safe_serialization=True)
