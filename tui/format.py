@@ -112,8 +112,8 @@ def fitting(alternatives, room: int) -> str:
 
 def shorter_form(text: str, room: int) -> str:
     """`text` where it fits `room` cells; else its longest head that ends at a clause's end (before "; ", ", ",
-    ": ", " · " or " (", outside brackets) and fits — "5 kept, 68.8% of the raw mass; entropy 1.15 bits" → "5 kept, 68.8%
-    of the raw mass" — else "": a note is shortened by whole clauses, never cut mid-word with "…"."""
+    ": ", " · " or " (", outside brackets) and fits — "5 kept, 68.8% of the raw mass; entropy 1.15 bits" → "5 kept,
+    68.8% of the raw mass" — else "": a note is shortened by whole clauses, never cut mid-word with "…"."""
     if cell_len(text) <= room:
         return text
     depth, ends = 0, []

@@ -145,8 +145,9 @@ class ModelPanel(Panel):
         # a 4-bit model's float parts are in facts.dtype; its matrices are 4-bit (issue 40: "cpu · float32" alone
         # for a 4-bit model), their scales and activations said in the border (QuantFacts, one source)
         quant = facts.quantization
-        row("device", facts.device, (f"· {facts.dtype} + {quant.bits}-bit weights",
-                                     f"· {facts.dtype} + {quant.bits}-bit") if quant is not None else f"· {facts.dtype}")
+        dtype = f"· {facts.dtype}"
+        row("device", facts.device, (f"{dtype} + {quant.bits}-bit weights", f"{dtype} + {quant.bits}-bit")
+            if quant is not None else dtype)
         if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
             step, _, why = facts.decode_plan.partition(": ")
             if 13 + len(step) + 1 + len(why) <= width:
