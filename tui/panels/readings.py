@@ -44,8 +44,9 @@ def readings(state) -> dict[str, str | None]:
 
 class ReadingsStrip(Widget):
     """`5 decode KV 5.4 MiB · 124 tok │ last 74.0 ms/step · 13.5 tok/s avg │ pending e5 bc needs 1 more byte` —
-    shorter forms when narrow; the prompt panel's border names step 3 (prefill) where this strip stands in. Which reading is which is said: the last step's latency beside the run's average rate, a past
-    step's own latency beside the rate up to it, a prefill's step as its TTFT."""
+    shorter forms when narrow; the prompt panel's border names step 3 (prefill) where this strip stands in. Which
+    reading is which is said: the last step's latency beside the run's average rate, a past step's own latency
+    beside the rate up to it, a prefill's step as its TTFT (and the strip then starts `3 prefill`)."""
 
     COMPONENT_CLASSES = {"readings--label", "readings--value", "readings--muted", "readings--bytes",
                          "readings--step", "readings--step-name"}
