@@ -261,7 +261,7 @@ def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_va
     packed_or_skip(fmt)
     matrix = stored(values(), fmt)
     layer, plain = GGMLLinear(matrix), GGMLLinear(matrix, repack=False)
-    assert (layer.kernel, plain.kernel, plain.packed) == (f"{fmt.lower()}x8 gemv", "vec_dot", None)
+    assert (layer.kernel, plain.kernel, plain.packed) == (f"{fmt[0].lower()}{fmt[1:]}x8 gemv", "vec_dot", None)
     assert layer.packed.shape == matrix.raw.shape and not torch.equal(layer.packed, matrix.raw)
     ops = torch.ops.tokentui_ggml
     assert torch.equal(ops.unpack(layer.packed, matrix.type, COLS), matrix.raw)  # the file's bytes exactly

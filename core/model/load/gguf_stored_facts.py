@@ -1,8 +1,9 @@
 """The model event's account of a GGUF run as stored (core/model/load/gguf_stored.py): read off the model's modules,
 never estimated. Per format the matrices and their bytes (`QuantFacts.formats`, e.g. "Q4_K ×12 1.6 MB, Q6_K ×3 1.9 MB;
-float32: 9 norms"), the kernel (ggml's vec_dot, the pinned llama.cpp), the activations' rounding (llama.cpp's: each
-activation row converted to the format's 8-bit blocks for a decode step's products), the head ("tied: token_embd
-Q6_K"), and what was de-quantized instead (with its float32 bytes)."""
+float32: 9 norms"), the kernels (ggml's vec_dot, its q4_0x8 / q4_Kx8 gemv on matrices repacked as llama-server
+repacks them; the pinned llama.cpp), the activations' rounding (llama.cpp's: each activation row converted to the
+format's 8-bit blocks for a decode step's products), the head ("tied: token_embd Q6_K"), and what was de-quantized
+instead (with its float32 bytes)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,20 @@ def stored_facts(model: nn.Module, dequantized: dict[str, tuple[str, int]]):
         head=_head_words(embed, head), exact_scores=0,
         matrices=len(linear),
         dequantized=len(dequantized), dequantized_blocks="+".join(sorted({k for k, _ in dequantized.values()})),
-        weight_bytes=int(read), kernel=f"ggml's vec_dot, llama.cpp {_llama_version()}", formats=formats)
+        weight_bytes=int(read), kernel=_kernel_words(model), formats=formats)
+
+
+def _kernel_words(model: nn.Module) -> str:
+    """ggml's kernels for the decode step's products: vec_dot on matrices as stored, the interleaved gemv on those
+    repacked as llama-server repacks them (GGMLLinear.kernel), with how many of each format."""
+    from ..quant.ggml_linear import GGMLLinear
+
+    linears = {id(m): m for m in model.modules() if isinstance(m, GGMLLinear)}.values()
+    packed = Counter((m.kernel, m.matrix.type_name) for m in linears if m.packed is not None)
+    repacked = ", ".join(f"{kernel} on {n} repacked {name}" for (kernel, name), n in sorted(packed.items()))
+    if any(m.packed is None for m in linears) or not packed:
+        return f"ggml's vec_dot, llama.cpp {_llama_version()}" + (f"; {repacked}" if repacked else "")
+    return f"ggml's {repacked}, llama.cpp {_llama_version()}"
 
 
 def _is_table(embed, parameter: torch.Tensor) -> bool:

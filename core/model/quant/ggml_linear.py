@@ -246,7 +246,8 @@ class GGMLLinear(nn.Module):
     @property
     def kernel(self) -> str:
         """ggml's kernel for a decode step's product: "vec_dot" (as stored) or "<format>x8 gemv" (repacked)."""
-        return "vec_dot" if self._packed is None else f"{self.matrix.type_name.lower()}x8 gemv"
+        name = self.matrix.type_name
+        return "vec_dot" if self._packed is None else f"{name[0].lower()}{name[1:]}x8 gemv"  # llama.cpp's: q4_K
 
     @property
     def weight(self) -> torch.Tensor:
