@@ -187,7 +187,7 @@ def test_quantizing_twice_or_on_a_gpu_is_one_line(smol_tokenizer):
         load_model(None, device_map="auto", quantize="int4")
     with pytest.raises(SettingsError, match="float32"):
         load_model(None, dtype="bfloat16", quantize="int4")
-    with pytest.raises(SettingsError, match="4-bit already"):
+    with pytest.raises(SettingsError, match="quantized already and run as stored"):
         load_model(None, quantize="int4")  # the embedded GGUF runs as stored
     with pytest.raises(SettingsError, match="--quantize must be"):
         load_model(None, quantize="int2")

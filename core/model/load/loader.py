@@ -413,7 +413,7 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     attention = next((b for b in parts.blocks if b.heads), None) if parts is not None else None
     heads = getattr(text_config, "num_attention_heads", None)
     out_emb = model.get_output_embeddings()
-    # out_features first: a GGMLLinear head's `weight` is a float32 copy made on demand (core/model/quant/ggml_linear.py)
+    # out_features first: a GGMLLinear head's `weight` is a float32 copy made on demand (quant/ggml_linear.py)
     rows = getattr(out_emb, "out_features", None) or (out_emb.weight.shape[0] if out_emb is not None else None)
     vocab_rows = int(rows) if rows is not None else int(text_config.vocab_size)
     return ModelFacts(

@@ -23,7 +23,9 @@ llama-quantize runs), one matrix at a time: the float32 copy of one matrix at mo
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from ...errors import ModelLoadError
 from ...runs.events import LoadProgress
 from .ggml_linear import PRODUCT_ROWS, GGMLLinear
 
-__all__ = ["STORED_TYPES", "Stored", "cpu_lacks", "quantize_int8", "run_as_stored", "stored_linears"]
+__all__ = ["STORED_TYPES", "Stored", "cpu_lacks", "give_back", "quantize_int8", "run_as_stored", "stored_linears"]
 
 STORED_TYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 INT8 = "Q8_0"
@@ -136,11 +138,49 @@ def _rows_to_float32(_module, _inputs, output):
     return output.float()
 
 
-def _replace(model: nn.Module, make) -> tuple[list, dict]:
-    """Each of `stored_linears` replaced by `make(module)` (a GGMLLinear); returns [(path, the old module)] and the
-    new modules by the old one's id (a head tied to the embedding is made from the embedding's table)."""
-    old, new = [], {}
-    for path, module in stored_linears(model):
+def give_back(tensor: torch.Tensor) -> int:
+    """Drop a weight that nothing reads any more from memory where it lies in a memory map of its file: transformers
+    maps a safetensors file (private, copy-on-write), and its pages, once read, stay resident and counted in the
+    process's memory as long as any tensor of the file lives (the embedding table does). Only the whole pages
+    inside the tensor, and only in a map of a file: read again from the file if ever touched. Anonymous memory is
+    never touched (the allocator may hand it out again). Hand-written: ggml's bridge's `release`
+    (core/model/native/ggml_repack.cpp) refuses a writable map, which transformers' is. Returns the bytes given
+    back (0 on a system without /proc/self/maps or madvise)."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if low <= start and end <= high:
+                    if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
+                        return 0  # anonymous memory, or not a file's
+                    break
+            else:
+                return 0
+        page = os.sysconf("SC_PAGE_SIZE")
+        first, last = -(-start // page) * page, end // page * page
+        if last <= first:
+            return 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+            return 0
+        return last - first
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+MADV_DONTNEED = 4  # Linux's <sys/mman.h>
+
+
+def _replace(model: nn.Module, make, keep: bool = True) -> list:
+    """Each of `stored_linears` replaced by `make(module)` (a GGMLLinear); returns [(path, the old module)] (keep=False:
+    none kept, each old weight given back as its layer is replaced, unless the embedding table shares it)."""
+    table = getattr(model.get_input_embeddings(), "weight", None)
+    old = []
+    for path in [path for path, _ in stored_linears(model)]:
+        module = model.get_submodule(path)
         parent, name = _parent_and_name(model, path)
         matrix = make(module)
         bias = None if module.bias is None else module.bias.detach().float()
@@ -150,9 +190,12 @@ def _replace(model: nn.Module, make) -> tuple[list, dict]:
         else:
             layer = GGMLLinear(matrix, bias=bias)
         setattr(parent, name, layer)
-        old.append((path, module))
-        new[id(module)] = layer
-    return old, new
+        if keep:
+            old.append((path, module))
+        elif table is None or module.weight.data_ptr() != table.data_ptr():
+            give_back(module.weight)
+        del module, layer
+    return old
 
 
 def run_as_stored(model: nn.Module, progress=None) -> Stored:
@@ -167,7 +210,7 @@ def run_as_stored(model: nn.Module, progress=None) -> Stored:
         return Stored(None, f"{_name(dtype)} weights cast to float32")
     why = _ggml_problem(progress, build=False)  # a GGUF load or --quantize int8 builds it: minutes, said as such
     if why is None:
-        old, _ = _replace(model, lambda m: _view(m.weight))
+        old = _replace(model, lambda m: _view(m.weight))
         undo = _float_around(model, {id(m) for m in model.modules() if isinstance(m, GGMLLinear)})
         from ..native.ggml_native import ggml_step, why_not
 
@@ -210,7 +253,7 @@ def quantize_int8(model: nn.Module, progress=None):
         return GGMLMatrix(raw, INT8, w.shape[0], w.shape[1])
 
     with torch.no_grad():
-        _replace(model, q8)
+        _replace(model, q8, keep=False)  # each bf16 weight freed as its Q8_0 rows come: the model + one matrix
         _float_around(model, {id(m) for m in model.modules() if isinstance(m, GGMLLinear)})
     return stored_facts(model, INT8)
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from ...errors import ModelLoadError
 from .gguf_quant import BF16_ROUNDOFF, GROUP, KERNEL_SCALE_DTYPE, GroupedInt4
+from .hf_stored import give_back
 from .qlinear import (EXACT_SCORES, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, quantized_modules,
                       step_weight_bytes)
 
@@ -161,9 +162,11 @@ def quantize_model(model: nn.Module) -> int:
                     biases = [None if m.bias is None else m.bias.detach().float() for m in members]
                     for name, part in zip(group, fused.parts(biases)):
                         setattr(parent, name, part)
-        # the head last: after the float32 cast, which its float rows (a tied head's: the embedding's) need
-        body = [(path, m) for path, m in model.named_modules() if m is not head and _fits(m, kinds)]
-        for path, module in body + [(path, m) for path, m in model.named_modules() if m is head]:
+        # the head last: after the float32 cast, which its float rows (a tied head's: the embedding's) need. Paths,
+        # not modules: a layer replaced is let go at once, so a bf16 model's float weights leave as the 4-bit come
+        body = [path for path, m in model.named_modules() if m is not head and _fits(m, kinds)]
+        for path in body + [path for path, m in model.named_modules() if m is head]:
+            module = model.get_submodule(path)
             if module is head:
                 # everything around the 4-bit products computes in float32 (the kernel's activations are bf16); cast
                 # only now that the body's matrices are 4-bit: a bf16 model never holds a float32 copy of them
@@ -183,6 +186,9 @@ def quantize_model(model: nn.Module) -> int:
             else:
                 replacement = QLinear.from_matrix(quantize_matrix(_weight_of(module)), bias=bias, kernel=kernel)
             setattr(parent, name, replacement)
+            if module is not head:  # its float weight read by nothing now (a tied head's is the embedding table)
+                give_back(_weight_of(module))
+            del module, replacement
         if head is None or not any(m is head for m in model.modules()):
             _float_rest(model)  # no head among the modules: the cast above did not run
     return _float_matrices(model)
@@ -197,7 +203,8 @@ def _float_rest(model: nn.Module) -> None:
             continue
         for p in module.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != torch.float32:
-                p.data = p.data.float()
+                stored, p.data = p.data, p.data.float()
+                give_back(stored)
         for name, b in list(module.named_buffers(recurse=False)):
             if b.is_floating_point() and b.dtype != torch.float32:
                 setattr(module, name, b.float())
