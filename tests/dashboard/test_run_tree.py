@@ -94,6 +94,10 @@ async def test_a_parent_a_branch_stopped_is_listed_as_stopped_by_it_not_done(tmp
         parent = app.branch_tree.shown_branch
         step = parent.state.run.step(AT)
         app.controller.branch_at(parent, step, next(c.id for c in step.candidates if c.id != step.id))
+        # paused by the user, the branch stays paused after its first step (issue 40): resumed, it goes on
+        await wait_for(pilot, lambda: len(app.branch_tree) == 2 and len(app.state.run) == AT + 1,
+                       what="the branch's first step")
+        await pilot.press("space")
         await wait_for(pilot, lambda: parent.state.done is not None and len(app.state.run) > AT + 2, timeout=10,
                        what="the parent's end and the branch's first steps")
         assert parent.state.done.reason == "stopped"
