@@ -307,8 +307,11 @@ def _ggml_problem(progress, build: bool) -> str | None:
     """None when ggml's library is bound (build=True: building it first where it is not built, with progress; else
     only one already built); otherwise one line why not."""
     from . import ggml_linear
+    from ..native import q4_native
 
     if not build:
+        # tokentui's own library first: a CPU load builds it anyway (selection), and ggml's kernels bind into it
+        q4_native.load(progress if progress is not None else _no_progress)
         return ggml_linear.available()
     return ggml_linear.load(progress if progress is not None else _no_progress)
 
