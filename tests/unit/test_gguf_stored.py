@@ -226,7 +226,8 @@ def test_later_starts_read_the_cached_tokenizer_and_config():
     first, second = load_stored(path), load_stored(path)
     assert not first.from_cache and second.from_cache and first.notice is None
     assert second.tokenizer.encode(TEXT) == first.tokenizer.encode(TEXT)
-    assert second.model.config.to_dict() == first.model.config.to_dict()
+    same = [(a.to_dict() | {"_name_or_path": ""}) for a in (first.model.config, second.model.config)]
+    assert same[0] == same[1]
 
 
 def test_a_truncated_file_is_one_line(tmp_path):
