@@ -45,7 +45,8 @@ SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # how
 
 @dataclass(frozen=True, slots=True)
 class QuantFacts:
-    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/quant/gguf_quant.py, core/model/quant/qlinear.py):
+    """Weights run as the file stores them (a 4-bit GGUF on CPU: core/model/quant/gguf_quant.py, core/model/quant/qlinear.py;
+    any other GGUF on ggml's kernels: `formats` below):
     what is the file's and what is rounded. `blocks`: the GGUF block types kept (e.g. "Q4_1"); their 4-bit values
     are the file's, in groups of `group` along the input with one scale and one zero each, the scales rounded to
     `scale_dtype`; `activation_dtype`: what the activations are rounded to going into those products (the rest of
