@@ -140,16 +140,16 @@ const Interleaved& checked_packable(const at::Tensor& raw, int64_t type, int64_t
   return *kernels;
 }
 
-// raw -> the same bytes' count in the other layout, a group of 8 rows at a time (threaded: a 0.6B model's ~200
-// matrices repack in well under a second)
+// raw -> the same bytes' count in the other layout, a group of 8 rows at a time. One thread: a copy, bound by memory,
+// where a fork per matrix cost more than it saved (BENCHMARKS.md, "ggml's interleaved layout")
 at::Tensor convert_layout(const at::Tensor& raw, int64_t type, int64_t K, bool pack) {
   checked_packable(raw, type, K, pack ? "repack" : "unpack");
   at::Tensor out = at::empty_like(raw);
   const int64_t groups = raw.size(0) / 8, rb = raw.size(1);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
+  {
+    for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* s = src + g * 8 * rb;  // 8 rows as stored, or their interleaved blocks
       uint8_t* d = dst + g * 8 * rb;
       if (type == GGML_ABI_Q4_0) {
@@ -180,7 +180,7 @@ at::Tensor convert_layout(const at::Tensor& raw, int64_t type, int64_t K, bool p
         }
       }
     }
-  });
+  }
   return out;
 }
 
