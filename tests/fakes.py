@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from tokentui.core.errors import ErrorKind, ModelLoadError, SettingsError, TokentuiError
 from tokentui.core.interface import BaseEngine
+from tokentui.core.runs.scoring import percent
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import (
     BranchEvent,
@@ -310,7 +311,7 @@ class ScriptedEngine(BaseEngine):
             if step.forced and step.chosen_prob == 0.0:  # as core/model/branch.py says it
                 cut = "greedy takes only the top token" if step.greedy else "the sampler settings cut it"
                 yield Notice(f"step {index + 1}: the forced token {step.piece!r} has probability 0 after "
-                             f"sampling ({cut}); its raw probability is {step.chosen_raw_prob:.2%}")
+                             f"sampling ({cut}); its raw probability is {percent(step.chosen_raw_prob)}")
             if step.id == EOS_ID and not opts.ignore_eos and k + 1 >= len(forced):
                 reason = "eos"
                 break

@@ -42,6 +42,7 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..errors import PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
+from ..runs.scoring import percent
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
 from .forcing import ForcePhrase, check_phrase, forced_selection
 from .observe.lens import lens_unavailable
@@ -203,7 +204,7 @@ def _cut_notice(cut: list[StepEvent]) -> Notice:
     why = "greedy takes only the top token" if first.greedy else "the sampler settings cut it"
     if len(cut) == 1:
         return Notice(f"step {first.index + 1}: the forced token {first.piece!r} has probability 0 after sampling "
-                      f"({why}); its raw probability is {first.chosen_raw_prob:.2%}")
+                      f"({why}); its raw probability is {percent(first.chosen_raw_prob)}")
     steps = ", ".join(str(s.index + 1) for s in cut)
     return Notice(f"steps {steps}: {len(cut)} forced tokens of the phrase have probability 0 after sampling ({why}); "
                   "their raw probabilities are in the steps")

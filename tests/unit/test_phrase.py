@@ -22,6 +22,7 @@ from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import BranchEvent, Notice, PromptEvent, StepEvent
 from tokentui.core.runs.run import Run
+from tokentui.core.runs.scoring import percent
 from tokentui.core.runs.tree import TreeNode
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.core.steps.prefill import prefill
@@ -155,3 +156,17 @@ def test_the_tree_file_names_a_phrase():
     assert "phrase" not in TreeNode(3, parent=1, at=4, token=7).to_dict()
     with pytest.raises(ValueError):
         TreeNode(2, parent=1, at=4, token=7, phrase=[8, 9])
+
+
+def test_a_cut_forced_tokens_notice_says_its_raw_probability_by_the_one_rule(tiny):
+    """Issue 40 item 8: the notice for a forced token greedy would never take says its raw probability as every
+    other probability is said (core/runs/scoring.py's percent): on a tiny model's ~50k-entry vocabulary a token's
+    raw probability is ~2e-5, which the old `:.2%` printed as 0.00%."""
+    engine = Engine(tiny, SamplerSettings(temperature=0.0), RunOptions(max_new_tokens=4, ignore_eos=True))
+    prompt_ids, steps = parent(engine)
+    token = (steps[AT].id + 1) % tiny.facts.vocab_rows  # not greedy's pick: cut after sampling
+    events = list(engine.branch(BranchPoint(tuple(prompt_ids), tuple(s.id for s in steps[:AT]), AT, token)))
+    forced = next(s for s in of(StepEvent, events) if s.forced)
+    note = next(e.message for e in of(Notice, events) if "probability 0" in e.message)
+    assert 0 < forced.chosen_raw_prob < 5e-5
+    assert note.endswith(f"its raw probability is {percent(forced.chosen_raw_prob)}") and "0.00%" not in note

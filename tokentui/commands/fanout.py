@@ -19,6 +19,7 @@ import sys
 from .branch import _Parser, _check_model, add_model_arguments, add_record_arguments, prepare
 from .common import answer_text, bad_input, integer, interrupted, make_loader, say
 from .load_progress import ProgressLine
+from tokentui.core.runs.scoring import percent
 
 
 def build_fanout_parser():
@@ -125,7 +126,7 @@ def fanout_text(fanout, samples, run_after: tuple[int, ...]) -> str:
     total = sum(t.count for t in counted)
     lines.append(f"first tokens of {total} samples (share drawn, and the step's post-sampler probability):")
     for t in counted:
-        prob = (f"{t.prob:.1%}" if t.prob is not None else
+        prob = (percent(t.prob, 1) if t.prob is not None else
                 "not reported by the server" if t.id in listed else "below the candidates")
-        lines.append(f"  {t.piece!r:<16} {t.count}/{total} = {t.share:.1%}   p {prob}")
+        lines.append(f"  {t.piece!r:<16} {t.count}/{total} = {percent(t.share, 1)}   p {prob}")
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ...runs.architecture import BlockGroup, KVGroup, ModelAnatomy, kv_bytes_at, layer_span
 from ...runs.events import StepEvent
 from ...runs.facts import ModelFacts
+from ...runs.scoring import percent
 from ...samplers import backend_gaps, cut_stage_names, stage_summary
 
 __all__ = ["LEGACY", "Stage", "one_pass"]
@@ -314,14 +315,14 @@ def _sampler_stages(V: int, step: StepEvent | None, settings, greedy: bool, loca
             cuts += f" (torch selection: the native one has no {', '.join(gaps)})"
     soft = ""
     if step is not None:
-        soft = (f"{step.kept_count} kept, {step.kept_mass:.1%} of the raw mass; entropy "
+        soft = (f"{step.kept_count} kept, {percent(step.kept_mass, 1)} of the raw mass; entropy "
                 f"{abs(step.sampled_entropy_bits):.2f} bits")  # abs: a one-token distribution's -0.0 reads 0.00
     if greedy:
         draw = "argmax: the highest score, no randomness"
     else:
         draw = "a draw from the kept entries" + (f" (seed {settings.seed})" if settings is not None else "")
     if step is not None:
-        draw += f"; id {step.id} {step.piece}, p {step.chosen_prob:.1%}, rank {step.chosen_rank + 1}"
+        draw += f"; id {step.id} {step.piece}, p {percent(step.chosen_prob, 1)}, rank {step.chosen_rank + 1}"
     return [Stage("temperature", "device", scores, (1, V), "select", temperature),
             Stage(cut_stage_names(settings), "device", scores, (1, V), "select", cuts),
             Stage("softmax", "device", probs, (1, V), "select", soft),
