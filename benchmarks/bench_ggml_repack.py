@@ -7,8 +7,8 @@ on the two models loaded from the same GGUF file, their greedy ids, the load tim
 Default files: issue 37's Qwen3-0.6B-shaped Q4_0 and Q4_K_M (benchmarks/gguf_models.py, built when missing). Each
 file is loaded as stored (core/model/load/gguf_stored.py's load_stored: what the loader's "stored" route runs, here
 whatever route the loader would pick) twice, with $TOKENTUI_GGML_REPACK=0 and =1 (repacked); the prompt
-(16 ids) goes through the model's forward, then `--steps` greedy tokens through the ggml step of each, alternated
-(best and median ms). Peak memory of one run is what `/usr/bin/time -v tokentui --model FILE --headless ...` says.
+(16 ids) goes through the model's forward, then `--steps` tokens through the ggml step of each, alternated, both fed
+the as-stored model's greedy ids (best and median ms; top-1 agreement and the largest logit difference). Peak memory of one run is what `/usr/bin/time -v tokentui --model FILE --headless ...` says.
 """
 
 from __future__ import annotations
@@ -68,18 +68,22 @@ def compare(path: Path, steps: int) -> None:
             for name, (model, _) in runs.items():
                 cache = new_cache(model, 16 + steps + 1)
                 state[name] = [cache, int(forward_last_logits(model, torch.tensor([prompt]), cache).argmax()), [], []]
-            for _ in range(steps):
+            token, agree, apart = state["as stored"][1], 0, 0.0
+            for _ in range(steps):  # both fed the as-stored model's greedy ids
+                logits = {}
                 for name, (_, step) in runs.items():
-                    cache, token, ids, times = state[name]
+                    cache, _, ids, times = state[name]
                     start = time.perf_counter()
-                    logits = step.step(token, cache)
+                    logits[name] = step.step(token, cache)
                     times.append(time.perf_counter() - start)
-                    state[name][1] = int(logits.argmax())
-                    ids.append(state[name][1])
-        same = state["as stored"][2] == state["repacked"][2]
+                a, b = logits["as stored"], logits["repacked"]
+                agree += int(a.argmax()) == int(b.argmax())
+                apart = max(apart, float((a - b).abs().max()) / float(a.abs().max()))
+                token = int(a.argmax())
         print(f"  {threads} thread(s): " + "   ".join(
             f"{name} {min(t) * 1e3:.1f} ms/token (median {statistics.median(t) * 1e3:.1f})"
-            for name, (_, _, _, t) in state.items()) + f"   greedy ids {'equal' if same else 'DIFFER'}")
+            for name, (_, _, _, t) in state.items()) + f"   top-1 agreement {agree}/{steps}, logits apart "
+            f"{apart:.1e} of the largest")
 
 
 def main() -> None:
