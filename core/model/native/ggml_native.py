@@ -9,11 +9,12 @@ the model's own embedding module and the head the model's own (a tied head: a GG
 through ggml's product), called once on the final hidden state.
 
 Its states are not the model's forward's bit for bit: the norms and attention sum in another order. The products
-are the same (GGMLLinear runs ggml's product for one row: the same 8-bit activation blocks, the same vec_dot), but an
-activation one float32 rounding away may round to the neighbouring step of its 8-bit block; so `ggml_step(model)`
-accepts the step only where, on three tokens after a four-token prompt (scratch caches), its final hidden states are
-within TOLERANCE of the model's forward's. tests/unit/test_ggml_step.py holds it to the model's forward (greedy ids,
-cache rows) and to `generate` on tiny Llama / Qwen2 / Qwen3 models.
+are the same (GGMLLinear runs ggml's product for one row: the same 8-bit activation blocks, the same vec_dot or
+interleaved gemv), but an activation one float32 rounding away may round to the neighbouring step of its 8-bit
+block; so `ggml_step(model)` accepts the step only where, on three tokens after a four-token prompt (scratch
+caches), its final hidden states are within TOLERANCE of the model's forward's. tests/unit/test_ggml_step.py holds
+it to the model's forward (greedy ids, cache rows), to `generate` on tiny Llama / Qwen2 / Qwen3 models, and with
+repacked matrices to the same model kept as stored.
 """
 
 from __future__ import annotations

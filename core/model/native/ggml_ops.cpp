@@ -10,8 +10,9 @@
 // The arithmetic is llama.cpp's matrix-vector product on the CPU (ggml-cpu.c, ggml_compute_forward_mul_mat): each
 // activation row is converted once with the CPU backend's from_float to the weight format's vec_dot_type (8-bit
 // blocks for the quantized formats), then one vec_dot per (weight row, activation row). So a product here gives the
-// values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel instead (on x86:
-// Q4_0, Q4_K, Q6_K, ... its "repack" buffers) its sums run in another order, a float32 rounding apart.
+// values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel instead (on x86
+// with AVX2: Q4_0, Q4_K, its "repack" buffers) its sums run in another order, a float32 rounding apart: those
+// kernels are bound here too (bind_interleaved) and run on repacked copies by ggml_repack.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
