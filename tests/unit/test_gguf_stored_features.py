@@ -152,3 +152,18 @@ def test_a_scored_answer_has_the_forwards_probabilities():
         probs = torch.softmax(torch.cat([first, rest]).double(), dim=-1)
     for i, step in enumerate(steps):
         assert step.chosen_raw_prob == pytest.approx(float(probs[i, step.id]), abs=1e-4), i
+
+
+def test_a_model_the_ggml_step_does_not_serve_runs_the_forward_and_says_why():
+    """A family the native ggml step does not run (here a Qwen3 file whose MLP is made GELU after loading: the
+    converter's other families need a sentencepiece tokenizer) decodes with transformers' forward on the same ggml
+    modules, and the plan's description says why."""
+    model_loaded = load_model(str(tiny_gguf("qwen3", "Q8_0", tied=True)), device="cpu")  # its own copy: changed
+    for layer in model_loaded.model.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    engine = greedy(model_loaded, n=6)
+    plan = engine.facts.decode_plan
+    assert plan.startswith("transformers' forward: Q8_0 weights as stored; "), plan
+    assert "no native ggml step (an MLP activation other than SiLU)" in plan
+    prompt_ids, steps = run(engine)
+    assert [s.id for s in steps] == generate_ids(model_loaded.model, prompt_ids, 6, stop_at_eos=False)
