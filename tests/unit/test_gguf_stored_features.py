@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from gguf_fixtures import FORMATS, gguf_tools, hf_folder, tiny_gguf  # noqa: F401  (gguf_tools: a fixture)
 from test_one_pass_anatomy import check_split
 from tiny_models import generate_ids
+from tokentui.core.model.decode.adapter import cache_keyword
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import load_model
 from tokentui.core.model.quant import ggml_linear
@@ -147,8 +148,9 @@ def test_a_scored_answer_has_the_forwards_probabilities():
     assert [s.id for s in steps] == score.ids
     with torch.inference_mode():  # the oracle: the prompt, then the answer, through the model's forward
         cache = DynamicCache(config=model.config)
-        first = model(torch.tensor([prompt_ids]), past_key_values=cache).logits[0, -1:]
-        rest = model(torch.tensor([score.ids[:-1]]), past_key_values=cache).logits[0]
+        keyword = {cache_keyword(model): cache}
+        first = model(torch.tensor([prompt_ids]), **keyword).logits[0, -1:]
+        rest = model(torch.tensor([score.ids[:-1]]), **keyword).logits[0]
         probs = torch.softmax(torch.cat([first, rest]).double(), dim=-1)
     for i, step in enumerate(steps):
         assert step.chosen_raw_prob == pytest.approx(float(probs[i, step.id]), abs=1e-4), i
