@@ -3,7 +3,7 @@
     --dtype float32, a GPU, a device map            "float": de-quantized to float32 by transformers and cached
                                                     (loader.converted_gguf_dir): the exact reference
     CPU, every matrix of its blocks Q4_0/Q4_1/Q4_K  "packed": tokentui's own 4-bit kernels (gguf_load.py; the
-                                                    embedded model), when this torch has them
+    and its head 4-bit or Q8_0                      embedded model), when this torch has them (packed_serves)
     CPU, any other file                             "stored": the file's bytes memory-mapped and multiplied by
                                                     ggml's kernels (gguf_stored.py)
     CPU, ggml's library cannot be had               as before it existed: "packed" for a file with 4-bit tensors,
@@ -63,15 +63,17 @@ def gguf_route(dtype: str, device, device_map: str | None, path: Path, progress:
 
 def _packed_before(folder: Path) -> bool:
     """Whether the packed path's cache folder holds the file converted with every matrix of its blocks 4-bit (none
-    de-quantized has a block's number in its name): a cache from before this routing (a Q4_K_M file packed with its
-    Q6_K matrices de-quantized) does not count, and the file then runs as stored."""
+    de-quantized has a block's number in its name) and its head packed: a cache from before this routing (a Q4_K_M
+    file packed with its Q6_K matrices de-quantized, a Q4_0 file with its Q6_K head in float32) does not count, and
+    the file then runs as stored."""
     if not (folder / ".complete").is_file():
         return False
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    return not any(re.search(r"\.\d+\.", name) for name in manifest.get("dequantized", {}))
+    return (not any(re.search(r"\.\d+\.", name) for name in manifest.get("dequantized", {}))
+            and any(entry.get("kind") == "head" for entry in manifest.get("modules", ())))
 
 
 def ggml_problem(progress: Progress) -> str | None:

@@ -36,6 +36,7 @@ from torch import nn
 from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
+from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader
 from .gguf_load import _skeleton, read_config
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
@@ -43,7 +44,7 @@ from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write
 FORMAT = 1  # bump when what the cache folder holds changes
 STAGE_CACHED = "reading the cached tokenizer and config"
 STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
-FOUR_BIT_PACKED = ("Q4_0", "Q4_1", "Q4_K")  # the types the packed path's own kernels run (gguf_load.py)
+FOUR_BIT_PACKED = FOUR_BIT  # the types the packed path's own kernels run (gguf_load.py)
 
 
 @dataclass
@@ -60,9 +61,15 @@ class StoredLoad:
 
 def packed_serves(reader) -> bool:
     """Whether tokentui's own 4-bit kernels (the packed path, gguf_load.py) serve the file: every 2-D matrix of its
-    blocks (`blk.N.`) is Q4_0, Q4_1 or Q4_K (the embedding and a head in another type are handled there too)."""
+    blocks (`blk.N.`) is Q4_0, Q4_1 or Q4_K, and so is its head (`output.weight`, or the embedding a tied head reads),
+    or Q8_0 (held as two 4-bit halves). A head in another type (the Q6_K `token_embd` of a small tied model's Q4_0
+    file) would be de-quantized there into a float32 matrix read whole every step (622 MB at Qwen3-0.6B's 151,936
+    rows): such a file runs as stored, its head on ggml's kernel for its type."""
     matrices = [t for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
-    return bool(matrices) and all(t.tensor_type.name in FOUR_BIT_PACKED for t in matrices)
+    by_name = {t.name: t for t in reader.tensors}
+    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    return (bool(matrices) and all(t.tensor_type.name in FOUR_BIT_PACKED for t in matrices)
+            and head is not None and head.tensor_type.name in (*FOUR_BIT_PACKED, *SPLIT_EIGHT_BIT))
 
 
 def cache_key(path: Path) -> str:
