@@ -83,11 +83,20 @@ class QuantFacts:
         """"Q4_1 as stored" for a file's blocks, "int4 quantized here" for --quantize."""
         return f"{self.blocks} quantized here" if self.quantized_here else f"{self.blocks} as stored"
 
+    def block_words(self) -> str:
+        """The blocks' shape in a few words: "4-bit, group 32, bf16 scales"; "16-bit" for float rows, which have no
+        group and no scale (a bf16 folder or an F16 GGUF run as stored); a file of several formats (`formats`) says
+        its largest's and "most bytes"."""
+        if self.scale_dtype == "none":
+            words = f"{self.bits}-bit"
+        else:
+            words = f"{self.bits}-bit, group {self.group}, {SHORT_DTYPES.get(self.scale_dtype, self.scale_dtype)} scales"
+        return words + (", most bytes" if "+" in self.blocks else "")
+
     def summary(self) -> str:
         """One line, e.g. "Q4_1 weights as stored (4-bit, group 32, bf16 scales) · bf16 activations"."""
         words = "weights quantized here" if self.quantized_here else "weights as stored"
-        return (f"{self.blocks} {words} ({self.bits}-bit, group {self.group}, "
-                f"{SHORT_DTYPES.get(self.scale_dtype, self.scale_dtype)} scales) · "
+        return (f"{self.blocks} {words} ({self.block_words()}) · "
                 f"{SHORT_DTYPES.get(self.activation_dtype, self.activation_dtype)} activations")
 
 

@@ -49,3 +49,28 @@ async def test_weights_quantized_here_say_so():
     text, subtitle = await panel_of(replace(FACTS, quantization=here), (160, 48))
     assert "weights      int4 quantized here · 4-bit g32" in text and "as stored" not in text
     assert subtitle == "bf16 scales · bf16 activations"
+
+
+MIXED = QuantFacts(blocks="Q4_K+Q6_K", bits=4, group=32, scale_dtype="float16", activation_dtype="int8",
+                   head="tied: token_embd Q6_K", exact_scores=0, matrices=196, weight_bytes=390_500_000,
+                   kernel="ggml's vec_dot, llama.cpp 11434.0.0",
+                   formats="Q4_K ×168 214.7 MB, Q6_K ×29 175.8 MB; float32: 113 norms")
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_a_file_of_several_formats_lists_each_not_one_shape(size):
+    """Issue 37: a Q4_K_M file mixes Q4_K and Q6_K; the panel named the largest format's shape as if it were the
+    file's ("· 4-bit g32"). It now lists each format's matrices and bytes, whole, and the activations' rounding."""
+    text, subtitle = await panel_of(replace(FACTS, quantization=MIXED), size)
+    assert "Q4_K+Q6_K as stored" in text and "4-bit g32" not in text
+    assert "Q4_K ×168 214.7 MB, Q6_K ×29 175.8 MB" in " ".join(text.split())
+    assert subtitle == "fp16 scales · int8 activations"
+
+
+async def test_float_rows_have_no_group_or_scales():
+    """A bf16 folder (or an F16 GGUF) run as stored: its rows have no group and no scale to name."""
+    rows = QuantFacts(blocks="BF16", bits=16, group=1, scale_dtype="none", activation_dtype="bfloat16",
+                      head="tied: the embedding's BF16 rows", exact_scores=0, matrices=196)
+    text, subtitle = await panel_of(replace(FACTS, quantization=rows), (160, 48))
+    assert "BF16 as stored · 16-bit" in text and "g1" not in text and "none" not in text + subtitle
+    assert subtitle == "bf16 activations"

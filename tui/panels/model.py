@@ -222,9 +222,14 @@ class ModelPanel(Panel):
         """The record's QuantFacts.summary() in the panel's width: "weights  Q4_1 as stored · 4-bit g32" (or "int4
         quantized here", --quantize) and, in the
         bottom border, "bf16 scales · bf16 activations"."""
-        row("weights", quant.stored_words(), (f"· {quant.bits}-bit g{quant.group}", f"· {quant.bits}-bit"))
-        self.border_subtitle = (f"{SHORT_DTYPES.get(quant.scale_dtype, quant.scale_dtype)} scales · "
-                                f"{SHORT_DTYPES.get(quant.activation_dtype, quant.activation_dtype)} activations")
+        shape = (f"· {quant.bits}-bit", ) if quant.scale_dtype == "none" else (f"· {quant.bits}-bit g{quant.group}",
+                                                                               f"· {quant.bits}-bit")
+        row("weights", quant.stored_words(), "" if "+" in quant.blocks else shape)  # several formats: no one shape
+        if quant.formats:  # a GGUF run as stored: each format's matrices and bytes, whole, under the row
+            row("formats", quant.formats.split(";")[0])
+        activations = f"{SHORT_DTYPES.get(quant.activation_dtype, quant.activation_dtype)} activations"
+        self.border_subtitle = (activations if quant.scale_dtype == "none" else
+                                f"{SHORT_DTYPES.get(quant.scale_dtype, quant.scale_dtype)} scales · {activations}")
 
     def _served(self, state, facts, server, row, out: Text) -> None:
         """A model watched on a server (`--server`): the engine, its URL, the served model, the context if the
