@@ -146,8 +146,9 @@ class ModelPanel(Panel):
         # for a 4-bit model), their scales and activations said in the border (QuantFacts, one source)
         quant = facts.quantization
         dtype = f"· {facts.dtype}"
-        row("device", facts.device, (f"{dtype} + {quant.bits}-bit weights", f"{dtype} + {quant.bits}-bit")
-            if quant is not None else dtype)
+        # several formats (a Q4_K_M file) have no one width: "quantized", the formats row says which
+        bits = None if quant is None else "quantized" if "+" in quant.blocks else f"{quant.bits}-bit"
+        row("device", facts.device, (f"{dtype} + {bits} weights", f"{dtype} + {bits}") if quant is not None else dtype)
         if facts.decode_plan:  # which decode step runs and why (core/model/decode/plan.py): its name, then the why
             step, _, why = facts.decode_plan.partition(": ")
             if 13 + len(step) + 1 + len(why) <= width:
