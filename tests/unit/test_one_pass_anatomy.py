@@ -397,3 +397,29 @@ def test_old_records_without_the_new_fields_still_read(smol_tokenizer):
     assert run[0] == old and run[1].timing.d2h_bytes == 180 and run[1].top_p_kept == 7
     assert run.values("timing.wait_ms") == [None, 3.0] and run.values("top_p_kept") == [None, 7]
     assert isinstance(event_from_dict(json.loads(json.dumps(facts))), ModelFacts)
+
+
+def test_a_model_mixing_sliding_and_global_layers_shows_both_kv_shapes(smol_tokenizer):
+    """Issue 40 item 10: Gemma 2 alternates sliding-window and global layers; the one-pass stages give each kind its
+    own block group and its own K/V shape, each equal to its layers' real cache tensors (the sliding layers' holding
+    only their window)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                          max_position_embeddings=256, pad_token_id=0)
+    model = Gemma2ForCausalLM(config).eval()
+    facts = model_facts(model, smol_tokenizer, name="tiny-gemma2")
+    ids = smol_tokenizer("The apple is sweet and the pear is sour")["input_ids"]
+    run, _ = TorchForward(model).new_cache(len(ids), 4)
+    with torch.inference_mode():
+        run.step.prefill(run, torch.tensor([ids]), True)
+    stages = one_pass(facts, cache_tokens(run.kv))
+    reads = [s for s in stages if s.name == "attention reads the KV cache"]
+    real = {tuple(keys.shape) for keys, _ in cache_layers(run.kv)}
+    assert len(real) == 2 and {s.shape for s in reads} == real, ([s.shape for s in reads], real)
+    blocks = [s.name for s in stages if s.name.endswith(" blocks")]
+    assert blocks == ["2 sliding blocks", "2 full blocks"]
+    sliding = next(s for s in reads if s.shape[2] < len(ids))
+    assert f"of {len(ids)} positions (a sliding window of 4" in sliding.note
