@@ -22,6 +22,7 @@ Each of these is read from the tensor table (no tensor data is read); the cost i
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -78,6 +79,19 @@ def fast_reader(path: Path):
             return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
     return FastReader(str(path))
+
+
+@contextlib.contextmanager
+def reading(path: Path):
+    """Building a model from `path`: any failure but a ModelLoadError (already one line) becomes the one line for a
+    file that cannot be read (both GGUF loaders, gguf_load.py and gguf_stored.py)."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
+                             "download it again or pass another --model") from err
 
 
 def _identity(path: Path) -> tuple:

@@ -33,7 +33,7 @@ from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
-from .gguf_check import check_gguf, checked_reader, fast_reader
+from .gguf_check import check_gguf, checked_reader, fast_reader, reading
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native
@@ -361,17 +361,12 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
             shutil.rmtree(target, ignore_errors=True)
     folder, name = str(path.parent), path.name
     check_gguf(path)  # its metadata against its tensors, before anything is built from them
-    try:
+    with reading(path):
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         config = read_config(path)
         model = _skeleton(config)
         plan = plan_gguf(path, model, progress)
-    except ModelLoadError:
-        raise
-    except Exception as err:
-        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
-                             "download it again or pass another --model") from err
     progress(LoadProgress(STAGE_PACK.format(matrices=len(plan.matrices), kernel=kernel.name), None))
     modules, floats = build_modules(plan, kernel, fuse=fuse)
     manifest = _manifest(modules, plan, kernel)

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import ModelLoadError, error_line
+from ...errors import ModelLoadError
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
-from .gguf_check import checked_reader
+from .gguf_check import checked_reader, reading
 from .gguf_load import _skeleton, read_config
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
@@ -108,7 +108,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
     found = _cached(target, progress)
-    try:
+    with reading(path):
         if found is None:
             progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
             folder, name = str(path.parent), path.name
@@ -118,11 +118,6 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
             config, tokenizer = found
         model = _skeleton(config)
         dequantized = place_stored(reader, model, progress)
-    except ModelLoadError:
-        raise
-    except Exception as err:
-        raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); "
-                             "download it again or pass another --model") from err
     check_first_pass(model, tokenizer, path)  # a file whose first scores are not numbers is refused, every start
     notice = None
     if found is None:
