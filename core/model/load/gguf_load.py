@@ -131,13 +131,7 @@ def plan_gguf(path: Path, skeleton: nn.Module, progress: Progress = lambda _: No
     embed = _module_name(skeleton, skeleton.get_input_embeddings())
     head = _module_name(skeleton, skeleton.get_output_embeddings())
     tied = bool(getattr(skeleton.config, "tie_word_embeddings", False))
-    total = max(sum(int(t.n_bytes) for t in reader.tensors), 1)
-    done, sent = 0, -1.0
-    for tensor in reader.tensors:
-        if done / total - sent >= 0.01:
-            sent = done / total
-            progress(LoadProgress(STAGE_READ, sent))
-        done += int(tensor.n_bytes)
+    for tensor in with_progress(reader.tensors, STAGE_READ, progress):
         kind, name = tensor.tensor_type.name, tensor.name
         hf = mapping.get(name, "")
         module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
@@ -158,7 +152,6 @@ def plan_gguf(path: Path, skeleton: nn.Module, progress: Progress = lambda _: No
             plan.floats[target] = torch.from_numpy(np.copy(result.weights)).to(torch.float32)
             if result.weights.ndim == 2 and kind not in ("F32", "F16", "BF16"):
                 plan.dequantized[target] = kind
-    progress(LoadProgress(STAGE_READ, 1.0))
     plan.groups = _groups(skeleton, plan)
     return plan
 
@@ -179,6 +172,20 @@ def _four_bit(tensor, kind: str, module: str | None, skeleton, processor, as_hea
         return None
     matrix = read_blocks(kind, tensor.data, rows, cols)
     return matrix if np.array_equal(order, np.arange(rows)) else matrix.rows(order)
+
+
+def with_progress(tensors, stage: str, progress: Progress):
+    """The file's tensors in order, saying `stage` with the fraction of their bytes passed at every 1%, and 1.0 at
+    the end (both GGUF loaders' reading loop)."""
+    total = max(sum(int(t.n_bytes) for t in tensors), 1)
+    done, sent = 0, -1.0
+    for tensor in tensors:
+        if done / total - sent >= 0.01:
+            sent = done / total
+            progress(LoadProgress(stage, sent))
+        done += int(tensor.n_bytes)
+        yield tensor
+    progress(LoadProgress(stage, 1.0))
 
 
 def _groups(skeleton: nn.Module, plan: Plan) -> list[list[str]]:

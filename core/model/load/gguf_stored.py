@@ -38,7 +38,7 @@ from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader, reading
-from .gguf_load import _skeleton, read_config
+from .gguf_load import _skeleton, read_config, with_progress
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
 FORMAT = 1  # bump when what the cache folder holds changes
@@ -176,14 +176,7 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
     embed = _module_name(skeleton, skeleton.get_input_embeddings())
     head = _module_name(skeleton, skeleton.get_output_embeddings())
     matrices, dequantized = {}, {}
-    total = max(sum(int(t.n_bytes) for t in reader.tensors), 1)
-    stage = STAGE_MAP.format(tensors=len(reader.tensors))
-    done, sent = 0, -1.0
-    for tensor in reader.tensors:
-        if done / total - sent >= 0.01:
-            sent = done / total
-            progress(LoadProgress(stage, sent))
-        done += int(tensor.n_bytes)
+    for tensor in with_progress(reader.tensors, STAGE_MAP.format(tensors=len(reader.tensors)), progress):
         hf = mapping.get(tensor.name, "")
         module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
         matrix = _as_stored(tensor, skeleton, module, embed, head, processor, mapping, parsed)
@@ -198,7 +191,6 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
             floats[target] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
             if floats[target].dim() >= 2:
                 dequantized[target] = (tensor.tensor_type.name, floats[target].nbytes)
-    progress(LoadProgress(stage, 1.0))
     for name, matrix in matrices.items():
         if name == embed:
             _set(skeleton, name, GGMLEmbedding(matrix))
