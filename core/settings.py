@@ -82,6 +82,13 @@ class RunOptions:
     # On CUDA, time each step's stages exactly, at the cost of a device sync after the forward and before the copy
     # (core/model/observe/timing.py); off, CUDA events time them with no sync added. No effect on CPU, which is always exact.
     time_stages: bool = False
+    # Inside the blocks (issue 39; core/runs/attention.py, core/model/observe/attention.py and sublayers.py): each
+    # step also reports every attention layer's top `attention_top` source positions (head mean; per head too with
+    # attention_heads), and every layer's sublayer norms. Switchable mid-run (set_options): shown from the next step.
+    attention: bool = False
+    attention_heads: bool = False
+    attention_top: int = 8
+    sublayers: bool = False
 
     def __post_init__(self) -> None:
         """Checked here, once: an invalid RunOptions cannot exist."""
@@ -100,4 +107,10 @@ class RunOptions:
             raise SettingsError(f"logit-lens must be true or false, got {self.logit_lens!r}")
         if not isinstance(self.time_stages, bool):
             raise SettingsError(f"time-stages must be true or false, got {self.time_stages!r}")
+        for name in ("attention", "attention_heads", "sublayers"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingsError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
+        t = self.attention_top
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 4096:
+            raise SettingsError(f"attention-top must be an integer from 1 to 4096, got {t!r}")
 

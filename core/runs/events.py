@@ -258,6 +258,12 @@ class StepEvent(Event):
     # text they made (checked: as many tokens as the server counted, ending with the one it streamed); the server
     # reported no probabilities for it (None), and it arrived with the entry (latency 0).
     merged: bool = False
+    # Inside the blocks (issue 39; the types and which query they describe: core/runs/attention.py). attention: one
+    # LayerAttention per attention layer (`--attention`, RunOptions.attention); sublayers: one SublayerRow per
+    # decoder layer (`--sublayers`). None: not asked for, or not available (a Notice said why). Computed with the
+    # forward that scored this token; their time is in latency_ms, like the lens's.
+    attention: list[LayerAttention] | None = None
+    sublayers: list[SublayerRow] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.settings, SamplerSettings):  # typed in memory; a dict is only the JSON form
@@ -276,6 +282,9 @@ class StepEvent(Event):
                 del data[name]  # only a served model's steps carry these
         if not data["merged"]:
             del data["merged"]
+        for name in ("attention", "sublayers"):
+            if data[name] is None:
+                del data[name]  # written only by a run that asked for them
         return data
 
 

@@ -51,6 +51,7 @@ from .events import (
 from .facts import ModelFacts, QuantFacts, ServerFacts
 from ..settings import SamplerSettings
 from .architecture import BlockGroup, KVGroup, ModelAnatomy
+from .attention import LayerAttention, SublayerRow
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
@@ -58,7 +59,8 @@ EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
-          "QuantFacts": QuantFacts, "ScoredToken": ScoredToken}
+          "QuantFacts": QuantFacts, "ScoredToken": ScoredToken,
+          "LayerAttention": LayerAttention, "SublayerRow": SublayerRow}  # these two check their own values
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near
@@ -310,7 +312,8 @@ def read_run(path: str | Path, run_class):
 def _ids_of(event: Event) -> list[int]:
     """The token ids an event names."""
     if isinstance(event, StepEvent):
-        return [event.id, *(c.id for c in event.candidates), *(r.id for r in event.lens or ())]
+        return [event.id, *(c.id for c in event.candidates), *(r.id for r in event.lens or ()),
+                *(r.id for row in event.sublayers or () for r in (row.after_attn, row.after_mlp) if r is not None)]
     if isinstance(event, PromptEvent):
         return [*event.ids, *(p.id for p in event.pieces)]
     if isinstance(event, BranchEvent):
