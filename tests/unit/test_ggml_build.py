@@ -174,3 +174,44 @@ def test_cache_key_follows_the_cpu(monkeypatch, tmp_path):
     assert avx2.name.startswith(f"{llama_sdist.VERSION}-")
     monkeypatch.setattr(llama_sdist, "cpu_flags", lambda: "fpu sse2 avx2 fma")
     assert ggml_build.build_dir() == avx2
+
+
+def test_a_build_another_process_holds_is_waited_for_said_and_used(fake_build):
+    """setup.sh builds the library in a detached background process: a model load meanwhile waits on its lock (a
+    load stage says so), then uses that build instead of building again."""
+    import fcntl
+    import subprocess
+    import textwrap
+
+    folder = ggml_build.build_dir()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = folder.parent / f".{folder.name}.lock"
+    # the other process: takes the lock, waits for a go file, then leaves a finished build and exits
+    go = folder.parent / "go"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, time
+        from pathlib import Path
+        with open({str(lock)!r}, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            print("held", flush=True)
+            while not Path({str(go)!r}).exists():
+                time.sleep(0.02)
+            Path({str(folder)!r}).mkdir(parents=True)
+            Path({str(folder / ggml_build.LIB_NAME)!r}).write_bytes(b"built elsewhere")
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        stages = []
+
+        def progress(event):
+            stages.append(event)
+            go.touch()  # the holder finishes only once the wait was said
+
+        lib = ggml_build.library(progress)
+    finally:
+        go.touch()
+        holder.wait(timeout=30)
+    assert [s.stage for s in stages] == [f"{ggml_build.STAGE_BUILD}: waiting for the build another process started"]
+    assert lib.read_bytes() == b"built elsewhere" and fake_build() == []  # no build of its own
+    with open(lock, "w") as f:  # and the lock is free again
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -136,7 +136,12 @@ def _build(folder: Path, *, targets: tuple[str, ...], marker: str, stage: str, p
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building it: wait for it, then use its build
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process is building it (setup's background build): wait, use its build
+            if progress is not None:
+                progress(LoadProgress(f"{stage}: waiting for the build another process started", None))
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / marker).exists():
             return
         _build_locked(folder, targets, marker, stage, progress or (lambda event: None))
