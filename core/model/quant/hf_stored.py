@@ -208,7 +208,7 @@ def run_as_stored(model: nn.Module, progress=None) -> Stored:
     if dtype not in STORED_TYPES:  # e.g. float64: not a type ggml multiplies, nor one worth keeping on a CPU
         model.float()
         return Stored(None, f"{_name(dtype)} weights cast to float32")
-    why = _ggml_problem(progress)  # built on a first use (~30 s, a load stage), then cached
+    why = _ggml_problem(progress, build=False)  # a GGUF load or --quantize int8 builds it: minutes, said as such
     if why is None:
         old = _replace(model, lambda m: _view(m.weight))
         undo = _float_around(model, {id(m) for m in model.modules() if isinstance(m, GGMLLinear)})
@@ -234,7 +234,7 @@ def quantize_int8(model: nn.Module, progress=None):
     """--quantize int8: every `stored_linears` layer (the LM head too, tied or not) replaced by a GGMLLinear over its
     Q8_0 rows, one matrix at a time; the rest computes in float32 (`_float_around`). Returns the model facts'
     QuantFacts. Raises ModelLoadError (one line) where ggml's library cannot be had or no layer fits."""
-    why = _ggml_problem(progress)
+    why = _ggml_problem(progress, build=True)
     if why is not None:
         raise ModelLoadError(f"--quantize int8 runs on ggml's kernels, which are not available ({why}); drop "
                              "--quantize or use --quantize int4")
@@ -303,11 +303,16 @@ def _linear_dtype(model: nn.Module) -> torch.dtype | None:
     return max(counts, key=counts.get) if counts else None
 
 
-def _ggml_problem(progress) -> str | None:
-    """None when ggml's library is bound, building it first where it is not built (with progress); otherwise one line
-    why not."""
+def _ggml_problem(progress, build: bool) -> str | None:
+    """None when ggml's library is bound (build=True: building it first where it is not built, with progress; else
+    only one already built); otherwise one line why not."""
     from . import ggml_linear
+    from ..native import q4_native
 
+    if not build:
+        # tokentui's own library first: a CPU load builds it anyway (selection), and ggml's kernels bind into it
+        q4_native.load(progress if progress is not None else _no_progress)
+        return ggml_linear.available()
     return ggml_linear.load(progress if progress is not None else _no_progress)
 
 
