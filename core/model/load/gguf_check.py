@@ -23,8 +23,10 @@ Each of these is read from the tensor table (no tensor data is read); the cost i
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
+import threading
 import re
 from pathlib import Path
 
@@ -66,6 +68,11 @@ def fast_reader(path: Path):
     instead of the memmap itself (numpy's memmap does per-slice bookkeeping, and the parse takes one slice per
     metadata value: 2 per vocabulary entry). The same fields and tensors; tensor data are read-only views of the
     same map."""
+    return _fast_reader_class()(str(path))
+
+
+@functools.cache
+def _fast_reader_class():
     import numpy as np
     from gguf import GGUFReader
 
@@ -78,15 +85,38 @@ def fast_reader(path: Path):
             arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
             return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
 
-    return FastReader(str(path))
+    return FastReader
+
+
+_PATCH_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def fast_transformers_parse():
+    """transformers' GGUF loading (`AutoTokenizer` / `AutoConfig` / `AutoModelForCausalLM` with `gguf_file`) parses
+    the whole file with gguf-py's GGUFReader, which it imports from the `gguf` module at call time; inside this block
+    that name is `fast_reader`'s class (the same parse, several times faster: each parse took ~4 s of a first start on
+    the embedded model's 49k-entry vocabulary, and a first start parses twice). Hand-written because transformers
+    takes no reader: the one place tokentui swaps a library's name, restored on the way out."""
+    import gguf
+
+    with _PATCH_LOCK:
+        saved = gguf.GGUFReader
+        gguf.GGUFReader = _fast_reader_class()
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = saved
 
 
 @contextlib.contextmanager
 def reading(path: Path):
     """Building a model from `path`: any failure but a ModelLoadError (already one line) becomes the one line for a
-    file that cannot be read (both GGUF loaders, gguf_load.py and gguf_stored.py)."""
+    file that cannot be read (both GGUF loaders, gguf_load.py and gguf_stored.py); transformers' parses of the file
+    inside it are `fast_transformers_parse`'s."""
     try:
-        yield
+        with fast_transformers_parse():
+            yield
     except ModelLoadError:
         raise
     except Exception as err:

@@ -24,7 +24,7 @@ from ...runs.events import LoadProgress
 from ...runs.facts import ModelFacts
 from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
-from .gguf_check import check_gguf
+from .gguf_check import check_gguf, fast_transformers_parse
 from .gguf_route import gguf_route
 from .model_facts import model_facts
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
@@ -156,10 +156,11 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
         # No fraction for these two: transformers gives no progress for them (the GGUF's vocabulary and merges
         # become a tokenizer; the file's metadata becomes a config and an empty model).
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        with fast_transformers_parse():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         progress(LoadProgress(STAGE_GGUF_READ, None))
         block_types: set[str] = set()
-        with _gguf_progress(progress, block_types):
+        with _gguf_progress(progress, block_types), fast_transformers_parse():
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ModelLoadError:
         raise
