@@ -9,8 +9,10 @@ The dashboard's engine clients (core/link/) and the commands (tokentui/commands/
                                        point with a phrase forces each of its tokens (core/model/forcing.py)
     score(request, run_id=None)        the events of a scored text (core/runs/requests.py, core/model/scoring.py)
     fanout(request, run_id=None)       the events of a fan-out: many samples at once (core/model/fanout.py)
+    turn(request, run_id=None)         the events of a conversation's turn: a follow-up reusing the last turn's KV
+                                       cache, or a raw run with no chat template (core/runs/turns.py)
     phrase_pieces(text)                a phrase's tokens, tokenized on its own (PromptPiece list)
-    branch_refusal, phrase_refusal, score_refusal, fanout_refusal
+    branch_refusal, phrase_refusal, score_refusal, fanout_refusal, turn_refusal
                                        why this engine cannot do that, one line (None: it can)
     close()                            end the run in progress and free what the engine holds
     + the controls of core/controls.py: sampler / set_sampler, pause, resume, step_once, stop(run_id)
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .runs.events import Event, PromptPiece
     from .runs.facts import ModelFacts
     from .runs.requests import FanoutRequest, ScoreRequest
+    from .runs.turns import TurnRequest
     from .settings import RunOptions
 
 
@@ -67,6 +70,13 @@ class BaseEngine(RunControls, ABC):
         """A fan-out: `request.n` samples of `request.m` tokens from one step, in one batched decode."""
         run_id = self.begin_run(run_id)
         return finish_run(self._refusing(self.fanout_refusal, lambda: self._fanout(request, run_id)),
+                          self.facts.vocab_rows)
+
+    def turn(self, request: "TurnRequest", *, run_id: int | None = None) -> Iterator["Event"]:
+        """A turn of a conversation (core/runs/turns.py): TurnEvent, the prompt of the whole conversation, its
+        prefill (what was reused), the answer's steps, done."""
+        run_id = self.begin_run(run_id)
+        return finish_run(self._refusing(self.turn_refusal, lambda: self._turn(request, run_id)),
                           self.facts.vocab_rows)
 
     def set_options(self, options: "RunOptions") -> None:
@@ -110,6 +120,11 @@ class BaseEngine(RunControls, ABC):
         """Why `fanout` cannot run on this engine, one line (None: it can)."""
         return "fan-out needs the local engine"
 
+    @property
+    def turn_refusal(self) -> str | None:
+        """Why `turn` (a follow-up, a raw run) cannot run on this engine, one line (None: it can)."""
+        return "this engine cannot run a follow-up turn or a raw prompt"
+
     def close(self) -> None:
         """End the run in progress (at its next step) and let go of what the engine holds."""
         self.stop()
@@ -129,3 +144,6 @@ class BaseEngine(RunControls, ABC):
 
     def _fanout(self, request: "FanoutRequest", run_id: int) -> Iterator["Event"]:
         raise SettingsError(self.fanout_refusal or "fan-out needs the local engine")
+
+    def _turn(self, request: "TurnRequest", run_id: int) -> Iterator["Event"]:
+        raise SettingsError(self.turn_refusal or "this engine cannot run a follow-up turn or a raw prompt")

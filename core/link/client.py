@@ -4,7 +4,8 @@ The client is the one owner, in the dashboard's process, of the run ids and of t
 asked for (before the model is loaded too: they are handed to the engine when it is ready). Each run (or branch)
 gets the next run id here; the id travels to the engine, which uses it as its own (core/controls.py), so there is
 one count of runs. Commands are method calls that take effect at the engine's next step boundary (`start` a run,
-`branch` an earlier one at a step, `score` a text, `fanout` from a step, stop, pause, step, settings; `tokenize` a
+`branch` an earlier one at a step, `score` a text, `fanout` from a step, a `turn` of a conversation, stop, pause,
+step, settings; `tokenize` a
 phrase is answered at once, also while a run is paused). Each is the message of core/link/protocol.py that declares
 that engine operation, sent by one path (`begin` for a run, `ask` for a question, `_send` for a control) that both
 transports implement once. Replies come back as typed dataclasses through one `listener`, called on the event loop:
@@ -39,10 +40,11 @@ from ..runs.facts import ModelFacts
 from ..runs.record_writer import RunRecorder
 from ..runs.recording import RecordedRun
 from ..runs.requests import FanoutRequest, ScoreRequest
+from ..runs.turns import TurnRequest
 from ..settings import RunOptions, SamplerSettings
 from .operations import ASK, RUN, Operation
 from .protocol import (DECLARED, Pause, Resume, SetOptions, SetSampler, StartBranch, StartFanout, StartRun,
-                       StartScore, Step, Stop, Tokenize)
+                       StartScore, StartTurn, Step, Stop, Tokenize)
 
 Progress = Callable[[LoadProgress], None]
 
@@ -200,6 +202,13 @@ class EngineClient:
         if not isinstance(request, FanoutRequest):
             raise TypeError(f"fanout() needs a FanoutRequest, got {type(request).__name__}")
         return self.begin(StartFanout, request)
+
+    def turn(self, request: TurnRequest) -> int:
+        """Stop the current run and start a turn of a conversation (a follow-up, or a raw run: core/runs/turns.py) as
+        a new run; returns its id. SettingsError (one line) before anything changes when the engine cannot."""
+        if not isinstance(request, TurnRequest):
+            raise TypeError(f"turn() needs a TurnRequest, got {type(request).__name__}")
+        return self.begin(StartTurn, request)
 
     def begin(self, message: type, *arguments, first: Event | None = None) -> int:
         """Stop the current run and start the RUN operation whose request is `message` (a class of

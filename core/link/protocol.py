@@ -7,7 +7,8 @@ is derived from it): the client sends it, the model process dispatches it, and t
 accepts below (COMMANDS, RUN_REPLIES) are read off the declarations.
 
     parent -> child   Load first; then the declared operations (runs: StartRun, StartBranch, StartScore,
-                      StartFanout; controls: Stop, Pause, Resume, Step, SetSampler, SetOptions; asked: Tokenize); Quit
+                      StartFanout, StartTurn; controls: Stop, Pause, Resume, Step, SetSampler, SetOptions; asked:
+                      Tokenize); Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
                       id of the run it belongs to (a newer run's id retires an older run's messages), and
                       the answer of each ASK (Tokenized, a phrase's pieces while it is typed)
@@ -25,6 +26,7 @@ from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress, PromptPiece
 from ..runs.facts import ModelFacts
 from ..runs.requests import FanoutRequest, ScoreRequest
+from ..runs.turns import TurnRequest
 from ..settings import RunOptions, SamplerSettings
 from .operations import ASK, CONTROL, DECLARED, RUN, operation
 
@@ -123,6 +125,20 @@ class StartFanout:
         _whole(self.run_id, "a run id")
         if not isinstance(self.request, FanoutRequest):
             raise ProtocolError(f"StartFanout needs a FanoutRequest, got {type(self.request).__name__}")
+
+
+@operation("turn", RUN, refusal="turn")
+@dataclass(frozen=True, slots=True)
+class StartTurn:
+    """Run `Engine.turn(request)` as run `run_id` (core/model/turn.py): a follow-up turn, or a raw run."""
+
+    run_id: int
+    request: TurnRequest
+
+    def __post_init__(self) -> None:
+        _whole(self.run_id, "a run id")
+        if not isinstance(self.request, TurnRequest):
+            raise ProtocolError(f"StartTurn needs a TurnRequest, got {type(self.request).__name__}")
 
 
 @dataclass(frozen=True, slots=True)

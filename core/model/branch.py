@@ -48,10 +48,11 @@ from .forcing import ForcePhrase, check_phrase, forced_selection
 from .observe.lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
 from ..runs.branch_point import BranchPoint
+from ..runs.turns import common_prefix
 from .speed import use_threads
 
 __all__ = ["BranchPoint", "HeldCache", "branch_events", "crop_cache", "crop_problem", "forced_selection",
-           "reusable_positions"]
+           "reusable_positions", "shared_positions"]
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,34 @@ def reusable_positions(held: HeldCache | None, prefix: tuple[int, ...]) -> tuple
     keep = len(prefix) - 1
     if held is None or keep < 1 or len(held.ids) < keep or held.ids[:keep] != prefix[:keep]:
         return 0, None
-    problem = crop_problem(held.cache)
-    if problem is None and held.cache.tokens() != len(held.ids):
-        problem = f"the held cache has {held.cache.tokens()} positions for {len(held.ids)} ids"
+    problem = _held_crop_problem(held)
     if problem is not None:
         return 0, f"the KV cache of the last run was not reused: {problem}; prefilling the {len(prefix)}-token " \
                   "prefix afresh"
+    return keep, None
+
+
+def _held_crop_problem(held: HeldCache) -> str | None:
+    """Why `held` cannot be cut back to one of its prefixes (None: it can)."""
+    problem = crop_problem(held.cache)
+    if problem is None and held.cache.tokens() != len(held.ids):
+        problem = f"the held cache has {held.cache.tokens()} positions for {len(held.ids)} ids"
+    return problem
+
+
+def shared_positions(held: HeldCache | None, ids) -> tuple[int, str | None]:
+    """(positions of `held` a run over `ids` can reuse, a Notice text or None): a follow-up turn's rule
+    (core/model/turn.py). The longest common prefix of the held ids and `ids`, but never all of `ids` (the last is
+    fed to score the first answer token), under the same crop rule as a branch's (`reusable_positions`)."""
+    if held is None:
+        return 0, None
+    keep = min(common_prefix(held.ids, ids), len(ids) - 1)
+    if keep < 1:
+        return 0, None
+    problem = _held_crop_problem(held)
+    if problem is not None:
+        return 0, f"the KV cache of the last turn was not reused: {problem}; prefilling the {len(ids)}-token " \
+                  "prompt afresh"
     return keep, None
 
 

@@ -24,6 +24,7 @@ from .branch import BranchPoint, HeldCache, branch_events
 from .fanout import fanout_events
 from .forcing import phrase_pieces
 from .scoring import score_events
+from .turn import turn_events
 from ..interface import BaseEngine
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer, oneshot_text
@@ -137,12 +138,17 @@ class Engine(BaseEngine):
         DoneEvent. Reuses the held KV cache when it holds the prefix, and holds the prefix's afterwards."""
         yield from self._locked(lambda: fanout_events(self, request, run_id))
 
+    def _turn(self, request, run_id: int) -> Iterator[Event]:
+        """A turn of a conversation (core/model/turn.py): a follow-up reuses the held KV cache up to its prompt's
+        common prefix with it; a raw run has no chat template."""
+        yield from self._locked(lambda: turn_events(self, request, run_id))
+
     def phrase_pieces(self, text: str) -> list:
         """A phrase's tokens, tokenized on its own with no special tokens (core/model/forcing.py); safe to call
         while a run waits at its step gate."""
         return phrase_pieces(self.tokenizer, self.token_bytes, text)
 
-    phrase_refusal = score_refusal = fanout_refusal = None  # the local engine does all three
+    phrase_refusal = score_refusal = fanout_refusal = turn_refusal = None  # the local engine does all four
 
     @property
     def held_ids(self) -> tuple[int, ...]:

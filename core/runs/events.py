@@ -101,14 +101,17 @@ class FanoutProgress(Event):
 class PrefillEvent(Event):
     """Step 3: the whole prompt through the model (in chunks when it is long); `ms` is the whole prefill, i.e.
     the time to the first token's scores. For a branch (core/model/branch.py) that reused a held KV cache, `tokens` is
-    what the model computed (1) and `reused_tokens` the cached positions it reused; `kv_tokens` is their sum."""
+    what the model computed (1) and `reused_tokens` the cached positions it reused; `kv_tokens` is their sum. A
+    follow-up turn (core/model/turn.py) likewise: the ids past the common prefix with the last turn's cache, and
+    that prefix. `reused_tokens` None: not known (a served model's follow-up whose server reported no cached
+    tokens)."""
 
     event: ClassVar[str] = "prefill"
     tokens: int
     ms: float  # a served model: the request's time to its first token, measured by tokentui
     kv_tokens: int
     kv_bytes: int | None  # None: not reported (a served model)
-    reused_tokens: int = 0
+    reused_tokens: int | None = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,17 +49,18 @@ from .events import (
     StepTiming,
 )
 from .facts import ModelFacts, QuantFacts, ServerFacts
+from .turns import Message, TurnEvent
 from ..settings import SamplerSettings
 from .architecture import BlockGroup, KVGroup, ModelAnatomy
 from .attention import LayerAttention, SublayerRow
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
-    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, FanoutProgress, SampleEvent)}
+    BranchEvent, ScoreEvent, ScoreSummary, FanoutEvent, FanoutProgress, SampleEvent, TurnEvent)}
 NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "MultiTokenChar": MultiTokenChar,
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
-          "QuantFacts": QuantFacts, "ScoredToken": ScoredToken,
+          "QuantFacts": QuantFacts, "ScoredToken": ScoredToken, "Message": Message,
           "LayerAttention": LayerAttention, "SublayerRow": SublayerRow}  # these two check their own values
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)

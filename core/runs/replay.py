@@ -132,6 +132,24 @@ class ReplayEngine(BaseEngine):
         raise SettingsError(f"a replay plays only the branches it recorded; step {point.at + 1} with token "
                             f"{point.token} is not one of them (branch the record with `tokentui branch`)")
 
+    @property
+    def turn_refusal(self) -> str | None:
+        if self.tree is not None and any(node.is_turn for node in self.tree.nodes):
+            return None  # its recorded follow-ups (any other is refused)
+        return ("a replay cannot run the model: ask a follow-up with `tokentui --headless --prompt … "
+                "--follow-up …`")
+
+    def _turn(self, request, run_id: int) -> Iterator[Event]:
+        """The recorded follow-up with `request`'s turn and user message (the tree's, in order); another is
+        refused."""
+        for node in self.tree.nodes[1:]:
+            run = self.tree.runs.get(node.number)
+            if run is not None and node.is_turn and (node.turn, node.user) == (request.turn, request.user):
+                yield from self._play(run, None, None, run_id)
+                return
+        raise SettingsError("a replay plays only the follow-ups it recorded; this one is not one of them (ask it "
+                            "with `tokentui --headless --prompt … --follow-up …`)")
+
     def _wait(self, ms: float, run_id: int) -> bool:
         """Sleep `ms` of recorded time at the replay's speed, at most MAX_WAIT_S; not at all while paused (the gate
         holds the step: n or space lets it through at once), and no longer once paused meanwhile. False when

@@ -18,7 +18,8 @@ their token ids (`tokens`) and text (`prefix_text`), and `run.text` includes tha
 
 A scored text (core/model/scoring.py) is a run like any other whose steps are all forced: `run.score` holds its
 `score` event and `run.score_summary` its figures. A fan-out (core/model/fanout.py) has no steps: `run.fanout`
-holds its `fanout` event and `run.samples` its samples, in the order they came.
+holds its `fanout` event and `run.samples` its samples, in the order they came. A turn of a conversation
+(core/runs/turns.py: a follow-up, a raw run) is a run whose `run.turn` holds its `turn` event (the messages).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .events import (
     StepTiming,
 )
 from .facts import ModelFacts
+from .turns import TurnEvent
 from ..errors import RunError
 from ..settings import SamplerSettings
 
@@ -203,6 +205,7 @@ class Run:
         self.score_summary: ScoreSummary | None = None
         self.fanout: FanoutEvent | None = None  # set for a fan-out (which has samples, not steps)
         self.samples: list[SampleEvent] = []
+        self.turn: TurnEvent | None = None  # set for a turn of a conversation (core/runs/turns.py)
         self._others: list[tuple[int, Event]] = []  # every non-step event, after how many steps it came
         self._steps = _Steps()
         self._last: StepEvent | None = None
@@ -260,6 +263,10 @@ class Run:
             if self.fanout is None or len(self):
                 raise RunError("a sample must follow its fanout event")
             self.samples.append(event)
+        elif isinstance(event, TurnEvent):
+            if self.turn is not None or len(self) or self.branch is not None or self.fanout is not None:
+                raise RunError("a turn event must come once, before the run's steps")
+            self.turn = event
         elif not isinstance(event, (LoadProgress, FanoutProgress)):  # progress: no field of its own
             raise RunError(f"a run has no place for a {type(event).__name__}")
         self._others.append((len(self), event))

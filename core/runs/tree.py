@@ -21,6 +21,11 @@ also replays by itself. `at` is the 0-based step index (the dashboard shows at +
 steps (a branch's: from its branch point on; the run's total from the prompt is at + steps). A forced phrase's
 branch (or an adopted fan-out sample) also names every id it forced:
 `"phrase": [262, 3458, 314]`, with `"phrase_text"` (what was typed) or `"sample"` (the sample's number).
+
+A follow-up turn of a conversation (core/runs/turns.py) is a child of the run it follows, with its turn number and
+its user message instead of a step and a token (its record's `turn` event holds the whole conversation):
+
+    {"event": "tree_run", "number": 3, "parent": 1, "turn": 2, "user": "And Anthropic?", "record": "…-2.jsonl"}
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class TreeNode:
     phrase: tuple[int, ...] | None = None
     phrase_text: str | None = None
     sample: int | None = None
+    # a follow-up turn (core/runs/turns.py): its turn number (2, 3, ...) and its user message; it names its parent
+    # (the run it follows) but no step or token. Written only where set.
+    turn: int | None = None
+    user: str | None = None
 
     def __post_init__(self) -> None:
         if self.phrase is not None:
@@ -71,6 +80,9 @@ class TreeNode:
                 raise ValueError("a phrase starts with the branch's token")
         if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 1:
             raise ValueError(f"a run's number is an integer >= 1, got {self.number!r}")
+        if self.turn is not None or self.user is not None:
+            self._check_turn()
+            return
         branch = (self.parent, self.at, self.token)
         if any(v is None for v in branch) and any(v is not None for v in branch):
             raise ValueError("a branch names its parent, its step and its token (a first run none of them)")
@@ -84,9 +96,28 @@ class TreeNode:
         if self.record is not None and not is_record_name(self.record):
             raise ValueError(record_refusal(self.number, self.record))
 
+    def _check_turn(self) -> None:
+        if isinstance(self.turn, bool) or not isinstance(self.turn, int) or self.turn < 2:
+            raise ValueError(f"a follow-up's turn is an integer >= 2, got {self.turn!r}")
+        if not isinstance(self.user, str):
+            raise ValueError("a follow-up names its user message")
+        if isinstance(self.parent, bool) or not isinstance(self.parent, int) or self.parent < 1:
+            raise ValueError(f"a follow-up names the run it follows, got {self.parent!r}")
+        if self.parent >= self.number:
+            raise ValueError(f"run {self.number} cannot follow run {self.parent}, which came after it")
+        if any(v is not None for v in (self.at, self.token, self.phrase, self.sample)):
+            raise ValueError("a follow-up names no step, token or phrase")
+        if self.record is not None and not is_record_name(self.record):
+            raise ValueError(record_refusal(self.number, self.record))
+
     @property
     def is_branch(self) -> bool:
-        return self.parent is not None
+        return self.parent is not None and self.turn is None
+
+    @property
+    def is_turn(self) -> bool:
+        """A follow-up turn of the run it follows (`parent`)."""
+        return self.turn is not None
 
     def to_dict(self) -> dict:
         data = {"event": "tree_run", **{k: v for k, v in asdict(self).items() if v is not None and v != ""}}

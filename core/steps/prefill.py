@@ -45,8 +45,8 @@ def continues_chunks(model) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) not in _SCAN_RESTARTS
 
 
-def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None
-                   ) -> Iterator[tuple[int, torch.Tensor | None, float]]:
+def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None,
+                   *, continuing: bool = False) -> Iterator[tuple[int, torch.Tensor | None, float]]:
     """Prefill `prompt_ids` (T ints) into `cache` (the run's RunCache, core/model/decode/run_cache.py; `model`: the
     model its step runs), one chunk of at most `chunk` tokens per forward.
 
@@ -56,6 +56,8 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     then holds the chunks done.
     `states_out`: when a list, the last chunk's forward also catches each decoder block's output at the last prompt
     position and appends them, [L, H], for the logit lens (core/model/observe/lens.py; eager only, earlier chunks unchanged).
+    `continuing`: `cache` already holds positions these ids go on from (a follow-up turn's reused prefix,
+    core/model/turn.py), so not even the first chunk is the prompt's first; the counts are of `prompt_ids` alone.
     """
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")
@@ -69,7 +71,7 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
         start = time.perf_counter()
         part = ids[:, done:done + chunk]  # [1, <= chunk]
         last = done + part.shape[1] == total
-        logits = cache.step.prefill(cache, part, done == 0, states_out if last else None)  # [V]
+        logits = cache.step.prefill(cache, part, done == 0 and not continuing, states_out if last else None)  # [V]
         done += part.shape[1]
         synchronize(logits.device)
         spent += time.perf_counter() - start

@@ -20,16 +20,18 @@ from tokentui.core.link.local_client import LocalClient
 from tokentui.core.link.operations import ASK, CONTROL, RUN, operation
 from tokentui.core.link.protocol import (COMMANDS, DECLARED, OPERATIONS, RUN_REPLIES, RUN_STARTS, Crash, Pause, Quit,
                                          Resume, RunEvent, SetOptions, SetSampler, StartBranch, StartFanout, StartRun,
-                                         StartScore, Step, Stop, Tokenize, Tokenized, expect)
+                                         StartScore, StartTurn, Step, Stop, Tokenize, Tokenized, expect)
 from tokentui.core.model.process_main import _Child
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import Notice, PromptPiece
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
+from tokentui.core.runs.turns import TurnRequest
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 POINT = BranchPoint((1, 2, 3), (7, 8), 2, 9, parent="a run", parent_token=10)
 SCORE = ScoreRequest("What is the capital of France?", "Paris.")
 FAN = FanoutRequest((1, 2, 3), (7, 8), 2, n=3, m=4, seed=7)
+TURN = TurnRequest.first("Once upon", raw=True)
 SAMPLER = SamplerSettings(temperature=0.7, top_k=5)
 OPTIONS = RunOptions(max_new_tokens=9, ignore_eos=True)
 DONE = Notice("one event of the run")
@@ -41,6 +43,7 @@ SAMPLES = [
     (StartBranch(2, POINT), call.branch(POINT, run_id=2)),
     (StartScore(3, SCORE), call.score(SCORE, run_id=3)),
     (StartFanout(4, FAN), call.fanout(FAN, run_id=4)),
+    (StartTurn(7, TURN), call.turn(TURN, run_id=7)),
     (Tokenize(5, " Lyon"), call.phrase_pieces(" Lyon")),
     (Stop(6), call.stop(6)),
     (Pause(), call.pause()),
@@ -63,7 +66,7 @@ NOT_OPERATIONS = {
 def recording_engine():
     """A stand-in with BaseEngine's exact signatures (a call that does not fit one raises): it records each call."""
     engine = create_autospec(BaseEngine, instance=True)
-    for method in ("run", "branch", "score", "fanout"):
+    for method in ("run", "branch", "score", "fanout", "turn"):
         getattr(engine, method).return_value = iter([DONE])
     engine.phrase_pieces.return_value = PIECES
     return engine
@@ -92,7 +95,8 @@ def test_every_engine_operation_is_declared_once():
 def test_the_protocol_s_message_sets_are_the_declarations():
     assert set(COMMANDS) == set(DECLARED) | {Quit}
     assert set(RUN_STARTS) == {m for m, op in DECLARED.items() if op.kind is RUN} == {StartRun, StartBranch,
-                                                                                       StartScore, StartFanout}
+                                                                                       StartScore, StartFanout,
+                                                                                       StartTurn}
     assert set(RUN_REPLIES) == {RunEvent, Crash, Tokenized}
     assert {type(message) for message, _ in SAMPLES} == set(DECLARED)  # every declaration has its oracle here
 
@@ -166,6 +170,7 @@ async def test_the_client_sends_each_operation_as_its_declared_message():
     client.branch(POINT)
     client.score(SCORE)
     client.fanout(FAN)
+    client.turn(TURN)
     assert await client.tokenize(" Lyon") == PIECES
     client.pause()
     client.step_once()
@@ -174,14 +179,15 @@ async def test_the_client_sends_each_operation_as_its_declared_message():
     client.set_options(OPTIONS)
     client.stop()
     assert client.sent == [StartRun(1, "hi", "be brief"), Stop(1), StartBranch(2, POINT), Stop(2),
-                           StartScore(3, SCORE), Stop(3), StartFanout(4, FAN), Tokenize(1, " Lyon"), Pause(), Step(),
-                           Resume(), SetSampler(SAMPLER), SetOptions(OPTIONS), Stop(4)]
+                           StartScore(3, SCORE), Stop(3), StartFanout(4, FAN), Stop(4), StartTurn(5, TURN),
+                           Tokenize(1, " Lyon"), Pause(), Step(), Resume(), SetSampler(SAMPLER), SetOptions(OPTIONS),
+                           Stop(5)]
     assert {type(m) for m in client.sent} == set(DECLARED)
     with pytest.raises(TypeError, match="not a declared run operation"):
         client.begin(Teleport)
     with pytest.raises(TypeError, match="not a declared run operation"):
         client.begin(Tokenize, "x")  # declared, but not a run
-    assert client.run_id == 4
+    assert client.run_id == 5
     client.close()
 
 
