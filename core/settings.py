@@ -35,10 +35,13 @@ def check_threads(value, name: str = "threads") -> None:
 
 class _SamplerBase:
     """What step 4 (selection) does with the logits: one field per parameter of the sampler chain's registry
-    (core/samplers.py PARAMS: each stage's knob, then greedy and seed), in that order, with the registry's defaults.
+    (core/samplers.py PARAMS: today's four knobs, greedy and seed, then issue 38's stages' and their order), in that
+    order, with the registry's defaults.
 
-    temperature 0 means greedy; `greedy=True` forces argmax whatever the temperature. A cutting stage's "off"
-    value (top-k 0, top-p 1.0, min-p 0) leaves it out, as in transformers' generate.
+    temperature 0 means greedy; `greedy=True` forces argmax whatever the temperature (of the scores after the logits
+    processors, bias, penalties and DRY, which greedy still applies, as generate(do_sample=False) and llama.cpp do).
+    A stage's "off" value (top-k 0, top-p 1.0, min-p 0, repeat-penalty 1 ...) leaves it out, as in transformers'
+    generate; `samplers` is the order (llama.cpp's --samplers spelling, core/samplers.py `parse_order`).
     """
 
     @property

@@ -7,6 +7,7 @@ import time
 import torch  # noqa: E402
 from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.steps.select import native_op, select  # noqa: E402
+from tokentui.core.samplers import ChainInput  # noqa: E402
 from tokentui.core.settings import SamplerSettings  # noqa: E402
 from measure.common import med, run_engine  # noqa: E402
 
@@ -16,7 +17,13 @@ SELECT_CASES = {
     "T=0.7, top-p 0.9": SamplerSettings(temperature=0.7, top_p=0.9),
     "T=0.7, top-p off": SamplerSettings(temperature=0.7, top_p=1.0),
     "T=0.7, top-k 50, top-p 0.95": SamplerSettings(temperature=0.7, top_k=50, top_p=0.95),
+    # issue 38: every stage on (Mirostat 2.0 replaces the chain, so not with it), over a 256-token history
+    "every stage on": SamplerSettings(temperature=0.7, dynatemp_range=0.2, top_k=50, top_p=0.95, min_p=0.02,
+                                      typical_p=0.95, top_n_sigma=3.0, repeat_penalty=1.1, presence_penalty=0.2,
+                                      frequency_penalty=0.1, dry_multiplier=0.8, xtc_probability=0.5,
+                                      xtc_threshold=0.1, logit_bias=((13, -2.0), (42, 1.0))),
 }
+HISTORY = ChainInput(ids=[(i * 7919) % 40_000 for i in range(256)])  # what the penalties and DRY look back at
 def real_scores(loaded, prompt_ids: list[int], n: int = 16) -> list[torch.Tensor]:
     """The model's own scores for its first n greedy steps on the benchmark prompt."""
     x = torch.tensor([prompt_ids])
@@ -49,7 +56,7 @@ def bench_select(step_ms: float, threads: int, real: list[torch.Tensor], reps: i
                 x = logits[i % len(logits)]
                 for path in paths:
                     start = time.perf_counter()
-                    select(x, settings, gen, 10, native=path)
+                    select(x, settings, gen, 10, native=path, given=HISTORY)
                     times[path].append((time.perf_counter() - start) * 1000)
             ms = med(times[None][20:])
             out[(vocab, name)] = {"ms": ms, "share": ms / (step_ms + ms)}

@@ -207,7 +207,7 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     forced = point.forced_ids
     steps = engine.generate_from(run_id, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
                              prefix=point.tokens, detok=detok, choose=ForcePhrase(forced),
-                             fed=1 if reuse else len(prefix))
+                             fed=1 if reuse else len(prefix), mirostat_mu=point.mirostat_mu)
     cut_steps = []  # a phrase's forced steps the sampler gave probability 0
     for event in steps:
         if isinstance(event, StepEvent) and event.index < point.at + len(forced):

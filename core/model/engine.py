@@ -43,6 +43,8 @@ from .observe.lens import lens_unavailable, logit_lens
 from .load.loader import LoadedModel
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select, unpack
+from ..samplers import backend_gaps
+from .sampler_input import RunHistory
 from ..settings import RunOptions, SamplerSettings
 from .speed import SpeedOptions, use_threads
 from ..steps.template import apply_template, default_system_prompt
@@ -259,7 +261,7 @@ class Engine(BaseEngine):
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
                   lens_said: bool | None = None, fed: int | None = None, decode=None,
-                  limit: int | None = None) -> Iterator[Event]:
+                  limit: int | None = None, mirostat_mu: float | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
         forward took `forward_ms`) and `cache` (the run's RunCache, core/model/decode/run_cache.py, holding `ids`,
         the prompt, then `prefix`). A run starts at step 0;
@@ -276,7 +278,9 @@ class Engine(BaseEngine):
         `choose` may force tokens (core/model/forcing.py's ForcePhrase): while its `pending` ids remain, an end token
         does not end the run. `decode`: step 5 in place of decode_one_token, with its signature (a scored text's
         one forward, core/model/scoring.py; its `fed` attribute: the ids its latest call read). `limit`: the steps
-        to take at most (default `options.max_new_tokens`)."""
+        to take at most (default `options.max_new_tokens`).
+        `mirostat_mu`: Mirostat 2.0's state at the first step (a branch's, core/samplers.py `mirostat_mu`); the
+        stages that look back read the prompt and the tokens so far (core/model/sampler_input.py)."""
         facts, opts, tok = self.facts, self.options, self.tokenizer
         if lens_said is None:
             lens_said = lens_states is None and opts.logit_lens
@@ -290,6 +294,7 @@ class Engine(BaseEngine):
         limit = opts.max_new_tokens if limit is None else limit
         first = len(prefix)
         generated: list[int] = list(prefix)
+        history = RunHistory(tok, self.token_bytes, list(ids) + generated, mirostat_mu)  # what step 4 looks back at
         reason = "length"
         clock = StepClock(self.device, logits.device)
         step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
@@ -309,6 +314,10 @@ class Engine(BaseEngine):
             if settings.seed != seed_in_use:
                 generator.manual_seed(settings.seed)
                 seed_in_use = settings.seed
+            if pending is not None and backend_gaps(settings, "fused"):  # a stage the whole step lacks: eager
+                logits, forward_ms = decode(self.model, pending, cache, sync=clock.sync_forward)
+                clock.forward_ends(forward_ms, 1)
+                pending = None
             try:
                 if pending is not None:  # step 5 and 4 together: forward of `pending`, then the selection
                     packed = whole.step_select(cache, pending, settings, generator)
@@ -318,9 +327,11 @@ class Engine(BaseEngine):
                     sel = unpack(clock.to_host(packed), opts.top_candidates, settings.is_greedy)
                     pending = None
                 else:
-                    sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host)
+                    sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host,
+                                 given=history.given(settings))
             except GenerationError as err:
                 raise GenerationError(f"step {index + 1}: {err}", index) from err  # numbered from 1; .step: the index
+            history.push(sel)
             clock.selected()
             if whole is not None and whole.failure is not None and not compile_said:
                 compile_said = True

@@ -51,6 +51,7 @@ from .decode.run_cache import RunCache
 from .decode.steps import TorchForward
 from .branch import HeldCache, crop_cache, reusable_positions
 from .speed import use_threads
+from .sampler_input import RunHistory
 
 __all__ = ["expand_cache", "fanout_events"]
 
@@ -202,8 +203,9 @@ def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event
         yield from prefilled
         return
     base, logits, _ = result
+    looked_back = RunHistory(engine.tokenizer, vocab, list(request.prompt_ids) + list(request.tokens))
     top = select(logits, settings, None if settings.is_greedy else torch.Generator(device=logits.device),
-                 opts.top_candidates)
+                 opts.top_candidates, given=looked_back.given(settings))
     candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p, special=vocab.is_special(i))
                   for i, r, p in zip(top.top_ids, top.top_raw_probs, top.top_sampled_probs)]
     yield FanoutEvent(candidates=candidates, **start_event)
@@ -216,6 +218,8 @@ def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event
     engine.hold_cache(HeldCache(base, prefix))  # kept as it is: the rows decode in a copy
     batch = expand_cache(model, base, n, len(prefix) + m) if m > 1 else None
     rows = [_Row(logits.device, request.seed_of(i), _primed(vocab, request.tokens)) for i in range(n)]
+    # each sample looks back at the prompt, the tokens before the step and its own (core/model/sampler_input.py)
+    histories = [RunHistory(engine.tokenizer, vocab, list(prefix)) for _ in range(n)]
     first_ms = None
     decode_s = 0.0
     forwards = 1
@@ -241,7 +245,9 @@ def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event
         for i, row in enumerate(rows):
             if row.reason is not None:
                 continue
-            sel = select(step_logits[i], settings, row.generator, opts.top_candidates)
+            sel = select(step_logits[i], settings, row.generator, opts.top_candidates,
+                         given=histories[i].given(settings))
+            histories[i].push(sel)
             row.ids.append(sel.token_id)
             row.raw.append(sel.chosen_raw_prob)
             row.probs.append(sel.chosen_prob)

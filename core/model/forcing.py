@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import PromptError, SettingsError
+from ..samplers import mirostat_update
 from ..runs.events import PromptPiece
 from ..steps.display import display_piece
 from ..steps.select import Selection, reference_probs, select
@@ -27,16 +28,17 @@ __all__ = ["ForcePhrase", "check_phrase", "forced_selection", "phrase_ids", "phr
 
 
 def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator | None, top_n: int,
-                     token: int, to_host=None) -> Selection:
+                     token: int, to_host=None, given=None) -> Selection:
     """`select` on these scores with the same settings, its choice replaced by `token`: the candidates and the
     distribution's figures are the step's own; chosen_rank / chosen_raw_prob / chosen_prob are `token`'s
     (chosen_prob 0 when the sampler cut it). Draws from a copy of `generator`, not from it. `to_host`: as
-    `select`'s (the engine's timed copy)."""
+    `select`'s (the engine's timed copy); `given`: the run's history (core/samplers.py ChainInput), as `select`'s.
+    Mirostat's mu moves on by the forced token's probability (core/samplers.py `mirostat_update`)."""
     scratch = None
     if generator is not None:
         scratch = torch.Generator(device=generator.device)
         scratch.set_state(generator.get_state())
-    sel = select(logits, settings, scratch, top_n, to_host)  # also the NaN/inf check
+    sel = select(logits, settings, scratch, top_n, to_host, given=given)  # also the NaN/inf check
     scores = logits.reshape(-1).to(torch.float32)
     rank = int((scores > scores[token]).sum())
     if token in sel.top_ids:
@@ -45,8 +47,9 @@ def forced_selection(logits: torch.Tensor, settings, generator: torch.Generator 
     else:
         p = torch.softmax(scores, dim=-1)
         raw = float(p[token] / p.sum())
-        prob = 0.0 if sel.greedy else float(reference_probs(logits, settings)[token])
-    return replace(sel, token_id=token, chosen_rank=rank, chosen_raw_prob=raw, chosen_prob=prob)
+        prob = 0.0 if sel.greedy else float(reference_probs(logits, settings, given)[token])
+    mu = None if sel.mirostat_mu is None else mirostat_update(given.mu if given else None, settings, prob)
+    return replace(sel, token_id=token, chosen_rank=rank, chosen_raw_prob=raw, chosen_prob=prob, mirostat_mu=mu)
 
 
 class ForcePhrase:
@@ -61,12 +64,12 @@ class ForcePhrase:
     def pending(self) -> int:
         return len(self.ids) - self.forced
 
-    def __call__(self, logits, settings, generator, top_n, to_host=None) -> Selection:
+    def __call__(self, logits, settings, generator, top_n, to_host=None, given=None) -> Selection:
         if self.forced >= len(self.ids):
-            return select(logits, settings, generator, top_n, to_host)
+            return select(logits, settings, generator, top_n, to_host, given=given)
         token = self.ids[self.forced]
         self.forced += 1
-        return forced_selection(logits, settings, generator, top_n, token, to_host)
+        return forced_selection(logits, settings, generator, top_n, token, to_host, given)
 
 
 def phrase_ids(tokenizer, text: str) -> list[int]:

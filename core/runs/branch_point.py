@@ -3,6 +3,7 @@ process builds branch points and sends them to the model process, and never impo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import SettingsError
@@ -42,6 +43,7 @@ class BranchPoint:
     phrase: tuple[int, ...] = ()
     phrase_text: str | None = None
     sample: int | None = None
+    mirostat_mu: float | None = None  # Mirostat 2.0's state at step `at` (core/samplers.py `mirostat_mu`); None: fresh
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", check_ids(self.prompt_ids, "prompt_ids"))
@@ -71,6 +73,9 @@ class BranchPoint:
         if self.sample is not None and (isinstance(self.sample, bool) or not isinstance(self.sample, int)
                                         or self.sample < 0):
             raise SettingsError(f"branch point: sample must be a sample number >= 0, got {self.sample!r}")
+        mu = self.mirostat_mu
+        if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu)):
+            raise SettingsError(f"branch point: mirostat_mu must be a finite number or None, got {mu!r}")
 
     @property
     def forced_ids(self) -> tuple[int, ...]:

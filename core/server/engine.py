@@ -151,7 +151,7 @@ class ServerEngine(BaseEngine):
             ignored = ignored_by(self.sampler, self.server_kind)
             if ignored:  # the chain's stages this server has no request field for
                 yield Notice(f"{self.dialect.engine or 'this server'} has no {', '.join(ignored)}: it samples "
-                             "without it")
+                             f"without {'it' if len(ignored) == 1 else 'them'}")
             yield from self.conn.key_mask().events(ServerRun(self, run_id).events(prompt, system))
 
     def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
@@ -215,8 +215,9 @@ class ServerEngine(BaseEngine):
 
     def request_body(self, prefix: list[int], settings: SamplerSettings, max_tokens: int) -> tuple[str, dict]:
         """The streamed request for `max_tokens` more tokens after `prefix`, with `settings`: the sampler chain's
-        fields under this server's names, in the chain's order (core/samplers.py `served_sampler`; llama-server is
-        told that order and that nothing else runs, vLLM and SGLang apply theirs in the same order)."""
+        fields under this server's names (core/samplers.py `served_sampler`: llama-server gets every stage's
+        settings and the chain's order as its `samplers`, so nothing else runs; vLLM and SGLang the settings they
+        have of the stages that are on, applied in their own fixed order)."""
         sampler, order = served_sampler(settings, self.server_kind)
         top = self.facts.server.top_logprobs if self.facts.server else self.options.top_candidates
         if self.dialect.llama_cpp:
@@ -224,9 +225,6 @@ class ServerEngine(BaseEngine):
                 "prompt": prefix, "n_predict": max_tokens, "stream": True, "n_probs": top,
                 "post_sampling_probs": self.facts.server.probs == "post-sampler", "cache_prompt": True,
                 "return_tokens": True, **sampler,
-                # llama-server's stages tokentui's chain does not have yet, each off
-                "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
-                "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
                 "samplers": order, "ignore_eos": self.options.ignore_eos,
             }
         body = {"model": self.model_id, "prompt": prefix, "max_tokens": max_tokens, "stream": True,

@@ -230,13 +230,27 @@ def branch_point(engine, args, plan: dict):
     from tokentui.core.runs.branch_point import BranchPoint
 
     ids, at = plan["ids"], plan["at"]
+    mu = _mirostat_state(plan)
     if args.text is None:
-        return BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, args.token, plan["parent"], ids[at])
+        return BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, args.token, plan["parent"], ids[at],
+                           mirostat_mu=mu)
     phrase = tuple(piece.id for piece in engine.phrase_pieces(args.text))
     if not phrase:
         raise SettingsError(f"--text {args.text!r}: the phrase has no tokens; pass the text the model is to say")
     return BranchPoint(tuple(plan["prompt_ids"]), tuple(ids[:at]), at, phrase[0], plan["parent"], ids[at],
-                       phrase=phrase, phrase_text=args.text)
+                       phrase=phrase, phrase_text=args.text, mirostat_mu=mu)
+
+
+def _mirostat_state(plan: dict) -> float | None:
+    """Mirostat 2.0's state at the branch's step, folded from the record's steps before it (core/samplers.py
+    `mirostat_mu`); None where mirostat was off there, or a step's post-sampler probability is not known."""
+    from tokentui.core.samplers import mirostat_mu
+
+    run, at = plan["run"], plan["at"]
+    steps = [run.step(i) for i in range(max(0, min(at - run.offset, len(run))))]
+    if any(s.chosen_prob is None for s in steps):
+        return None
+    return mirostat_mu([(s.settings, s.chosen_prob) for s in steps])
 
 
 def run_branch(args, plan: dict, state: dict, stopped_by: list[int]) -> int:

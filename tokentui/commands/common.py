@@ -60,10 +60,28 @@ def integer(name: str):
     return parse
 
 
+def _flag_value(p):
+    """A flag's argument as parameter `p`'s value: its own parse (text, a logit bias's ID=BIAS), else its kind;
+    a SettingsError becomes argparse's one-line error."""
+    if p.parse is None:
+        return integer(p.label) if p.kind is int else number(p.label)
+
+    def parse(text: str):
+        from tokentui.core.errors import SettingsError
+
+        try:
+            return p.parse(text)
+        except SettingsError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return parse
+
+
 def add_sampler_flags(group, defaults: bool = True) -> None:
-    """One flag per parameter of the sampler chain (core/samplers.py PARAMS: --temperature, --top-k, ..., --greedy,
-    --seed), parsed as its kind; the range is checked where the settings are built (one SettingsError line).
-    `defaults` False: every flag defaults to None ("keep the record's", for branch / fanout / score)."""
+    """One flag per parameter of the sampler chain (core/samplers.py PARAMS: --temperature, --top-k, ...,
+    --repeat-penalty, --dry-multiplier, ..., --samplers, --greedy, --seed), parsed as its kind (a repeatable one,
+    --logit-bias / --dry-sequence-breaker, collects a list: None when not given); the range is checked where the
+    settings are built (one SettingsError line). `defaults` False: every flag defaults to None ("keep the
+    record's", for branch / fanout / score)."""
     from tokentui.core.samplers import PARAMS  # light: no torch
 
     for p in PARAMS:
@@ -73,9 +91,20 @@ def add_sampler_flags(group, defaults: bool = True) -> None:
             else:
                 group.add_argument(p.flag, action="store_const", const=True, default=None, help=p.help)
             continue
-        parse = integer(p.label) if p.kind is int else number(p.label)
-        group.add_argument(p.flag, type=parse, default=p.default if defaults else None,
+        if p.repeat:
+            group.add_argument(p.flag, type=_flag_value(p), action="append", default=None, dest=p.name,
+                               help=p.help)
+            continue
+        group.add_argument(p.flag, type=_flag_value(p), default=p.default if defaults else None, dest=p.name,
                            help=f"{p.help} ({p.default})" if defaults else p.help)
+
+
+def sampler_values(args) -> dict:
+    """The sampler settings the arguments give, by field name (a repeatable flag not given: its default)."""
+    from tokentui.core.samplers import PARAMS
+
+    return {p.name: p.default if p.repeat and getattr(args, p.name, None) is None else getattr(args, p.name)
+            for p in PARAMS}
 
 
 MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024  # --prompt-file: far past any model's context, and read without hanging
@@ -121,11 +150,10 @@ def check_record_dir(args) -> None:
 
 def settings_from_args(args):
     """The sampler settings and run options of the arguments, checked (and --threads, which the engine spec takes)."""
-    from tokentui.core.samplers import PARAMS
     from tokentui.core.settings import RunOptions, SamplerSettings, check_threads
 
     check_threads(getattr(args, "threads", None))
-    sampler = SamplerSettings(**{p.name: getattr(args, p.name) for p in PARAMS})
+    sampler = SamplerSettings(**sampler_values(args))
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                          top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False))
     return sampler, options
