@@ -54,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each step also reports every layer's top token and its probability (the logit lens: the "
                         "final norm and LM head applied after each layer; every decoder family, not with --compile; "
                         "costs time per step; in --json output and the run record)")
+    p.add_argument("--attention", action="store_true",
+                   help="each step also reports, for every attention layer, the 8 earlier positions the new token's "
+                        "query weighs most (head mean, as [position, weight]); not with --compile; in --json output "
+                        "and the run record")
+    p.add_argument("--attention-heads", action="store_true",
+                   help="--attention, and the same 8 positions for each head")
+    p.add_argument("--sublayers", action="store_true",
+                   help="each step also reports, per layer, the residual stream's norm before and after and what the "
+                        "attention and MLP sublayers added (their norms); with --logit-lens also the top token after "
+                        "each; not with --compile; in --json output and the run record")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when present)")
     # the activations' dtype is the kernel's, chosen at load (int16 in the native one, bf16 in torch's): the model
     # panel's border says which (QuantFacts, one source), so the help names no dtype of its own for them

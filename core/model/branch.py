@@ -33,6 +33,7 @@ in one shot (so "one-shot decode == text" holds for a branch too).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -45,6 +46,7 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.scoring import percent
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
 from .forcing import ForcePhrase, check_phrase, forced_selection
+from .observe.inside import Inside
 from .observe.lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
 from ..runs.branch_point import BranchPoint
@@ -179,12 +181,18 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
             yield Notice(lens_why)
         else:
             lens_states = []
+    # attention / sublayers (issue 39), as in a run: its forward goes through transformers' (a states_out list)
+    inside, inside_why = Inside.for_options(model, engine.options, not engine.plan.step.lens, None, said=False)
+    if inside_why:
+        yield Notice(inside_why)
     lens = {} if lens_states is None else {"states_out": lens_states}
     if reuse:
         cache = held.cache
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
-        logits, forward_ms = decode_one_token(model, prefix[-1], cache, **lens)
+        with inside or nullcontext():
+            logits, forward_ms = decode_one_token(model, prefix[-1], cache,
+                                                  **(lens or ({"states_out": []} if inside else {})))
         yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
     else:
@@ -195,19 +203,21 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
         use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
         chunked = len(prefix) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
-        for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
-            if chunked:
-                yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
-                if logits is None and engine.stopping(run_id):
-                    yield stopped_before_first_token(len(point.prompt_ids), cache.tokens(), cache.nbytes(),
-                                                     paused_s * 1000.0)
-                    return
+        with inside or nullcontext():
+            for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
+                if chunked:
+                    yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
+                    if logits is None and engine.stopping(run_id):
+                        yield stopped_before_first_token(len(point.prompt_ids), cache.tokens(), cache.nbytes(),
+                                                         paused_s * 1000.0)
+                        return
         use_threads(engine.device, engine.speed.decode_threads())
         yield PrefillEvent(tokens=len(prefix), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
     forced = point.forced_ids
     steps = engine.generate_from(run_id, list(point.prompt_ids), cache, logits, forward_ms, paused_s, lens_states,
                              prefix=point.tokens, detok=detok, choose=ForcePhrase(forced),
-                             fed=1 if reuse else len(prefix), mirostat_mu=point.mirostat_mu)
+                             fed=1 if reuse else len(prefix), inside=inside, inside_said=inside_why is not None,
+                             mirostat_mu=point.mirostat_mu)
     cut_steps = []  # a phrase's forced steps the sampler gave probability 0
     for event in steps:
         if isinstance(event, StepEvent) and event.index < point.at + len(forced):

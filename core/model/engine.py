@@ -40,6 +40,7 @@ from .decode.plan import DecodePlan, choose_plan
 from .quant.fused_linear import FuseReport
 from .quant.weight_layout import LayoutReport
 from .observe.lens import lens_unavailable, logit_lens
+from .observe.inside import Inside
 from .load.loader import LoadedModel
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select, unpack
@@ -114,6 +115,11 @@ class Engine(BaseEngine):
         if states is not None and why is None:
             return states, None
         return ([], None) if why is None else (None, None if said else why)
+
+    def _inside_for(self, current: Inside | None, said: bool) -> tuple[Inside | None, str | None]:
+        """The attention / sublayer capture for the next forward, as `self.options` says now (None: neither), and a
+        Notice text as `_lens_for`'s (core/model/observe/inside.py)."""
+        return Inside.for_options(self.model, self.options, not self.plan.step.lens, current, said)
 
     # ------------------------------------------------------------------------------------------- the run
     # `run(prompt, system, run_id=)` and `branch(point, run_id=)` are core/interface.py's: they turn a TokentuiError
@@ -238,16 +244,21 @@ class Engine(BaseEngine):
         if lens_why:
             lens_said = True
             yield Notice(lens_why)
+        inside, inside_why = self._inside_for(None, said=False)  # attention / sublayers (issue 39), as the lens
+        if inside_why:
+            yield Notice(inside_why)
         use_threads(self.device, self.speed.prefill_thread_count(len(ids)))
         chunked = len(ids) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
-        for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
-                                                            states_out=lens_states):
-            if chunked:
-                yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
-                if logits is None and self.stopping(run_id):
-                    yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
-                    return
+        with inside or nullcontext():
+            for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
+                                                                states_out=lens_states):
+                if chunked:
+                    yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
+                    if logits is None and self.stopping(run_id):
+                        yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(),
+                                                         paused_s * 1000.0)
+                        return
         use_threads(self.device, self.speed.decode_threads())
         kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()
         yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=kv_tokens, kv_bytes=kv_bytes)
@@ -255,13 +266,14 @@ class Engine(BaseEngine):
         if mismatch:
             yield Notice(mismatch)
         yield from self.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
-                                      lens_said=lens_said)
+                                      lens_said=lens_said, inside=inside, inside_said=inside_why is not None)
 
     def generate_from(self, run_id: int, ids: list[int], cache, logits, forward_ms: float, paused_s: float,
                   lens_states: list | None = None, *, prefix: tuple[int, ...] = (),
                   detok: IncrementalDetokenizer | None = None, choose=None,
                   lens_said: bool | None = None, fed: int | None = None, decode=None,
-                  limit: int | None = None, mirostat_mu: float | None = None) -> Iterator[Event]:
+                  limit: int | None = None, inside: Inside | None = None,
+                  inside_said: bool = False, mirostat_mu: float | None = None) -> Iterator[Event]:
         """Steps 4-6, step after step until the run ends, from `logits` (the scores for step len(prefix), whose
         forward took `forward_ms`) and `cache` (the run's RunCache, core/model/decode/run_cache.py, holding `ids`,
         the prompt, then `prefix`). A run starts at step 0;
@@ -278,7 +290,9 @@ class Engine(BaseEngine):
         `choose` may force tokens (core/model/forcing.py's ForcePhrase): while its `pending` ids remain, an end token
         does not end the run. `decode`: step 5 in place of decode_one_token, with its signature (a scored text's
         one forward, core/model/scoring.py; its `fed` attribute: the ids its latest call read). `limit`: the steps
-        to take at most (default `options.max_new_tokens`).
+        to take at most (default `options.max_new_tokens`). `inside`: the attention / sublayer capture the caller's
+        forward ran under (core/model/observe/inside.py; None: none), chosen again before each decode forward as the
+        lens is (`_inside_for`); `inside_said` as `lens_said`. A scored text's forward (`decode`) takes none.
         `mirostat_mu`: Mirostat 2.0's state at the first step (a branch's, core/samplers.py `mirostat_mu`); the
         stages that look back read the prompt and the tokens so far (core/model/sampler_input.py)."""
         facts, opts, tok = self.facts, self.options, self.tokenizer
@@ -341,6 +355,10 @@ class Engine(BaseEngine):
             if lens_states:
                 lens = logit_lens(self.model, lens_states.pop(), lambda i: display_piece(vocab, i), logits)
                 clock.lensed()
+            attention = sublayers = None  # inside the blocks, of the same forward (issue 39)
+            if inside is not None and inside.caught:
+                attention, sublayers = inside.take(cache.tokens() - 1, lens, lambda i: display_piece(vocab, i))
+                clock.lensed()
             # Step 6 — detokenize as the token arrives.
             det = detok.push(sel.token_id)
             generated.append(sel.token_id)
@@ -363,7 +381,7 @@ class Engine(BaseEngine):
                 sampled_entropy_bits=sel.sampled_entropy_bits, greedy=sel.greedy, settings=settings,
                 settings_changed=changed, latency_ms=latency_ms, forward_ms=clock.forward_ms,
                 kv_tokens=kv_tokens, kv_bytes=kv_bytes, lens=lens, temp_entropy_bits=sel.temp_entropy_bits,
-                timing=timing, **sel.kept_by_stage,
+                timing=timing, attention=attention, sublayers=sublayers, **sel.kept_by_stage,
             )
             index += 1
             if sel.token_id in self.end_ids and not opts.ignore_eos and not getattr(choose, "pending", 0):
@@ -391,11 +409,17 @@ class Engine(BaseEngine):
             step_start = clock.forward_begins(self.options.time_stages, waited)
             if decode_started is None:
                 decode_started = step_start
-            if whole is not None and lens_states is None:
+            inside, inside_why = self._inside_for(inside, inside_said) if decode is decode_one_token else (None, None)
+            if inside_why:
+                inside_said = True
+                yield Notice(inside_why)
+            if whole is not None and lens_states is None and inside is None:
                 pending = sel.token_id  # fed by the next step's whole-step call, once its settings are known
                 continue
-            logits, forward_ms = decode(self.model, sel.token_id, cache, states_out=lens_states,
-                                        sync=clock.sync_forward)
+            with inside or nullcontext():  # a capture's forward goes through transformers' (a states_out list)
+                logits, forward_ms = decode(self.model, sel.token_id, cache, sync=clock.sync_forward,
+                                            states_out=lens_states if lens_states is not None or inside is None
+                                            else [])
             clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
             if cache.step.failure is not None and not compile_said:
                 compile_said = True

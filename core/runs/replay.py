@@ -54,14 +54,18 @@ def _sampler_of(run: Run) -> SamplerSettings:
 def _options_of(run: Run) -> RunOptions:
     """What bounded the recorded run, as far as the record tells: the length it reached, whether it went on past
     an end token (a special token before the last step: only --ignore-eos does that), the candidates per step, and
-    whether its steps carry the logit lens (the dashboard then opens with the lens panel, as the run was watched)."""
+    whether its steps carry the logit lens (the dashboard then opens with the lens panel, as the run was watched),
+    the attention and the sublayer norms (issue 39: the dashboard's views of them)."""
     done = run.done
     tokens = max(1, done.tokens if done is not None else len(run))
     specials = run.values("special", 0, max(0, len(run) - 1))
     first = run.first
     return RunOptions(max_new_tokens=tokens, ignore_eos=any(specials),
                       top_candidates=max(1, len(first.candidates)) if first is not None else 10,
-                      logit_lens=any(step.lens is not None for step in run))
+                      logit_lens=any(step.lens is not None for step in run),
+                      attention=any(step.attention is not None for step in run),
+                      attention_heads=any(a.heads is not None for step in run for a in step.attention or ()),
+                      sublayers=any(step.sublayers is not None for step in run))
 
 
 class ReplayEngine(BaseEngine):

@@ -155,7 +155,10 @@ def settings_from_args(args):
     check_threads(getattr(args, "threads", None))
     sampler = SamplerSettings(**sampler_values(args))
     options = RunOptions(max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                         top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False))
+                         top_candidates=args.top_candidates, logit_lens=getattr(args, "logit_lens", False),
+                         attention=getattr(args, "attention", False) or getattr(args, "attention_heads", False),
+                         attention_heads=getattr(args, "attention_heads", False),
+                         sublayers=getattr(args, "sublayers", False))
     return sampler, options
 
 
@@ -179,6 +182,8 @@ def server_options(args):
     from tokentui.core.server.engine import ServerOptions
 
     for flag, given in (("--model", args.model is not None), ("--logit-lens", args.logit_lens),
+                        ("--attention", getattr(args, "attention", False) or getattr(args, "attention_heads", False)),
+                        ("--sublayers", getattr(args, "sublayers", False)),
                         ("--compile", args.compile), ("--device-map", args.device_map is not None),
                         ("--trust-remote-code", args.trust_remote_code),
                         ("--quantize", getattr(args, "quantize", "none") != "none")):

@@ -65,6 +65,10 @@ def _headless_run(args, prompt, engine, emit, stop: SignalStop, output_ok) -> in
     wrote_text = False
     if getattr(args, "logit_lens", False) and not args.json:
         note("--logit-lens: each step's lens goes to --json output and the run record, not to the text stream")
+    for flag, asked in (("--attention", getattr(args, "attention", False) or getattr(args, "attention_heads", False)),
+                        ("--sublayers", getattr(args, "sublayers", False))):
+        if asked and not args.json:
+            note(f"{flag}: each step's figures go to --json output and the run record, not to the text stream")
     with RecordedRun(engine.facts, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
         run.open()
         if args.json:

@@ -1,0 +1,83 @@
+"""Inside the blocks for a run (issue 39): which of the two captures a forward runs under, as the options say now.
+
+The engine asks `Inside.for_options` before each forward (prefill's, then every decode step's), as it asks for the
+logit lens, so a dashboard toggle (`set_options`) shows from the next step; it enters the returned capture around
+the forward and, building the step's event, calls `take` for the StepEvent's `attention` and `sublayers`. A forward
+under a capture goes through transformers' modules (the engine passes the decode step a `states_out` list, which
+sends the native, lean and ggml steps through the forward for that step: core/model/decode/steps.py), so the fast
+path is untouched while both are off. A model or plan without them gets None and one Notice line, once a run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...runs.attention import LayerAttention, SublayerRow
+from ...runs.events import LensRow
+from ...settings import RunOptions
+from .attention import AttentionCapture, attention_unavailable
+from .sublayers import SublayerCapture, sublayers_unavailable
+
+__all__ = ["Inside"]
+
+COMPILED = "not available with --compile (the compiled decode step runs no module a hook can read)"
+
+
+class Inside:
+    """One forward's captures (attention, sublayers; either may be None) and the options they were made for."""
+
+    def __init__(self, model, options: RunOptions, attention: bool, sublayers: bool):
+        self.key = _key(options)
+        self.attention = AttentionCapture(model, options.attention_top, options.attention_heads) if attention \
+            else None
+        self.sublayers = SublayerCapture(model) if sublayers else None
+
+    @classmethod
+    def for_options(cls, model, options: RunOptions, compiled: bool, current: "Inside | None",
+                    said: bool) -> tuple["Inside | None", str | None]:
+        """(the capture the next forward runs under, None for none; a Notice's text when something asked for is
+        not available and was not `said` yet in this run). `current` is kept while the options are the same."""
+        notes = []
+        attention = options.attention
+        sublayers = options.sublayers
+        if attention and (why := COMPILED if compiled else attention_unavailable(model)):
+            notes.append(f"attention view: {why}")
+            attention = False
+        if sublayers and (why := COMPILED if compiled else sublayers_unavailable(model)):
+            notes.append(f"sublayer view: {why}")
+            sublayers = False
+        note = None if said or not notes else "; ".join(notes) + ": running without it"
+        if not (attention or sublayers):
+            return None, note
+        if current is not None and current.key == _key(options) and (current.attention is not None) == attention \
+                and (current.sublayers is not None) == sublayers:
+            return current, note
+        return cls(model, options, attention, sublayers), note
+
+    def __enter__(self) -> "Inside":
+        for capture in (self.attention, self.sublayers):
+            if capture is not None:
+                capture.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for capture in (self.sublayers, self.attention):
+            if capture is not None:
+                capture.__exit__(*exc)
+
+    @property
+    def caught(self) -> bool:
+        return any(c is not None and c.caught for c in (self.attention, self.sublayers))
+
+    def take(self, query: int, lens_rows: list[LensRow] | None, piece: Callable[[int], str]
+             ) -> tuple[list[LayerAttention] | None, list[SublayerRow] | None]:
+        """The StepEvent's `attention` and `sublayers` for the forward caught last, whose query sat at position
+        `query`; None for either not captured."""
+        attention = self.attention.take(query) if self.attention is not None and self.attention.caught else None
+        sublayers = self.sublayers.take(lens_rows, piece) if self.sublayers is not None and self.sublayers.caught \
+            else None
+        return attention or None, sublayers
+
+
+def _key(options: RunOptions) -> tuple:
+    return options.attention_top, options.attention_heads
