@@ -65,6 +65,7 @@ class FakeServer:
         self.key = key
         self.slow_s = slow_s
         self.requests: list[dict] = []  # the /v1/completions bodies
+        self.tokenized: list[dict] = []  # the /tokenize bodies (a chat template's messages, a raw text)
         self.headers: list[dict] = []
         server = self
 
@@ -130,6 +131,7 @@ class FakeServer:
                 if not self._authorized() or self._routed():
                     return
                 if self.path == "/tokenize":
+                    server.tokenized.append(body)
                     if "messages" in body:
                         text = "<user>" + body["messages"][-1]["content"] + "<assistant>"
                         server.prompt_ids = ids_of(text)

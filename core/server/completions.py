@@ -13,11 +13,12 @@ from ..runs.branch_point import BranchPoint
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece, display_text
 from ..runs.events import BranchEvent, Candidate, DoneEvent, Event, Notice, PrefillEvent, StepEvent
+from ..runs.turns import TurnEvent, TurnRequest, raw_text
 from ..settings import SamplerSettings
 from ..errors import ServerError
 from .kv import KvPoller
 from .probe import QUIET
-from .prompt import build_prompt
+from .prompt import build_prompt, raw_prompt
 from .served import Served
 from .vocab import read_tokens
 from .wire import WireChunk, WireToken, read_chunk, read_native
@@ -41,11 +42,34 @@ class ServerRun:
         self.paused_s = 0.0
         self.kv = KvPoller(engine.conn, engine.dialect.kv_source, engine.dialect.kv_metric)
         self.said_merge = False
+        self.follow_up = False  # a follow-up turn: its prefill's reuse is the server's to report (None: it did not)
 
     def events(self, prompt: str, system: str | None) -> Iterator[Event]:
         e = self.e
         notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, prompt, system)
         yield from notices
+        self.prompt_ids = list(prompt_event.ids)
+        yield prompt_event
+        with self.kv:
+            reason = yield from self._requests()
+        yield self._done(reason)
+
+    def turn(self, request: TurnRequest) -> Iterator[Event]:
+        """A turn of a conversation (core/runs/turns.py): the whole history sent, since a server keeps no state
+        between requests (its prefix cache may reuse what it still holds: not known here, unless it reports its
+        cached tokens, llama-server's `timings.cache_n`); or a raw run, its text tokenized by the server as is."""
+        e = self.e
+        self.follow_up = request.turn > 1
+        yield TurnEvent(turn=request.turn, messages=list(request.messages), raw=request.raw, parent=request.parent)
+        if request.raw:
+            path, _ = e.request_body([], e.sampler, 1)
+            yield Notice(f"raw: no chat template; the text is tokenized by the server as is and its ids go to its "
+                         f"completions endpoint ({e.conn.address.url}{path})")
+            prompt_event = raw_prompt(e.conn, e.dialect, e.model_id, raw_text(request.messages), request.user)
+        else:
+            notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, request.user, request.system,
+                                                 [m.template_dict() for m in request.messages])
+            yield from notices
         self.prompt_ids = list(prompt_event.ids)
         yield prompt_event
         with self.kv:
@@ -179,7 +203,8 @@ class ServerRun:
                         if first and self.index == 0:
                             self.ttft_ms = latency_ms
                             yield PrefillEvent(tokens=len(self.prompt_ids), ms=latency_ms,
-                                               kv_tokens=len(self.prompt_ids), kv_bytes=None)
+                                               kv_tokens=len(self.prompt_ids), kv_bytes=None,
+                                               reused_tokens=chunk.cached if self.follow_up else 0)
                         else:
                             reissue = latency_ms
                     if self.index > self.first:

@@ -154,6 +154,17 @@ class ServerEngine(BaseEngine):
                              f"without {'it' if len(ignored) == 1 else 'them'}")
             yield from self.conn.key_mask().events(ServerRun(self, run_id).events(prompt, system))
 
+    turn_refusal = None  # a follow-up sends the whole conversation; a raw run, its text's ids
+
+    def _turn(self, request, run_id: int) -> Iterator[Event]:
+        """A turn of a conversation, or a raw run (core/server/completions.py `ServerRun.turn`): the local engine's
+        events; what the server's cache reused is None (not known) unless it reports it."""
+        with self._model_lock:
+            if self._warning:
+                yield Notice(self._warning)
+                self._warning = None
+            yield from self.conn.key_mask().events(ServerRun(self, run_id).turn(request))
+
     def _branch(self, point: BranchPoint, run_id: int) -> Iterator[Event]:
         """A branch of an earlier run of this server (core/model/branch.py's events: BranchEvent, PrefillEvent, the forced
         StepEvent at `point.at`, steps, done): the prefix is sent as ids with the forced token after it, so the
@@ -225,6 +236,8 @@ class ServerEngine(BaseEngine):
                 "prompt": prefix, "n_predict": max_tokens, "stream": True, "n_probs": top,
                 "post_sampling_probs": self.facts.server.probs == "post-sampler", "cache_prompt": True,
                 "return_tokens": True, **sampler,
+                # each chunk with the server's timings: the first token's says what its prompt cache reused (cache_n)
+                "timings_per_token": True,
                 "samplers": order, "ignore_eos": self.options.ignore_eos,
             }
         body = {"model": self.model_id, "prompt": prefix, "max_tokens": max_tokens, "stream": True,

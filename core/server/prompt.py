@@ -19,10 +19,13 @@ from .vocab import read_text, read_tokens
 _LOOKS_SPECIAL = re.compile(r"^(<[^<>\s]+>|\[[^\[\]\s]+\])$")
 
 
-def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, system: str | None
-                 ) -> tuple[list[Notice], PromptEvent]:
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-        [{"role": "user", "content": prompt}]
+def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, system: str | None,
+                 conversation: list[dict] | None = None) -> tuple[list[Notice], PromptEvent]:
+    """The prompt event of `prompt` (and `system`), or of a whole `conversation` (a follow-up turn's messages, the
+    new user message last: core/runs/turns.py; `prompt` is that message): the server renders its template over every
+    message, as it keeps no state between requests."""
+    messages = conversation if conversation is not None else \
+        ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": prompt}]
     notices: list[Notice] = []
     text: str | None = None
     ids: list[int] | None = None
@@ -44,7 +47,8 @@ def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, sy
     if not templated:
         notices.append(Notice(f"the server ({dialect.engine}) exposes no chat-template endpoint: the prompt is "
                               "sent as raw text, without the chat template"))
-        text = prompt if system is None else f"{system}\n\n{prompt}"
+        body = "".join(m["content"] for m in messages if m["role"] != "system") if conversation else prompt
+        text = body if system is None else f"{system}\n\n{body}"
     pieces = _tokenize(conn, dialect, model, text, ids)
     if pieces is None:
         raise ServerError(f"{conn.address.url}{dialect.tokenize}: the server cannot tokenize, so tokentui cannot "
@@ -53,11 +57,22 @@ def build_prompt(conn: Connection, dialect: Dialect, model: str, prompt: str, sy
                                 user_prompt=prompt, system_prompt=system)
 
 
-def _tokenize(conn: Connection, dialect: Dialect, model: str, text: str, ids: list[int] | None
-              ) -> list[PromptPiece] | None:
+def raw_prompt(conn: Connection, dialect: Dialect, model: str, text: str, user: str) -> PromptEvent:
+    """A raw run's prompt event (core/runs/turns.py): `text` tokenized by the server as is, with its own special
+    tokens (its BOS where the model adds one, as its completion endpoint does with a text prompt); no template."""
+    pieces = _tokenize(conn, dialect, model, text, None, add_special=True)
+    if pieces is None:
+        raise ServerError(f"{conn.address.url}{dialect.tokenize}: the server cannot tokenize, so tokentui cannot "
+                          "show the raw prompt's tokens nor continue from a prefix after a settings change")
+    return PromptEvent(text=text, ids=[p.id for p in pieces], pieces=pieces, templated=False, user_prompt=user)
+
+
+def _tokenize(conn: Connection, dialect: Dialect, model: str, text: str, ids: list[int] | None,
+              add_special: bool = False) -> list[PromptPiece] | None:
+    """The pieces of `text` as the server tokenizes it (`add_special`: with the special tokens it adds, e.g. BOS)."""
     where = f"{conn.address.url}/tokenize"
     if dialect.llama_cpp:
-        answer = conn.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": True,
+        answer = conn.post_json("/tokenize", {"content": text, "add_special": add_special, "parse_special": True,
                                               "with_pieces": True}, quiet_statuses=QUIET)
         tokens = read_tokens(answer, where) if answer is not None else None
         if tokens is None:
@@ -65,7 +80,7 @@ def _tokenize(conn: Connection, dialect: Dialect, model: str, text: str, ids: li
         shown = [(t.id, display_bytes(t.piece) if isinstance(t.piece, bytes) else
                   display_text(t.piece) if t.piece is not None else f"token_id:{t.id}") for t in tokens]
     else:
-        body = {"model": model, "prompt": text, "add_special_tokens": False, "return_token_strs": True}
+        body = {"model": model, "prompt": text, "add_special_tokens": add_special, "return_token_strs": True}
         strs = None
         if ids is None:
             answer = conn.post_json("/tokenize", body, quiet_statuses=QUIET)

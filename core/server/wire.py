@@ -62,6 +62,9 @@ class WireChunk:
     # an unfinished character as one entry, so this can jump by more than one), and whether this is its final chunk
     predicted: int | None = None
     final: bool = False
+    # llama-server's native /completion: prompt tokens it took from its own cache for this request (its
+    # `timings.cache_n`, or `tokens_cached` where that is all it says); None: not reported
+    cached: int | None = None
 
 
 def _value(value, post_sampler: bool, where: str) -> float | None:
@@ -148,8 +151,10 @@ def read_native(data, where: str = "the stream") -> WireChunk:
     stop = opt_bool(data, "stop", where) is True
     predicted = opt_int(data, "tokens_predicted", where)
     stop_type = opt_str(data, "stop_type", where)
+    timings = opt_obj(data, "timings", where)
+    cached = opt_int(timings, "cache_n", f"{where}: timings") if timings is not None else None
     return WireChunk(tokens, opt_str(data, "content", where) or "", (stop_type or "stop") if stop else None,
-                     probs is not None, predicted, stop)
+                     probs is not None, predicted, stop, cached)
 
 
 def read_chunk(data, where: str = "the stream") -> WireChunk:
