@@ -16,6 +16,7 @@ from tokentui.core.runs.events import (Candidate, DoneEvent, LoadProgress, Multi
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.record_reader import RecordError, event_from_dict
 from tokentui.core.runs.run import Cursor, Run, RunError
+from tokentui.core.samplers import PARAMS
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui.state import RunState
 from tokentui.tui.state_readings import PLOT_POINTS
@@ -213,8 +214,11 @@ def test_step_settings_are_sampler_settings_in_memory_and_the_same_dict_on_disk(
     events = list(engine.run("Is OpenAI open?"))
     steps = [e for e in events if isinstance(e, StepEvent)]
     assert all(type(s.settings) is SamplerSettings for s in steps) and steps[0].settings == engine.sampler
-    assert steps[0].to_dict()["settings"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0,
-                                              "greedy": False, "seed": 0}  # one key per parameter (core/samplers.py)
+    written = steps[0].to_dict()["settings"]
+    assert list(written) == [p.name for p in PARAMS]  # one key per parameter (core/samplers.py), in its order
+    assert {k: written[k] for k in list(written)[:6]} == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0,
+                                                          "greedy": False, "seed": 0}
+    assert all(written[p.name] == p.default for p in PARAMS[6:])  # issue 38's stages, each at its default: off
     with pytest.raises(TypeError, match="must be SamplerSettings, got dict"):
         replace(steps[0], settings=steps[0].settings.to_dict())
     lines = [FACTS.to_dict()]
