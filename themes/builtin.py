@@ -26,6 +26,7 @@ THEME_VARIABLE_DEFAULTS: dict[str, str] = {
     "panel-border": "#8888888c",  # panel borders
     "stage-host": "#5f9fe8",  # one-pass panel: work on the host (Python on the CPU)
     "stage-device": "#4fb870",  # one-pass panel: work on the device (the GPU; the CPU when there is none)
+    "attention-heat": "#f0a35f",  # attention view: a source token's shade at full weight (blended into the background)
 }
 
 TOKENTUI_DARK = Theme(
@@ -55,6 +56,7 @@ TOKENTUI_DARK = Theme(
         "panel-border": "#2f4d66",
         "stage-host": "#6cb6ff",
         "stage-device": "#7fd88f",
+        "attention-heat": "#f0a35f",
         "footer-key-foreground": "#f0a35f",
     },
 )
@@ -86,6 +88,7 @@ TOKENTUI_LIGHT = Theme(
         "panel-border": "#9fb8d3",
         "stage-host": "#0b63c4",
         "stage-device": "#1a7f37",
+        "attention-heat": "#d9480f",
         "footer-key-foreground": "#b35900",
     },
 )
@@ -122,6 +125,7 @@ TOKENTUI_CONTRAST = Theme(
         "panel-border": "#aaaaaa",
         "stage-host": "#5555ff",
         "stage-device": "#55ff55",
+        "attention-heat": "#ffaa00",
         "border": "#ffffff",
         "border-blurred": "#aaaaaa",
         "text-muted": "#aaaaaa",

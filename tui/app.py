@@ -42,6 +42,7 @@ from .panels import (
     SpeedPanel,
     StatusLine,
 )
+from .panels import attention
 from .panels.output import OutputView
 from .placement import ROW_ID, SIDE_ID, SidePlace, anatomy_default, place
 from .served import server_of
@@ -301,6 +302,8 @@ class TokentuiApp(App[int]):
             self._flush_timer = None
         self._last_flush = time.monotonic()
         try:
+            if attention.paint(self, force):  # the attention view covers the panels (tui/panels/attention.py)
+                return
             self._paint(force)
         except NoMatches:  # shutting down: the panels are gone
             pass
@@ -321,7 +324,9 @@ class TokentuiApp(App[int]):
             output.set_heat(controller.heat)
         if not self._layout_settling:
             output.sync(state)
-        self.query_one(CandidatesPanel).show(state, force)
+        candidates = self.query_one(CandidatesPanel)
+        candidates.raw_logits = controller.inside.raw_logits  # `L`: the raw column as logits
+        candidates.show(state, force)
         if controller.lens_on:
             self.query_one(LensPanel).show(state, force)
         self._paint_anatomy(state, force)
@@ -346,7 +351,8 @@ class TokentuiApp(App[int]):
         """Paint every panel again from the state, whether or not it changed since the last frame (what a change of
         theme or of layout, or a resize, needs)."""
         self._repaint_now(force=True)
-        self.query_one(OutputPanel).view.refresh()
+        if not isinstance(self.screen, attention.AttentionScreen):  # the view covers the answer: nothing to refresh
+            self.query_one(OutputPanel).view.refresh()
 
     def status_message(self, message: str, seconds: float = 6.0) -> None:
         """A transient message on the right of the status line."""
@@ -415,6 +421,12 @@ class TokentuiApp(App[int]):
             if not on:
                 self._side.latest = "anatomy"
         self.relayout()
+
+    def action_toggle_attention(self) -> None:
+        attention.toggle(self)
+
+    def action_toggle_logits(self) -> None:
+        self.controller.inside.toggle_logits()
 
     def action_edit_prompt(self) -> None:
         dialogs.edit_prompt(self)

@@ -29,6 +29,7 @@ from tokentui.core.samplers import param
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.display import printable_copy
 
+from .attention_view import Inside
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
@@ -55,6 +56,7 @@ class DashboardController:
         self.show_ids = False
         self.lens_on = config.options.logit_lens  # --logit-lens: the lens panel from the start
         self.anatomy_choice: bool | None = None  # None: as tui/sizes.py says for the size; True / False: `a`
+        self.inside = Inside(self)  # the attention view (`A`) and the raw logits (`L`): tui/attention_view.py
         # what a key asked for before it could happen
         self.pause_armed = False  # space while loading: pause the first run after its first token
         self.dialog_paused = False  # a dialog paused the run (and resumes it when it closes)
@@ -445,7 +447,8 @@ class DashboardController:
         served = server_of(self.state.facts) is not None  # no hidden states come out of a server: nothing to ask
         if not served and not self.replaying:
             try:
-                self.client.set_options(replace(self.client.options, logit_lens=self.lens_on))
+                # the sublayer column beside the lens (tui/panels/sublayers.py) comes with it
+                self.client.set_options(replace(self.client.options, logit_lens=self.lens_on, sublayers=self.lens_on))
             except SettingsError as err:
                 self.view.notify(str(err), severity="error")
         self.view.relayout()

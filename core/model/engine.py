@@ -43,7 +43,7 @@ from .observe.lens import lens_unavailable, logit_lens
 from .observe.inside import Inside
 from .load.loader import LoadedModel
 from ..steps.prefill import prefill_chunks
-from ..steps.select import select, unpack
+from ..steps.select import candidate_logits, select, unpack
 from ..samplers import backend_gaps
 from .sampler_input import RunHistory
 from ..settings import RunOptions, SamplerSettings
@@ -340,9 +340,11 @@ class Engine(BaseEngine):
                     clock.forward_ends((time.perf_counter() - step_start) * 1000.0)
                     sel = unpack(clock.to_host(packed), opts.top_candidates, settings.is_greedy)
                     pending = None
+                    scored = None  # the whole step's logits stay inside it: its candidates' are not reported
                 else:
                     sel = choose(logits, settings, generator, opts.top_candidates, to_host=clock.to_host,
                                  given=history.given(settings))
+                    scored = logits
             except GenerationError as err:
                 raise GenerationError(f"step {index + 1}: {err}", index) from err  # numbered from 1; .step: the index
             history.push(sel)
@@ -363,9 +365,10 @@ class Engine(BaseEngine):
             det = detok.push(sel.token_id)
             generated.append(sel.token_id)
             piece = display_piece(vocab, sel.token_id)
+            raw_logits = candidate_logits(scored, sel.top_ids) if scored is not None else [None] * len(sel.top_ids)
             candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
-                                    special=vocab.is_special(i))
-                          for i, r, p in zip(sel.top_ids, sel.top_raw_probs, sel.top_sampled_probs)]
+                                    special=vocab.is_special(i), logit=x)
+                          for i, r, p, x in zip(sel.top_ids, sel.top_raw_probs, sel.top_sampled_probs, raw_logits)]
             kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()  # building the event counts as detok
             now = time.perf_counter()
             timing = clock.finish(now)

@@ -156,6 +156,9 @@ class Candidate:
     raw_prob: float | None  # softmax of the raw logits
     prob: float | None  # after temperature / top-k / top-p (0 when cut); equals transformers' warpers
     special: bool = False  # a special token (the tokenizer's own list, as StepEvent.special / PromptPiece.special)
+    # the raw score (logit) the sampler chain read for this token, before temperature, as float32 (None: not
+    # reported: a served model, the compiled whole step, an older record)
+    logit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +291,9 @@ class StepEvent(Event):
         for name in ("attention", "sublayers"):
             if data[name] is None:
                 del data[name]  # written only by a run that asked for them
+        for cand in data["candidates"]:
+            if cand["logit"] is None:
+                del cand["logit"]  # a served model's candidates write the same objects as before the field
         return data
 
 

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from .architecture import BlockGroup, KVGroup, ModelAnatomy  # noqa: F401  (nested in ModelFacts; the reader's table)
 from .events import Event, install_fast_pickling
+from .truths import ModelTruths  # noqa: F401  (nested in ModelFacts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +146,14 @@ class ModelFacts(Event):
     # Which decode step the engine runs and why, in one line (core/model/decode/plan.py, e.g. "native step: Q4_1
     # weights as stored; lens via torch"); None: not known (a served model, an older record)
     decode_plan: str | None = None
+    # The embedding table, RoPE and norm figures the one-pass panel shows (core/runs/truths.py), read off the loaded
+    # model; None: not known (a served model, an older record)
+    truths: ModelTruths | None = None
 
     def to_dict(self) -> dict:
         data = Event.to_dict(self)
-        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache", "decode_plan"):
+        for name in ("server", "quantization", "dequantized_from", "kv_groups", "anatomy", "kv_cache", "decode_plan",
+                     "truths"):
             if data[name] is None:
                 del data[name]  # written only where known: a record reads as before these fields existed
         return data

@@ -53,6 +53,7 @@ from .turns import Message, TurnEvent
 from ..settings import SamplerSettings
 from .architecture import BlockGroup, KVGroup, ModelAnatomy
 from .attention import LayerAttention, SublayerRow
+from .truths import ModelTruths
 
 EVENT_TYPES: dict[str, type] = {cls.event: cls for cls in (
     LoadProgress, ModelFacts, Notice, PromptEvent, PrefillProgress, PrefillEvent, StepEvent, DoneEvent, ErrorEvent,
@@ -61,7 +62,8 @@ NESTED: dict[str, type] = {"PromptPiece": PromptPiece, "Candidate": Candidate, "
                            "LensRow": LensRow, "SamplerSettings": SamplerSettings, "StepTiming": StepTiming,
           "ServerFacts": ServerFacts, "KVGroup": KVGroup, "BlockGroup": BlockGroup, "ModelAnatomy": ModelAnatomy,
           "QuantFacts": QuantFacts, "ScoredToken": ScoredToken, "Message": Message,
-          "LayerAttention": LayerAttention, "SublayerRow": SublayerRow}  # these two check their own values
+          "LayerAttention": LayerAttention, "SublayerRow": SublayerRow,  # these two check their own values
+          "ModelTruths": ModelTruths}
 _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one record line (the longest, a long prompt's event, is a few MiB)
 MAX_TOKEN_ID = 2**31 - 1  # as a server's ids are checked (core/server/shape.py): no vocabulary comes near

@@ -45,7 +45,8 @@ from .selection import (_ENOUGH, _FINITE, _HEADER, _LAST_PROB, _NAN_MESSAGE, _PR
 from .stages import chain
 from .topn import PREFIX_MIN, TIE_MARGIN, first_prefix, best_prefix, top_scores, wider_prefix
 
-__all__ = ["Selection", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise", "race_index", "unpack"]
+__all__ = ["Selection", "candidate_logits", "select", "reference_probs", "draw_noise", "draw_uniforms", "exp_noise",
+           "race_index", "unpack"]
 
 # --------------------------------------------------------------------------------------------------------------
 # The oracle: transformers' warpers over the whole vocabulary.
@@ -100,6 +101,16 @@ def select(
         if op is not None:
             return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)
+
+
+def candidate_logits(logits: torch.Tensor, ids: list[int]) -> list[float]:
+    """The raw scores the chain read (`_scores`: float32, before temperature) of the reported candidates `ids`: a
+    gather of a few entries and one small copy to the host, after the selection's own (kept out of the packed
+    vector, which the native and compiled selections write too)."""
+    with torch.inference_mode():
+        x = logits.reshape(-1)
+        at = torch.tensor(ids, dtype=torch.long, device=x.device)
+        return x.index_select(0, at).to(torch.float32).tolist()
 
 
 @functools.cache

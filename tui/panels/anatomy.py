@@ -18,12 +18,15 @@ from dataclasses import dataclass, replace
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
-from ..format import shorter_form
+from ..format import shorter_form, whole_lines, whole_parts
+from ..placement import ROW_ID
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
                            head_words, shown_name, stage_shapes, timing_sum, waited, wrap)
 from .base import Panel
+from .truths_text import truth_clauses
 
+ROW_LINES = 10  # the one-pass row's height in app.tcss (borders included)
 TWO_COLUMNS = 132  # content width from which the stages flow into two columns (else: grouped under their parts)
 GUTTER = " │ "
 NO_TIMING = "no timing for this step (recorded before tokentui measured it)"
@@ -70,6 +73,7 @@ class AnatomyPanel(Panel):
             self.border_subtitle = ""
             return Text("loading…", style=muted)
         if server_of(facts) is not None:  # a served model: its passes happen inside the server, out of sight
+            self._room_for(0)
             self.border_subtitle = ""
             if self.border_title != self.TITLE:
                 self.__dict__.pop("_title_markup", None)
@@ -91,6 +95,8 @@ class AnatomyPanel(Panel):
         if not isinstance(stages, str):
             stages = [replace(st, name=shown_name(st)) for st in stages]
         device = device_label(facts.device)
+        truths = self._truths(facts, step, width)  # the embedding table, RoPE, the norms' epsilon
+        self._room_for(len(truths))
         if isinstance(stages, str):  # an architecture it cannot take apart: say so, then what is still known
             lines = [Line(Text(t, style=muted)) for t in wrap(stages, width)]
             lines += [Line(Text(t, style=self.style_of("anatomy--note")), NOTE)
@@ -99,9 +105,30 @@ class AnatomyPanel(Panel):
             lines = self._columns(stages, step, device, width)
         else:
             footer = sum(line.worth >= KEEP for line in self._footer(step, width))
-            lines = self._grouped(stages, step, device, width, height - footer)
+            lines = self._grouped(stages, step, device, width, height - footer - len(truths))
+        lines += truths
         lines += self._footer(step, width)
         return self._fit(lines, height, width)
+
+    def _truths(self, facts, step, width: int) -> list[Line]:
+        """The small truths (tui/panels/truths_text.py) as whole clauses on as few lines as the width allows."""
+        clauses = truth_clauses(facts, step, short=False)
+        if clauses and cell_len(" · ".join(clauses)) > width:
+            clauses = truth_clauses(facts, step, short=True)
+        if not clauses:
+            return []
+        style = self.style_of("anatomy--note")
+        text = whole_parts([(c, style) for c in clauses], width, indent="")
+        return [Line(line) for part in text.split("\n") for line in whole_lines(part, width)]  # never cut
+
+    def _room_for(self, extra: int) -> None:
+        """In its own row (≥160×48: app.tcss gives it ROW_LINES), the panel grows by the truths' lines."""
+        if self.id != ROW_ID:
+            return
+        wanted = ROW_LINES + extra if extra else None
+        if self.__dict__.get("_grown") != wanted:
+            self.__dict__["_grown"] = wanted
+            self.styles.height = wanted
 
     def _title(self, facts) -> None:
         device = device_label(facts.device)

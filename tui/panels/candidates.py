@@ -85,8 +85,17 @@ def bar(p: float, raw: float, width: int) -> list[tuple[str, str]]:
     return out
 
 
+def logit_text(logit: float | None) -> str:
+    """A raw logit in NUM_W cells (`L` shows the raw column as logits): two decimals, one from ±100 on; "—" where
+    the step does not carry it (a served model, the compiled whole step, an older record)."""
+    if logit is None:
+        return "—"
+    return f"{logit:.2f}" if abs(logit) < 99.995 else f"{logit:.1f}" if abs(logit) < 9999.95 else f"{logit:.0e}"
+
+
 class CandidatesPanel(Panel):
     TITLE = "4 selection · candidates"
+    raw_logits = False  # the raw column as logits (`L`, tui/attention_view.py's Inside), else as probabilities
 
     COMPONENT_CLASSES = {
         "candidates--header",
@@ -143,7 +152,8 @@ class CandidatesPanel(Panel):
         header = self.style_of("candidates--header")
         out = Text()
         out.append(
-            "  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + "raw".rjust(NUM_W) + " "
+            "  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " "
+            + ("logit" if self.raw_logits else "raw").rjust(NUM_W) + " "
             + "p".rjust(NUM_W) + " " + (BAR_LABEL if bar_w >= len(BAR_LABEL) else ""),
             header,
         )
@@ -172,7 +182,7 @@ class CandidatesPanel(Panel):
             name = name_cell if is_chosen else fit_piece(c.piece, piece_w)
             line.append(name, special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
-            line.append(" " + percent(c.raw_prob).rjust(NUM_W))
+            line.append(" " + (logit_text(c.logit) if self.raw_logits else percent(c.raw_prob)).rjust(NUM_W))
             line.append(" " + (percent(c.prob) if kept_row else "cut").rjust(NUM_W))
             line.append(" ")
             for chars, kind in bar(c.prob, c.raw_prob, bar_w - (cell_len(name) - piece_w)):

@@ -11,6 +11,8 @@ from tokentui.core.steps.display import display_text
 
 from ..format import percent
 from ..served import NOT_AVAILABLE, server_of
+from ..sizes import XWIDE
+from . import sublayers
 from .base import Panel
 
 LENS_NOTE = "logit lens"  # the engine's notice when it cannot run the lens names it so
@@ -78,6 +80,10 @@ class LensPanel(Panel):
             return Text(f"no lens for step {step.index + 1}: it ran before the lens was on ({how})", style=muted)
         width = max(20, self.content_size.width or 40)
         height = max(3, (self.content_size.height or 12) - 1)  # below the header line
+        subs = {sub.layer: sub for sub in (getattr(step, "sublayers", None) or [])}
+        self._widen(bool(subs))
+        if subs:
+            height = max(2, height - 1)  # the sublayer columns' header
         if len(step.lens) > height:
             height -= 1  # room for the line that says how many are not shown
         first_chosen = next((row.layer for row in rows if row.id == step.id), None)
@@ -88,6 +94,8 @@ class LensPanel(Panel):
                  else f"on top at none of {len(rows)} layers")
         self.border_subtitle = f"step {step.index + 1}"
         out.append(f"{display_text(step.piece)} {where}", self.style_of("lens--header"))
+        if subs:  # the sublayer column (tui/panels/sublayers.py): what each half of a layer added
+            return self._with_sublayers(out, step, layers, by_layer, subs, first_chosen, width, len(rows))
         piece_w = max(6, min(16, width - 22))
         bar_w = max(0, width - piece_w - 16)
         for layer in layers:
@@ -102,4 +110,34 @@ class LensPanel(Panel):
                 out.append("█" * max(0, round(row.prob * bar_w)), self.style_of("lens--bar"))
         if len(layers) < len(rows):
             out.append(f"\n{len(rows) - len(layers)} more layers in a taller terminal", muted)
+        return out
+
+    def _widen(self, sublayers_shown: bool) -> None:
+        """From XWIDE columns, the panel takes the width the sublayer column needs for both top tokens (after the
+        attention and after the MLP); else app.tcss's width."""
+        wanted = sublayers.BOTH_TOPS + 4 if sublayers_shown and self.app.size.width >= XWIDE else None
+        if self.__dict__.get("_wanted_width", None) != wanted:
+            self.__dict__["_wanted_width"] = wanted
+            self.styles.width = wanted
+
+    def _with_sublayers(self, out: Text, step, layers, by_layer, subs, first_chosen, width: int, count: int) -> Text:
+        """The lens's rows with each layer's sublayer figures (a layer without them: its lens row alone)."""
+        muted = self.style_of("lens--muted")
+        styles = {"muted": muted, "value": self.style_of("lens--value"), "chosen": self.style_of("lens--chosen")}
+        out.append("\n")
+        out.append(sublayers.header(width), self.style_of("lens--header"))
+        for layer in layers:
+            sub = subs.get(layer)
+            out.append("\n")
+            if sub is None:
+                lens_row = by_layer[layer]
+                out.append(f"{layer:>3}  {display_text(lens_row.piece)} {percent(lens_row.prob)}", muted)
+                continue
+            lines = sublayers.row(sub, by_layer.get(layer), step.id, layer == first_chosen, width, styles)
+            for n, part in enumerate(lines):  # a long token name on a line of its own, never cut
+                if n:
+                    out.append("\n")
+                out.append_text(part)
+        if len(layers) < count:
+            out.append(f"\n{count - len(layers)} more layers in a taller terminal", muted)
         return out

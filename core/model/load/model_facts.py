@@ -52,7 +52,19 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
         tied_lm_head=tied_lm_head(model),
         kv_groups=groups,
         anatomy=parts,
+        truths=_truths(model, parts),
     )
+
+
+def _truths(model, parts):
+    """The one-pass panel's small truths (core/model/observe/truths.py); None where the model's modules do not
+    give them (never a traceback at load)."""
+    from ..observe.truths import model_truths
+
+    try:
+        return model_truths(model, parts.final_norm if parts is not None else None)
+    except Exception:
+        return None
 
 
 def tied_lm_head(model) -> bool | None:
