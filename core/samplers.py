@@ -76,8 +76,8 @@ STAGES: tuple[Stage, ...] = (
         "add BIAS to token ID's score, ID=BIAS (llama.cpp's ID+BIAS / ID-BIAS too); repeatable", off=(),
         norm=norm_logit_bias, parse=lambda text: _bias_pair(text), repeat=True,
         served=_served("logit_bias"), to_served=_bias_served,
-        show=lambda pairs: ", ".join(f"{t}{b:+g}" for t, b in pairs) or "off", long=lambda pairs: (
-            ", ".join(f"{t}{b:+g}" for t, b in pairs) or "none (off)")),
+        show=lambda pairs: ", ".join(f"{t}={b:g}" for t, b in pairs) or "off", long=lambda pairs: (
+            ", ".join(f"{t}={b:g}" for t, b in pairs) or "none (off)")),
         "SequenceBiasLogitsProcessor", native=False, fused=False, llama="llama_sampler_logit_bias_apply",
         orderable=False, cutting=False, warps=False),
     Stage("penalties", _f(
