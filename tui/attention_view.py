@@ -139,13 +139,15 @@ def pieces_of(state) -> tuple[list[str], list[bool], int]:
     return pieces, special, count
 
 
-def sources(layer: LayerAttention, head: int | None, pieces: list[str], special: list[bool]) -> list[Source]:
-    """The layer's listed source positions for `head` (None: the head mean), highest weight first, with their
-    tokens and sink marks (the first token, special tokens: core/runs/attention.py `sink_positions`)."""
+def sources(layer: LayerAttention, head: int | None, pieces: list[str], special: list[bool],
+            sinks: frozenset[int] | None = None, limit: int | None = None) -> list[Source]:
+    """The layer's listed source positions for `head` (None: the head mean), highest weight first (the first
+    `limit`), with their tokens and sink marks (the first token, special tokens: core/runs/attention.py
+    `sink_positions`; `sinks`: those already found)."""
     pairs = layer.top if head is None or layer.heads is None else layer.heads[min(head, len(layer.heads) - 1)]
-    sinks = sink_positions(special)
+    sinks = sink_positions(special) if sinks is None else sinks
     out = []
-    for position, weight in pairs:
+    for position, weight in pairs[:limit]:
         piece = pieces[position] if position < len(pieces) else "?"
         is_special = position < len(special) and special[position]
         why = "first token" if position == 0 else "special token" if position in sinks else ""

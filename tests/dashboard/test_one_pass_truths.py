@@ -227,3 +227,16 @@ def test_a_ggml_table_is_its_formats_blocks(smol_tokenizer):
     truths = model_truths(model)
     assert (truths.embed_rows, truths.embed_cols, truths.embed_format) == (rows, cols, "Q8_0")
     assert truths.embed_bytes == raw.numel() == rows * cols // 32 * 34
+
+
+def test_the_embedded_models_candidates_carry_its_logits(embedded, embedded_stock):
+    engine = Engine(embedded, SamplerSettings(temperature=0.7, top_p=0.9, seed=1), RunOptions(max_new_tokens=4))
+    events = list(engine.run("Is OpenAI open?"))
+    prompt = next(e for e in events if isinstance(e, PromptEvent)).ids
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    with torch.no_grad():  # the oracle: transformers' own load of the same file, one forward without a cache
+        logits = embedded_stock.model(torch.tensor([prompt + [s.id for s in steps]])).logits[0].float()
+    for k, step in enumerate(steps):
+        row = logits[len(prompt) - 1 + k]
+        assert [c.logit for c in step.candidates] == pytest.approx([float(row[c.id]) for c in step.candidates],
+                                                                   abs=2e-3)

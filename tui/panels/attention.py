@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.color import Color
 from textual.screen import Screen
 
+from tokentui.core.runs.attention import sink_positions
 from tokentui.core.steps.display import display_text
 
 from ..attention_view import NOTE, layer_of, pieces_of, rest_of, source_rows, sources
@@ -268,12 +269,13 @@ class AttentionPanel(Panel):
         else:
             hidden = 0
         label_w = len(str(attention[-1].layer)) + 2
+        sinks = sink_positions(special)
         for la in layers:
             line = Text(no_wrap=True)
             mark = "▶" if la.layer == chosen else " "
             line.append(f"{mark}L{la.layer:<{label_w - 1}}", chosen_style if la.layer == chosen else muted)
             used = line.cell_len
-            for n, src in enumerate(sources(la, None, pieces, special)):
+            for n, src in enumerate(sources(la, None, pieces, special, sinks, limit=12)):  # more never fit a line
                 item = f"{display_text(src.piece)}@{src.position} {percent(src.weight, 0)}"
                 sep = " · " if n else " "
                 if used + cell_len(sep) + cell_len(item) > width:
