@@ -18,9 +18,9 @@ from pathlib import Path
 
 from tokentui import __version__
 from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
-from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, add_sampler_flags, bad_input,
-                                      check_record_dir, integer, interrupted, number, read_prompt, server_options,
-                                      settings_from_args)
+from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, add_sampler_flags, add_turn_flags,
+                                      bad_input, check_record_dir, check_turn_flags, integer, interrupted, number,
+                                      read_prompt, server_options, settings_from_args)
 
 
 class _Parser(TextArgumentParser):  # text arguments checked for UTF-8 (common.py)
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file", type=Path, default=None,
                    help="read the prompt from a UTF-8 text file (at most 8 MiB)")
     p.add_argument("--system", default=None, help="system prompt")
+    add_turn_flags(p)  # --follow-up, --raw
     add_sampler_flags(p)  # --temperature, --top-k, --top-p, --min-p, --greedy, --seed (core/samplers.py)
     p.add_argument("--max-new-tokens", type=integer("max-new-tokens"), default=256, help="length limit (256)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end token (benchmarks)")
@@ -173,6 +174,7 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         prompt = read_prompt(args)
+        check_turn_flags(args)
         settings_from_args(args)  # validate before any slow import (--threads too)
         if args.json and not args.headless:
             raise TokentuiError("--json needs --headless")

@@ -22,7 +22,7 @@ from textual.css.query import NoMatches
 
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
-from . import dialogs
+from . import dialogs, followup
 from .commands import TokentuiCommands, system_commands
 from .config import DashboardConfig
 from .controller import DashboardController
@@ -314,8 +314,9 @@ class TokentuiApp(App[int]):
         self._apply_layout()
         prompt_panel = self.query_one(PromptPanel)
         prompt_panel.show_ids = controller.show_ids
+        prompt_panel.follow_up_hint = not controller.replaying  # `u` named on the panel once an answer ends
         key = (id(state.prompt), state.phase == "loading", controller.show_ids, prompt_panel.template_rows,
-               id(state.prefill), prompt_panel.prefill_shown)
+               id(state.prefill), prompt_panel.prefill_shown, state.running)
         if force or key != self._prompt_key:
             self._prompt_key = key
             prompt_panel.show(state, force)
@@ -430,6 +431,9 @@ class TokentuiApp(App[int]):
 
     def action_edit_prompt(self) -> None:
         dialogs.edit_prompt(self)
+
+    def action_follow_up(self) -> None:
+        followup.open_editor(self)  # `u`: a follow-up turn (tui/followup.py)
 
     def action_help(self) -> None:
         dialogs.help(self)

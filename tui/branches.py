@@ -44,6 +44,9 @@ class Branch:
     phrase: tuple[int, ...] | None = None
     phrase_text: str | None = None
     sample: int | None = None
+    # a follow-up turn of the run `parent` (tui/followup.py): its turn number and user message (no step, no token)
+    turn: int | None = None
+    user: str | None = None
 
     @property
     def inherited(self) -> int:
@@ -65,6 +68,10 @@ class Branch:
     def label(self) -> str:
         if self.parent is None:
             return f"#{self.number} first run"
+        if self.turn is not None:
+            said = " ".join((self.user or "").split())
+            said = said if len(said) <= 40 else said[:39] + "…"
+            return f"#{self.number} turn {self.turn} after #{self.parent}: {said}"
         was = display_text(self.parent_piece) if self.parent_piece else "?"
         # an adopted sample is named in words ("sample #1"), not a token: no ␣ for its space (issue 40)
         taken = self.token_piece if self.sample is not None else display_text(self.token_piece)
@@ -144,6 +151,8 @@ class BranchTree:
         state.own_from = at  # the steps before `at` are the parent's: not in the branch's own speed figures
         if run.facts is not None:
             state.apply(run.facts)
+        if run.turn is not None:  # a branch of a follow-up: the same conversation (what a follow-up to it holds)
+            state.apply(run.turn)
         if run.prompt is not None:
             state.apply(run.prompt)
         if run.prefill is not None:
@@ -153,6 +162,16 @@ class BranchTree:
         parent_piece = run.step(at).piece if at < len(run) else None
         branch = Branch(len(self.branches) + 1, state, parent=parent.number, at=at, token_piece=token_piece,
                         parent_piece=parent_piece, token=token, **phrase)
+        self.branches.append(branch)
+        if self.live is not None and self.branches[self.live].state.running:
+            self.branches[self.live].superseded_by = branch.number
+        self.shown = self.live = len(self.branches) - 1
+        return branch
+
+    def add_turn(self, parent: Branch, turn: int, user: str, state: RunState) -> Branch:
+        """A follow-up turn of `parent` (its run is its own: the whole conversation's prompt, its answer); it becomes
+        the live and the shown run."""
+        branch = Branch(len(self.branches) + 1, state, parent=parent.number, turn=turn, user=user)
         self.branches.append(branch)
         if self.live is not None and self.branches[self.live].state.running:
             self.branches[self.live].superseded_by = branch.number
@@ -173,11 +192,15 @@ class BranchTree:
                 self._writer = TreeWriter.beside(record, self.tree)
             except OSError:
                 return  # the records are written; only the tree that ties them together is missing
-        node = TreeNode(branch.number, branch.parent, branch.at, branch.token if branch.parent else None,
-                        branch.token_piece if branch.parent else "",
-                        self._parent_token(branch), branch.parent_piece if branch.parent else None,
-                        relative_record(self._writer.path, record), phrase=branch.phrase,
-                        phrase_text=branch.phrase_text, sample=branch.sample)
+        if branch.turn is not None:
+            node = TreeNode(branch.number, branch.parent, record=relative_record(self._writer.path, record),
+                            turn=branch.turn, user=branch.user)
+        else:
+            node = TreeNode(branch.number, branch.parent, branch.at, branch.token if branch.parent else None,
+                            branch.token_piece if branch.parent else "",
+                            self._parent_token(branch), branch.parent_piece if branch.parent else None,
+                            relative_record(self._writer.path, record), phrase=branch.phrase,
+                            phrase_text=branch.phrase_text, sample=branch.sample)
         if node.number == len(self.tree) + 1:
             self.tree.add(node)
             self._write(lambda w: w.add(node))

@@ -62,6 +62,8 @@ class DashboardConfig:
     replay: RunTree | None = None
     # `tokentui score`: the first run scores this text instead of generating (core/runs/requests.py)
     score: ScoreRequest | None = None
+    # --raw: the prompt runs with no chat template (core/runs/turns.py; ctrl+r in the prompt editor switches)
+    raw: bool = False
 
     def new_client(self, sampler: SamplerSettings) -> EngineClient:
         """An engine client for `self.load`, starting from `sampler` (the settings asked for so far)."""

@@ -33,6 +33,7 @@ from .attention_view import Inside
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
+from .followup import FollowUps
 from .export import export_answer
 from .format import short_path
 from .served import server_of
@@ -68,6 +69,8 @@ class DashboardController:
         self._replay_queue: list[int] = []  # a tree played back: the recorded branches still to play
         self.explore = Explore(self)  # forcing a phrase, fanning out, a scored text's summary (tui/explore.py)
         self.score_request = config.score  # `tokentui score`: the first run scores this text (None: generates)
+        self.raw = config.raw  # --raw / ctrl+r in the editor: the prompt runs with no chat template
+        self.follow_ups = FollowUps(self)  # `u`: a follow-up turn of the conversation (tui/followup.py)
 
     # ---- what the panels read ----------------------------------------------------------------------------
     @property
@@ -164,7 +167,10 @@ class DashboardController:
         if self.score_request is not None:  # `tokentui score`: the text is scored (again, on `r`)
             self.tree.live_branch.run_id = client.score(self.score_request)
             return
-        self.tree.live_branch.run_id = client.start(self.prompt, self.system)
+        if self.raw:
+            self.tree.live_branch.run_id = self.follow_ups.start_raw(self.prompt, self.system)
+        else:
+            self.tree.live_branch.run_id = client.start(self.prompt, self.system)
         if self.config.replay is not None:
             self._replay_queue = [node.number for node in self.config.replay.nodes[1:]]
 
@@ -179,10 +185,11 @@ class DashboardController:
         self.start_run()
         return False
 
-    def set_prompt(self, prompt: str, system: str | None) -> None:
-        """A prompt from the editor: it runs at once (once the model is loaded, when it is not yet)."""
+    def set_prompt(self, prompt: str, system: str | None, raw: bool = False) -> None:
+        """A prompt from the editor: it runs at once (once the model is loaded, when it is not yet); `raw`: with no
+        chat template."""
         self.dialog_paused = False  # the new run replaces the paused one
-        self.prompt, self.system = prompt, system
+        self.prompt, self.system, self.raw = prompt, system, raw
         self.score_request = None  # a prompt typed is asked, not scored
         if self.client.loaded:
             self.start_run()
@@ -237,6 +244,9 @@ class DashboardController:
         number = self._replay_queue.pop(0)
         node = self.config.replay.node(number)
         parent = self.tree.number(node.parent)
+        if node.is_turn:  # a recorded follow-up (tui/followup.py), asked of its parent as it was
+            self.follow_ups.ask(node.user or "", parent)
+            return
         point = BranchPoint.of_run(parent.state.run, node.at, node.token, parent=self.tree.parent_name(parent))
         if self.start_branch(parent, node.at, node.piece or str(node.token), point) and node.sample is not None:
             self.tree.live_branch.sample = node.sample  # an adopted sample, named in words as it was (Branch.label)

@@ -113,12 +113,13 @@ def edit_prompt(app: DialogHost) -> None:
         if result is None:
             controller.resume_after_dialog()
             return
-        controller.set_prompt(*result)
+        controller.set_prompt(result.prompt, result.system, raw=result.raw)
 
     prompt_event = controller.state.prompt
     app.push_screen(PromptEditor(controller.prompt, controller.system, cursor_blink=app.CURSOR_BLINK,
                                  default_system=prompt_event.default_system_prompt if prompt_event else None,
-                                 default_known=prompt_event is not None, run_paused=paused), done)
+                                 default_known=prompt_event is not None, run_paused=paused, raw=controller.raw),
+                    done)
 
 
 def help(app: DialogHost) -> None:  # noqa: A001 - the key's name

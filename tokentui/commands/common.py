@@ -139,6 +139,31 @@ def read_prompt(args) -> str:
     return prompt
 
 
+def add_turn_flags(p) -> None:
+    """--follow-up (a conversation's later turns, headless) and --raw (no chat template): core/runs/turns.py."""
+    p.add_argument("--follow-up", action="append", default=[], metavar="TEXT", dest="follow_up",
+                   help="with --headless: after the answer, ask TEXT in the same conversation (the earlier turns' "
+                        "KV cache reused); repeat it for more turns")
+    p.add_argument("--raw", action="store_true",
+                   help="a plain completion: the prompt tokenized as is (with the tokenizer's BOS where it adds one), "
+                        "no chat template, as llama.cpp's /completion does")
+
+
+def check_turn_flags(args) -> None:
+    """--follow-up and --raw checked before anything is loaded: one line (PromptError, exit 2) for an empty
+    follow-up, a follow-up outside --headless (the dashboard's key asks one), a system prompt in a raw run."""
+    from tokentui.core.errors import PromptError
+
+    follow_ups = getattr(args, "follow_up", None) or []
+    if follow_ups and not getattr(args, "headless", False):
+        raise PromptError("--follow-up needs --headless (in the dashboard, u asks a follow-up after an answer)")
+    for n, text in enumerate(follow_ups, start=1):
+        if not text.strip():
+            raise PromptError(f"--follow-up {n} is empty: pass the message to ask (--follow-up TEXT)")
+    if getattr(args, "raw", False) and args.system is not None:
+        raise PromptError("--system has no place in a --raw prompt (no chat template): put it in the prompt's text")
+
+
 def check_record_dir(args) -> None:
     """--record-dir must be a folder (or not exist yet): a file there is one line now, not a note after loading."""
     from tokentui.core.errors import TokentuiError

@@ -61,6 +61,7 @@ def run_dashboard(args, prompt: str, score=None) -> int:
         sampler, options = settings_from_args(args)
         return run_app(DashboardConfig(load=make_loader(args), prompt=prompt, system=args.system, sampler=sampler,
                                        options=options, theme=args.theme, score=score,
+                                       raw=getattr(args, "raw", False),
                                        recorder=None if args.no_record else RunRecorder(args.record_dir)))
 
     source = ProcessSource(args)  # the model process starts first: it takes the longest
@@ -78,6 +79,7 @@ def run_dashboard(args, prompt: str, score=None) -> int:
                              sampler=sampler, options=options, theme=args.theme,
                              recorder=None if args.no_record else RunRecorder(args.record_dir),
                              model=args.model, device=args.device, relaunch=relaunch, score=score,
+                             raw=getattr(args, "raw", False),
                              check=lambda model, device: check_model_and_device(
                                  model, device, allow_pickle=args.allow_pickle))
     return run_app(config)  # non-zero when the app says so (e.g. quit after a load error)

@@ -1,6 +1,7 @@
 """`tokentui --headless [--json]`: the run streamed to stdout (the answer's text, or one JSON event per line), with
-the same record, signal handling and exit statuses as the dashboard. `tokentui/cli.py` parses the arguments and
-calls `run_headless`."""
+the same record, signal handling and exit statuses as the dashboard; `--follow-up TEXT` (repeated) asks each as a
+turn of the same conversation after it, in this process (the KV cache of the turn before reused), and `--raw` runs
+a plain completion. `tokentui/cli.py` parses the arguments and calls `run_headless`."""
 
 from __future__ import annotations
 
@@ -53,40 +54,83 @@ def run_headless(args, prompt: str) -> int:
 
 
 def _headless_run(args, prompt, engine, emit, stop: SignalStop, output_ok) -> int:
-    from tokentui.core.errors import exit_status
-    from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, StepEvent
-    from tokentui.core.runs.record_writer import RunRecorder
-    from tokentui.core.runs.recording import RecordedRun
+    """The run, and each --follow-up after it as a turn of the same conversation (core/runs/turns.py), one record
+    each. With follow-ups, every --json line of a turn's events carries `"turn": N`; a turn that fails or is
+    stopped ends the conversation there."""
+    from tokentui.core.errors import PromptError
+    from tokentui.core.runs.turns import TurnRequest, follow_up
 
     def note(message: str) -> None:
         emit(say(message) + "\n", sys.stderr)
 
-    status = 0
-    wrote_text = False
     if getattr(args, "logit_lens", False) and not args.json:
         note("--logit-lens: each step's lens goes to --json output and the run record, not to the text stream")
     for flag, asked in (("--attention", getattr(args, "attention", False) or getattr(args, "attention_heads", False)),
                         ("--sublayers", getattr(args, "sublayers", False))):
         if asked and not args.json:
             note(f"{flag}: each step's figures go to --json output and the run record, not to the text stream")
+    if args.json:
+        emit(json_line(engine.facts))
+    follow_ups = list(getattr(args, "follow_up", None) or [])
+    raw = getattr(args, "raw", False)
+    tag = 1 if follow_ups else None  # the turn number each --json line carries (None: one run, lines as before)
+    if raw:
+        events = lambda: engine.turn(TurnRequest.first(prompt, args.system, raw=True))  # noqa: E731
+    else:
+        events = lambda: engine.run(prompt, args.system)  # noqa: E731
+    status, run, path = _one_turn(args, engine, events, emit, note, stop, output_ok, tag)
+    for turn, message in enumerate(follow_ups, start=2):
+        done = run.done
+        if status or stop.stopped_by or not output_ok() or done is None or done.reason in ("stopped", "error"):
+            note(f"the conversation ended at turn {turn - 1}: {len(follow_ups) - turn + 2} follow-up(s) not asked")
+            break
+        try:
+            request = follow_up(run, message, parent=path.name if path is not None else None)
+        except PromptError as err:
+            note(str(err))
+            return 2
+        status, run, path = _one_turn(args, engine, lambda: engine.turn(request), emit, note, stop, output_ok,
+                                      turn)
+    return status
+
+
+def _one_turn(args, engine, events, emit, note, stop: SignalStop, output_ok, turn: int | None):
+    """One run (a turn) streamed, recorded and folded: (exit status, the Run its events made, its record's path)."""
+    from tokentui.core.errors import exit_status
+    from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, PrefillEvent, StepEvent
+    from tokentui.core.runs.record_writer import RunRecorder
+    from tokentui.core.runs.recording import RecordedRun
+    from tokentui.core.runs.run import Run
+    from tokentui.core.runs.turns import reuse_line
+
+    def line(event) -> str:
+        data = event.to_dict()
+        if turn is not None:
+            data["turn"] = turn
+        return json_line(data)
+
+    status = 0
+    wrote_text = False
+    folded = Run(engine.facts)
     with RecordedRun(engine.facts, None if args.no_record else RunRecorder(args.record_dir), on_note=note) as run:
         run.open()
-        if args.json:
-            emit(json_line(engine.facts))
         try:
-            for event in run.record(engine.run(prompt, args.system)):
+            for event in run.record(events()):
                 if stop.stopped_by or not output_ok():
                     engine.stop()  # also when the signal came before the run had started
+                folded.apply(event)
                 if isinstance(event, StepEvent):
                     stop.decoding()
                 if args.json:
-                    emit(json_line(event))
+                    emit(line(event))
                 elif isinstance(event, StepEvent):
                     if event.text:
                         emit(answer_text(event.text))  # a server's text: printed escaped (the record keeps it)
                         wrote_text = True
                 elif isinstance(event, Notice):
                     note(event.message)
+                elif isinstance(event, PrefillEvent) and folded.turn is not None:
+                    note(f"turn {folded.turn.turn}: {reuse_line(folded.turn, event)}")
                 elif isinstance(event, DoneEvent) and event.reason != "error":  # after an error: its line said it
                     emit(answer_text(event.flushed) + "\n")
                     if event.dropped_hex:  # not printed as U+FFFD: said here, once
@@ -101,8 +145,10 @@ def _headless_run(args, prompt, engine, emit, stop: SignalStop, output_ok) -> in
         except KeyboardInterrupt:  # in prefill, or a second signal: interrupted mid-step
             stop.note_interrupt()
     # Interrupted mid-step, or stopped before the first step: the record still ends with "done" (the runner's).
-    if run.cut_off is not None and args.json:
-        emit(json_line(run.cut_off))
+    if run.cut_off is not None:
+        folded.apply(run.cut_off)
+        if args.json:
+            emit(line(run.cut_off))
     if stop.stopped_by:
         name = {signal.SIGINT: "interrupted", signal.SIGHUP: "hung up (SIGHUP)",
                 signal.SIGTERM: "terminated (SIGTERM)"}.get(stop.stopped_by[0], "stopped")
@@ -113,8 +159,8 @@ def _headless_run(args, prompt, engine, emit, stop: SignalStop, output_ok) -> in
     elif not output_ok():
         status = EXIT_RUN_FAILED
     if run.path is not None:
-        emit(recorded_line(run, "run") + "\n", sys.stderr)
-    return status
+        emit(recorded_line(run, "run" if turn in (None, 1) else f"turn {turn}") + "\n", sys.stderr)
+    return status, folded, run.path
 
 
 _WHERE_DROPPED = {"length": "at the length limit", "context": "at the context limit",

@@ -122,6 +122,8 @@ def replay_headless(engine, as_json: bool) -> int:
 
 
 def _describe(node) -> str:
+    if node.is_turn:
+        return f"run {node.number}: turn {node.turn} after run {node.parent}: {node.user!r}"
     if not node.is_branch:
         return f"run {node.number}: the first run"
     was = f" instead of {node.parent_piece!r}" if node.parent_piece else ""

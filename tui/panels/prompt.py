@@ -3,6 +3,11 @@
 The panel scrolls (scrollbar, mouse wheel, and ↑ ↓ PgUp PgDn Home End once focused with Tab or a click). A long
 template is shown as its first and last lines around "… N more lines", so the token chips are on screen whatever
 the prompt's length; how many template rows a terminal gets is in tui/sizes.py.
+
+A turn of a conversation (core/runs/turns.py) opens with a line saying which turn it is and what its prefill
+reused ("turn 2 · prefill 23 new tokens · 187 reused from turn 1 (KV 4.1 MiB)"); its chips mark where each turn's
+user message starts (`▸2`) and the ids the KV cache already held are dimmed, the new ones plain. A raw run says
+"raw: no chat template".
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 
+from tokentui.core.runs.turns import reuse_line
+from tokentui.core.steps.conversation import RAW_LABEL
 from tokentui.core.steps.display import display_text
 
 from ..format import ms
@@ -46,6 +53,8 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         "prompt--newline",
         "prompt--warning",
         "prompt--muted",
+        "prompt--turn",
+        "prompt--chip-reused",
     }
 
     DEFAULT_CSS = """
@@ -62,6 +71,8 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         & > .prompt--newline { color: $text-muted; }
         & > .prompt--warning { color: $warning; text-style: bold; }
         & > .prompt--muted { color: $text-muted; }
+        & > .prompt--turn { color: $accent; text-style: bold; }
+        & > .prompt--chip-reused { background: $chip-background; color: $text-muted; }
     }
     """
 
@@ -74,6 +85,7 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         # the bottom border names step 3 with its time where no speed panel does (the app sets it per size: issue
         # 40, every one of the six steps named at every size)
         self.prefill_shown = False
+        self.follow_up_hint = True  # an ended answer's subtitle names `u` (the app turns it off in a replay)
         self.last_text: Text | None = None  # what the panel shows now (tests read its .plain)
         self._state = None
         self._shown_prompt = None
@@ -118,17 +130,28 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
         out = Text()
         count = len(event.ids)
         subtitle = f"{count:,} prompt token{'s' if count != 1 else ''}"
-        if not event.templated:
+        turn = state.run.turn
+        if turn is not None and (turn.turn > 1 or turn.raw):  # a follow-up, or a raw run: what it is, what it reused
+            what = f"turn {turn.turn} · " if turn.turn > 1 else ""
+            out.append(what + reuse_line(turn, state.prefill) + "\n", self.style_of("prompt--turn"))
+            subtitle += f" · turn {turn.turn}" if turn.turn > 1 else ""
+        if not event.templated and turn is not None and turn.raw:
+            subtitle += " · raw"
+            if turn.turn > 1:
+                out.append(f"{RAW_LABEL}: the conversation's text, tokenized as is\n", self.style_of("prompt--muted"))
+        elif not event.templated:
             subtitle += " · raw prompt"
             out.append("⚠ no chat template: the raw prompt is used, exactly as typed\n",
                        self.style_of("prompt--warning"))
         if self.prefill_shown:
             subtitle += " · 3 prefill " + (ms(state.prefill.ms) if state.prefill is not None else "—")
+        if self.follow_up_hint and state.done is not None and state.done.reason != "error" and len(state.run):
+            subtitle += " · u follow-up"
         self.border_subtitle = subtitle + (" · ids on" if self.show_ids else "")
         if self.template_rows > 0:
             out.append_text(self._template_text(event, self.template_rows, self.text_width))
             out.append("\n")
-        out.append_text(self._chips(event))
+        out.append_text(self._chips(event, turn))
         return out
 
     def _template_lines(self, event) -> list[Text]:
@@ -178,15 +201,23 @@ class PromptPanel(VerticalScroll, can_focus=True, inherit_bindings=False):
             out.append(line)
         return Text("\n").join(out)
 
-    def _chips(self, event) -> Text:
+    def _chips(self, event, turn=None) -> Text:
         chip = self.style_of("prompt--chip")
         chip_special = self.style_of("prompt--chip-special")
+        reused_chip = self.style_of("prompt--chip-reused")
+        turn_style = self.style_of("prompt--turn")
         id_style = self.style_of("prompt--id")
+        # a follow-up: where each turn's user message starts (marked ▸N), and the ids its KV cache held (dimmed)
+        starts = {at: k for k, at in enumerate(turn.turn_starts, start=1) if k > 1} if turn is not None else {}
+        reused = (turn.reused_tokens or 0) if turn is not None else 0
         text = Text()
         for n, piece in enumerate(event.pieces):
             if n:
                 text.append(" ")
-            text.append(display_text(piece.piece), chip_special if piece.special else chip)
+            if n in starts:
+                text.append(f"▸{starts[n]} ", turn_style)
+            style = chip_special if piece.special else chip
+            text.append(display_text(piece.piece), reused_chip if n < reused else style)
             if self.show_ids:
                 text.append(f"·{piece.id}", id_style)
         return text

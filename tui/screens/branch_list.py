@@ -48,6 +48,12 @@ class BranchList(ListDialog):
         elif branch.event is not None:
             reused = branch.event.kv_reused_tokens
             parts.append((f"KV {'reused ' + format(reused, ',') if reused else 'prefilled afresh'}", "dim"))
+        elif branch.turn is not None and state.run.turn is not None:  # a follow-up (tui/followup.py)
+            reused = state.run.turn.reused_tokens
+            if reused is None and state.prefill is not None:
+                reused = state.prefill.reused_tokens  # a server's own count of its cached tokens, where it said
+            said = "reuse unknown" if reused is None else f"reused {reused:,}" if reused else "prefilled afresh"
+            parts.append((f"KV {said}", "dim"))
         return whole_parts(parts, width, indent="    ")
 
     def on_resize(self) -> None:
