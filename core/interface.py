@@ -12,7 +12,9 @@ The dashboard's engine clients (core/link/) and the commands (tokentui/commands/
     turn(request, run_id=None)         the events of a conversation's turn: a follow-up reusing the last turn's KV
                                        cache, or a raw run with no chat template (core/runs/turns.py)
     phrase_pieces(text)                a phrase's tokens, tokenized on its own (PromptPiece list)
-    branch_refusal, phrase_refusal, score_refusal, fanout_refusal, turn_refusal
+    preview_step(request)              a step seen again under other sampler settings, the run unchanged
+                                       (core/runs/preview.py; a list of one StepPreview)
+    branch_refusal, phrase_refusal, score_refusal, fanout_refusal, turn_refusal, preview_refusal
                                        why this engine cannot do that, one line (None: it can)
     close()                            end the run in progress and free what the engine holds
     + the controls of core/controls.py: sampler / set_sampler, pause, resume, step_once, stop(run_id)
@@ -88,6 +90,11 @@ class BaseEngine(RunControls, ABC):
         (one line) when this engine cannot."""
         raise SettingsError(self.phrase_refusal or "this engine cannot tokenize a phrase")
 
+    def preview_step(self, request) -> list:
+        """Step `request.at` of a run under `request.settings` (core/runs/preview.py): a list of one StepPreview;
+        SettingsError (one line) when this engine cannot (`preview_refusal`)."""
+        raise SettingsError(self.preview_refusal or "this engine cannot preview a step")
+
     def _branch_or_refuse(self, point: "BranchPoint", run_id: int) -> Iterator["Event"]:
         refusal = self.branch_refusal
         if refusal is None and point.phrase:
@@ -114,6 +121,12 @@ class BaseEngine(RunControls, ABC):
     def score_refusal(self) -> str | None:
         """Why `score` cannot run on this engine, one line (None: it can)."""
         return "this engine cannot score a text"
+
+    @property
+    def preview_refusal(self) -> str | None:
+        """Why `preview_step` cannot run on this engine, one line (None: it can): it recomputes the step's scores,
+        which only a model in this program has (a replay has none; a server sends no logits)."""
+        return "no model here to recompute this step under other settings"
 
     @property
     def fanout_refusal(self) -> str | None:

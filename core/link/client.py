@@ -38,13 +38,14 @@ from ..runs.branch_point import BranchPoint
 from ..runs.events import DoneEvent, Event, LoadProgress, PromptEvent, PromptPiece
 from ..runs.facts import ModelFacts
 from ..runs.record_writer import RunRecorder
+from ..runs.preview import PreviewRequest, StepPreview
 from ..runs.recording import RecordedRun
 from ..runs.requests import FanoutRequest, ScoreRequest
 from ..runs.turns import TurnRequest
 from ..settings import RunOptions, SamplerSettings
 from .operations import ASK, RUN, Operation
-from .protocol import (DECLARED, Pause, Resume, SetOptions, SetSampler, StartBranch, StartFanout, StartRun,
-                       StartScore, StartTurn, Step, Stop, Tokenize)
+from .protocol import (DECLARED, Pause, PreviewStep, Resume, SetOptions, SetSampler, StartBranch, StartFanout,
+                       StartRun, StartScore, StartTurn, Step, Stop, Tokenize)
 
 Progress = Callable[[LoadProgress], None]
 
@@ -229,6 +230,14 @@ class EngineClient:
         """The pieces of `text` tokenized on its own, as a forced phrase's (SettingsError, one line, when they
         cannot be had); answered while a run is paused too."""
         return await self.ask(Tokenize, text)
+
+    async def preview(self, request: PreviewRequest) -> StepPreview:
+        """A step of a run under other sampler settings, the run unchanged (core/runs/preview.py); answered while
+        the run is paused or has ended. SettingsError (one line) when it cannot be had (the engine's
+        `preview_refusal`, or a run that is generating)."""
+        if not isinstance(request, PreviewRequest):
+            raise TypeError(f"preview() needs a PreviewRequest, got {type(request).__name__}")
+        return (await self.ask(PreviewStep, request))[0]
 
     async def ask(self, message: type, *arguments):
         """The answer of the ASK operation whose request is `message` (core/link/protocol.py) with `arguments` (its

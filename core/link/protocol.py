@@ -8,10 +8,11 @@ accepts below (COMMANDS, RUN_REPLIES) are read off the declarations.
 
     parent -> child   Load first; then the declared operations (runs: StartRun, StartBranch, StartScore,
                       StartFanout, StartTurn; controls: Stop, Pause, Resume, Step, SetSampler, SetOptions; asked:
-                      Tokenize); Quit
+                      Tokenize, PreviewStep); Quit
     child -> parent   Loading (progress) while loading, then Ready or LoadFailed; then RunEvent and Crash, each with the
                       id of the run it belongs to (a newer run's id retires an older run's messages), and
-                      the answer of each ASK (Tokenized, a phrase's pieces while it is typed)
+                      the answer of each ASK (Tokenized, a phrase's pieces while it is typed; Previewed, a step under
+                      other sampler settings)
 
 They travel pickled over a private socket pair (`multiprocessing.connection`) between two processes of the same
 program; nothing listens on a port.
@@ -25,6 +26,7 @@ from ..errors import ErrorKind, ProtocolError, SettingsError
 from ..runs.branch_point import BranchPoint
 from ..runs.events import Event, LoadProgress, PromptPiece
 from ..runs.facts import ModelFacts
+from ..runs.preview import PreviewRequest, StepPreview
 from ..runs.requests import FanoutRequest, ScoreRequest
 from ..runs.turns import TurnRequest
 from ..settings import RunOptions, SamplerSettings
@@ -174,6 +176,42 @@ class Tokenize:
     def __post_init__(self) -> None:
         _whole(self.asked, "a question's number")
         _text("the phrase", self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Previewed:  # child -> parent: here because PreviewStep's declaration names it
+    """The answer to PreviewStep `asked`: the step previewed (a tuple of one), or the one line that says why not."""
+
+    asked: int
+    previews: tuple[StepPreview, ...] = ()
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        _whole(self.asked, "a question's number")
+        if not isinstance(self.previews, tuple) or not all(isinstance(p, StepPreview) for p in self.previews):
+            raise ProtocolError("Previewed needs a tuple of StepPreview")
+        _text("the preview error", self.error, optional=True)
+
+    def result(self) -> list[StepPreview]:
+        """The preview (a list of one); SettingsError with the one line that says why there is none."""
+        if self.error is not None:
+            raise SettingsError(self.error)
+        return list(self.previews)
+
+
+@operation("preview_step", ASK, refusal="preview", answer=Previewed)
+@dataclass(frozen=True, slots=True)
+class PreviewStep:
+    """A step of a run under other sampler settings (core/runs/preview.py, core/model/preview.py): answered at once
+    with Previewed, while the run waits paused (or has ended); the run does not advance."""
+
+    asked: int
+    request: PreviewRequest
+
+    def __post_init__(self) -> None:
+        _whole(self.asked, "a question's number")
+        if not isinstance(self.request, PreviewRequest):
+            raise ProtocolError(f"PreviewStep needs a PreviewRequest, got {type(self.request).__name__}")
 
 
 @operation("stop", CONTROL)

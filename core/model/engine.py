@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Iterator
 
@@ -24,13 +24,15 @@ from .branch import BranchPoint, HeldCache, branch_events
 from .fanout import fanout_events
 from .forcing import phrase_pieces
 from .scoring import score_events
+from .preview import preview_step
+from ..runs.preview import BUSY
 from .turn import turn_events
 from ..interface import BaseEngine
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer, oneshot_text
 from ..steps.display import display_piece
 from ..steps.token_bytes import token_bytes
-from ..errors import ErrorKind, GenerationError, PromptError
+from ..errors import ErrorKind, GenerationError, PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
 from ..runs.events import (Candidate, DoneEvent, Event, Notice, PrefillEvent, PrefillProgress,
                            PromptEvent, StepEvent)
@@ -83,6 +85,7 @@ class Engine(BaseEngine):
         super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
         self._model_lock = threading.Lock()  # one run on the model at a time
         self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/model/branch.py)
+        self._parked = None  # (cache, prompt ids, tokens) of a run waiting at its step gate: `idle_cache` lends it
         self.token_bytes = token_bytes(self.tokenizer)
         self.end_ids = end_token_ids(self.model, self.tokenizer)
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
@@ -157,6 +160,32 @@ class Engine(BaseEngine):
         return phrase_pieces(self.tokenizer, self.token_bytes, text)
 
     phrase_refusal = score_refusal = fanout_refusal = turn_refusal = None  # the local engine does all four
+    preview_refusal = None  # and previews a step under other settings (core/model/preview.py)
+
+    def preview_step(self, request) -> list:
+        """Step `request.at` of a run under other sampler settings, the run unchanged (core/model/preview.py): a
+        list of one StepPreview (an ASK's answer is a sequence). SettingsError (one line) while a run generates."""
+        return [preview_step(self, request)]
+
+    @contextmanager
+    def idle_cache(self):
+        """While the model is idle, its KV cache lent to a preview (core/model/preview.py) as (cache, the ids it
+        holds), or None when it holds none: the latest finished run's (no run may start meanwhile), or that of the
+        run waiting at its step gate (held there meanwhile: the gate's lock is kept). SettingsError (one line)
+        while a run is generating: a forward on another thread must never overlap one of its steps."""
+        if self._model_lock.acquire(blocking=False):  # no run on the model
+            try:
+                held = self._held
+                yield (held.cache, held.ids) if held is not None else None
+            finally:
+                self._model_lock.release()
+            return
+        with self._cond:
+            parked = self._parked
+            if parked is None:
+                raise SettingsError(BUSY)
+            cache, ids, generated = parked
+            yield cache, tuple(ids) + tuple(generated[:-1])  # the last token was not fed yet
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -397,7 +426,11 @@ class Engine(BaseEngine):
             if facts.max_context and cache.tokens() >= facts.max_context:
                 reason = "context"
                 break
+            with self._cond:  # while it waits at the gate, a preview may read its cache (`idle_cache`)
+                self._parked = (cache, ids, generated)
             go, waited = self.timed_gate(run_id)
+            with self._cond:  # (under the gate's lock: a preview holding it finishes before the next forward)
+                self._parked = None
             paused_s += waited
             if decode_started is not None:
                 decode_paused_s += waited

@@ -18,12 +18,14 @@ from tokentui.core.interface import BaseEngine
 from tokentui.core.link.client import EngineClient
 from tokentui.core.link.local_client import LocalClient
 from tokentui.core.link.operations import ASK, CONTROL, RUN, operation
-from tokentui.core.link.protocol import (COMMANDS, DECLARED, OPERATIONS, RUN_REPLIES, RUN_STARTS, Crash, Pause, Quit,
-                                         Resume, RunEvent, SetOptions, SetSampler, StartBranch, StartFanout, StartRun,
-                                         StartScore, StartTurn, Step, Stop, Tokenize, Tokenized, expect)
+from tokentui.core.link.protocol import (COMMANDS, DECLARED, OPERATIONS, RUN_REPLIES, RUN_STARTS, Crash, Pause, Previewed,
+                                         PreviewStep, Quit, Resume, RunEvent, SetOptions, SetSampler, StartBranch,
+                                         StartFanout, StartRun, StartScore, StartTurn, Step, Stop, Tokenize, Tokenized,
+                                         expect)
 from tokentui.core.model.process_main import _Child
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import Notice, PromptPiece
+from tokentui.core.runs.preview import PreviewRequest, StepPreview
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
 from tokentui.core.runs.turns import TurnRequest
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -36,6 +38,10 @@ SAMPLER = SamplerSettings(temperature=0.7, top_k=5)
 OPTIONS = RunOptions(max_new_tokens=9, ignore_eos=True)
 DONE = Notice("one event of the run")
 PIECES = [PromptPiece(5, "␣Lyon", False)]
+PREVIEW_REQUEST = PreviewRequest((1, 2, 3), (7, 8), SAMPLER, top_n=4)
+PREVIEWED = [StepPreview(at=2, settings=SAMPLER, candidates=(), stages=(), kept_count=1, kept_mass=1.0,
+                         entropy_bits=0.0, sampled_entropy_bits=0.0, pick=5, pick_piece="␣Lyon", pick_raw_prob=1.0,
+                         pick_prob=1.0, pick_rank=0, greedy=False, source="kv")]
 
 # each declared message, and the engine call it must become (written out here: the oracle of the dispatch)
 SAMPLES = [
@@ -45,6 +51,7 @@ SAMPLES = [
     (StartFanout(4, FAN), call.fanout(FAN, run_id=4)),
     (StartTurn(7, TURN), call.turn(TURN, run_id=7)),
     (Tokenize(5, " Lyon"), call.phrase_pieces(" Lyon")),
+    (PreviewStep(8, PREVIEW_REQUEST), call.preview_step(PREVIEW_REQUEST)),
     (Stop(6), call.stop(6)),
     (Pause(), call.pause()),
     (Resume(), call.resume()),
@@ -69,6 +76,7 @@ def recording_engine():
     for method in ("run", "branch", "score", "fanout", "turn"):
         getattr(engine, method).return_value = iter([DONE])
     engine.phrase_pieces.return_value = PIECES
+    engine.preview_step.return_value = PREVIEWED
     return engine
 
 
@@ -97,7 +105,7 @@ def test_the_protocol_s_message_sets_are_the_declarations():
     assert set(RUN_STARTS) == {m for m, op in DECLARED.items() if op.kind is RUN} == {StartRun, StartBranch,
                                                                                        StartScore, StartFanout,
                                                                                        StartTurn}
-    assert set(RUN_REPLIES) == {RunEvent, Crash, Tokenized}
+    assert set(RUN_REPLIES) == {RunEvent, Crash, Tokenized, Previewed}
     assert {type(message) for message, _ in SAMPLES} == set(DECLARED)  # every declaration has its oracle here
 
 
@@ -111,8 +119,10 @@ def test_the_model_process_dispatches_each_declared_message_to_its_engine_method
         assert engine.mock_calls == [] and child.runs.get_nowait() is message
         child.run(engine, message)
         assert child.conn.messages == [RunEvent(message.run_id, DONE)]
-    elif kind is ASK:  # answered at once
-        assert child.conn.messages == [Tokenized(message.asked, tuple(PIECES))]
+    elif kind is ASK:  # answered at once, with what the engine returned
+        answer = {Tokenize: Tokenized(message.asked, tuple(PIECES)), PreviewStep: Previewed(message.asked,
+                                                                                            tuple(PREVIEWED))}
+        assert child.conn.messages == [answer[type(message)]]
     else:
         assert kind is CONTROL and child.conn.messages == []
     assert engine.mock_calls == [expected]
@@ -172,6 +182,7 @@ async def test_the_client_sends_each_operation_as_its_declared_message():
     client.fanout(FAN)
     client.turn(TURN)
     assert await client.tokenize(" Lyon") == PIECES
+    await client.preview(PREVIEW_REQUEST)
     client.pause()
     client.step_once()
     client.resume()
@@ -180,8 +191,8 @@ async def test_the_client_sends_each_operation_as_its_declared_message():
     client.stop()
     assert client.sent == [StartRun(1, "hi", "be brief"), Stop(1), StartBranch(2, POINT), Stop(2),
                            StartScore(3, SCORE), Stop(3), StartFanout(4, FAN), Stop(4), StartTurn(5, TURN),
-                           Tokenize(1, " Lyon"), Pause(), Step(), Resume(), SetSampler(SAMPLER), SetOptions(OPTIONS),
-                           Stop(5)]
+                           Tokenize(1, " Lyon"), PreviewStep(2, PREVIEW_REQUEST), Pause(), Step(), Resume(),
+                           SetSampler(SAMPLER), SetOptions(OPTIONS), Stop(5)]
     assert {type(m) for m in client.sent} == set(DECLARED)
     with pytest.raises(TypeError, match="not a declared run operation"):
         client.begin(Teleport)
