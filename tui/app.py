@@ -44,6 +44,7 @@ from .panels import (
 )
 from .panels import attention
 from .panels.output import OutputView
+from .screens import sampler_editor
 from .placement import ROW_ID, SIDE_ID, SidePlace, anatomy_default, place
 from .served import server_of
 from .sizes import HORIZONTAL_BREAKPOINTS, READINGS_IDS, VERTICAL_BREAKPOINTS, hidden_note, plan
@@ -112,7 +113,7 @@ class TokentuiApp(App[int]):
         yield PromptPanel(id="prompt")
         with Horizontal(id="middle"):
             yield OutputPanel(id="output")
-            yield CandidatesPanel(id="candidates")
+            yield CandidatesPanel(id="candidates", previews=controller.previews)  # a step previewed: tui/preview.py
             yield ModelPanel(id="model")
             # the lens: off by default (l); it takes the model panel's place, or the candidates'
             yield LensPanel(id="lens", replaying=controller.replaying)
@@ -120,7 +121,8 @@ class TokentuiApp(App[int]):
         yield AnatomyPanel(id=ROW_ID)  # one pass, taken apart: a row of its own at ≥160×48 (on by default there)
         with Grid(id="bottom"):
             # the settings asked for are read from their owner (the controller's client), never copied
-            yield SamplerPanel(id="sampler", asked=lambda: controller.sampler, replaying=controller.replaying)
+            yield SamplerPanel(id="sampler", asked=lambda: controller.sampler, replaying=controller.replaying,
+                               previews=controller.previews)
             yield SpeedPanel(id="speed")
             yield KVPanel(id="kv")
             yield PendingPanel(id="pending")
@@ -325,6 +327,7 @@ class TokentuiApp(App[int]):
             output.set_heat(controller.heat)
         if not self._layout_settling:
             output.sync(state)
+        controller.previews.sync()  # the step in view asked for again when it or the settings changed
         candidates = self.query_one(CandidatesPanel)
         candidates.raw_logits = controller.inside.raw_logits  # `L`: the raw column as logits
         candidates.show(state, force)
@@ -428,6 +431,12 @@ class TokentuiApp(App[int]):
 
     def action_toggle_logits(self) -> None:
         self.controller.inside.toggle_logits()
+
+    def action_preview_branch(self) -> None:
+        self.controller.previews.branch()
+
+    def action_sampler_editor(self) -> None:
+        sampler_editor.open_editor(self)
 
     def action_edit_prompt(self) -> None:
         dialogs.edit_prompt(self)

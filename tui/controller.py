@@ -33,6 +33,7 @@ from .attention_view import Inside
 from .branches import Branch, BranchTree
 from .config import DashboardConfig
 from .explore import Explore
+from .preview import StepPreviews
 from .followup import FollowUps
 from .export import export_answer
 from .format import short_path
@@ -68,6 +69,7 @@ class DashboardController:
         self.record_paths: list[Path] = []  # every run record this session opened (a cut one is named at quit)
         self._replay_queue: list[int] = []  # a tree played back: the recorded branches still to play
         self.explore = Explore(self)  # forcing a phrase, fanning out, a scored text's summary (tui/explore.py)
+        self.previews = StepPreviews(self)  # the step in view under the settings asked for (tui/preview.py)
         self.score_request = config.score  # `tokentui score`: the first run scores this text (None: generates)
         self.raw = config.raw  # --raw / ctrl+r in the editor: the prompt runs with no chat template
         self.follow_ups = FollowUps(self)  # `u`: a follow-up turn of the conversation (tui/followup.py)
@@ -257,8 +259,9 @@ class DashboardController:
         its next step. A value out of range or a replay (whose settings are the record's) is refused in one line.
         True when the settings changed."""
         if self.replaying:
-            self.view.notify(f"A replay plays the recorded settings: run `tokentui branch {self.replayed_record} --at "
-                             "N --token ID` to try others", severity="warning", timeout=6)
+            self.view.notify(f"A replay plays the recorded settings (previewing others needs the model): run "
+                             f"`tokentui branch {self.replayed_record} --at N --token ID` to try others",
+                             severity="warning", timeout=6)
             return False
         try:
             new = self.client.sampler.with_changes(**changes)

@@ -1,4 +1,6 @@
-"""Step 4, selection: the current step's top-K candidates, raw and post-sampler probabilities, the cut, entropy."""
+"""Step 4, selection: the current step's top-K candidates, raw and post-sampler probabilities, the stage that cut
+each, the sampler chain as rows (tui/panels/chain.py), entropy — or, while the step stands still under settings
+that are not its own, the preview of that step under them (tui/preview.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from tokentui.core.steps.display import display_text
 from ..format import fit_piece, fitting, percent, whole_lines
 from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
 from .base import Panel
+from .chain import Shown, cut_by_text, table
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 # a served token the server did not stream on its own (StepEvent.merged)
@@ -22,6 +25,9 @@ NUM_W = 6  # a probability column: "100.0%"
 PIECE_W = (8, 16)  # the token column's narrowest and widest
 MIN_BAR = 6  # cells the bar keeps before the token column gives up its width
 BAR_LABEL = "sampled p"
+FULL_CHAIN_ROWS = 6  # the chain goes as rows where at least this many candidate rows still fit; else its short form
+PREVIEW_NOTE = ("preview under the settings asked for · enter: branch here with them", "preview · enter: branch here",
+                "preview · enter branches", "preview")
 
 
 def rows_that_fit(count: int, room: int | None, chosen: int | None, kept: int | None, chose_lines: int = 1,
@@ -123,31 +129,46 @@ class CandidatesPanel(Panel):
     }
     """
 
+    def __init__(self, *args, previews=None, **kwargs) -> None:
+        """`previews`: the dashboard's StepPreviews (tui/preview.py), read at each paint (None: none)."""
+        super().__init__(*args, **kwargs)
+        self._previews = previews
+
     def build(self, state) -> Text:
-        step = state.view_step  # the newest step, or the one the time-travel cursor holds
+        raw_step = state.view_step  # the newest step, or the one the time-travel cursor holds
         muted = self.style_of("candidates--muted")
-        if step is None:
+        if raw_step is None:
             self.border_subtitle = ""
             return Text("the top candidates of each step appear here", style=muted)
         width = max(20, self.content_size.width or 40)
         height = self.content_size.height or None  # None: not laid out yet (every row)
+        server = server_of(state.facts)
+        report = self._previews.for_step(raw_step) if self._previews is not None and server is None else None
+        step = Shown.of(raw_step, report)
         # numbered from 1, like the tokens: step 90 is the 90th token (step 1 is scored by prefill)
-        self.border_subtitle = (("step " if state.live else "viewing step ") + f"{step.index + 1}"
-                                + (" · from prefill" if step.index == 0 else ""))
+        self.border_subtitle = (("preview of step " if step.previewed else "step " if state.live else "viewing step ")
+                                + f"{raw_step.index + 1}" + (" · from prefill" if raw_step.index == 0 else ""))
         cands = list(step.candidates)
         chosen = next((n for n, c in enumerate(cands) if c.id == step.id), None)
-        server = server_of(state.facts)
         if server is not None:  # a served model: one probability per candidate, labelled by what the server gives
-            return self._served(state, step, server, cands, chosen, width, height)
+            return self._served(state, raw_step, server, cands, chosen, width, height)
         kept = step.kept_count if 0 < step.kept_count < len(cands) else None
         id_w = id_width(state.facts, cands)
         piece_w, bar_w = column_widths(width, id_w, 1 + NUM_W + 1 + NUM_W + 1)
         name_cell, above = chosen_name(step.piece, piece_w, bar_w, width)
-        without = len(self._summary(step, width, chose=False))
+        # the chain as rows where enough candidates still fit, else its short form; under the rows, the kept set's
+        # size and mass only where no cut rule (which says them) is drawn among the candidates
+        note, ruled = self._line(), kept is not None
+        full = True
+        if height is not None:
+            full = height - 1 - len(self._summary(step, width, False, True, note, ruled)) >= min(len(cands),
+                                                                                                  FULL_CHAIN_ROWS)
+        without = len(self._summary(step, width, False, full, note, ruled))
         room = None if height is None else height - 1 - without
-        rows, rule, chose = rows_that_fit(len(cands), room, chosen, kept, len(self._summary(step, width, True))
-                                          - without, 1 + len(above))
-        summary = self._summary(step, width, chose=chose)
+        rows, rule, chose = rows_that_fit(len(cands), room, chosen, kept,
+                                          len(self._summary(step, width, True, full, note, ruled)) - without,
+                                          1 + len(above))
+        summary = self._summary(step, width, chose, full, note, ruled)
         cands = cands[:rows]
         header = self.style_of("candidates--header")
         out = Text()
@@ -183,10 +204,16 @@ class CandidatesPanel(Panel):
             line.append(name, special_style if c.special else None)
             line.append(" " + str(c.id).rjust(id_w))
             line.append(" " + (logit_text(c.logit) if self.raw_logits else percent(c.raw_prob)).rjust(NUM_W))
-            line.append(" " + (percent(c.prob) if kept_row else "cut").rjust(NUM_W))
-            line.append(" ")
-            for chars, kind in bar(c.prob, c.raw_prob, bar_w - (cell_len(name) - piece_w)):
-                line.append(chars, styles[kind])
+            room_w = bar_w - (cell_len(name) - piece_w)
+            # the stage that cut it from the p column on, over the bar ("cut by min-p"), where it is known and fits
+            by = cut_by_text(getattr(c, "cut_by", None), NUM_W + 1 + room_w - len(" cut")) if not kept_row else ""
+            if by:
+                line.append(" " + f"cut {by}".ljust(NUM_W), rule_style)
+            else:
+                line.append(" " + (percent(c.prob) if kept_row else "cut").rjust(NUM_W))
+                line.append(" ")
+                for chars, kind in bar(c.prob, c.raw_prob, room_w):
+                    line.append(chars, styles[kind])
             if is_chosen:
                 line.append(" " * max(0, width - line.cell_len))
                 line.stylize_before(chosen_style)
@@ -219,30 +246,57 @@ class CandidatesPanel(Panel):
         style = self.style_of("candidates--value")
         piece = display_text(step.piece)
         rank = f"rank {step.chosen_rank + 1}, " if step.chosen_rank is not None else ""
-        line = f"chose {piece} ({rank}{probability})"
+        verb = "would take" if getattr(step, "previewed", False) else "chose"
+        line = f"{verb} {piece} ({rank}{probability})"
         if width <= 0 or cell_len(line) <= width:
             return [Text(line, style=style)]
         tail = (f"#{step.chosen_rank + 1} " if step.chosen_rank is not None else "") + probability.replace(", ", " ")
-        if cell_len(f"chose {piece} {tail}") <= width:
-            return [Text(f"chose {piece} {tail}", style=style)]
-        return [Text(part, style=style) for part in chop_cells(f"chose {piece}", max(4, width))] + \
+        if cell_len(f"{verb} {piece} {tail}") <= width:
+            return [Text(f"{verb} {piece} {tail}", style=style)]
+        return [Text(part, style=style) for part in chop_cells(f"{verb} {piece}", max(4, width))] + \
             [Text(f"  {tail}", style=style)]
 
-    def _summary(self, step, width: int, chose: bool) -> list[Text]:
+    def _line(self) -> str | None:
+        """Why the step in view has no preview under the settings asked for, where that matters (tui/preview.py)."""
+        return self._previews.line if self._previews is not None else None
+
+    def _summary(self, step, width: int, chose: bool, full: bool = False, line: str | None = None,
+                 ruled: bool = False) -> list[Text]:
+        """The rows under the candidates: a preview's note (or why there is none), the chain (as rows where `full`,
+        else in a line), the kept set (as rows: only where the candidates' cut rule does not say it, `ruled`), the
+        entropy, and the token taken where its row is not shown (`chose`)."""
         muted = self.style_of("candidates--muted")
         value = self.style_of("candidates--value")
         rows: list[Text] = []
-        first = self._settings_line(step)
-        if not step.greedy:
-            first.append(f" → kept {step.kept_count:,}", muted)
+        if step.previewed:
+            rows.append(Text(fitting(PREVIEW_NOTE, width), style=self.style_of("candidates--rule")))
+        elif line:
+            rows.append(Text(line, style=muted))
+        styles = {"header": self.style_of("candidates--header"), "label": muted, "value": value, "muted": muted}
+        chain = table(step.chain, width, styles) if full and not step.greedy else []
+        if chain:  # the chain as rows, then the kept set: its size and raw mass
+            rows += chain
+        if chain and not ruled:
+            kept = Text()
+            kept.append("kept ", muted)
+            kept.append(f"{step.kept_count:,}", value)
+            kept.append(" · ", muted)
+            kept.append(percent(step.kept_mass), value)
+            kept.append(fitting((" of raw p (before temperature)", " of raw p (before T)", " of raw p", ""),
+                                width - kept.cell_len), muted)
+            rows.append(kept)
+        elif not chain:
+            first = self._settings_line(step)
+            if not step.greedy:
+                first.append(f" → kept {step.kept_count:,}", muted)
+                rows.append(first)
+                # kept_mass is measured on the raw scores (softmax at temperature 1), before temperature reshapes them
+                mass = Text()
+                mass.append("kept mass ", muted)
+                mass.append(percent(step.kept_mass), value)
+                mass.append(" of raw p (before temperature)" if width >= 46 else " (raw p, before T)", muted)
+                first = mass
             rows.append(first)
-            # kept_mass is measured on the raw scores (softmax at temperature 1), before temperature reshapes them
-            mass = Text()
-            mass.append("kept mass ", muted)
-            mass.append(percent(step.kept_mass), value)
-            mass.append(" of raw p (before temperature)" if width >= 46 else " (raw p, before T)", muted)
-            first = mass
-        rows.append(first)
         second = Text()
         second.append("entropy ", muted)
         second.append(f"{max(0.0, step.entropy_bits):.2f} bits", value)

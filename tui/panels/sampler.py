@@ -18,6 +18,12 @@ LADDER = param("top_k")  # the one parameter whose keys walk a ladder of notches
 
 # A change asked for that the engine has not used yet, longest first: the first that fits is said.
 PENDING_LIVE = ("changed: applies at the next step", "changed: from the next step", "changed: next step", "changed")
+# A change previewed on the step in view (tui/preview.py): said instead, with the key that branches with it.
+def previewed_forms(step: int) -> tuple[str, ...]:
+    return (f"previewed on step {step} · enter branches", f"previewed on step {step} · enter",
+            "preview · enter branches", "preview · enter", "preview")
+
+
 PENDING_ENDED = ("changed: applies to the next run (r)", "changed: for the next run (r)", "changed: next run (r)",
                  "changed")
 
@@ -30,10 +36,19 @@ def room_for(history: list[str]) -> int:
 SHORT_NAMES = {p.name: p.short_name for p in PARAMS}  # a setting's name in a change line ("temp 0.70→0.80")
 
 
+def listed(p, s: SamplerSettings, brief: bool = False) -> bool:
+    """Whether the panel lists parameter `p`: every setting that is on (and a stage's further settings while it is
+    on), the ones with quick keys even when off (min-p), unless `brief` (one line); the chain's order only where it
+    is not the default one (`S` changes it). The rest — a dozen stages off by default — are the editor's (`S`)."""
+    if p.kind is str:  # the order (--samplers)
+        return getattr(s, p.name) != p.default
+    return not p.quiet(s) or (not brief and p.keys is not None)
+
+
 def describe(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
-    """The panel's rows: one per sampler parameter (core/samplers.py), its row name and its value in full;
+    """The panel's rows: one per sampler parameter listed (`listed`), its row name and its value in full;
     `brief` (one line) leaves out the stages that are off and need not say so (min-p off)."""
-    return {p.row_name: p.long_text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
+    return {p.row_name: p.long_text(p.shown(s)) for p in PARAMS if listed(p, s, brief)}
 
 
 def setting_value(name: str, value) -> str:
@@ -65,10 +80,12 @@ def latest_forms(changes) -> tuple[str, ...]:
             f"{step}: {len(names)} change{'s' if len(names) != 1 else ''}")
 
 
-def short_values(s: SamplerSettings, brief: bool = False) -> dict[str, str]:
+def short_values(s: SamplerSettings, brief: bool = False, beside: SamplerSettings | None = None) -> dict[str, str]:
     """The settings in short form, for the time-travel view (the settings in force at a past step beside the live
-    ones the keys change); `brief` as for `describe`."""
-    return {p.short_name: p.text(p.shown(s)) for p in PARAMS if not (brief and p.quiet(s))}
+    ones the keys change); `brief` as for `describe`; `beside`: also what those settings list (so the two views
+    have the same rows)."""
+    return {p.short_name: p.text(p.shown(s)) for p in PARAMS
+            if listed(p, s, brief) or (beside is not None and listed(p, beside, brief))}
 
 
 class SamplerPanel(Panel):
@@ -85,12 +102,14 @@ class SamplerPanel(Panel):
     }
     """
 
-    def __init__(self, *args, asked=None, replaying: bool = False, **kwargs) -> None:
+    def __init__(self, *args, asked=None, replaying: bool = False, previews=None, **kwargs) -> None:
         """`asked()`: the settings asked for, read from their owner (the engine's client, through the controller)
-        at each paint, never copied here. A replay (`replaying`) has none: it shows the recorded ones."""
+        at each paint, never copied here. A replay (`replaying`) has none: it shows the recorded ones. `previews`:
+        the dashboard's StepPreviews (tui/preview.py): a change previewed on the step in view is said so."""
         super().__init__(*args, **kwargs)
         self._asked = asked or SamplerSettings
         self.replaying = replaying
+        self._previews = previews
 
     def build(self, state) -> Text:
         if self.replaying:
@@ -107,6 +126,8 @@ class SamplerPanel(Panel):
         height = self.content_size.height or 1
         # what a change asked for waits for, said whole in the room there is (never "changed: applies" cut off)
         waiting = (PENDING_LIVE if state.running else PENDING_ENDED) if differs else ()
+        if self._previews is not None and self._previews.differs:  # shown on the step in view: enter takes it
+            waiting = previewed_forms(state.view_step.index + 1)
         pending = Text(fitting(waiting, width), changed) if waiting else Text()
         history = [line for change in state.settings_changes for line in describe_change(change)]
         if history and height - len(values) < room_for(history):  # a quiet stage that is off gives its row up
@@ -221,7 +242,7 @@ class SamplerPanel(Panel):
         value = self.style_of("sampler--value")
         changed = self.style_of("sampler--changed")
         muted = self.style_of("sampler--muted")
-        then, now = short_values(step.settings), short_values(live)
+        then, now = short_values(step.settings, beside=live), short_values(live, beside=step.settings)
         number = f"step {step.index + 1}"
         out = Text()
         if height < 4:  # one line: the step's values, then what live has differently
