@@ -17,10 +17,12 @@ ids computed (their sum is the prompt's length), `TurnEvent.reused_kv_bytes` the
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Iterator
 
 from .branch import HeldCache, crop_cache, shared_positions
 from .decode.kvcache import kv_mismatch
+from .observe.inside import Inside
 from .observe.lens import lens_unavailable
 from .speed import use_threads
 from ..errors import PromptError
@@ -84,6 +86,10 @@ def turn_events(engine, request: TurnRequest, run_id: int) -> Iterator[Event]:
             yield Notice(lens_why)
         else:
             lens_states = []
+    # attention / sublayers (issue 39), as in a run
+    inside, inside_why = Inside.for_options(engine.model, opts, not engine.plan.step.lens, None, said=False)
+    if inside_why:
+        yield Notice(inside_why)
     if reuse:
         cache = held.cache
     else:
@@ -95,17 +101,19 @@ def turn_events(engine, request: TurnRequest, run_id: int) -> Iterator[Event]:
     use_threads(engine.device, engine.speed.prefill_thread_count(len(new)))
     chunked = len(new) > opts.prefill_chunk
     logits, forward_ms = None, 0.0
-    for done, logits, forward_ms in prefill_chunks(engine.model, new, cache, opts.prefill_chunk,
-                                                   states_out=lens_states, continuing=reuse > 0):
-        if chunked:
-            yield PrefillProgress(tokens_done=done, tokens=len(new), elapsed_ms=forward_ms)
-            if logits is None and engine.stopping(run_id):
-                yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
-                return
+    with inside or nullcontext():
+        for done, logits, forward_ms in prefill_chunks(engine.model, new, cache, opts.prefill_chunk,
+                                                       states_out=lens_states, continuing=reuse > 0):
+            if chunked:
+                yield PrefillProgress(tokens_done=done, tokens=len(new), elapsed_ms=forward_ms)
+                if logits is None and engine.stopping(run_id):
+                    yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
+                    return
     use_threads(engine.device, engine.speed.decode_threads())
     kv_tokens, kv_bytes = cache.tokens(), cache.nbytes()
     yield PrefillEvent(tokens=len(new), ms=forward_ms, kv_tokens=kv_tokens, kv_bytes=kv_bytes, reused_tokens=reuse)
     mismatch = kv_mismatch(facts, kv_tokens, kv_bytes)
     if mismatch:
         yield Notice(mismatch)
-    yield from engine.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states, fed=len(new))
+    yield from engine.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states, fed=len(new),
+                                    inside=inside, inside_said=inside_why is not None)

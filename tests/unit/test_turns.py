@@ -171,3 +171,20 @@ def test_the_turn_event_and_its_conversation_are_checked_where_built():
         Message("robot", "x")
     with pytest.raises(ValueError):
         Message("user", "x", ended="eos")  # only an answer says how it ended
+
+
+def test_a_follow_up_shows_the_attention_over_the_whole_conversation(tiny, two_turns):
+    """The attention hook (issue 39) on a follow-up's steps, as on a run's: the first step's query is the
+    conversation's last prompt position (positions count from turn 1's first token, the reused ones included), and
+    its top sources reach back into the reused turn."""
+    _, _, request, _ = two_turns
+    engine = Engine(tiny, SamplerSettings(temperature=0.0), RunOptions(max_new_tokens=2, ignore_eos=True,
+                                                                       attention=True))
+    first = folded(engine.run(PROMPT))  # 2 tokens: the cache holds the prompt and the first one
+    run = folded(engine.turn(request))
+    held = first.prompt.ids + [s.id for s in first][:-1]
+    assert run.turn.reused_tokens == common_prefix(held, run.prompt.ids) == len(first.prompt.ids) + 1
+    rows = run[0].attention
+    assert rows and all(row.query == len(run.prompt.ids) - 1 for row in rows)
+    assert [row.query for row in run[1].attention] == [len(run.prompt.ids)] * len(rows)
+    assert any(pos < run.turn.reused_tokens for row in rows for pos, _ in row.top)
