@@ -5,13 +5,14 @@ Where the step's scores come from. Per-step logits are not stored: a 49,152- or 
 192 KiB to 594 KiB a step, 48 to 148 MiB for a 256-step run, for steps nobody may look at again. A preview
 recomputes them instead, the way a branch does (core/model/branch.py): the KV cache that holds the step's prefix
 (the paused run's own, or the latest finished run's) is COPIED (core/model/fanout.py's `expand_cache` at batch 1:
-a few MiB, ~1 ms for the embedded model's 120 positions), the copy cut back to the prefix less its last id
-(`crop_cache`), and that id fed through the run's own decode step: one single-token forward, the same backend the
-run used, so the scores are the step's own (tests/unit/test_preview_step.py checks them against a fresh forward).
-The run's cache is only read. Only when no cache holds the prefix (another run's step; a cache that cannot be cut
-back: --compile's static one, sliding windows) is the prefix read afresh, in one forward into a cache of its own. Keeping the latest step's logits as
-well was measured against this (BENCHMARKS.md, "Preview on the step in view"): one forward of the embedded model
-stays well inside the 100 ms a repaint may take, so one way of getting the scores serves every step.
+a few MiB for the embedded model), the copy cut back to the prefix less its last id (`crop_cache`), and that id fed
+through the run's own decode step: one single-token forward, the same backend the run used, so the scores are the
+step's own (tests/unit/test_preview_step.py checks them against a fresh forward). The run's cache is only read.
+Only when no cache holds the prefix (another run's step; a cache that cannot be cut back: --compile's static one,
+sliding windows) is the prefix read afresh, in one forward into a cache of its own. Measured (BENCHMARKS.md,
+"Preview on the step in view"): on the embedded model the forward is ~21 ms of a ~39 ms preview and of a ~78 ms
+key-to-paint on a busy 2-core CPU, inside the 100 ms target; keeping the latest step's logits as well would save
+that one forward for one step only, so one way of getting the scores serves every step.
 
 When the model may be used. The forward runs on the asker's thread (the model process answers questions on its
 reader thread: core/model/process_main.py), so it must never overlap a step of a run: the engine lends its cache
