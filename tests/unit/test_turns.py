@@ -188,3 +188,34 @@ def test_a_follow_up_shows_the_attention_over_the_whole_conversation(tiny, two_t
     assert rows and all(row.query == len(run.prompt.ids) - 1 for row in rows)
     assert [row.query for row in run[1].attention] == [len(run.prompt.ids)] * len(rows)
     assert any(pos < run.turn.reused_tokens for row in rows for pos, _ in row.top)
+
+
+# A ChatML template that, as Qwen3's does, drops an earlier answer's <think> block when it renders the history
+THINK_DROPPING = (
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_template_that_renders_the_history_differently_reuses_only_the_true_common_prefix(tiny, smol_tokenizer):
+    """Where the template re-renders an earlier answer differently (its <think> block dropped), the ids past the
+    first prompt differ from what the cache holds: only the common prefix is reused, as the ids say, not the turn."""
+    import copy
+
+    from tokentui.core.runs.requests import ScoreRequest
+
+    tokenizer = copy.deepcopy(smol_tokenizer)
+    tokenizer.chat_template = THINK_DROPPING
+    loaded = LoadedModel(tiny.model, tokenizer, model_facts(tiny.model, tokenizer, name="tiny-think"))
+    engine = greedy(loaded, 4)
+    answer = "<think>It is a company.</think>No."
+    scored = folded(engine.score(ScoreRequest(PROMPT, answer)))  # the answer with its think block, in the cache
+    held = scored.prompt.ids + scored.score.ids[:-1]
+    request = TurnRequest((Message("user", PROMPT), Message("assistant", answer), Message("user", AGAIN)))
+    turn = folded(engine.turn(request))
+    assert "<think>" not in turn.prompt.text and turn.prompt.ids == template_ids(tokenizer, request.messages)
+    shared = common_prefix(held, turn.prompt.ids)
+    assert turn.turn.reused_tokens == shared < len(held)  # shorter than the turn: the truth, not a fault
+    assert shared >= len(scored.prompt.ids)
