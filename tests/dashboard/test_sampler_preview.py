@@ -7,7 +7,7 @@ taken, the run still paused."""
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 import torch
@@ -39,21 +39,31 @@ def stock(smol_tokenizer):
     return tiny_model("llama", smol_tokenizer, initializer_range=INIT)  # the same weights, never an Engine's
 
 
-def app_on(loaded, sampler: SamplerSettings) -> SnapshotApp:
+class LoadingApp(SnapshotApp):
+    """The dashboard whose engine loads only once `loaded` is set (so `space` is pressed while it loads)."""
+
+    loaded: threading.Event
+
+
+def app_on(loaded, sampler: SamplerSettings) -> LoadingApp:
     options = RunOptions(max_new_tokens=64, ignore_eos=True)
+    gate = threading.Event()
 
     def load(progress):
-        time.sleep(0.3)  # long enough for `space` to arm the pause at the first token
+        gate.wait(60)
         return Engine(loaded, sampler, options)
 
-    return SnapshotApp(DashboardConfig(load=load, sampler=sampler, options=options, user_theme_dir=None,
-                                       recorder=None))
+    app = LoadingApp(DashboardConfig(load=load, sampler=sampler, options=options, user_theme_dir=None,
+                                     recorder=None))
+    app.loaded = gate
+    return app
 
 
 async def paused_at(pilot, steps: int) -> None:
     """`space` while loading (the run pauses at its first token), then n until `steps` steps."""
     app = pilot.app
     await pilot.press("space")
+    app.loaded.set()
     await wait_for(pilot, lambda: app.state.steps == 1 and app.client.paused, what="the first token, paused")
     while app.state.steps < steps:
         before = app.state.steps
