@@ -115,8 +115,8 @@ def dynamic_temperature(scores: torch.Tensor, temperature: float, spread: float,
     """llama_sampler_temp_ext_apply with a range > 0: the temperature is temperature - spread (at least 0) plus
     2 * spread * (H / log n)^exponent, H the entropy (nats) of the candidates' softmax and n their count; at
     temperature <= 0 (llama_sampler_temp_impl) only the first highest score stays."""
-    probs, finite = _finite_probs(scores)
-    n = int(finite.sum())
+    probs = torch.softmax(scores, dim=-1)
+    n = scores.numel() if bool(scores.amin() > -math.inf) else int(torch.isfinite(scores).sum())
     if n <= 1:
         return scores
     low, high = max(0.0, temperature - spread), temperature + spread
@@ -124,7 +124,7 @@ def dynamic_temperature(scores: torch.Tensor, temperature: float, spread: float,
     entropy = float(-(probs * logs).sum())
     dyn = low + (high - low) * (entropy / math.log(n)) ** exponent
     if dyn <= 0:
-        keep = torch.zeros_like(finite)
+        keep = torch.zeros_like(scores, dtype=torch.bool)
         keep[0, int(scores[0].argmax())] = True
         return torch.where(keep, scores, -math.inf)
     return scores / dyn
@@ -133,14 +133,20 @@ def dynamic_temperature(scores: torch.Tensor, temperature: float, spread: float,
 def top_n_sigma(scores: torch.Tensor, n: float) -> torch.Tensor:
     """llama_sampler_top_n_sigma_apply: cut every score below max - n * sigma, sigma the (population) standard
     deviation of the finite scores."""
-    finite = torch.isfinite(scores)
-    count = int(finite.sum())
-    if count <= 1:
-        return scores
-    values = scores[finite]
-    mean = values.sum() / count
-    sigma = (((values - mean) ** 2).sum() / count).sqrt()
-    return torch.where(scores < values.max() - n * sigma, -math.inf, scores)
+    if bool(scores.amin() > -math.inf):  # nothing cut before it (the usual order): no mask to gather through
+        if scores.numel() <= 1:
+            return scores
+        var, _ = torch.var_mean(scores, correction=0)
+        top = scores.amax()
+    else:
+        finite = torch.isfinite(scores)
+        count = int(finite.sum())
+        if count <= 1:
+            return scores
+        values = scores[finite]
+        var, _ = torch.var_mean(values, correction=0)
+        top = values.amax()
+    return torch.where(scores < top - n * var.sqrt(), -math.inf, scores)
 
 
 def xtc(scores: torch.Tensor, probability: float, threshold: float, roll: float) -> torch.Tensor:
