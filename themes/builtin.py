@@ -125,7 +125,7 @@ TOKENTUI_CONTRAST = Theme(
         "panel-border": "#aaaaaa",
         "stage-host": "#5555ff",
         "stage-device": "#55ff55",
-        "attention-heat": "#ffaa00",
+        "attention-heat": "#ffff55",
         "border": "#ffffff",
         "border-blurred": "#aaaaaa",
         "text-muted": "#aaaaaa",

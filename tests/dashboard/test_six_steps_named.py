@@ -32,7 +32,7 @@ async def test_every_step_is_named_on_screen(size):
         prefill = f"3 prefill {ms(app.state.prefill.ms)}"  # the prefill's own time, as the speed panel gives it
         speed_shown = app.query_one("#speed").display
         if not speed_shown:  # named in the prompt panel's border, with its time
-            assert re.search(rf"prompt tokens · {re.escape(prefill)} ─", screen), screen
+            assert re.search(rf"prompt tokens · {re.escape(prefill)}( · u follow-up)? ─", screen), screen
             assert re.search(r"│ 5 decode KV [\d.]+ \S+ · [\d,]+ tok │ last ", screen), screen
         else:  # the speed panel's title names both
             assert "3 prefill · 5 decode · speed" in screen and "3 prefill 42" not in screen

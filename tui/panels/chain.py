@@ -110,7 +110,8 @@ def _table(rows: list[ChainRow], width: int, styles: dict) -> list[Text]:
     kept_w = max(len("kept"), *(len(k) for k in kept))
     cut = [DASH if r.mass_cut is None else percent(r.mass_cut) for r in rows]
     cut_w = max(len("cut p"), *(len(c) for c in cut))
-    ent = [DASH if r.entropy_bits is None else f"{r.entropy_bits:.2f}" for r in rows]
+    # entropy is >= 0; float32 rounding leaves -1e-9 where one candidate is left, which must not read "-0.00"
+    ent = [DASH if r.entropy_bits is None else f"{max(0.0, r.entropy_bits):.2f}" for r in rows]
     ent_w = max(len("H bits"), *(len(e) for e in ent))
     columns = [("setting", setting_w), ("entropy", ent_w)]  # dropped in this order where the width is short
     base = label_w + 1 + kept_w + 1 + cut_w
