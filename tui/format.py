@@ -165,3 +165,21 @@ def whole_parts(parts: list[tuple[str, str]], width: int, sep: str = " · ", ind
         out.append(text, style=style)
         used += cell_len(text)
     return out
+
+
+def side_by_side(left: list[Text], right: list[Text], left_w: int, gutter: str, gutter_style) -> list[Text]:
+    """Two columns of lines as one: each left line padded to `left_w` cells, then `gutter` (in `gutter_style`) and
+    the right line where there is one; the longer column sets the height (the one-pass panel, the attention view)."""
+    out = []
+    for n in range(max(len(left), len(right))):
+        line = Text(no_wrap=True)
+        if n < len(left):
+            line.append_text(left[n])
+            line.append(" " * max(0, left_w - left[n].cell_len))
+        else:
+            line.append(" " * left_w)
+        if n < len(right):
+            line.append(gutter, gutter_style)
+            line.append_text(right[n])
+        out.append(line)
+    return out

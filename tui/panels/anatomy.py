@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
-from ..format import shorter_form, whole_lines, whole_parts
+from ..format import shorter_form, side_by_side, whole_lines, whole_parts
 from ..placement import ROW_ID
 from ..served import NOT_AVAILABLE, server_of
 from .anatomy_text import (PART_FIELD, crossed, device_label, distribution_line, entropy_path, fmt_ms,
@@ -181,18 +181,7 @@ class AnatomyPanel(Panel):
         spare = len(b) < len(a) and cell_len(path) <= right_w  # the entropy's path under the sampler's stages
         if spare:
             b.append(Text(path, style=self.style_of("anatomy--note")))
-        lines = []
-        for n in range(max(len(a), len(b))):
-            line = Text(no_wrap=True)
-            if n < len(a):
-                line.append_text(a[n])
-                line.append(" " * max(0, left_w - a[n].cell_len))
-            else:
-                line.append(" " * left_w)
-            if n < len(b):
-                line.append(GUTTER, self.style_of("anatomy--rule"))
-                line.append_text(b[n])
-            lines.append(Line(line))
+        lines = [Line(line) for line in side_by_side(a, b, left_w, GUTTER, self.style_of("anatomy--rule"))]
         if not spare:
             lines.append(Line(Text(shorter_form(distribution_line(step), width),
                                    style=self.style_of("anatomy--note")), NOTE))

@@ -24,7 +24,7 @@ from tokentui.core.runs.attention import sink_positions
 from tokentui.core.steps.display import display_text
 
 from ..attention_view import NOTE, layer_of, pieces_of, rest_of, source_rows, sources
-from ..format import fitting, percent, whole_lines
+from ..format import fitting, percent, side_by_side, whole_lines
 from ..served import NOT_AVAILABLE, server_of
 from .base import Panel
 
@@ -107,7 +107,7 @@ class AttentionPanel(Panel):
             if wide:
                 left = self._ranked(layer, head, pieces, special, LIST_W, room)
                 right = self._grid(attention, layer.layer, pieces, special, width - LIST_W - 3, room)
-                out += _side_by_side(left, right, LIST_W, self.style_of("attention--muted"))
+                out += side_by_side(left, right, LIST_W, " │ ", self.style_of("attention--muted"))
             else:
                 out += self._ranked(layer, head, pieces, special, width, room)
         out = out[:height - len(keys)]
@@ -293,22 +293,6 @@ def _bar(weight: float, width: int) -> str:
     eighths = round(min(max(weight, 0.0), 1.0) * width * 8)
     full, part = divmod(eighths, 8)
     return ("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width)
-
-
-def _side_by_side(left: list[Text], right: list[Text], left_w: int, muted: Style) -> list[Text]:
-    out = []
-    for n in range(max(len(left), len(right))):
-        line = Text(no_wrap=True)
-        if n < len(left):
-            line.append_text(left[n])
-            line.append(" " * max(0, left_w - left[n].cell_len))
-        else:
-            line.append(" " * left_w)
-        if n < len(right):
-            line.append(" │ ", muted)
-            line.append_text(right[n])
-        out.append(line)
-    return out
 
 
 class AttentionScreen(Screen[None]):
