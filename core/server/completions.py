@@ -48,6 +48,10 @@ class ServerRun:
         e = self.e
         notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, prompt, system)
         yield from notices
+        yield from self._answer(prompt_event)
+
+    def _answer(self, prompt_event) -> Iterator[Event]:
+        """The prompt event, then the answer's requests under the KV account, then the done event."""
         self.prompt_ids = list(prompt_event.ids)
         yield prompt_event
         with self.kv:
@@ -70,11 +74,7 @@ class ServerRun:
             notices, prompt_event = build_prompt(e.conn, e.dialect, e.model_id, request.user, request.system,
                                                  [m.template_dict() for m in request.messages])
             yield from notices
-        self.prompt_ids = list(prompt_event.ids)
-        yield prompt_event
-        with self.kv:
-            reason = yield from self._requests()
-        yield self._done(reason)
+        yield from self._answer(prompt_event)
 
     def branch(self, point: BranchPoint) -> Iterator[Event]:
         e = self.e
