@@ -177,7 +177,7 @@ async def test_a_message_outside_the_protocol_ends_the_run_with_an_error_not_a_m
         replies = Replies(client)
         client.start("Is OpenAI open?")
         got = [await replies.next_event()]
-        with pytest.raises(RunFailure, match="expected RunEvent, Crash, Tokenized, got tuple"):
+        with pytest.raises(RunFailure, match="expected RunEvent, Crash, Tokenized, Previewed, got tuple"):
             got.append(await replies.next_event())
         assert got == events[:1] and not any(isinstance(e, StepEvent) for e in got[1:])
     finally:
@@ -249,7 +249,7 @@ async def test_a_branch_sent_back_to_the_parent_is_refused():
 
     client = await process_client(reply)
     try:
-        with pytest.raises(RunFailure, match="expected RunEvent, Crash, Tokenized, got StartBranch"):
+        with pytest.raises(RunFailure, match="expected RunEvent, Crash, Tokenized, Previewed, got StartBranch"):
             await Replies(client).run("hi")
     finally:
         client.close()
