@@ -3,6 +3,10 @@
 greedy answer.
 
     .venv/bin/python benchmarks/gguf_fidelity.py --folder HF_FOLDER --gguf NAME=PATH [--gguf ...] [--steps 128]
+        [--prompt TEXT ...]
+
+--prompt (repeatable; the default is the seeds' prompt) gives more positions than one answer's 128: on random
+weights the top two scores are often close, so one prompt's count moves by a few positions either way.
 
 The reference: the HF folder the files were converted from, in float32 (transformers), its greedy answer to the
 default prompt (chat template, no end of sequence before --steps). Per position t, each contender gets the prompt
@@ -27,13 +31,13 @@ import llama_serve  # noqa: E402
 PROMPT = "Is OpenAI open?"
 
 
-def reference(folder: Path, steps: int) -> tuple[list[int], list[int]]:
-    """(prompt ids, the float32 model's greedy answer of `steps` tokens)."""
+def reference(folder: Path, steps: int, text: str = PROMPT) -> tuple[list[int], list[int]]:
+    """(prompt ids, the float32 model's greedy answer of `steps` tokens to `text`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                            tokenize=True, return_dict=False)
     ids = torch.tensor([list(prompt)])
     with torch.inference_mode():
@@ -83,17 +87,24 @@ def main(argv=None) -> int:
     parser.add_argument("--gguf", action="append", required=True, metavar="NAME=PATH")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: the seeds')")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    prompt, answer = reference(args.folder, args.steps)
-    print(f"reference: {len(prompt)} prompt ids, {len(answer)} greedy tokens", flush=True)
-    print("| file | tokentui top-1 = reference | llama-server top-1 = reference | tokentui's step |")
-    print("|---|---|---|---|")
+    cases = [reference(args.folder, args.steps, text) for text in (args.prompt or [PROMPT])]
+    for prompt, answer in cases:
+        print(f"reference: {len(prompt)} prompt ids, {len(answer)} greedy tokens", flush=True)
+    print("| file | prompt | tokentui top-1 = reference | llama-server top-1 = reference | tokentui's step |")
+    print("|---|---|---|---|---|")
     for spec in args.gguf:
         name, _, path = spec.partition("=")
-        ours, step = tokentui_agreement(Path(path), prompt, answer)
-        theirs = server_agreement(Path(path), prompt, answer, args.threads)
-        print(f"| {name} | {ours}/{len(answer)} | {theirs}/{len(answer)} | {step} |", flush=True)
+        total = [0, 0, 0]
+        for k, (prompt, answer) in enumerate(cases, 1):
+            ours, step = tokentui_agreement(Path(path), prompt, answer)
+            theirs = server_agreement(Path(path), prompt, answer, args.threads)
+            total = [total[0] + ours, total[1] + theirs, total[2] + len(answer)]
+            print(f"| {name} | {k} | {ours}/{len(answer)} | {theirs}/{len(answer)} | {step} |", flush=True)
+        if len(cases) > 1:
+            print(f"| {name} | all | {total[0]}/{total[2]} | {total[1]}/{total[2]} | |", flush=True)
     return 0
 
 
