@@ -345,7 +345,7 @@ async def test_a_long_answer_keeps_memory_flat_and_every_key_press_reaches_the_s
         # No step event is kept: only the last one (and the fake engine's last 16) is alive...
         alive = sum(type(o) is StepEvent for o in gc.get_objects())
         assert alive <= 40, f"{alive} step events kept alive"
-        # ...the history time travel needs is the run tree's, as numbers in arrays (core/runs/run.py): each step's
+        # ...the history time travel needs is the run tree's, as numbers in arrays (core/runs/columns.py): each step's
         # scalars and its candidates, measured ~600 B a token. A kept StepEvent would add several KiB a token.
         assert tree_per_token < 1024, FIGURES["memory"]
         # Everything else that grows is the answer itself (text, probability, layout slices): measured ~250 B a
