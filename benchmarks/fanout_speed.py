@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from tokentui.core.model.load.build import load_engine  # noqa: E402
 from tokentui.core.link.protocol import EngineSpec  # noqa: E402
 from tokentui.core.runs.branch_point import BranchPoint  # noqa: E402
-from tokentui.core.runs.events import DoneEvent, PromptEvent, SampleEvent, StepEvent  # noqa: E402
+from tokentui.core.runs.events import DoneEvent, PromptEvent, StepEvent  # noqa: E402
+from tokentui.core.runs.explore_events import SampleEvent  # noqa: E402
 from tokentui.core.runs.requests import FanoutRequest  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
 

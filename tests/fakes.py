@@ -45,10 +45,12 @@ from tokentui.core.runs.events import (
     PrefillEvent,
     PromptEvent,
     PromptPiece,
+    StepEvent,
+)
+from tokentui.core.runs.explore_events import (
     SampleEvent,
     ScoreEvent,
     FanoutEvent,
-    StepEvent,
 )
 from tokentui.core.runs.facts import ModelFacts
 from tokentui.core.runs.scoring import score_summary

@@ -20,8 +20,8 @@ from typing import Protocol
 from tokentui.core.errors import TokentuiError
 from tokentui.core.link.client import EngineClient, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.branch_point import BranchPoint
-from tokentui.core.runs.events import (DoneEvent, ErrorEvent, Event, FanoutEvent, Notice, SampleEvent, ScoreSummary,
-                                       StepEvent)
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, Event, Notice, StepEvent
+from tokentui.core.runs.explore_events import FanoutEvent, SampleEvent, ScoreSummary
 from tokentui.core.runs.requests import FanoutRequest
 from tokentui.core.settings import SamplerSettings
 

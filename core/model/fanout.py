@@ -38,8 +38,8 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import SettingsError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import (Candidate, DoneEvent, Event, FanoutEvent, FanoutProgress, Notice, PrefillEvent,
-                           PrefillProgress, SampleEvent)
+from ..runs.events import Candidate, DoneEvent, Event, FanoutProgress, Notice, PrefillEvent, PrefillProgress
+from ..runs.explore_events import FanoutEvent, SampleEvent
 from ..runs.requests import FanoutRequest
 from ..steps.decode import decode_one_token
 from ..steps.detokenize import IncrementalDetokenizer

@@ -31,8 +31,8 @@ import torch
 
 from ..errors import PromptError, SettingsError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import (DoneEvent, Event, Notice, PrefillEvent, PrefillProgress, PromptEvent, PromptPiece,
-                           ScoreEvent, StepEvent)
+from ..runs.events import DoneEvent, Event, Notice, PrefillEvent, PrefillProgress, PromptEvent, PromptPiece, StepEvent
+from ..runs.explore_events import ScoreEvent
 from ..runs.requests import ScoreRequest
 from ..runs.scoring import score_summary
 from ..steps.detokenize import oneshot_text

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .events import LensRow, install_fast_pickling
+from .events import LensRow
+from .pickling import install_fast_pickling
 
 # How many source positions a layer's `top` keeps: `--attention` writes 8 per layer (issue 39); the dashboard may ask
 # for more (RunOptions.attention_top) to paint its heat strip.

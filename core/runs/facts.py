@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .architecture import BlockGroup, KVGroup, ModelAnatomy  # noqa: F401  (nested in ModelFacts; the reader's table)
-from .events import Event, install_fast_pickling
+from .events import Event
+from .pickling import install_fast_pickling
 from .truths import ModelTruths  # noqa: F401  (nested in ModelFacts)
 
 

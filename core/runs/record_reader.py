@@ -31,7 +31,6 @@ from .events import (
     DoneEvent,
     ErrorEvent,
     Event,
-    FanoutEvent,
     FanoutProgress,
     LensRow,
     LoadProgress,
@@ -41,12 +40,15 @@ from .events import (
     PrefillProgress,
     PromptEvent,
     PromptPiece,
+    StepEvent,
+    StepTiming,
+)
+from .explore_events import (
+    FanoutEvent,
     SampleEvent,
     ScoredToken,
     ScoreEvent,
     ScoreSummary,
-    StepEvent,
-    StepTiming,
 )
 from .facts import ModelFacts, QuantFacts, ServerFacts
 from .turns import Message, TurnEvent

@@ -33,7 +33,6 @@ from .events import (
     DoneEvent,
     ErrorEvent,
     Event,
-    FanoutEvent,
     FanoutProgress,
     LoadProgress,
     MultiTokenChar,
@@ -41,10 +40,13 @@ from .events import (
     PrefillEvent,
     PrefillProgress,
     PromptEvent,
+    StepEvent,
+)
+from .explore_events import (
+    FanoutEvent,
     SampleEvent,
     ScoreEvent,
     ScoreSummary,
-    StepEvent,
 )
 from .facts import ModelFacts
 from .turns import TurnEvent

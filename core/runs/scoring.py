@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from .events import ScoredToken, ScoreSummary, StepEvent
+from .events import StepEvent
+from .explore_events import ScoredToken, ScoreSummary
 
 __all__ = ["LEAST_LIKELY", "percent", "scored_tokens", "score_summary", "surprisal_bits"]
 

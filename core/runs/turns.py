@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import PromptError
-from .events import Event, install_fast_pickling
+from .events import Event
+from .pickling import install_fast_pickling
 
 __all__ = ["Message", "TurnEvent", "TurnRequest", "common_prefix", "follow_up", "history_of", "kv_size", "raw_text",
            "reuse_line"]

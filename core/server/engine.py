@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..runs.branch_point import BranchPoint
-from ..runs.events import Event, FanoutEvent, LoadProgress, Notice
+from ..runs.events import Event, LoadProgress, Notice
+from ..runs.explore_events import FanoutEvent
 from ..runs.facts import ModelFacts
 from ..interface import BaseEngine
 from ..samplers import SERVER_KINDS, ignored_by, served_sampler

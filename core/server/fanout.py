@@ -33,7 +33,8 @@ from typing import Iterator
 
 from ..errors import ServerError
 from ..runs.ending import stopped_before_first_token
-from ..runs.events import Candidate, DoneEvent, Event, FanoutEvent, Notice, PrefillEvent, SampleEvent
+from ..runs.events import Candidate, DoneEvent, Event, Notice, PrefillEvent
+from ..runs.explore_events import FanoutEvent, SampleEvent
 from ..runs.requests import FanoutRequest
 from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_text

@@ -27,7 +27,8 @@ from dataclasses import replace
 from typing import Iterator
 from urllib.parse import quote
 
-from ..runs.events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, SampleEvent, StepEvent
+from ..runs.events import BranchEvent, DoneEvent, ErrorEvent, Event, PromptEvent, StepEvent
+from ..runs.explore_events import SampleEvent
 from ..steps.display import display_text, map_strings
 
 KEY_MASK = "[API key]"

@@ -13,7 +13,8 @@ from cli_run import one_line_error, tokentui
 from fake_openai_server import FakeServer, Reply, fanout_answer, fanout_logprob, ids_of
 
 from tokentui.core.errors import ErrorKind
-from tokentui.core.runs.events import DoneEvent, ErrorEvent, FanoutEvent, Notice, PrefillEvent, SampleEvent
+from tokentui.core.runs.events import DoneEvent, ErrorEvent, Notice, PrefillEvent
+from tokentui.core.runs.explore_events import FanoutEvent, SampleEvent
 from tokentui.core.runs.requests import FanoutRequest
 from tokentui.core.server.engine import ServerEngine, ServerOptions
 from tokentui.core.settings import RunOptions, SamplerSettings

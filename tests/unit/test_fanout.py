@@ -18,8 +18,8 @@ from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
-from tokentui.core.runs.events import (BranchEvent, DoneEvent, ErrorEvent, FanoutEvent, Notice, PrefillEvent, PromptEvent,
-                                       SampleEvent, StepEvent)
+from tokentui.core.runs.events import BranchEvent, DoneEvent, ErrorEvent, Notice, PrefillEvent, PromptEvent, StepEvent
+from tokentui.core.runs.explore_events import FanoutEvent, SampleEvent
 from tokentui.core.runs.requests import MAX_SAMPLES, FanoutRequest
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings

@@ -23,8 +23,8 @@ from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import load_model
 from tokentui.core.model.quant import ggml_linear
 from tokentui.core.runs.branch_point import BranchPoint
-from tokentui.core.runs.events import (BranchEvent, FanoutEvent, PrefillEvent, PromptEvent, SampleEvent, ScoreEvent,
-                                       StepEvent)
+from tokentui.core.runs.events import BranchEvent, PrefillEvent, PromptEvent, StepEvent
+from tokentui.core.runs.explore_events import FanoutEvent, SampleEvent, ScoreEvent
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
 from tokentui.core.settings import RunOptions, SamplerSettings
 

@@ -11,7 +11,8 @@ from client_replies import Replies
 from tokentui.core.link.process_client import ProcessClient
 from tokentui.core.link.protocol import EngineSpec
 from tokentui.core.model.engine import Engine
-from tokentui.core.runs.events import SampleEvent, StepEvent
+from tokentui.core.runs.events import StepEvent
+from tokentui.core.runs.explore_events import SampleEvent
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import RunOptions, SamplerSettings

@@ -24,7 +24,8 @@ from fakes import ScriptedEngine, record_scripted
 from tokentui.cli import main
 from tokentui.core.errors import RecordError
 from tokentui.core.runs import record_writer, replay, tree
-from tokentui.core.runs.events import DoneEvent, SampleEvent, StepEvent
+from tokentui.core.runs.events import DoneEvent, StepEvent
+from tokentui.core.runs.explore_events import SampleEvent
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.recording import RecordedRun
 from tokentui.core.runs.replay import ReplayEngine

@@ -15,7 +15,8 @@ from tokentui.core.errors import ErrorKind, PromptError
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.branch_point import BranchPoint
-from tokentui.core.runs.events import (BranchEvent, DoneEvent, PromptEvent, ScoreEvent, ScoreSummary, StepEvent)
+from tokentui.core.runs.events import BranchEvent, DoneEvent, PromptEvent, StepEvent
+from tokentui.core.runs.explore_events import ScoreEvent, ScoreSummary
 from tokentui.core.runs.requests import ScoreRequest
 from tokentui.core.runs.run import Run
 from tokentui.core.runs.scoring import score_summary

@@ -8,7 +8,8 @@ import pytest
 from fake_script import ANSWER_TEXT
 from fakes import ScriptedEngine
 
-from tokentui.core.runs.events import DoneEvent, SampleEvent, ScoreSummary, StepEvent
+from tokentui.core.runs.events import DoneEvent, StepEvent
+from tokentui.core.runs.explore_events import SampleEvent, ScoreSummary
 from tokentui.core.runs.fanout_view import first_difference, first_tokens, piece_texts, ranked, split_from_others
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.recording import RecordedRun

@@ -79,7 +79,8 @@ def fanout_main(argv: list[str]) -> int:
 
 
 def _show(event, emit, samples: list, run_after: tuple[int, ...], served: bool = False, progress=None) -> None:
-    from tokentui.core.runs.events import DoneEvent, FanoutEvent, FanoutProgress, Notice, SampleEvent
+    from tokentui.core.runs.events import DoneEvent, FanoutProgress, Notice
+    from tokentui.core.runs.explore_events import FanoutEvent, SampleEvent
 
     if isinstance(event, FanoutEvent):
         samples.append(event)

@@ -94,7 +94,8 @@ def score_main(argv: list[str], build_parser) -> int:
 
 
 def _show(event, emit) -> None:
-    from tokentui.core.runs.events import Notice, ScoreSummary, StepEvent
+    from tokentui.core.runs.events import Notice, StepEvent
+    from tokentui.core.runs.explore_events import ScoreSummary
 
     from .stream import forced_line
 

@@ -22,7 +22,8 @@ Emit = Callable[..., None]
 
 def stream_run(args, engine, events: Callable[[], Iterator], show: Callable, what: str, progress=None) -> int:
     from tokentui.core.errors import exit_status
-    from tokentui.core.runs.events import ErrorEvent, FanoutProgress, SampleEvent, StepEvent
+    from tokentui.core.runs.events import ErrorEvent, FanoutProgress, StepEvent
+    from tokentui.core.runs.explore_events import SampleEvent
     from tokentui.core.runs.record_writer import RunRecorder
     from tokentui.core.runs.recording import RecordedRun
 
