@@ -17,7 +17,7 @@ from tokentui.core.runs.replay import ReplayEngine
 from tokentui.core.runs.run import Run
 from tokentui.core.settings import SamplerSettings
 from tokentui.tui.panels import CandidatesPanel
-from tokentui.tui.panels.candidates import column_widths, rows_that_fit
+from tokentui.tui.panels.candidate_rows import column_widths, rows_that_fit
 
 SIZES = [(80, 24), (100, 30), (160, 48)]
 

@@ -32,7 +32,8 @@ from tokentui.core.runs.truths import ModelTruths, rope_angles
 from tokentui.core.settings import RunOptions, SamplerSettings
 from tokentui.tui import DashboardConfig
 from tokentui.tui.format import human_bytes, percent
-from tokentui.tui.panels.candidates import CandidatesPanel, logit_text
+from tokentui.tui.panels.candidate_rows import logit_text
+from tokentui.tui.panels.candidates import CandidatesPanel
 
 SIZES = [(80, 24), (120, 30), (160, 48)]
 GREEDY = SamplerSettings(temperature=0.0)

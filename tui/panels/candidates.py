@@ -1,102 +1,26 @@
 """Step 4, selection: the current step's top-K candidates, raw and post-sampler probabilities, the stage that cut
 each, the sampler chain as rows (tui/panels/chain.py), entropy — or, while the step stands still under settings
-that are not its own, the preview of that step under them (tui/preview.py)."""
+that are not its own, the preview of that step under them (tui/preview.py). The table's geometry and cells are
+tui/panels/candidate_rows.py's; a served model's table, tui/panels/candidates_served.py's."""
 
 from __future__ import annotations
 
 from rich.cells import cell_len, chop_cells, set_cell_size
 from rich.text import Text
 
-from tokentui.core.samplers import stage_summary
 from tokentui.core.steps.display import display_text
 
 from ..format import fit_piece, fitting, percent, whole_lines
-from ..served import DASH, LEGEND, chosen_value, prob_label, prob_missing, server_of, unknown_kind, value_of, wrap
+from ..served import server_of
 from .base import Panel
+from .candidate_rows import NUM_W, bar, chosen_name, column_widths, id_width, logit_text, rows_that_fit, settings_line
+from .candidates_served import served_table
 from .chain import Shown, cut_by_text, table
 
-EIGHTHS = " ▏▎▍▌▋▊▉█"
-# a served token the server did not stream on its own (StepEvent.merged)
-MERGED = ("no candidates: the server streamed this token merged with the next, as one character's bytes, and "
-          "reported no probabilities for it")
-
-
-NUM_W = 6  # a probability column: "100.0%"
-PIECE_W = (8, 16)  # the token column's narrowest and widest
-MIN_BAR = 6  # cells the bar keeps before the token column gives up its width
 BAR_LABEL = "sampled p"
 FULL_CHAIN_ROWS = 6  # the chain goes as rows where at least this many candidate rows still fit; else its short form
 PREVIEW_NOTE = ("preview under the settings asked for · enter: branch here with them", "preview · enter: branch here",
                 "preview · enter branches", "preview")
-
-
-def rows_that_fit(count: int, room: int | None, chosen: int | None, kept: int | None, chose_lines: int = 1,
-                  row_lines: int = 1) -> tuple[int, bool, bool]:
-    """How many of `count` candidate rows to draw in `room` lines (None: as many as there are), so that the chosen
-    token is always on screen: its row (`row_lines` long: a name too long for its row goes on lines above it), or —
-    where its row does not fit, or it is not among the candidates — a "chose" line (`chose_lines` long) under them.
-    `chosen`: its position in the list (None: not in it); `kept`: the rows the sampler kept (the cut rule goes after
-    them; None: nothing cut). Returns (rows, the cut rule drawn, a "chose" line needed)."""
-    room = count + 1 + max(chose_lines, row_lines) if room is None else room
-    for rows in range(min(count, room), -1, -1):
-        rule = kept is not None and 0 < kept < rows
-        chose = chosen is None or chosen >= rows
-        if rows + rule + chose * chose_lines + (not chose) * (row_lines - 1) <= room:
-            return rows, rule, chose
-    return 0, False, True
-
-
-def column_widths(width: int, id_w: int, numbers: int) -> tuple[int, int]:
-    """(token column, bar) widths for a panel `width` cells wide: fixed by the width alone, not by the pieces of
-    the step shown, so the columns and the header stay put from step to step. `numbers`: the cells of the number
-    columns and the spaces between."""
-    rest = 2 + 1 + id_w + numbers  # the ▶ mark, the space after the token, the id, the numbers
-    piece_w = max(PIECE_W[0], min(PIECE_W[1], width - rest - MIN_BAR))
-    return piece_w, max(0, width - rest - piece_w)
-
-
-def chosen_name(piece: str, piece_w: int, bar_w: int, width: int) -> tuple[str, list[str]]:
-    """The chosen token's name, always whole (issue 40): on its row where the token column and the bar hold it (the
-    bar gives way first, the numbers moving right with it) — (the row's name cell, []) — else on lines of its own
-    above the row, folded at the panel's width, the row's name cell left blank — ("", those lines)."""
-    name = display_text(piece)
-    if cell_len(name) <= piece_w + bar_w:
-        return (name if cell_len(name) > piece_w else set_cell_size(name, piece_w)), []
-    return " " * piece_w, chop_cells("▶ " + name, max(4, width))
-
-
-def id_width(facts, cands) -> int:
-    """The id column: as wide as the model's largest id (the same at every step), or the widest id shown."""
-    rows = getattr(facts, "vocab_rows", None) or 0
-    return max([len("id"), len(str(max(0, rows - 1)))] + [len(str(c.id)) for c in cands])
-
-
-def bar(p: float, raw: float, width: int) -> list[tuple[str, str]]:
-    """A bar `width` cells long: the post-sampler probability solid, the raw probability beyond it shaded."""
-    if width <= 0:
-        return []
-    p = min(max(p, 0.0), 1.0)
-    raw = min(max(raw, 0.0), 1.0)
-    eighths = round(p * width * 8)
-    full, part = divmod(eighths, 8)
-    out = [("█" * full, "bar")]
-    used = full
-    if part and used < width:
-        out.append((EIGHTHS[part], "bar"))
-        used += 1
-    raw_cells = round(raw * width)
-    if raw_cells > used:
-        out.append(("░" * (raw_cells - used), "raw"))
-        used = raw_cells
-    return out
-
-
-def logit_text(logit: float | None) -> str:
-    """A raw logit in NUM_W cells (`L` shows the raw column as logits): two decimals, one from ±100 on; "—" where
-    the step does not carry it (a served model, the compiled whole step, an older record)."""
-    if logit is None:
-        return "—"
-    return f"{logit:.2f}" if abs(logit) < 99.995 else f"{logit:.1f}" if abs(logit) < 9999.95 else f"{logit:.0e}"
 
 
 class CandidatesPanel(Panel):
@@ -151,7 +75,7 @@ class CandidatesPanel(Panel):
         cands = list(step.candidates)
         chosen = next((n for n, c in enumerate(cands) if c.id == step.id), None)
         if server is not None:  # a served model: one probability per candidate, labelled by what the server gives
-            return self._served(state, raw_step, server, cands, chosen, width, height)
+            return served_table(self, state, raw_step, server, cands, chosen, width, height)
         kept = step.kept_count if 0 < step.kept_count < len(cands) else None
         id_w = id_width(state.facts, cands)
         piece_w, bar_w = column_widths(width, id_w, 1 + NUM_W + 1 + NUM_W + 1)
@@ -225,19 +149,6 @@ class CandidatesPanel(Panel):
             out.append_text(row)
         return out
 
-    def _settings_line(self, step) -> Text:
-        """The sampler this step used, in a few words: greedy, or its cutting stages (core/samplers.py)."""
-        muted = self.style_of("candidates--muted")
-        value = self.style_of("candidates--value")
-        s = step.settings  # the SamplerSettings this step used
-        line = Text()
-        if step.greedy:
-            line.append("greedy", value)
-            line.append(" · always the top token", muted)
-        else:
-            line.append(" · ".join(stage_summary(s)), value)
-        return line
-
     def _chose_line(self, step, probability: str, width: int = 0) -> list[Text]:
         """The token taken, where its row is not on screen: its rank among every token by raw score and its
         probabilities (`probability`: the rest of the parenthesis, e.g. "raw 1.2%, p 3.4%"). Where the line is
@@ -286,7 +197,7 @@ class CandidatesPanel(Panel):
                                 width - kept.cell_len), muted)
             rows.append(kept)
         elif not chain:
-            first = self._settings_line(step)
+            first = settings_line(step, muted, value)
             if not step.greedy:
                 first.append(f" → kept {step.kept_count:,}", muted)
                 rows.append(first)
@@ -308,95 +219,4 @@ class CandidatesPanel(Panel):
         if chose:
             rows += self._chose_line(step, f"raw {percent(step.chosen_raw_prob)}, p {percent(step.chosen_prob)}",
                                      width)
-        return [row for part in rows for row in whole_lines(part, width)]
-
-    # ---- a served model ------------------------------------------------------------------------------------
-    def _served(self, state, step, server, cands, chosen, width: int, height: int | None) -> Text:
-        """The server's top candidates with the one probability it gives (`ServerFacts.probs`: raw, post-sampler,
-        or not said), labelled so, and "—" for what it does not report (kept tokens, entropy, the other
-        probability; the chosen token's rank when it is not among the candidates)."""
-        muted = self.style_of("candidates--muted")
-        label = prob_label(server)
-        id_w = id_width(state.facts, cands)
-        num_w = max(NUM_W, len(label))
-        piece_w, bar_w = column_widths(width, id_w, 1 + num_w + 1)
-        name_cell, above = chosen_name(step.piece, piece_w, bar_w, width)
-        without = len(self._served_summary(step, server, width, False, cands))
-        room = None if height is None else height - 1 - without
-        chose_lines = len(self._served_summary(step, server, width, True, cands)) - without
-        rows, _rule, chose = rows_that_fit(len(cands), room, chosen, None, chose_lines, 1 + len(above))
-        summary = self._served_summary(step, server, width, chose, cands)
-        cands = cands[:rows]
-        out = Text()
-        out.append("  " + set_cell_size("token", piece_w) + " " + "id".rjust(id_w) + " " + label.rjust(num_w),
-                   self.style_of("candidates--header"))
-        bar_style = self.style_of("candidates--bar")
-        chosen_style = self.style_of("candidates--chosen")
-        cut_style = self.style_of("candidates--cut")
-        special_style = self.style_of("candidates--special")
-        post = server.probs == "post-sampler"
-        for c in cands:
-            out.append("\n")
-            is_chosen = c.id == step.id
-            p = value_of(c)
-            cut = post and p == 0  # a post-sampler probability of 0: the server's sampler cut it
-            if is_chosen and above:  # its name on lines of its own, whole
-                for part in above:
-                    out.append(set_cell_size(part, width) + "\n", chosen_style)
-            line = Text()
-            line.append("▶ " if is_chosen and not above else "  ")
-            name = name_cell if is_chosen else fit_piece(c.piece, piece_w)
-            line.append(name, special_style if c.special else None)
-            line.append(" " + str(c.id).rjust(id_w))
-            line.append(" " + (DASH if p is None else "cut" if cut else percent(p)).rjust(num_w))
-            room_w = bar_w - (cell_len(name) - piece_w)
-            if p is not None and room_w > 0:
-                line.append(" ")
-                for chars, kind in bar(p, 0.0, room_w):
-                    line.append(chars, bar_style)
-            if is_chosen:
-                line.append(" " * max(0, width - line.cell_len))
-                line.stylize_before(chosen_style)
-            elif cut:
-                line.stylize_before(cut_style)
-            out.append_text(line)
-        for row in summary:
-            out.append("\n")
-            out.append_text(row)
-        if not step.candidates:
-            out = Text(MERGED if step.merged else "the server reported no candidates for this step", style=muted)
-        return out
-
-    def _served_summary(self, step, server, width: int, chose: bool, cands) -> list[Text]:
-        muted = self.style_of("candidates--muted")
-        value = self.style_of("candidates--value")
-        rows: list[Text] = []
-        first = self._settings_line(step)
-        if not step.greedy:
-            first.append(" → kept ", muted)
-            first.append(f"{step.kept_count:,}" if step.kept_count is not None else DASH, value)
-        rows.append(first)
-        second = Text()
-        second.append("entropy ", muted)
-        second.append(f"{max(0.0, step.entropy_bits):.2f} bits" if step.entropy_bits is not None else DASH, value)
-        missing = prob_missing(server)
-        if missing is not None:
-            second.append(f" · {missing} ", muted)
-            second.append(DASH, value)
-        rows.append(second)
-        if server.probs == "unknown":
-            rows += [Text(line, style=muted) for line in wrap(unknown_kind(), width)]
-        if chose and step.candidates:  # the token taken is not among the candidates shown
-            p = chosen_value(step)
-            in_list = any(c.id == step.id for c in cands)
-            where = (f"rank {step.chosen_rank + 1}" if step.chosen_rank is not None
-                     else f"rank {[c.id for c in cands].index(step.id) + 1}" if in_list
-                     else f"not in the server's top {server.top_logprobs or len(cands)}")
-            head = f"chose {display_text(step.piece)}: {where}"
-            tail = f"{prob_label(server)} {percent(p) if p is not None else DASH}"
-            if cell_len(head) + 2 + len(tail) <= width:
-                rows.append(Text(f"{head}, {tail}", style=value))
-            else:
-                rows += [Text(head, style=value), Text("  its " + tail, style=value)]
-        rows.append(Text(LEGEND, style=muted))
         return [row for part in rows for row in whole_lines(part, width)]
