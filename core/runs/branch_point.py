@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import SettingsError
+from ..samplers import mirostat_mu
 
 __all__ = ["BranchPoint", "check_ids", "run_ids"]
 
@@ -86,11 +87,24 @@ class BranchPoint:
     def of_run(cls, run, at: int, token: int, parent: str | None = None, **phrase) -> "BranchPoint":
         """The branch point at step index `at` (0-based) of a `Run` (core/runs/run.py), a plain run or itself a branch:
         its prompt, its tokens before `at`, and its own token at `at` when it has one. `phrase`: the phrase fields
-        (phrase, phrase_text, sample)."""
+        (phrase, phrase_text, sample) and `mirostat_mu` where the caller knows it (a preview's settings); else
+        Mirostat 2.0's state before `at` as the run's own steps give it (`mu_before`), so every branch continues
+        the state its parent had there."""
         prompt_ids, ids = run_ids(run)
         if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= len(ids):
             raise SettingsError(f"step index {at!r} is not in this run (0..{len(ids)})")
+        phrase.setdefault("mirostat_mu", mu_before(run, at))
         return cls(prompt_ids, ids[:at], at, token, parent, ids[at] if at < len(ids) else None, **phrase)
+
+
+def mu_before(run, at: int) -> float | None:
+    """Mirostat 2.0's state before step index `at` of a `Run`, folded from its steps (core/samplers.py
+    `mirostat_mu`: the state lives in the steps' own record). None where Mirostat was off at the step before, and
+    for a run whose steps start at a branch point (a branch record read back): the steps before it are its
+    parent's, in the parent's record, so the state there is not in this run and a fresh start is all it can say."""
+    if run.offset:
+        return None
+    return mirostat_mu([(s.settings, s.chosen_prob) for s in run[:at]])
 
 
 def run_ids(run) -> tuple[tuple[int, ...], tuple[int, ...]]:
