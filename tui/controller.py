@@ -2,8 +2,9 @@
 
 It owns the engine client (core/link/), the tree of runs of the current prompt (tui/branches.py, with its tree
 file, core/runs/tree.py), the prompt, the panel toggles and what was asked for before the model was ready; it
-offers the actions the keys trigger (`change_sampler`, `start_run`, `branch_at`, `toggle_lens`, `move_cursor`, …)
-and folds the client's replies into the runs' states. The app (tui/app.py) composes the panels, turns each key into
+offers the actions the keys trigger (`start_run`, `toggle_lens`, `export`, …; the sampler, pause / step and cursor
+keys from tui/run_keys.py, `branch_at` and the rest of branching from tui/branching.py) and folds the client's
+replies into the runs' states. The app (tui/app.py) composes the panels, turns each key into
 one call here and paints what the controller says changed, through the `View` it passes in (tui/view.py) — which the
 tests replace with a recorder, so every rule below is tested without a terminal.
 
@@ -14,35 +15,35 @@ states are the tree's; everything else the dashboard remembers between keys is a
 from __future__ import annotations
 
 import asyncio
-import random
-import shlex
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from tokentui.core.errors import SettingsError, TokentuiError, exit_status
 from tokentui.core.link.client import Reply, RunEnded, RunNote, RunOpened, RunUpdate
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import DoneEvent, ErrorEvent, LoadProgress, Notice, StepEvent
 from tokentui.core.runs.facts import ModelFacts
-from tokentui.core.samplers import param
 from tokentui.core.settings import SamplerSettings
 from tokentui.core.steps.display import printable_copy
 
 from .attention_view import Inside
-from .branches import Branch, BranchTree
+from .branches import BranchTree
+from .branching import Branching
 from .config import DashboardConfig
 from .explore import Explore
 from .preview import StepPreviews
 from .followup import FollowUps
 from .export import export_answer
-from .format import short_path
+from .run_keys import RunKeys
 from .served import server_of
 from .state import RunState
 from .view import View
 
 
-class DashboardController:
+class DashboardController(RunKeys, Branching):
+    """Everything the dashboard does (see the module docstring): its keys that steer the run are tui/run_keys.py's,
+    its branching tui/branching.py's, inherited."""
+
     def __init__(self, config: DashboardConfig, view: View) -> None:
         self.config = config
         self.view = view
@@ -252,206 +253,6 @@ class DashboardController:
         point = BranchPoint.of_run(parent.state.run, node.at, node.token, parent=self.tree.parent_name(parent))
         if self.start_branch(parent, node.at, node.piece or str(node.token), point) and node.sample is not None:
             self.tree.live_branch.sample = node.sample  # an adopted sample, named in words as it was (Branch.label)
-
-    # ---- the sampler ---------------------------------------------------------------------------------------
-    def change_sampler(self, **changes) -> bool:
-        """The settings asked for, changed (built and checked once: a SamplerSettings); the engine uses them from
-        its next step. A value out of range or a replay (whose settings are the record's) is refused in one line.
-        True when the settings changed."""
-        if self.replaying:
-            self.view.notify(f"A replay plays the recorded settings (previewing others needs the model): run "
-                             f"`tokentui branch {self.replayed_record} --at N --token ID` to try others",
-                             severity="warning", timeout=6)
-            return False
-        try:
-            new = self.client.sampler.with_changes(**changes)
-            before = self.client.sampler
-            self.client.set_sampler(new)
-        except SettingsError as err:
-            self.view.notify(str(err), severity="error")
-            return False
-        self.view.repaint()
-        return new != before
-
-    def sampler_step(self, name: str, direction: int) -> None:
-        """A sampler key: the parameter `name` (core/samplers.py) one notch up (+1) or down (-1), by its own
-        `nudge`; at its end nothing changes."""
-        value = getattr(self.sampler, name)
-        new = param(name).nudge(value, direction)
-        if new != value:
-            self.change_sampler(**{name: new})
-
-    def temperature(self, direction: int) -> None:
-        self.sampler_step("temperature", direction)
-
-    def toggle_greedy(self) -> None:
-        s = self.sampler
-        if s.is_greedy:
-            changes: dict = {"greedy": False}
-            if s.temperature == 0:
-                changes["temperature"] = self._last_temperature or 0.7
-            self.change_sampler(**changes)
-        else:
-            if self.change_sampler(greedy=True):
-                self._last_temperature = s.temperature
-
-    def new_seed(self, draw: Callable[[], int] = lambda: random.randrange(0, 2**31 - 1)) -> None:
-        seed = self.sampler.seed
-        new = seed
-        while new == seed:
-            new = draw()
-        self.change_sampler(seed=new)
-
-    # ---- pause / step --------------------------------------------------------------------------------------
-    def _running(self) -> bool:
-        if self.client.loaded and self.state.running:
-            return True
-        hint = "r restarts" if self.client.loaded else "the model is not loaded yet"
-        self.view.notify(f"Nothing is generating — {hint}", severity="warning", timeout=4)
-        return False
-
-    def toggle_pause(self) -> None:
-        if not self.client.loaded and self.state.phase == "loading":
-            self.pause_armed = not self.pause_armed
-            self.view.notify("Pausing at the first token once the model is loaded" if self.pause_armed
-                             else "Will not pause at the first token", timeout=4)
-            self.view.repaint()
-            return
-        if not self._running():
-            return
-        if self.client.paused:
-            self.client.resume()
-        else:
-            self.client.pause()
-        self.view.repaint()
-
-    def step(self) -> None:
-        if not self._running():
-            return
-        if not self.client.paused:
-            self.client.pause()
-            self.view.notify("Paused — n (or →) lets one token through, space resumes", timeout=4)
-            self.view.repaint()
-            return
-        self.client.step_once()
-
-    def pause_for_dialog(self) -> bool:
-        """Dialogs cover the panels, so a run must not go on unseen behind them: pause it while one is open (it
-        resumes when the dialog closes, unless it was paused already). True when this paused it."""
-        if self.client.loaded and self.state.running and not self.client.paused:
-            self.client.pause()
-            self.dialog_paused = True
-            self.view.repaint()
-            return True
-        return False
-
-    def resume_after_dialog(self) -> None:
-        if self.dialog_paused:
-            self.dialog_paused = False
-            if self.client.loaded and self.client.paused:
-                self.client.resume()
-            self.view.repaint()
-
-    # ---- time travel ---------------------------------------------------------------------------------------
-    def move_cursor(self, delta: int) -> None:
-        """[ ] one step back / forward, { } ten; forward onto the newest step rejoins live."""
-        state = self.state
-        changed = state.cursor_move(delta)
-        if delta > 0 and state.cursor is not None and state.cursor_at_newest:
-            changed = state.cursor_live() or changed
-        if changed:
-            self.view.repaint()
-
-    def cursor_first(self) -> None:
-        if self.state.cursor_first():
-            self.view.repaint()
-
-    def cursor_live(self) -> None:
-        if self.state.cursor_live():
-            self.view.repaint()
-
-    def cursor_go(self, position: int) -> None:
-        if self.state.cursor_go(position):
-            self.view.repaint()
-
-    @property
-    def replayed_record(self) -> str:
-        """The record of the run a replay shows, as it is typed in a command (`~/…` where that needs no quoting),
-        for the notices that say what to run instead (issue 40: they said `FILE`); "FILE" when not known."""
-        tree = self.config.replay
-        if tree is None:
-            return "FILE"
-        run = tree.runs.get(self.tree.shown_branch.number) or tree.runs.get(1)
-        path = getattr(run, "record_path", None)
-        if path is None:
-            return "FILE"
-        short = short_path(path, width=100_000)
-        return short if shlex.quote(short.removeprefix("~")) == short.removeprefix("~") else shlex.quote(str(path))
-
-    # ---- branching -----------------------------------------------------------------------------------------
-    def step_to_branch(self, verb: str = "branch") -> StepEvent | None:
-        """The step a branch (or a fan-out: `verb` "fan out") would leave from: the cursor's step; live, the newest
-        step once paused or ended. None (said why, in words for a user) when there is none."""
-        state = self.state
-        if self.replaying:
-            where = f" --at {state.view_step.index + 1}" if state.view_step is not None else " --at STEP"
-            self.view.notify(f"A replay cannot branch: run `tokentui branch {self.replayed_record}{where} --token ID`",
-                             severity="warning", timeout=6)
-            return None
-        refusal = self.client.branch_refusal
-        if refusal is not None:
-            self.view.notify(refusal[0].upper() + refusal[1:], severity="warning", timeout=5)
-            return None
-        if state.cursor is None and state.running and not self.client.paused:
-            self.view.notify(f"Pause (space) to {verb} at the newest step, or go back to a step first ([ / ])",
-                             severity="warning", timeout=5)
-            return None
-        step = state.view_step
-        if step is None:
-            self.view.notify(f"No step yet to {verb} from", severity="warning", timeout=4)
-        return step
-
-    def branch_at(self, parent: Branch, step: StepEvent, token: int) -> bool:
-        """Start a branch of `parent` at `step` with `token`: the engine cuts its KV cache back and goes on. False
-        (said why) when it cannot start."""
-        try:
-            point = BranchPoint.of_run(parent.state.run, step.index, token, parent=self.tree.parent_name(parent))
-        except SettingsError as err:
-            self.view.notify(str(err), severity="error")
-            return False
-        piece = next((c.piece for c in step.candidates if c.id == token), str(token))
-        return self.start_branch(parent, step.index, piece, point)
-
-    def start_branch(self, parent: Branch, at: int, piece: str, point: BranchPoint) -> bool:
-        """Start the branch `point` of `parent` at step `at` (`piece`: what its node is named by in the tree; a
-        forced phrase or an adopted sample too, tui/explore.py): the run in progress stops, the branch becomes the
-        live run of the tree and is shown. False (said why) when the engine refuses it. A run the user paused
-        stays paused: the branch's forced steps (the token taken, a phrase's tokens) come, then it waits for n
-        (issue 40: picking tokens by hand, step by step, as token-explorer does)."""
-        keep_paused = self.client.paused and not self.dialog_paused  # a dialog's own pause is not the user's
-        self.dialog_paused = False  # the branch replaces the paused run, which ends "stopped"
-        self.client.halt()
-        branch = self.tree.add_branch(parent, at, piece, self.state.next_run(), token=point.token,
-                                      phrase=point.phrase or None, phrase_text=point.phrase_text, sample=point.sample)
-        self.view.clear_answer()
-        self.view.repaint()
-        if keep_paused:  # as `space` while loading does for a run: paused, the forced steps let through
-            self.client.pause()
-            for _token in point.forced_ids:  # one token, or a phrase's (or a sample's) every token
-                self.client.step_once()
-        try:
-            # the parent's prompt goes first into the branch's record: it replays on its own
-            branch.run_id = self.client.branch(point, prompt=parent.state.prompt)
-        except SettingsError as err:  # refused before anything started
-            self.view.notify(str(err), severity="error")
-            return False
-        return True
-
-    def show_run(self, number: int) -> None:
-        """Show run `number` of the tree (the live one keeps running underneath)."""
-        self.tree.show(number)
-        self.view.clear_answer()
-        self.view.repaint()
 
     # ---- view toggles --------------------------------------------------------------------------------------
     def toggle_lens(self) -> None:

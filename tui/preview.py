@@ -7,7 +7,7 @@ under the settings asked for (the client's): the candidates' new probabilities, 
 and which stage cut each candidate, and the token those settings would take, without advancing the run. When the
 settings asked for are the step's own, the answer is that step's report (its chain rows and "cut by" for the
 selection panel); when they differ, it is a preview, and `branch` (enter) leaves the step with the new settings,
-the previewed token taken: the branch machinery's (tui/controller.py `start_branch`, a paused run staying paused,
+the previewed token taken: the branch machinery's (tui/branching.py `start_branch`, a paused run staying paused,
 issue 40 item 12).
 
 Where no preview can be had the panels say so in one line (`line`), only where it matters (the settings differ):

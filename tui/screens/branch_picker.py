@@ -3,7 +3,7 @@
 Lists the step's candidates as the candidates panel does (raw and post-sampler probability, the token the run took
 marked). Enter branches with the highlighted one, or a digit with that rank at once (1–9, 0 for the 10th: picking
 tokens by hand is one key a token); the engine cuts its KV cache back to that step (no new prefill of the prompt)
-and generates on with the sampler settings in force now — a paused run stays paused (tui/controller.py). `t` types
+and generates on with the sampler settings in force now — a paused run stays paused (tui/branching.py). `t` types
 a phrase to force instead (tui/screens/phrase.py): the dialog closes with "phrase".
 """
 
