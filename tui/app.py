@@ -2,23 +2,22 @@
 
 Everything the dashboard does is the controller's: it owns the engine client, the tree of runs, the prompt and the
 toggles, and each key's action here is one call to it. The app composes the panels, lays them out for the
-terminal's size (tui/sizes.py, tui/placement.py), paints them from the state at most ~30 times a second, and opens
-the dialogs (tui/dialogs.py) — it is the controller's `View`. There is no thread of the app's own: the model runs in
-its own process, read with `loop.add_reader`, or — a replay, the tests' scripted engine — in this one, stepped on
-the client's executor thread. Writing an export is tui/export.py's, running the app as a program tui/program.py's.
+terminal's size (tui/panel_layout.py, by tui/sizes.py and tui/placement.py), paints them from the state at most ~30
+times a second (tui/painting.py), and opens the dialogs (tui/dialogs.py) — it is the controller's `View`. There is
+no thread of the app's own: the model runs in its own process, read with `loop.add_reader`, or — a replay, the
+tests' scripted engine — in this one, stepped on the client's executor thread. Writing an export is
+tui/export.py's, running the app as a program tui/program.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal
-from textual.css.query import NoMatches
 
 from tokentui.themes import THEME_VARIABLE_DEFAULTS
 
@@ -43,15 +42,15 @@ from .panels import (
     StatusLine,
 )
 from .panels import attention
+from .painting import Painter
+from .panel_layout import PanelLayout
 from .panels.output import OutputView
+from .placement import ROW_ID, SIDE_ID
 from .screens import sampler_editor
-from .placement import ROW_ID, SIDE_ID, SidePlace, anatomy_default, place
-from .served import server_of
-from .sizes import HORIZONTAL_BREAKPOINTS, READINGS_IDS, VERTICAL_BREAKPOINTS, hidden_note, plan
+from .sizes import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS
 from .state import RunState
 from .theming import register_themes
 
-FLUSH_INTERVAL = 1 / 30  # at most ~30 frames a second however fast the model is; each frame paints every panel
 QUIT_WAIT = 1.0  # seconds quitting waits for the run to end at a step boundary (so its record ends with `done`)
 
 
@@ -72,15 +71,11 @@ class TokentuiApp(App[int]):
         super().__init__()
         self.controller = DashboardController(config, self)
         self.user_theme_names: set[str] = set()
-        self._flush_timer = None
-        self._last_flush = 0.0
+        self.painter = Painter(self)  # the frames: tui/painting.py
+        self.panel_layout = PanelLayout(self)  # which panels show, and where: tui/panel_layout.py
         self._status_message_timer = None
         self._startup_notes: list[tuple[str, str]] = []
-        self._prompt_key = None
         self._quitting = False
-        self._layout_plan = None
-        self._layout_settling = True  # until the first layout plan is in place
-        self._side = SidePlace()
         self.crash: BaseException | None = None  # an exception nobody handled (`_fatal_error`), and its log
         self.crash_log: Path | None = None
         themes = register_themes(self, config.theme, config.user_theme_dir)  # tui/theming.py
@@ -156,7 +151,7 @@ class TokentuiApp(App[int]):
             self.notify("\n".join(message for message, _severity in self._startup_notes), severity=worst,
                         timeout=12, markup=False)
         self.query_one(StatusLine).max_new_tokens = self.config.options.max_new_tokens
-        self._repaint_now()
+        self.painter.paint_now()
         self._install_signal_handlers()
         self.start_load()
 
@@ -176,68 +171,22 @@ class TokentuiApp(App[int]):
             pass  # not the main thread, or no such signal here
 
     def on_resize(self) -> None:
-        self._apply_layout()
+        self.panel_layout.apply()
         self.call_after_refresh(self.redraw)
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
-        layout = layout or plan(*self.size)
-        choice = self.controller.anatomy_choice
-        return choice if choice is not None else anatomy_default(layout, server_of(self.state.facts) is not None)
+        return self.panel_layout.anatomy_on(layout)
 
     @property
     def anatomy_panel(self) -> AnatomyPanel | None:
         """The one-pass panel on screen (its row or its stand-in), None when neither is shown."""
-        for widget_id in (ROW_ID, SIDE_ID):
-            panel = self.query_one(f"#{widget_id}", AnatomyPanel)
-            if panel.display:
-                return panel
-        return None
-
-    def _apply_layout(self) -> None:
-        """Show and hide the panels as tui/sizes.py's table and tui/placement.py say for this size."""
-        width, height = self.size
-        layout = plan(width, height)
-        controller = self.controller
-        key = (layout, controller.lens_on, self.anatomy_on(layout), self._side.latest)
-        if key == self._layout_plan:
-            return
-        self._layout_plan = key
-        self._layout_settling = True  # the answer waits for the new layout (not wrapped at a passing width)
-
-        def settled() -> None:
-            self._layout_settling = False
-            self._repaint_now()
-
-        self.call_after_refresh(settled)
-        try:
-            for widget_id in READINGS_IDS:
-                self.query_one(f"#{widget_id}").display = layout.shows(widget_id)
-            placed = place(layout, controller.lens_on, self.anatomy_on(layout), self._side)
-            self.query_one("#model").display = placed.model
-            self.query_one("#candidates").display = placed.candidates
-            self.query_one("#lens").display = placed.lens
-            self.query_one(f"#{ROW_ID}").display = placed.row
-            self.query_one(f"#{SIDE_ID}").display = placed.side
-            self.query_one("#bottom").set_class(placed.row, "-anatomy")  # the bottom row gives the row 3 lines
-            strip = self.query_one(ReadingsStrip)
-            strip.display = layout.readings_strip
-            note = hidden_note(layout)  # said under the strip, or under the answer when there is no strip
-            strip.set_note(note if layout.readings_strip else "")
-            self.query_one(OutputPanel).set_note("" if layout.readings_strip else note)
-            self.query_one("#bottom").set_class(layout.readings_strip, "-strip")
-            self.query_one(PromptPanel).template_rows = layout.template_rows
-            self.query_one(PromptPanel).prefill_shown = not layout.shows("speed")  # step 3 named somewhere
-            # a served model's passes are the server's: nothing to time (the panel says so)
-            controller.set_time_stages(placed.anatomy_shown and server_of(self.state.facts) is None)
-        except NoMatches:  # not composed yet, or shutting down
-            self._layout_plan = None
+        return self.panel_layout.anatomy_panel
 
     def on_unmount(self) -> None:
         """However the app ends, the controller is closed: the run in progress ends (its record with `done`), and
         so does the model process; the tree file is finished."""
-        if self._flush_timer is not None:
-            self._flush_timer.stop()
+        self.painter.stop()
         self.controller.close()
 
     def _handle_exception(self, error: Exception) -> None:
@@ -256,26 +205,17 @@ class TokentuiApp(App[int]):
 
     # ---- the controller's View -----------------------------------------------------------------------------
     def repaint(self, now: bool = True) -> None:
-        if now:
-            self._repaint_now()
-            return
-        if self._flush_timer is not None:
-            return
-        delay = FLUSH_INTERVAL - (time.monotonic() - self._last_flush)
-        if delay <= 0:
-            self._repaint_now()
-        else:
-            self._flush_timer = self.set_timer(delay, self._repaint_now)
+        self.painter.repaint(now)
 
     @property
     def frame_due(self) -> bool:
         """A repaint is scheduled (the controller's throttled `repaint`): until it runs, the panels show the last
         frame's step, all of them together."""
-        return self._flush_timer is not None
+        return self.painter.due
 
     def relayout(self) -> None:
-        self._layout_plan = None
-        self._apply_layout()
+        self.panel_layout.reset()
+        self.panel_layout.apply()
         self.redraw()
 
     def clear_answer(self) -> None:
@@ -297,64 +237,11 @@ class TokentuiApp(App[int]):
     def load_failed(self, message: str) -> None:
         dialogs.load_failed(self, message)
 
-    # ---- painting ------------------------------------------------------------------------------------------
-    def _repaint_now(self, force: bool = False) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.stop()
-            self._flush_timer = None
-        self._last_flush = time.monotonic()
-        try:
-            if attention.paint(self, force):  # the attention view covers the panels (tui/panels/attention.py)
-                return
-            self._paint(force)
-        except NoMatches:  # shutting down: the panels are gone
-            pass
-
-    def _paint(self, force: bool) -> None:
-        state = self.state
-        controller = self.controller
-        self._apply_layout()
-        prompt_panel = self.query_one(PromptPanel)
-        prompt_panel.show_ids = controller.show_ids
-        prompt_panel.follow_up_hint = not controller.replaying  # `u` named on the panel once an answer ends
-        key = (id(state.prompt), state.phase == "loading", controller.show_ids, prompt_panel.template_rows,
-               id(state.prefill), prompt_panel.prefill_shown, state.running)
-        if force or key != self._prompt_key:
-            self._prompt_key = key
-            prompt_panel.show(state, force)
-        output = self.query_one(OutputPanel)
-        if output.heat != controller.heat:
-            output.set_heat(controller.heat)
-        if not self._layout_settling:
-            output.sync(state)
-        controller.previews.sync()  # the step in view asked for again when it or the settings changed
-        candidates = self.query_one(CandidatesPanel)
-        candidates.raw_logits = controller.inside.raw_logits  # `L`: the raw column as logits
-        candidates.show(state, force)
-        if controller.lens_on:
-            self.query_one(LensPanel).show(state, force)
-        self._paint_anatomy(state, force)
-        self.query_one(SamplerPanel).show(state, force)
-        self.query_one(ModelPanel).show(state, force)
-        self.query_one(KVPanel).show(state, force)
-        self.query_one(PendingPanel).show(state, force)
-        done = state.phase in ("done", "error", "load-failed")
-        self.query_one(SpeedPanel).show(state, force=force or done)
-        self.query_one(ReadingsStrip).show(state, force)
-        status = self.query_one(StatusLine)
-        status.paused = controller.paused
-        status.show(state)
-
-    def _paint_anatomy(self, state, force: bool) -> None:
-        """The one-pass panel, painted in the same frame as the others: every panel shows the same step."""
-        panel = self.anatomy_panel
-        if panel is not None:
-            panel.show(state, force)
-
+    # ---- painting (tui/painting.py) ----------------------------------------------------------------------
     def redraw(self) -> None:
         """Paint every panel again from the state, whether or not it changed since the last frame (what a change of
         theme or of layout, or a resize, needs)."""
-        self._repaint_now(force=True)
+        self.painter.paint_now(force=True)
         if not isinstance(self.screen, attention.AttentionScreen):  # the view covers the answer: nothing to refresh
             self.query_one(OutputPanel).view.refresh()
 
@@ -416,15 +303,7 @@ class TokentuiApp(App[int]):
         self.controller.toggle_lens()
 
     def action_toggle_anatomy(self) -> None:
-        layout = plan(*self.size)
-        on = self.anatomy_on(layout)
-        if on and self.anatomy_panel is None:  # on, but waiting behind the lens: bring it forward
-            self._side.latest = "anatomy"
-        else:
-            self.controller.anatomy_choice = not on
-            if not on:
-                self._side.latest = "anatomy"
-        self.relayout()
+        self.panel_layout.toggle_anatomy()
 
     def action_toggle_attention(self) -> None:
         attention.toggle(self)
