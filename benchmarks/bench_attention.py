@@ -1,11 +1,15 @@
 """Issue 39: what the attention and sublayer views cost per decode step, and in bytes per step in a record.
 
 On the embedded model as tokentui runs it by default on CPU (the 4-bit native step) and on the float32 reference:
-the same greedy run with the views off, with `--attention` (top 8, head mean), `--attention --attention-heads`, and
-`--attention --sublayers`, interleaved, medians over the decode steps of every repetition. A step with a view on
-goes through transformers' forward (core/model/observe/inside.py), so "on" is that forward plus the capture; "off"
-is the plan's own step (native on the 4-bit model), whose only addition is one check of the options per step
-(measured apart: `off_check_us`). Bytes: each step's JSON line (`StepEvent.to_dict()`, as a record writes it) with
+the same greedy run with the views off, with `--attention` (top 8, head mean), the dashboard's attention view (`A`:
+top 24, head mean; tui/attention_view.py's HEAT_TOP), `--attention --attention-heads`, and `--attention --sublayers`,
+interleaved, medians over the decode steps of every repetition. On the native step attention alone stays on the
+native step, which then writes its queries, and the weights come from them and the cached keys
+(core/model/observe/attention_native.py); the sublayers (and every view on the float32 model) go through
+transformers' forward (core/model/observe/inside.py), so "on" is that forward plus the capture. "Off" is the plan's
+own step, whose only addition is one check of the options per step (measured apart: `off_check_us`). Each view's
+`forward_ms` says which: the native step's or the torch forward's.
+Bytes: each step's JSON line (`StepEvent.to_dict()`, as a record writes it) with
 the views less without them. Prints a summary; writes nothing (the figures go into BENCHMARKS.md by hand).
 
     .venv/bin/python benchmarks/bench_attention.py [--reps 3] [--tokens 48] [--float32]
@@ -29,9 +33,11 @@ from tokentui.core.model.engine import Engine  # noqa: E402
 from tokentui.core.model.load.loader import load_model  # noqa: E402
 from tokentui.core.runs.events import StepEvent  # noqa: E402
 from tokentui.core.settings import RunOptions, SamplerSettings  # noqa: E402
+from tokentui.tui.attention_view import HEAT_TOP  # noqa: E402
 
 PROMPT = "Is OpenAI open?"
-VIEWS = {"off": {}, "attention": {"attention": True}, "attention+heads": {"attention": True, "attention_heads": True},
+VIEWS = {"off": {}, "attention": {"attention": True}, "dashboard view": {"attention": True, "attention_top": HEAT_TOP},
+         "attention+heads": {"attention": True, "attention_heads": True},
          "attention+sublayers": {"attention": True, "sublayers": True}}
 
 

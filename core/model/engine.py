@@ -122,7 +122,7 @@ class Engine(BaseEngine):
     def _inside_for(self, current: Inside | None, said: bool) -> tuple[Inside | None, str | None]:
         """The attention / sublayer capture for the next forward, as `self.options` says now (None: neither), and a
         Notice text as `_lens_for`'s (core/model/observe/inside.py)."""
-        return Inside.for_options(self.model, self.options, not self.plan.step.lens, current, said)
+        return Inside.for_options(self.model, self.options, not self.plan.step.lens, current, said, self.plan.step)
 
     # ------------------------------------------------------------------------------------------- the run
     # `run(prompt, system, run_id=)` and `branch(point, run_id=)` are core/interface.py's: they turn a TokentuiError
@@ -455,7 +455,7 @@ class Engine(BaseEngine):
             with inside or nullcontext():  # a capture's forward goes through transformers' (a states_out list)
                 logits, forward_ms = decode(self.model, sel.token_id, cache, sync=clock.sync_forward,
                                             states_out=lens_states if lens_states is not None or inside is None
-                                            else [])
+                                            or not inside.needs_forward else [])
             clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
             if cache.step.failure is not None and not compile_said:
                 compile_said = True

@@ -1,9 +1,10 @@
 """The attention of each step's new token (issue 39; core/model/observe/attention.py), against transformers' eager
 attention with `output_attentions=True` on the same prefix, family by family (tiny random models: Llama, Qwen2,
 Qwen3, Mistral with a sliding window, Gemma 2 alternating sliding / global with its soft-cap, GPT-2, Llama 4's
-chunked layers), and on the embedded model (float32: 1e-5; the 4-bit native step's cache against the torch forward:
-the tolerance stated below); weights over the visible positions sum to 1; a model without attention says so in one
-line; the option switches mid-run, from the next step; the fast path is left alone while it is off."""
+chunked layers), and on the embedded model (float32: 1e-5; the 4-bit native step's cache read by the torch
+forward's capture: the tolerance stated below; the native step's own attention: test_attention_native.py); weights
+over the visible positions sum to 1; a model without attention says so in one line; the option switches mid-run,
+from the next step; the fast path is left alone while it is off."""
 
 from __future__ import annotations
 
@@ -230,8 +231,9 @@ def test_embedded_4bit_native_steps_cache_gives_the_torch_paths_attention(embedd
             prompt_ids = event.ids
         if isinstance(event, StepEvent):
             steps.append(event)
-            if len(steps) == 3:  # steps 1-3's forwards ran natively; step 4's reads their keys
-                engine.set_options(replace(engine.options, attention=True))
+            if len(steps) == 3:  # steps 1-3's forwards ran natively; step 4's reads their keys (the sublayers
+                # send it through transformers' forward: attention alone stays native, test_attention_native.py)
+                engine.set_options(replace(engine.options, attention=True, sublayers=True))
     assert [s.attention is not None for s in steps] == [False, False, False, True]
     oracle = eager_last_rows(embedded_quantized.model, prompt_ids + [s.id for s in steps[:3]])
     gaps = [float((dense(row.top, want.shape[1]) - want.mean(0)).abs().max())

@@ -19,6 +19,11 @@
 // matrices must be packed for one of tokentui's kernels (core/model/native/q4_native.py; with torch's int4 kernel the
 // eager lean step decodes). Threads: each product's rows split over torch's pool (at::parallel_for);
 // attention's heads too, once the cache is long enough to pay for it.
+//
+// `queries` (optional, [L, heads, D] float32 contiguous): where given, each layer's query heads after the rotation
+// (and Qwen3's norm), as attention uses them, are copied there. Why: the attention view (core/model/observe/
+// attention_native.py) computes the new token's weights from them and the cache's keys, without the torch forward;
+// absent, the step does nothing more than one pointer test a layer.
 #include <torch/library.h>
 
 #include <cmath>
@@ -57,7 +62,7 @@ void product(bool int16, const float* x, int64_t K, const at::Tensor& packed, co
 at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& cos, const at::Tensor& sin,
                        at::TensorList kbufs, at::TensorList vbufs, const c10::List<std::optional<at::Tensor>>& stacked,
                        const at::Tensor& norm, int64_t heads, int64_t kv_heads, double eps_in, double scale_in,
-                       bool int16) {
+                       bool int16, const std::optional<at::Tensor>& queries) {
   TORCH_CHECK(stacked.size() == 13, "decode_step: expected the 13 kinds of stacked weights");
   const int64_t L = static_cast<int64_t>(kbufs.size()), H = x_in.size(-1), D = cos.numel();
   const float eps = static_cast<float>(eps_in), scale = static_cast<float>(scale_in);
@@ -90,6 +95,10 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
                     && kbufs[l].size(1) == kv_heads && kbufs[l].size(3) == D && kbufs[l].size(2) > pos
                     && vbufs[l].sizes() == kbufs[l].sizes(),
                 "decode_step: buffers [1, KV, capacity > pos, D] float32 contiguous");
+  TORCH_CHECK(!queries.has_value() || (queries->scalar_type() == at::kFloat && queries->is_contiguous()
+                                       && queries->numel() == L * q_width),
+              "decode_step: queries [L, heads, D] float32 contiguous");
+  float* q_out = queries.has_value() ? queries->data_ptr<float>() : nullptr;
 
   at::Tensor x = x_in.reshape({1, H}).clone();
   float* xd = x.data_ptr<float>();
@@ -108,6 +117,7 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
       for (int64_t i = 0; i < D; ++i) rotated[i] = v[i] * c[i] + (i < half ? -v[i + half] : v[i - half]) * s[i];
       std::copy_n(rotated.data(), D, v);
     }
+    if (q_out != nullptr) std::copy_n(qkv.data(), q_width, q_out + l * q_width);  // the query heads, rotated
     const int64_t capacity = kbufs[l].size(2);
     float *keys = kbufs[l].data_ptr<float>(), *values = vbufs[l].data_ptr<float>();
     for (int64_t g = 0; g < kv_heads; ++g) {
@@ -135,7 +145,8 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
 
 TORCH_LIBRARY_FRAGMENT(tokentui_q4, m) {
   m.def("decode_step(Tensor x, int pos, Tensor cos, Tensor sin, Tensor(a!)[] kbufs, Tensor(b!)[] vbufs, "
-        "Tensor?[] stacked, Tensor norm, int heads, int kv_heads, float eps, float scale, bool int16) -> Tensor");
+        "Tensor?[] stacked, Tensor norm, int heads, int kv_heads, float eps, float scale, bool int16, "
+        "Tensor(c!)? queries=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) { m.impl("decode_step", &decode_step); }

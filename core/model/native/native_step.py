@@ -14,6 +14,10 @@ within `TOLERANCES` of the eager lean step's, which equals the model's forward b
 tests/unit/test_native_step.py holds it to the float32 reference (teacher-forced, closer than llama-server), to `generate`'s greedy ids on tiny
 Llama / Qwen2 / Qwen3 models, and to the eager step's cache rows. Where it is refused, cannot be built, or the cache
 is not growable (bucketed `--kv-shapes`), the eager lean step decodes.
+
+For the attention view (issue 39), inside `queries_into(catch)` the step also writes each layer's rotated query heads
+into `catch` (a QueryCatch), from which core/model/observe/attention_native.py computes the new token's weights over
+the cached keys: the view stays on the native step, and a step outside it passes no buffer.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .q4_native import NativeQ4, NativeQ4I16
 # int16 scale, and 30 layers amplify it: measured up to 7e-4 over 128 steps of the embedded model and 7e-3 on its
 # --quantize int4 copy (docs/design-record.md, "The native decode step"). A wrong weight, rotation or cache row differs by far more than either.
 TOLERANCES = {"float32": 1e-4, "int16": 3e-2}
+_QUERIES = threading.local()  # .catch: this thread's QueryCatch while `queries_into` is active (absent: none)
 _STEPS: "weakref.WeakKeyDictionary[object, NativeStep | None]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
@@ -73,7 +78,8 @@ class NativeStep:
         self._int16 = kernels == {NativeQ4I16.name}
         self.activations = layers[0].qkv.kernel.activations  # what the kernel rounds them to: TOLERANCES' key
         self.decoder = decoder
-        self._eps, self._scale = float(epsilons.pop()), float(scales.pop())
+        self._eps = float(epsilons.pop())
+        self.scale = float(scales.pop())  # attention's (the layers' `scaling`)
         self._stacked = stacked_weights(decoder)
         if any(t is not None and t.dtype not in (torch.float32, torch.uint8) for t in self._stacked):
             raise ValueError("weights of another dtype than float32")
@@ -100,13 +106,47 @@ class NativeStep:
         x = F.embedding(ids, decoder.embed.weight)  # [1, H]
         cos, sin = decoder.rotary(x, torch.full((1, 1), position, dtype=torch.long, device=decoder.device))
         buffers = [layer.room_for_one() for layer in layers]
+        catch = getattr(_QUERIES, "catch", None)  # the attention view's (queries_into); None while it is off
         hidden = torch.ops.tokentui_q4.decode_step(
             x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
             [k for k, _ in buffers], [v for _, v in buffers], self._stacked, decoder.norm.weight, decoder.heads,
-            decoder.kv_heads, self._eps, self._scale, self._int16)  # [1, H]
+            decoder.kv_heads, self._eps, self.scale, self._int16,
+            None if catch is None else catch.queries)  # [1, H]; queries [L, heads, D]
         for layer in layers:
             layer.count_one()
+        if catch is not None:
+            catch.position, catch.layers = position, layers
         return hidden
+
+
+class QueryCatch:
+    """Where this thread's native steps put each layer's query while `queries_into(catch)` is active: `queries` [L,
+    heads, D] float32, the query heads after the rotation (Qwen3: after their norm), as the step's attention used
+    them; after a step, `position` (its query's) and `layers` (the cache's layers, whose `keys` then end at that
+    position), None until a step wrote them. The attention view reads them (core/model/observe/attention_native.py)."""
+
+    def __init__(self, step: "NativeStep"):
+        decoder = step.decoder
+        self.queries = torch.empty(len(decoder.layers), decoder.heads, decoder.head_dim)
+        self.scale = step.scale
+        self.kv_heads = decoder.kv_heads
+        self.position: int | None = None
+        self.layers: list | None = None
+
+    def clear(self) -> None:
+        self.position = self.layers = None
+
+
+@contextlib.contextmanager
+def queries_into(catch: QueryCatch):
+    """While active, the native steps this thread runs write their queries into `catch` (a step on a cache that is
+    not growable decodes with the eager lean step and writes none: `catch.position` stays None)."""
+    saved = getattr(_QUERIES, "catch", None)
+    _QUERIES.catch = catch
+    try:
+        yield catch
+    finally:
+        _QUERIES.catch = saved
 
 
 def close_enough(ours: torch.Tensor, lean: torch.Tensor, activations: str) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +34,26 @@ from ...runs.attention import LayerAttention, visible_from
 from ..architecture import decoder_config, model_parts
 from ..decode.adapter import state_only
 
-__all__ = ["AttentionCapture", "attention_unavailable"]
+__all__ = ["AttentionCapture", "attention_unavailable", "has_state_only", "ranked_positions"]
 
 _SUPPORTED = ("eager", "sdpa")  # attention implementations whose masks are plain tensors
 
 
+_STATE_ONLY: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+
+
+def has_state_only(model) -> bool:
+    """adapter.state_only(model), found once per model: it builds a cache to read its layers' kinds, and the views
+    ask before every forward while they are on (a model's layer kinds do not change)."""
+    found = _STATE_ONLY.get(model)
+    if found is None:
+        found = _STATE_ONLY[model] = state_only(model)
+    return found
+
+
 def attention_unavailable(model) -> str | None:
     """Why the attention of `model`'s tokens cannot be shown (one line), None when it can."""
-    if state_only(model):
+    if has_state_only(model):
         return "this model has no attention layers (a state-space model: each layer keeps a recurrent state)"
     parts = model_parts(model)
     if isinstance(parts, str):
@@ -189,15 +202,15 @@ class AttentionCapture:
             seen = torch.nonzero(weights.amax(dim=0)).flatten()  # positions with a weight: what the mask let in
             if window is not None and seen.numel() and int(seen[0]) + start < visible_from(query, window):
                 window = None  # the mask let in more than the window says: what the weights show stands
-            # (masked positions have a weight of exactly 0, and `_top` lists none)
-            ranked = _top(torch.cat([weights.mean(dim=0, keepdim=True), weights]) if self.heads
+            # (masked positions have a weight of exactly 0, and `ranked_positions` lists none)
+            ranked = ranked_positions(torch.cat([weights.mean(dim=0, keepdim=True), weights]) if self.heads
                           else weights.mean(dim=0, keepdim=True), start, self.top)
             rows.append(LayerAttention(layer=layer, query=query, window=window, top=ranked[0],
                                        heads=tuple(ranked[1:]) if self.heads else None))
         return rows
 
 
-def _top(weights: torch.Tensor, start: int, k: int) -> list[tuple[tuple[int, float], ...]]:
+def ranked_positions(weights: torch.Tensor, start: int, k: int) -> list[tuple[tuple[int, float], ...]]:
     """weights [R, K] over positions start.. -> per row the top k (position, weight), highest first, zero weights
     left out (masked positions). One device-to-host copy for all rows."""
     values, index = torch.topk(weights, min(k, weights.shape[1]), dim=-1)  # [R, k]

@@ -3,9 +3,12 @@
 The engine asks `Inside.for_options` before each forward (prefill's, then every decode step's), as it asks for the
 logit lens, so a dashboard toggle (`set_options`) shows from the next step; it enters the returned capture around
 the forward and, building the step's event, calls `take` for the StepEvent's `attention` and `sublayers`. A forward
-under a capture goes through transformers' modules (the engine passes the decode step a `states_out` list, which
-sends the native, lean and ggml steps through the forward for that step: core/model/decode/steps.py), so the fast
-path is untouched while both are off. A model or plan without them gets None and one Notice line, once a run.
+under a capture that `needs_forward` goes through transformers' modules (the engine passes the decode step a
+`states_out` list, which sends the native, lean and ggml steps through the forward for that step: core/model/decode/
+steps.py), so the fast path is untouched while both are off. On the native step (core/model/native/native_step.py)
+attention alone needs no forward: the step writes its queries and the weights come from them and the cache's keys
+(core/model/observe/attention_native.py); the sublayers still need the forward's residuals. A model or plan without
+them gets None and one Notice line, once a run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Callable
 from ...runs.attention import LayerAttention, SublayerRow
 from ...runs.events import LensRow
 from ...settings import RunOptions
+from ..native.native_step import NativeStep
 from .attention import AttentionCapture, attention_unavailable
+from .attention_native import NativeAttention
 from .sublayers import SublayerCapture, sublayers_unavailable
 
 __all__ = ["Inside"]
@@ -26,17 +31,27 @@ COMPILED = "not available with --compile (the compiled decode step runs no modul
 class Inside:
     """One forward's captures (attention, sublayers; either may be None) and the options they were made for."""
 
-    def __init__(self, model, options: RunOptions, attention: bool, sublayers: bool):
+    def __init__(self, model, options: RunOptions, attention: bool, sublayers: bool, native: NativeStep | None = None):
         self.key = _key(options)
-        self.attention = AttentionCapture(model, options.attention_top, options.attention_heads) if attention \
-            else None
+        self.native = native is not None and attention and not sublayers  # attention from the native step's queries
+        top, heads = options.attention_top, options.attention_heads
+        self.attention = None if not attention else NativeAttention(model, native, top, heads) if self.native \
+            else AttentionCapture(model, top, heads)
         self.sublayers = SublayerCapture(model) if sublayers else None
+
+    @property
+    def needs_forward(self) -> bool:
+        """Whether a decode step under this capture must go through transformers' forward (False: the plan's own
+        native step gives what it needs)."""
+        return not self.native
 
     @classmethod
     def for_options(cls, model, options: RunOptions, compiled: bool, current: "Inside | None",
-                    said: bool) -> tuple["Inside | None", str | None]:
+                    said: bool, step=None) -> tuple["Inside | None", str | None]:
         """(the capture the next forward runs under, None for none; a Notice's text when something asked for is
-        not available and was not `said` yet in this run). `current` is kept while the options are the same."""
+        not available and was not `said` yet in this run). `current` is kept while the options are the same.
+        `step`: the plan's decode step (core/model/decode/steps.py), whose native step's queries give the attention
+        without the forward; None: every capture goes through the forward."""
         notes = []
         attention = options.attention
         sublayers = options.sublayers
@@ -49,10 +64,13 @@ class Inside:
         note = None if said or not notes else "; ".join(notes) + ": running without it"
         if not (attention or sublayers):
             return None, note
+        kernel = getattr(step, "kernel", None)
+        native = kernel if isinstance(kernel, NativeStep) else None
         if current is not None and current.key == _key(options) and (current.attention is not None) == attention \
-                and (current.sublayers is not None) == sublayers:
+                and (current.sublayers is not None) == sublayers \
+                and current.native == (native is not None and attention and not sublayers):
             return current, note
-        return cls(model, options, attention, sublayers), note
+        return cls(model, options, attention, sublayers, native), note
 
     def __enter__(self) -> "Inside":
         for capture in (self.attention, self.sublayers):

@@ -27,7 +27,7 @@ import torch
 from ...runs.attention import SublayerRow
 from ...runs.events import LensRow
 from ..architecture import MLPS, model_parts
-from ..decode.adapter import state_only
+from .attention import has_state_only
 from .lens import lens_top
 
 __all__ = ["SublayerCapture", "sublayers_unavailable"]
@@ -45,7 +45,7 @@ def _mlp_module(block):
 
 def sublayers_unavailable(model) -> str | None:
     """Why the sublayer norms of `model` cannot be shown (one line), None when they can."""
-    if state_only(model):
+    if has_state_only(model):
         return "this model has no attention or MLP sublayers (a state-space model: one mixer per layer)"
     parts = model_parts(model)
     if isinstance(parts, str):
