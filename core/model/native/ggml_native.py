@@ -104,7 +104,7 @@ class GGMLStep:
                 raise ValueError(f"family {family}: its layers have norms other than float32 RMSNorm")
             epsilons.update(n.variance_epsilon for n in (*norms, *qk) if n is not None)
             scales.add(attn.scaling)
-            self._mats += [m.matrix.raw if m.packed is None else m.packed for m in mats]
+            self._mats += [m.run_bytes for m in mats]  # interleaved, in huge pages or the file's
             self._types += [m.matrix.type for m in mats]
             self._packed += [int(m.packed is not None) for m in mats]
             self._vectors += [n.weight.detach() for n in norms]

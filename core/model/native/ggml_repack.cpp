@@ -1,6 +1,7 @@
 // GGUF matrices repacked into ggml's 8-row interleaved layout and multiplied by llama.cpp's interleaved kernels
-// (torch.ops.tokentui_ggml.repack / unpack / packed_product / packed_types / release; core/model/quant/ggml_linear.py
-// uses them, core/model/native/ggml_step.cpp runs the packed matrices' gemv).
+// (torch.ops.tokentui_ggml.repack / unpack / packed_product / packed_types), and the memory the decode step's matrices
+// live in (resident / in_file_map / release: a copy in huge pages, the file's pages given back); core/model/quant/
+// ggml_linear.py uses them, core/model/native/ggml_step.cpp runs the packed matrices' gemv.
 //
 // llama-server on x86 with AVX2 does not run a Q4_0 or Q4_K matrix as stored: its CPU_REPACK buffer type
 // (ggml-cpu's repack.cpp, ggml_repack_get_optimal_repack_type) interleaves every 8 rows' blocks (block_q4_0x8,
@@ -20,6 +21,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -127,6 +130,101 @@ void unpack_q4_K(const block_q4_Kx8* in, block_q4_K* out[8]) {
   for (int r = 0; r < 8; ++r) scales_to(sc[r], mn[r], out[r]->scales);
 }
 
+// ------------------------------------------------------------------------------------- memory in huge pages
+// A decode step reads each of its matrices once a token, whole, from memory (the model is far larger than the
+// caches), so its speed is that of streaming them. Streamed from 4 KiB pages (a file's memory map, or torch's
+// allocations where transparent huge pages are "madvise"), every page costs a TLB walk and the hardware prefetcher
+// starts over at each page's end; from 2 MiB pages the same kernels run markedly faster (BENCHMARKS.md, "Side by
+// side with llama-server": the measurements). So the matrices a step runs on are placed in anonymous memory asked to
+// be backed by the kernel's transparent huge pages (madvise MADV_HUGEPAGE: a hint, plain pages where the kernel has
+// none to give), carved one after another from chunks of kChunk bytes: a 1 MiB matrix mapped on its own would hold no
+// whole 2 MiB page at all. A chunk is unmapped when the last tensor carved from it is freed.
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kChunk = size_t{64} << 20;
+constexpr size_t kAlign = 64;  // a cache line: each matrix's first row starts on one, as torch's allocations do
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+struct Chunk {
+  uint8_t* base = nullptr;
+  size_t size = 0, used = 0;
+  Chunk(const Chunk&) = delete;
+  Chunk& operator=(const Chunk&) = delete;
+  Chunk(uint8_t* b, size_t s) : base(b), size(s) {}
+  ~Chunk() { munmap(base, size); }
+};
+
+// An anonymous mapping of `size` bytes (a multiple of kHugePage) starting on a huge page's boundary: mapped a huge
+// page larger, the unaligned ends unmapped.
+std::shared_ptr<Chunk> new_chunk(size_t size) {
+  void* p = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "resident: could not map ", size, " bytes of memory");
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p), aligned = round_up(start, kHugePage);
+  const uintptr_t end = start + size + kHugePage;
+  if (aligned > start) munmap(p, aligned - start);
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);  // EINVAL where THP is not built in: plain pages
+  return std::make_shared<Chunk>(reinterpret_cast<uint8_t*>(aligned), size);
+}
+
+std::mutex arena_lock;
+std::weak_ptr<Chunk> arena;  // the chunk small matrices are carved from now (gone once nothing carved from it lives)
+
+// An uninitialised uint8 tensor of `sizes` in huge-page memory: carved from the current chunk (a new one where it is
+// full or gone), or for more than a quarter of a chunk (a vocabulary's head) a mapping of its own.
+at::Tensor huge_empty(at::IntArrayRef sizes) {
+  int64_t count = 1;
+  for (int64_t s : sizes) count *= s;
+  const size_t bytes = round_up(static_cast<size_t>(std::max<int64_t>(count, 1)), kAlign);
+  std::shared_ptr<Chunk> chunk;
+  uint8_t* data = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(arena_lock);
+    if (bytes > kChunk / 4) {
+      chunk = new_chunk(round_up(bytes, kHugePage));
+    } else {
+      chunk = arena.lock();
+      if (chunk == nullptr || chunk->size - chunk->used < bytes) arena = chunk = new_chunk(kChunk);
+    }
+    data = chunk->base + chunk->used;
+    chunk->used += bytes;
+  }
+  return at::from_blob(data, sizes, [chunk](void*) {}, at::TensorOptions().dtype(at::kByte));
+}
+
+// Whether [start, end) lies inside one read-only mapping of a file (/proc/self/maps): a GGUF's memory map.
+bool in_read_only_file_map(uintptr_t start, uintptr_t end) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms, offset, dev, path;
+    uint64_t inode = 0;
+    in >> range >> perms >> offset >> dev >> inode >> path;
+    const size_t dash = range.find('-');
+    if (dash == std::string::npos) continue;
+    const uintptr_t a = std::stoull(range.substr(0, dash), nullptr, 16),
+                    b = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (a <= start && end <= b)
+      return inode != 0 && !path.empty() && path[0] == '/' && perms.size() > 1 && perms[1] != 'w';
+  }
+  return false;
+}
+
+bool in_file_map(const at::Tensor& raw) {
+  const auto start = reinterpret_cast<uintptr_t>(raw.data_ptr());
+  return in_read_only_file_map(start, start + raw.nbytes());
+}
+
+// resident(raw) -> a copy of raw's bytes (contiguous uint8, any shape) in huge-page memory (huge_empty).
+at::Tensor resident(const at::Tensor& raw) {
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.device().is_cpu(),
+              "resident: raw must be a contiguous uint8 CPU tensor");
+  at::Tensor out = huge_empty(raw.sizes());
+  std::memcpy(out.data_ptr<uint8_t>(), raw.data_ptr<uint8_t>(), static_cast<size_t>(raw.nbytes()));
+  return out;
+}
+
 // raw [N, row_bytes] uint8 contiguous, N a multiple of 8, in a format with interleaved kernels
 const Interleaved& checked_packable(const at::Tensor& raw, int64_t type, int64_t K, const char* op) {
   const Interleaved* kernels = interleaved(type);
@@ -140,11 +238,12 @@ const Interleaved& checked_packable(const at::Tensor& raw, int64_t type, int64_t
   return *kernels;
 }
 
-// raw -> the same bytes' count in the other layout, a group of 8 rows at a time. One thread: a copy, bound by memory,
-// where a fork per matrix cost more than it saved (BENCHMARKS.md, "ggml's interleaved layout")
-at::Tensor convert_layout(const at::Tensor& raw, int64_t type, int64_t K, bool pack) {
+// raw -> the same bytes' count in the other layout (in huge-page memory where `huge`), a group of 8 rows at a time.
+// One thread: a copy, bound by memory, where a fork per matrix cost more than it saved (BENCHMARKS.md, "ggml's
+// interleaved layout")
+at::Tensor convert_layout(const at::Tensor& raw, int64_t type, int64_t K, bool pack, bool huge) {
   checked_packable(raw, type, K, pack ? "repack" : "unpack");
-  at::Tensor out = at::empty_like(raw);
+  at::Tensor out = huge ? huge_empty(raw.sizes()) : at::empty_like(raw);
   const int64_t groups = raw.size(0) / 8, rb = raw.size(1);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -184,8 +283,12 @@ at::Tensor convert_layout(const at::Tensor& raw, int64_t type, int64_t K, bool p
   return out;
 }
 
-at::Tensor repack(const at::Tensor& raw, int64_t type, int64_t K) { return convert_layout(raw, type, K, true); }
-at::Tensor unpack(const at::Tensor& packed, int64_t type, int64_t K) { return convert_layout(packed, type, K, false); }
+at::Tensor repack(const at::Tensor& raw, int64_t type, int64_t K, bool huge) {
+  return convert_layout(raw, type, K, true, huge);
+}
+at::Tensor unpack(const at::Tensor& packed, int64_t type, int64_t K) {
+  return convert_layout(packed, type, K, false, false);
+}
 
 // x [M, K] float32 times a packed matrix -> [M, N], as llama.cpp's repack forward_mul_mat: rows of x 4 at a time
 // converted by quantize_mat and multiplied by gemm, the rest (M % 4) converted by from_float and by gemv; the weight
@@ -225,28 +328,11 @@ std::vector<int64_t> packed_types() {
 }
 
 // release(raw) -> bytes given back: raw's whole pages dropped from memory (madvise MADV_DONTNEED) where raw lies in
-// a read-only mapping of a file (a GGUF's memory map, whose repacked copy is what runs): they are read from the file
+// a read-only mapping of a file (a GGUF's memory map, whose repacked or resident copy is what runs): they are read from the file
 // again if touched. 0, and nothing done, for any other memory (dropping an anonymous or writable page would lose it).
 int64_t release(const at::Tensor& raw) {
   const auto start = reinterpret_cast<uintptr_t>(raw.data_ptr()), end = start + raw.nbytes();
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  bool file_backed = false;
-  while (std::getline(maps, line)) {
-    std::istringstream in(line);
-    std::string range, perms, offset, dev, path;
-    uint64_t inode = 0;
-    in >> range >> perms >> offset >> dev >> inode >> path;
-    const size_t dash = range.find('-');
-    if (dash == std::string::npos) continue;
-    const uintptr_t a = std::stoull(range.substr(0, dash), nullptr, 16),
-                    b = std::stoull(range.substr(dash + 1), nullptr, 16);
-    if (a <= start && end <= b) {
-      file_backed = inode != 0 && !path.empty() && path[0] == '/' && perms.size() > 1 && perms[1] != 'w';
-      break;
-    }
-  }
-  if (!file_backed) return 0;
+  if (!in_read_only_file_map(start, end)) return 0;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t a = (start + page - 1) / page * page, b = end / page * page;
   if (b <= a || madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) != 0) return 0;
@@ -258,14 +344,17 @@ int64_t release(const at::Tensor& raw) {
 
 TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("packed_types() -> int[]", &tokentui_ggml::packed_types);
-  m.def("repack(Tensor raw, int type, int K) -> Tensor");
+  m.def("repack(Tensor raw, int type, int K, bool huge=False) -> Tensor");
   m.def("unpack(Tensor packed, int type, int K) -> Tensor");
   m.def("packed_product(Tensor x, Tensor packed, int type, int K) -> Tensor");
   m.def("release(Tensor raw) -> int", &tokentui_ggml::release);
+  m.def("in_file_map(Tensor raw) -> bool", &tokentui_ggml::in_file_map);
+  m.def("resident(Tensor raw) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokentui_ggml, CPU, m) {
   m.impl("repack", &tokentui_ggml::repack);
   m.impl("unpack", &tokentui_ggml::unpack);
   m.impl("packed_product", &tokentui_ggml::packed_product);
+  m.impl("resident", &tokentui_ggml::resident);
 }

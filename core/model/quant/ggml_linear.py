@@ -13,6 +13,14 @@ repacks every Q4_0 and Q4_K matrix whose rows are a multiple of 8 into ggml's 8-
 by its gemv / gemm kernels (ggml-cpu's repack.cpp); a GGMLLinear does the same at construction (core/model/native/
 ggml_repack.cpp), then gives the file's pages of that matrix back (they are read again only if touched), so the
 packed copy takes the file's place in memory. $TOKENTUI_GGML_REPACK=0 keeps every matrix as stored (comparisons).
+
+Where the products read a matrix from: a decode step streams every matrix from memory once a token, and streams it
+markedly faster from the kernel's 2 MiB transparent huge pages than from a file map's 4 KiB pages (ggml_repack.cpp
+says why; BENCHMARKS.md, "Side by side with llama-server", measures it). So a GGMLLinear whose matrix lies in a
+file's read-only map (a GGUF's) copies its bytes, unchanged, into memory asked for huge pages (`resident`) and gives
+the file's pages back, as a repacked one does; a repacked copy is made in such memory too. Nothing is copied where
+the kernel has transparent huge pages turned off (`never`: the copy would gain nothing), for a matrix in anonymous
+memory (its pages cannot be given back: it would be held twice), or with $TOKENTUI_GGML_HUGE_PAGES=0 (comparisons).
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ PRODUCT_ROWS = 16
 TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
 REPACK_ENV = "TOKENTUI_GGML_REPACK"  # "0": no matrix repacked into ggml's interleaved layout (before/after timings)
 ROWS_INTERLEAVED = 8  # rows a group of ggml's interleaved layout (block_q4_0x8, block_q4_Kx8)
+HUGE_PAGES_ENV = "TOKENTUI_GGML_HUGE_PAGES"  # "0": no copy into huge-page memory (before/after timings)
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"  # "always [madvise] never": the bracketed one is in force
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
 # take its bytes as const), so exactly that warning is silenced where a file's tensor is wrapped
 _READ_ONLY_WARNING = "The given NumPy array is not writable"
@@ -117,8 +127,9 @@ def _register_fakes() -> None:
         lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
     torch.library.register_fake("tokentui_ggml::packed_product")(
         lambda x, packed, type, k: x.new_empty((x.shape[0], packed.shape[0])))
-    for name in ("repack", "unpack"):
-        torch.library.register_fake(f"tokentui_ggml::{name}")(lambda raw, type, k: torch.empty_like(raw))
+    torch.library.register_fake("tokentui_ggml::repack")(lambda raw, type, k, huge=False: torch.empty_like(raw))
+    torch.library.register_fake("tokentui_ggml::unpack")(lambda raw, type, k: torch.empty_like(raw))
+    torch.library.register_fake("tokentui_ggml::resident")(lambda raw: torch.empty_like(raw))
 
 
 def _type(name: str) -> int:
@@ -207,16 +218,39 @@ def repack_enabled() -> bool:
     return os.environ.get(REPACK_ENV, "1") != "0"
 
 
+def huge_pages() -> bool:
+    """Whether matrices are placed in huge-page memory (module docstring): not where $TOKENTUI_GGML_HUGE_PAGES=0,
+    nor where the kernel's transparent huge pages are `never` or unknown (no THP_SETTING: another OS or kernel)."""
+    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+        return False
+    try:
+        with open(THP_SETTING) as setting:
+            text = setting.read()
+    except OSError:
+        return False
+    return "[always]" in text or "[madvise]" in text
+
+
 def _packed(matrix: GGMLMatrix) -> torch.Tensor | None:
-    """`matrix`'s bytes in ggml's 8-row interleaved layout ([rows, row_bytes] uint8, the same size), its file pages
-    given back; None where ggml has no interleaved kernel for it here (another format or CPU, rows not a multiple of
-    8, ggml not bound, repacking turned off)."""
+    """`matrix`'s bytes in ggml's 8-row interleaved layout ([rows, row_bytes] uint8, the same size; in huge-page
+    memory where `huge_pages`), its file pages given back; None where ggml has no interleaved kernel for it here
+    (another format or CPU, rows not a multiple of 8, ggml not bound, repacking turned off)."""
     if not _BOUND or not repack_enabled() or matrix.rows % ROWS_INTERLEAVED \
             or matrix.type not in _ops().packed_types():
         return None
-    packed = _ops().repack(matrix.raw, matrix.type, matrix.cols)
+    packed = _ops().repack(matrix.raw, matrix.type, matrix.cols, huge_pages())
     _ops().release(matrix.raw)  # a file's read-only map only: any other memory is left as it is
     return packed
+
+
+def _resident(matrix: GGMLMatrix) -> torch.Tensor | None:
+    """A copy of `matrix`'s bytes (the same [rows, row_bytes], unchanged) in huge-page memory, its file pages given
+    back; None where its bytes are not in a file's read-only map, or `huge_pages` says no."""
+    if not _BOUND or not huge_pages() or not _ops().in_file_map(matrix.raw):
+        return None
+    copy = _ops().resident(matrix.raw)
+    _ops().release(matrix.raw)
+    return copy
 
 
 class GGMLLinear(nn.Module):
@@ -236,12 +270,26 @@ class GGMLLinear(nn.Module):
             raise ValueError(f"a bias of shape {list(bias.shape)} for {matrix.rows} outputs")
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
         self._packed = _packed(matrix) if repack else None
+        self._resident = _resident(matrix) if self._packed is None else None
 
     @property
     def packed(self) -> torch.Tensor | None:
         """The matrix in ggml's 8-row interleaved layout ([rows, row_bytes] uint8) that the products run on, or None
         where they run on the matrix as stored."""
         return self._packed
+
+    @property
+    def resident(self) -> torch.Tensor | None:
+        """The matrix as stored, its bytes copied into huge-page memory (module docstring), that the products run on;
+        None where they run on `packed` or on `matrix.raw` itself."""
+        return self._resident
+
+    @property
+    def run_bytes(self) -> torch.Tensor:
+        """The bytes a product reads: `packed` (interleaved), else `resident`, else `matrix.raw` (both as stored)."""
+        if self._packed is not None:
+            return self._packed
+        return self.matrix.raw if self._resident is None else self._resident
 
     @property
     def kernel(self) -> str:
@@ -254,9 +302,9 @@ class GGMLLinear(nn.Module):
         """The weight de-quantized to float32 [out, in]: a copy made on each read (the lens, tied-head checks), not
         kept, since it is 4-8x the stored matrix. A repacked matrix's from its packed copy (unpacked: the file's
         bytes exactly), so the file's pages are not read again."""
-        if self._packed is None:
-            return self.matrix.dequantize()
         m = self.matrix
+        if self._packed is None:  # from the resident copy where there is one: the file's pages are not read again
+            return _ops().dequantize(self.run_bytes, m.type, m.cols)
         return _ops().dequantize(_ops().unpack(self._packed, m.type, m.cols), m.type, m.cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -264,10 +312,10 @@ class GGMLLinear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(torch.float32)
         m = self.matrix
         if flat.shape[0] <= PRODUCT_ROWS:
-            y = _ops().product(flat, m.raw, m.type) if self._packed is None \
+            y = _ops().product(flat, self.run_bytes, m.type) if self._packed is None \
                 else _ops().packed_product(flat, self._packed, m.type, m.cols)
         else:
-            y = _tiled_linear(flat, m, self._packed)
+            y = _tiled_linear(flat, m, self.run_bytes, self._packed is not None)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -277,16 +325,15 @@ class GGMLLinear(nn.Module):
                f"bias={self.bias is not None}, kernel={self.kernel}"
 
 
-def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, packed: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once); from
-    `packed` (the matrix interleaved, tiles of whole groups of 8 rows unpacked) where given."""
+def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, raw: torch.Tensor, packed: bool) -> torch.Tensor:
+    """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once) from
+    `raw`, the matrix's bytes as stored or, `packed`, interleaved (tiles of whole groups of 8 rows unpacked)."""
     out = x.new_empty((x.shape[0], matrix.rows))
     step = max(1, TILE_VALUES // matrix.cols)
-    if packed is not None:
+    if packed:
         step = max(ROWS_INTERLEAVED, step // ROWS_INTERLEAVED * ROWS_INTERLEAVED)
     for r0 in range(0, matrix.rows, step):
-        rows = matrix.raw[r0:r0 + step] if packed is None \
-            else _ops().unpack(packed[r0:r0 + step], matrix.type, matrix.cols)
+        rows = raw[r0:r0 + step] if not packed else _ops().unpack(raw[r0:r0 + step], matrix.type, matrix.cols)
         tile = _ops().dequantize(rows, matrix.type, matrix.cols)  # [step, K]
         out[:, r0:r0 + step] = F.linear(x, tile)
     return out

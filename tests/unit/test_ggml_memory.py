@@ -1,0 +1,121 @@
+"""Where a GGMLLinear's products read its matrix from (core/model/quant/ggml_linear.py's `resident`, core/model/native/
+ggml_repack.cpp's huge-page memory): a matrix in a GGUF file's read-only map is copied, byte for byte, into memory the
+kernel was asked to back with transparent huge pages (the mapping's VmFlags carry `hg`, madvise's MADV_HUGEPAGE), its
+file pages given back, and multiplies to the very same values as the file's bytes; a repacked copy is made in such
+memory too; nothing is copied for a matrix in anonymous memory, with $TOKENTUI_GGML_HUGE_PAGES=0, or where the
+kernel's transparent huge pages are `never`. Skipped in one line where ggml's library cannot be had."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+from tokentui.core.model.quant import ggml_linear
+from tokentui.core.model.quant.ggml_linear import GGMLLinear, GGMLMatrix
+
+from test_ggml_kernels import bound_ggml, gguf_values, packed_or_skip, stored, values
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ggml():
+    with bound_ggml():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def huge_pages_on(monkeypatch, tmp_path):
+    """The tests' own THP setting (`madvise`, as on the machines measured), whatever this kernel's."""
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")
+    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(setting))
+    monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV, raising=False)
+    return setting
+
+
+def file_matrices(tmp_path, tensors: dict[str, tuple[torch.Tensor, str]]) -> dict[str, GGMLMatrix]:
+    """Each (values, format) written to a GGUF file by gguf-py, and read back as matrices viewing the file's map."""
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, (w, fmt) in tensors.items():
+        raw = gguf.quantize(w.numpy(), gguf.GGMLQuantizationType[fmt])
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType[fmt])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {t.name: GGMLMatrix.from_gguf_tensor(t) for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def mapping_flags(tensor: torch.Tensor) -> tuple[int, int, list[str]]:
+    """(start, end, VmFlags) of the mapping in /proc/self/smaps that holds tensor's bytes."""
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel()
+    found = None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0] if line.split() else ""
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                a, b = (int(x, 16) for x in head.split("-"))
+                found = (a, b) if a <= start and end <= b else None
+            elif found is not None and line.startswith("VmFlags:"):
+                return found[0], found[1], line.split()[1:]
+    raise AssertionError("no mapping holds the tensor")
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_a_files_matrix_runs_from_a_huge_page_copy_of_its_bytes(tmp_path, fmt):
+    """The copy is the file's bytes exactly, outside the file's map, in memory advised for huge pages; products (one
+    row: vec_dot; many: the float32 tiles) and `weight` give the very values of the file's own bytes."""
+    w = values(64, 512)
+    matrix = file_matrices(tmp_path, {"w": (w, fmt)})["w"]
+    ops = torch.ops.tokentui_ggml
+    assert ops.in_file_map(matrix.raw)
+    before = matrix.raw.clone()
+    plain = GGMLLinear(GGMLMatrix(before, fmt, 64, 512), repack=False)  # anonymous memory: run where it lies
+    assert plain.resident is None and plain.run_bytes.data_ptr() == before.data_ptr()
+    layer = GGMLLinear(matrix, repack=False)
+    copy = layer.resident
+    assert copy is not None and layer.run_bytes.data_ptr() == copy.data_ptr() and layer.kernel == "vec_dot"
+    assert torch.equal(copy, before) and not ops.in_file_map(copy)
+    assert "hg" in mapping_flags(copy)[2]
+    for rows in (1, 3, ggml_linear.PRODUCT_ROWS + 5):
+        x = values(rows, 512, seed=rows)
+        assert torch.equal(layer(x), plain(x))
+    assert torch.equal(layer.weight, gguf_values(before, fmt))
+    assert torch.equal(matrix.raw, before)  # the file's pages, given back, read again from the file if touched
+
+
+def test_small_matrices_share_huge_pages():
+    """Copies of matrices under a huge page's 2 MiB each lie one after another in one advised mapping (each on its
+    own would hold no whole huge page), and live on after the mapping's other copies are freed."""
+    ops = torch.ops.tokentui_ggml
+    sources = [torch.full((600, 1024), i, dtype=torch.uint8) for i in range(4)]
+    copies = [ops.resident(s) for s in sources]
+    spans = [mapping_flags(c) for c in copies]
+    assert len({(a, b) for a, b, _ in spans}) == 1 and "hg" in spans[0][2]
+    start, end, _ = spans[0]
+    assert end - start >= 2 << 20 and start % (2 << 20) == 0
+    del copies[:3]
+    assert torch.equal(copies[0], sources[3])
+
+
+def test_a_repacked_copy_is_made_in_huge_page_memory(tmp_path):
+    packed_or_skip("Q4_0")
+    matrix = file_matrices(tmp_path, {"w": (values(64, 512), "Q4_0")})["w"]
+    layer = GGMLLinear(matrix)
+    assert layer.resident is None and layer.run_bytes.data_ptr() == layer.packed.data_ptr()
+    assert "hg" in mapping_flags(layer.packed)[2]
+
+
+def test_nothing_is_copied_where_huge_pages_are_off(tmp_path, monkeypatch, huge_pages_on):
+    matrices = file_matrices(tmp_path, {"a": (values(64, 512), "Q8_0"), "b": (values(64, 512, seed=1), "Q8_0")})
+    monkeypatch.setenv(ggml_linear.HUGE_PAGES_ENV, "0")
+    assert not ggml_linear.huge_pages()
+    layer = GGMLLinear(matrices["a"])
+    assert layer.resident is None and layer.run_bytes.data_ptr() == matrices["a"].raw.data_ptr()
+    monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV)
+    huge_pages_on.write_text("always madvise [never]\n")
+    assert not ggml_linear.huge_pages()
+    assert GGMLLinear(matrices["b"]).resident is None
+    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(tmp_path / "absent"))
+    assert not ggml_linear.huge_pages()
