@@ -271,7 +271,7 @@ class Stage:
     name: str  # llama.cpp's --samplers name ("top_k", "typ_p", "penalties"), or "logit_bias" / "mirostat"
     param: Param  # the setting that turns it on or off (its first)
     oracle: str  # the transformers LogitsProcessor (generation.logits_process) that does it: the reference ("": none)
-    native: bool = True  # core/model/native/select.cpp implements it
+    native: bool = True  # the native selection implements it (select.cpp, or select_chain.cpp for the whole chain)
     fused: bool = True  # core/model/decode/fused_step.py implements it
     kept: str | None = None
     more: tuple[Param, ...] = ()  # its further settings (repeat-last-n, dry-base, ...)

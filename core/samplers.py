@@ -16,9 +16,10 @@ Greedy (argmax) skips the warpers but, as generate(do_sample=False) and llama.cp
 the logits processors (bias, penalties, DRY).
 
 The whole-vocabulary reference is core/steps/stages.py `chain` (which also says what each stage cut); the fast
-backends are core/steps/select.py (torch), core/model/native/select.cpp (one C++ call on CPU) and
-core/model/decode/fused_step.py (the compiled whole step). `Stage.native` / `Stage.fused` say which implement a
-stage; a step that needs one a backend lacks, or an order it does not follow, runs on torch (`backend_gaps`). No
+backends are core/steps/select.py (torch), the native one on CPU (core/model/native/select.cpp: one C++ call for
+the classic stages; select_chain.cpp: one for the whole chain, any order) and core/model/decode/fused_step.py (the
+compiled whole step). `Stage.native` / `Stage.fused` say which implement a stage; a step that needs one a backend
+lacks, or an order it does not follow, runs on torch (`backend_gaps`). No
 torch here: settings, the dashboard and the served-model client import this (pyproject's import-linter contracts).
 """
 
@@ -28,6 +29,7 @@ import functools
 import math
 
 from .errors import SettingsError
+from .mirostat import mirostat_mu, mirostat_update
 from .sampler_params import (MAX_SEED, MIN_TEMPERATURE, SERVER_KINDS, TOP_K_STEPS, ChainInput, Param, Stage,
                              check_breakers, check_greedy, check_logit_bias, check_mirostat, check_seed,
                              check_temperature, check_top_k, check_top_n_sigma, int_check, next_notch,
@@ -78,14 +80,14 @@ STAGES: tuple[Stage, ...] = (
         served=_served("logit_bias"), to_served=_bias_served,
         show=lambda pairs: ", ".join(f"{t}={b:g}" for t, b in pairs) or "off", long=lambda pairs: (
             ", ".join(f"{t}={b:g}" for t, b in pairs) or "none (off)")),
-        "SequenceBiasLogitsProcessor", native=False, fused=False, llama="llama_sampler_logit_bias_apply",
+        "SequenceBiasLogitsProcessor", fused=False, llama="llama_sampler_logit_bias_apply",
         orderable=False, cutting=False, warps=False),
     Stage("penalties", _f(
         "repeat_penalty", 1.0, number_check("repeat-penalty", 0, low_open=True, note=" (1 = off)"), "repeat-penalty",
         "divide a repeated token's positive score by this (multiply a negative one), 1 = off", off=1.0,
         short="rep", served=_served("repeat_penalty", _LLAMA, vLLM="repetition_penalty",
                                     SGLang="repetition_penalty")),
-        "RepetitionPenaltyLogitsProcessor", native=False, fused=False, llama="llama_sampler_penalties_apply",
+        "RepetitionPenaltyLogitsProcessor", fused=False, llama="llama_sampler_penalties_apply",
         title="penalties", cutting=False, warps=False, on_if=_penalties_on, more=(
             _i("repeat_last_n", 64, int_check("repeat-last-n", 0, " (0 = off)"), "repeat-last-n",
                "the penalties look at the last N tokens, prompt included (0 = off)", part_of="penalties",
@@ -100,7 +102,7 @@ STAGES: tuple[Stage, ...] = (
         "dry_multiplier", 0.0, number_check("dry-multiplier", 0, note=" (0 = off)"), "dry-multiplier",
         "DRY: penalise a token extending a repeat: multiplier * base^(length - allowed), 0 = off", off=0.0,
         short="dry", served=_served("dry_multiplier", _LLAMA)),
-        "", native=False, fused=False, llama="llama_sampler_dry_apply", title="DRY", cutting=False, warps=False,
+        "", fused=False, llama="llama_sampler_dry_apply", title="DRY", cutting=False, warps=False,
         on_if=lambda s: s.dry_multiplier != 0.0 and s.dry_penalty_last_n != 0, more=(
             _f("dry_base", 1.75, number_check("dry-base", 1), "dry-base", "DRY's base, >= 1",
                part_of="dry", served=_served("dry_base", _LLAMA)),
@@ -133,7 +135,7 @@ STAGES: tuple[Stage, ...] = (
         "top_n_sigma", -1.0, check_top_n_sigma, "top-n-sigma",
         "keep scores within n standard deviations of the top one, -1 = off", off=-1.0, short="nσ",
         served=_served("top_n_sigma", _LLAMA)),
-        "", native=False, fused=False, llama="llama_sampler_top_n_sigma_apply"),
+        "", fused=False, llama="llama_sampler_top_n_sigma_apply"),
     Stage("top_k", _i(
         "top_k", 0, check_top_k, "top-k", "keep the k best, 0 = off", off=0, nudge=next_notch, said_off=True,
         keys=("k", "K", "top-k one notch down: 100 → 50 → 20 → 10 → 5 → 2 → 1 → off",
@@ -144,7 +146,7 @@ STAGES: tuple[Stage, ...] = (
         "typical_p", 1.0, number_check("typical-p", 0, 1, low_open=True, note=" (1 = off)"), "typical-p",
         "locally typical sampling's mass in (0, 1], 1 = off", off=1.0, short="typ",
         served=_served("typical_p", _LLAMA)),
-        "TypicalLogitsWarper", native=False, fused=False, llama="llama_sampler_typical_apply"),
+        "TypicalLogitsWarper", fused=False, llama="llama_sampler_typical_apply"),
     Stage("top_p", _f(
         "top_p", 0.9, number_check("top-p", 0, 1, low_open=True, note=" (1 = off)"), "top-p",
         "nucleus mass in (0, 1], 1 = off", off=1.0, said_off=True, nudge=stepper(0.05, 0.05, 1.0),
@@ -163,7 +165,7 @@ STAGES: tuple[Stage, ...] = (
         "xtc_probability", 0.0, number_check("xtc-probability", 0, 1, note=" (0 = off)"), "xtc-probability",
         "XTC: with this probability per step, cut every token above the threshold but the least likely of them",
         off=0.0, short="xtc", served=_served("xtc_probability", _LLAMA)),
-        "", native=False, fused=False, llama="llama_sample_xtc_apply", title="XTC",
+        "", fused=False, llama="llama_sample_xtc_apply", title="XTC",
         on_if=lambda s: s.xtc_probability > 0.0 and s.xtc_threshold <= 0.5,
         more=(_f("xtc_threshold", 0.1, number_check("xtc-threshold", 0, 1, note=" (above 0.5: off)"),
                  "xtc-threshold", "XTC's probability threshold (above 0.5 cuts nothing: off)", part_of="xtc",
@@ -172,7 +174,7 @@ STAGES: tuple[Stage, ...] = (
         "mirostat", 0, check_mirostat, "mirostat",
         "2 = Mirostat 2.0 (replaces the chain: bias, temperature, mirostat), 0 = off", off=0,
         served=_served("mirostat", _LLAMA)),
-        "", native=False, fused=False, llama="llama_sampler_mirostat_v2_apply", orderable=False, more=(
+        "", fused=False, llama="llama_sampler_mirostat_v2_apply", orderable=False, more=(
             _f("mirostat_tau", 5.0, number_check("mirostat-ent", 0), "mirostat-ent",
                "Mirostat's target entropy (tau), bits", part_of="mirostat", short="tau",
                served=_served("mirostat_tau", _LLAMA)),
@@ -302,6 +304,15 @@ def backend_gaps(settings, backend: str) -> list[str]:
 def _gaps(settings, backend: str) -> tuple[str, ...]:
     """backend_gaps, once per settings (every step asks; SamplerSettings is frozen and hashable)."""
     steps = chain_order(settings)
+    if backend == "native" and _gaps(settings, "fused"):
+        # the whole chain's own C++ call (core/model/native/select_chain.cpp) takes every stage, but sorts nothing
+        # as long as the whole vocabulary is in play: typical-p or top-p before a top-k or top-nσ cut runs on torch
+        for s in steps:
+            if s.name in ("top_k", "top_n_sigma"):
+                break
+            if s.name in ("typ_p", "top_p"):
+                return (f"{s.param.label} over the whole vocabulary",)
+        return ()
     gaps = [s.label for s in steps if not getattr(s, backend)]
     if settings.dynatemp_range > 0 and not settings.is_greedy and not settings.mirostat:
         gaps.append("dynatemp")
@@ -378,31 +389,3 @@ def ignored_by(settings, kind: str) -> list[str]:
         else:
             out.extend(p.label for p in missing)
     return out
-
-
-def mirostat_update(mu: float | None, settings, prob: float) -> float:
-    """Mirostat 2.0's mu after a step that drew a token of post-sampler probability `prob` from mu (None: a
-    fresh start, 2 * tau): llama_sampler_mirostat_v2_apply's mu -= eta * (-log2 p - tau). A forced token the chain
-    had cut (p = 0, which llama.cpp never draws) leaves mu as it was rather than sending it to -inf."""
-    start = 2.0 * settings.mirostat_tau if mu is None else mu
-    if prob <= 0:
-        return start
-    return start - settings.mirostat_eta * (-math.log2(prob) - settings.mirostat_tau)
-
-
-def mirostat_mu(steps) -> float | None:
-    """Mirostat 2.0's mu after `steps`, the run's steps so far as (settings, chosen post-sampler probability)
-    pairs, `mirostat_update` after each, from 2 * tau at the first step with mirostat on (and again after a step
-    with it off, or with another tau or eta, as llama.cpp makes a new sampler then). None: the last step had it
-    off. This is where the state lives: in the steps' own record, nothing kept beside it, so a branch or a step
-    revisited in time travel starts from the state the run had there."""
-    mu, current = None, None
-    for settings, prob in steps:
-        key = (settings.mirostat_tau, settings.mirostat_eta) if settings.mirostat and not settings.is_greedy else None
-        if key is None:
-            mu, current = None, None
-            continue
-        if key != current:
-            mu, current = None, key
-        mu = mirostat_update(mu, settings, prob)
-    return mu

@@ -19,8 +19,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["bias", "dry", "dry_breakers", "dry_repeats", "dynamic_temperature", "mirostat_v2", "penalize",
-           "top_n_sigma", "window", "xtc"]
+__all__ = ["bias", "dry", "dry_breakers", "dry_penalties", "dry_repeats", "dynamic_temperature", "mirostat_v2",
+           "penalize", "top_n_sigma", "window", "window_counts", "xtc"]
 
 _FLOAT_MAX_LOG = 88.7228391  # log(float32 max), as llama_sampler_dry_apply clamps its exponent
 
@@ -42,15 +42,24 @@ def penalize(scores: torch.Tensor, recent: Sequence[int], repeat: float, frequen
     """llama_sampler_penalties_apply: every id in `recent` (the window) has its score divided by `repeat` when
     > 0, multiplied when <= 0, then `count * frequency + presence` subtracted (count: its occurrences there).
     Only the window's ids are touched (a gather and a scatter of a few entries, not passes over the vocabulary)."""
-    vocab = scores.shape[-1]
-    ids, counts = torch.unique(torch.tensor(list(recent), dtype=torch.long), return_counts=True)
-    inside = ids < vocab
-    ids, counts = ids[inside].to(scores.device), counts[inside].to(device=scores.device, dtype=torch.float32)
-    if not ids.numel():
+    found, times = window_counts(recent, scores.shape[-1])
+    if not found:
         return scores
+    ids = torch.tensor(found, dtype=torch.long, device=scores.device)
+    counts = torch.tensor(times, dtype=torch.float32, device=scores.device)
     at = scores[0].index_select(0, ids)
     scaled = torch.where(at <= 0, at * repeat, at / repeat) - (counts * frequency + presence)
     return scores.index_copy(1, ids, scaled[None])
+
+
+def window_counts(recent: Sequence[int], vocab: int) -> tuple[list[int], list[int]]:
+    """The distinct ids of a window inside the vocabulary (ascending) and how often each occurs there."""
+    counts: dict[int, int] = {}
+    for t in recent:
+        if t < vocab:
+            counts[t] = counts.get(t, 0) + 1
+    ids = sorted(counts)
+    return ids, [counts[t] for t in ids]
 
 
 def dry_repeats(recent: Sequence[int], allowed: int,
@@ -93,17 +102,28 @@ def dry(scores: torch.Tensor, recent: Sequence[int], multiplier: float, base: fl
     """llama_sampler_dry_apply: a token that would extend a repeat of length L >= `allowed` in `recent` (the
     window) loses multiplier * base^(L - allowed) (the exponent clamped so the power stays a finite float32); a
     single-token sequence breaker never does."""
+    found, penalty = dry_penalties(recent, multiplier, base, allowed, breakers, scores.shape[-1])
+    if not found:
+        return scores
+    ids = torch.tensor(found, dtype=torch.long, device=scores.device)
+    return scores.index_add(1, ids, -penalty.to(scores.device)[None])
+
+
+def dry_penalties(recent: Sequence[int], multiplier: float, base: float, allowed: int,
+                  breakers: Mapping[int, tuple[tuple[int, ...], ...]] | None,
+                  vocab: int) -> tuple[list[int], torch.Tensor]:
+    """What `dry` subtracts: the ids and their float32 penalties (the native chain, core/model/native/
+    select_chain.cpp, subtracts the same values)."""
     repeats = dry_repeats(recent, allowed, breakers)
     single = {head for head, tails in (breakers or {}).items() if () in tails}
-    hits = [(t, length) for t, length in repeats.items() if t not in single and t < scores.shape[-1]]
+    hits = [(t, length) for t, length in repeats.items() if t not in single and t < vocab]
     if not hits:
-        return scores
+        return [], torch.zeros(0)
     top = int(_FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
-    ids = torch.tensor([t for t, _ in hits], dtype=torch.long, device=scores.device)
     exps = [length - allowed for _, length in hits]
     exps = [min(e, top) if top > 0 else e for e in exps]
     penalty = multiplier * torch.tensor(base, dtype=torch.float32) ** torch.tensor(exps, dtype=torch.float32)
-    return scores.index_add(1, ids, -penalty.to(scores.device)[None])
+    return [t for t, _ in hits], penalty
 
 
 def _finite_probs(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,21 +83,24 @@ def select(
     `to_host(packed)`: the device-to-host copy of the packed numbers (default `packed.tolist()`).
     On CPU one C++ call does it all (`native_op`) where tokentui's library builds; `native=False` runs the torch
     operations below instead (the same distribution and report: tests compare both with the warpers), `native=True`
-    insists on the C++ call. A step whose settings use a stage the C++ call lacks (core/samplers.py `backend_gaps`:
-    min-p today) runs the torch operations. A step with a stage or an order the prefix path below lacks either
-    (the penalties, DRY, XTC ... : `backend_gaps(settings, "fused")`) runs the whole chain (core/steps/stages.py
-    `run_chain`), reading `given` (the run's tokens so far, Mirostat's state), and draws from the same per-id noise.
+    insists on the C++ call. A step with a stage or an order the prefix path below lacks (the penalties, DRY,
+    XTC ... : `backend_gaps(settings, "fused")`) runs the whole chain (core/steps/select_chain.py: one C++ call of
+    its own on CPU, core/model/native/select_chain.cpp, else core/steps/stages.py `run_chain`), reading `given`
+    (the run's tokens so far, Mirostat's state), and draws from the same per-id noise. A step whose settings use a
+    stage neither C++ call takes (core/samplers.py `backend_gaps`: min-p beside the classic stages alone, where the
+    chain's C++ call would run top-p over the whole vocabulary) runs the torch prefix path.
     Raises GenerationError when the scores hold NaN or ±inf.
     """
     with torch.inference_mode():  # no autograd bookkeeping: a step is ~60 small ops, each cheaper this way
         on_cpu = logits.device.type == "cpu" and (generator is None or generator.device.type == "cpu")
-        gaps = backend_gaps(settings, "native")  # a stage the C++ call lacks: this step runs the torch operations
+        gaps = backend_gaps(settings, "native")  # a stage the C++ calls lack: this step runs the torch operations
         op = native_op() if native is not False and on_cpu and not gaps else None
         if native and op is None:
             raise RuntimeError("select(native=True): " + (f"the native selection has no {', '.join(gaps)}" if gaps
                                else "tokentui's native library is not available here"))
-        if backend_gaps(settings, "fused"):  # what only the whole chain has
-            return select_chain(logits, settings, generator, top_n, to_host or _tolist, given or ChainInput())
+        if backend_gaps(settings, "fused"):  # what only the whole chain has: its C++ call, or torch's
+            return select_chain(logits, settings, generator, top_n, to_host or _tolist, given or ChainInput(),
+                                op=None if op is None else torch.ops.tokentui_q4.select_chain)
         if op is not None:
             return _select_native(op, logits, settings, generator, top_n, to_host or _tolist)
         return _select(logits, settings, generator, top_n, to_host or _tolist)

@@ -68,11 +68,13 @@ def _check_stage(x: torch.Tensor, history: list[int], seed: int) -> None:
         for native in (None, False):  # the default backend and the torch one
             sel = select(x, settings, _gen(seed), N, native=native, given=given)
             assert sel.kept_count == int((want > 0).sum()), name
-            # the fast paths renormalise a prefix (or run in C++): float32's rounding, relative
-            torch.testing.assert_close(torch.tensor(sel.top_sampled_probs), want[sel.top_ids], atol=TOL, rtol=1e-5,
+            # the fast paths renormalise a prefix (or run in C++, with a float64 normaliser): float32's rounding,
+            # relative; torch's own float32 softmax of a 49,152-entry row (the oracle's) is off by up to ~1.3e-5 of
+            # each probability on the embedded model's biased scores, against float64
+            torch.testing.assert_close(torch.tensor(sel.top_sampled_probs), want[sel.top_ids], atol=TOL, rtol=3e-5,
                                        msg=name)
             assert want[sel.token_id] > 0
-            assert abs(sel.chosen_prob - float(want[sel.token_id])) <= TOL + 1e-5 * float(want[sel.token_id])
+            assert abs(sel.chosen_prob - float(want[sel.token_id])) <= TOL + 3e-5 * float(want[sel.token_id])
 
 
 @pytest.mark.parametrize("vocab", [3_000, 49_152])

@@ -201,11 +201,14 @@ def test_native_and_torch_give_the_same_ids_for_1000_seeded_steps():
                                                                           b.top_p_kept)
 
 
-def test_a_stage_a_backend_lacks_sends_the_step_to_torch_and_seeded_runs_replay_with_every_stage_on():
-    gaps = backend_gaps(EVERY, "native")
-    assert set(gaps) >= {"logit-bias", "penalties", "DRY", "top-n-sigma", "typical-p", "XTC", "min-p", "dynatemp"}
-    assert backend_gaps(EVERY, "fused") and backend_gaps(SamplerSettings(top_k=3, top_p=0.5, samplers="top_p;top_k;"
-                                                                         "temperature"), "native") == ["custom order"]
+def test_the_native_chain_takes_every_stage_and_seeded_runs_replay_with_every_stage_on():
+    """With every stage on, the step runs the whole chain's own C++ call (nothing routed to torch but what it
+    would sort over the whole vocabulary), and a seeded run replays on either backend."""
+    assert backend_gaps(EVERY, "native") == [] and backend_gaps(EVERY.with_changes(mirostat=2), "native") == []
+    assert backend_gaps(EVERY, "fused")
+    assert backend_gaps(SamplerSettings(top_k=3, top_p=0.5, samplers="top_p;top_k;temperature"),
+                        "native") == ["top-p over the whole vocabulary"]
+    assert backend_gaps(SamplerSettings(min_p=0.1), "native") == ["min-p"]  # the classic chain's C++ call lacks it
     history = [1, 2, 3, 1, 2, 3, 1, 2]
     runs = []
     for native in (None, False, None):
@@ -216,8 +219,8 @@ def test_a_stage_a_backend_lacks_sends_the_step_to_torch_and_seeded_runs_replay_
         runs.append(ids)
     assert runs[0] == runs[1] == runs[2]  # the same seed, the same ids, on the backend the step was sent to
     if native_op() is not None:
-        with pytest.raises(RuntimeError, match="the native selection has no logit-bias"):
-            select(torch.randn(3_000), EVERY, _gen(0), 8, native=True)
+        with pytest.raises(RuntimeError, match="the native selection has no top-p over the whole vocabulary"):
+            select(torch.randn(3_000), EVERY.with_changes(samplers="top_p;top_k"), _gen(0), 8, native=True)
 
 
 # ------------------------------------------------------------------------------------------------ local runs

@@ -36,11 +36,12 @@ from ..quant.gguf_quant import GROUP, GroupedInt4
 from ..quant.int4_kernel import Int4Kernel
 
 NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
-# one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py);
+# one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py),
+# select_chain.cpp the same with the whole sampler chain (core/steps/select_chain.py);
 # ggml_ops.cpp / ggml_step.cpp / ggml_repack.cpp run ggml's CPU kernels, opened at run time (core/model/quant/
 # ggml_linear.py)
-SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "ggml_ops.cpp",
-           NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp")
+SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "select_chain.cpp",
+           NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
            NATIVE / "step_math.h", NATIVE / "ggml_abi.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
