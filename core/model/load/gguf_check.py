@@ -16,14 +16,14 @@ quantized row that is not whole blocks, a tensor that runs past the end of the f
   vocabulary (`tokenizer.ggml.tokens`, `<arch>.vocab_size`) with the token embedding and the output matrix, whose
   shapes llama.cpp requires to be {embedding length, vocabulary}; for the architectures whose attention has one
   head size in every block (PLAIN_ATTENTION) the head counts and head size with each block's q / k / v rows.
-Each of these is read from the tensor table (no tensor data is read); the cost is gguf-py's parse, ~2 s for a
-49k-token vocabulary, paid on a first start only (a converted model's cache is not checked again).
+Each of these is read from the tensor table and the scalar metadata (no tensor data is read), parsed with the
+vocabulary's arrays skimmed (core/model/load/gguf_reader.py's lean_reader: only their lengths are compared); a packed
+or converted model's cache is not checked again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import threading
@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 from ...errors import ModelLoadError, error_line
+from .gguf_reader import fast_reader_class, lean_reader
 
 BLOCK = re.compile(r"(?:^|\.)blk\.(\d+)\.")  # enc.blk.N. / dec.blk.N. (T5) count as block N too
 # one head size in every block, q rows = heads × head size, k and v rows = key/value heads × head size (the head
@@ -49,10 +50,10 @@ def check_gguf(path: Path) -> None:
 
 
 def checked_reader(path: Path):
-    """gguf-py's GGUFReader of `path` (`fast_reader`), once every check above holds (raises ModelLoadError
-    otherwise)."""
+    """gguf-py's GGUFReader of `path`, its long arrays (the vocabulary) skimmed (gguf_reader.lean_reader: the checks
+    need their lengths only), once every check above holds (raises ModelLoadError otherwise)."""
     try:
-        reader = fast_reader(path)
+        reader = lean_reader(path)
     except Exception as err:  # gguf-py's own refusals (see the module docstring), worded as transformers' are
         raise ModelLoadError(f"{path}: corrupt, truncated or unsupported GGUF file ({error_line(err)}); download it "
                              "again or pass another --model") from None
@@ -63,31 +64,6 @@ def checked_reader(path: Path):
     return reader
 
 
-def fast_reader(path: Path):
-    """gguf-py's GGUFReader, its parse several times faster: it slices a plain ndarray view of the file's memory map
-    instead of the memmap itself (numpy's memmap does per-slice bookkeeping, and the parse takes one slice per
-    metadata value: 2 per vocabulary entry). The same fields and tensors; tensor data are read-only views of the
-    same map."""
-    return _fast_reader_class()(str(path))
-
-
-@functools.cache
-def _fast_reader_class():
-    import numpy as np
-    from gguf import GGUFReader
-
-    class FastReader(GGUFReader):
-        def _get(self, offset, dtype, count=1, override_order=None):  # gguf-py's own, on the plain view
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            arr = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
-            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
-
-    return FastReader
-
-
 _PATCH_LOCK = threading.RLock()
 
 
@@ -95,14 +71,14 @@ _PATCH_LOCK = threading.RLock()
 def fast_transformers_parse():
     """transformers' GGUF loading (`AutoTokenizer` / `AutoConfig` / `AutoModelForCausalLM` with `gguf_file`) parses
     the whole file with gguf-py's GGUFReader, which it imports from the `gguf` module at call time; inside this block
-    that name is `fast_reader`'s class (the same parse, several times faster: each parse took ~4 s of a first start on
+    that name is gguf_reader.fast_reader_class (the same parse, several times faster: each parse took ~4 s of a first start on
     the embedded model's 49k-entry vocabulary, and a first start parses twice). Hand-written because transformers
     takes no reader: the one place tokentui swaps a library's name, restored on the way out."""
     import gguf
 
     with _PATCH_LOCK:
         saved = gguf.GGUFReader
-        gguf.GGUFReader = _fast_reader_class()
+        gguf.GGUFReader = fast_reader_class()
         try:
             yield
         finally:

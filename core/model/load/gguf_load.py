@@ -33,7 +33,8 @@ from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
-from .gguf_check import check_gguf, checked_reader, fast_reader, reading
+from .gguf_check import check_gguf, checked_reader, reading
+from .gguf_reader import fast_reader
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native

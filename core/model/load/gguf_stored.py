@@ -3,12 +3,13 @@ bytes, memory-mapped (no copy, no de-quantized float32 matrix), and is multiplie
 (core/model/quant/ggml_linear.py's GGMLLinear / GGMLEmbedding over a GGMLMatrix; core/model/native/ggml_build.py
 builds llama.cpp's libggml-cpu). This is how llama.cpp itself loads a file.
 
-Each start: the file is checked and parsed once (core/model/load/gguf_check.py's checked_reader, gguf-py's GGUFReader:
-its tensors are views of one read-only memory map); the config and the tokenizer come from transformers' GGUF reader
-on a first start only and are cached under `cache_dir()/stored/<key>` (the file's identity: path, size, mtime,
-transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the model is built
-on the meta device (gguf_load._skeleton) and each GGUF tensor named for its parameter as transformers names it
-(`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_load.plan_gguf does):
+Each start: the file is checked and parsed once (core/model/load/gguf_check.py's checked_reader, gguf-py's GGUFReader
+with the vocabulary's arrays skimmed: its tensors are views of one read-only memory map); the config and the
+tokenizer come from transformers' GGUF reader on a first start only, the model's first pass is checked then
+(model_cache.check_first_pass), and they are cached under `cache_dir()/stored/<key>` (the file's identity: path,
+size, mtime, transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the
+model is built on the meta device (gguf_load._skeleton) and each GGUF tensor named for its parameter as transformers
+names it (`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_load.plan_gguf does):
 
     2-D weight of an nn.Linear, the input embedding,     a GGMLLinear / GGMLEmbedding over the mapped bytes; rows
     the LM head (in a block type ggml runs)              the processor permutes (llama's q/k) are the one copy
@@ -118,9 +119,13 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
             config, tokenizer = found
         model = _skeleton(config)
         dequantized = place_stored(reader, model, progress)
-    check_first_pass(model, tokenizer, path)  # a file whose first scores are not numbers is refused, every start
     notice = None
     if found is None:
+        # A file whose first scores are not numbers is refused before its config and tokenizer are cached; a later
+        # start (the cache's key: the file's path, size and mtime) trusts it, as the packed path's cache does, rather
+        # than pay at every start a forward over every weight that the run's own prefill then pays again.
+        check_first_pass(model, tokenizer, path)
+
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
