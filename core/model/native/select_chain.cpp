@@ -85,11 +85,11 @@ struct Chain {  // kept from call to call (thread_local): a vocabulary-sized buf
   int64_t finite() const { return size(); }
 };
 
-// max, sum exp(s - max), sum exp(s - max) (s - max) over the finite entries (float64 sums of exp8 values).
+// max, sum exp(s - max), sum exp(s - max) (max - s) (float64 sums of exp8 values; every entry is finite); with
+// `scaled`, the same of s / t in the same pass (the entropy after temperature, beside the raw one).
 struct Moments { float max = -INFINITY; double z = 0, spread = 0; };
 
-// With t != 1, of s / t (as the warper divides), for the entropy after temperature.
-Moments moments(const float* s, int64_t n, float t = 1.f) {
+Moments moments(const float* s, int64_t n, float t = 1.f, Moments* scaled = nullptr) {
   Moments out;
   __m256 hi = _mm256_set1_ps(-INFINITY);
   int64_t i0 = 0;
@@ -98,20 +98,31 @@ Moments moments(const float* s, int64_t n, float t = 1.f) {
   _mm256_store_ps(h, hi);
   for (float v : h) out.max = std::max(out.max, v);
   for (; i0 < n; ++i0) out.max = std::max(out.max, s[i0]);
-  const float ms = t == 1.f ? out.max : out.max / t;
-  const __m256 m = _mm256_set1_ps(ms), tv = _mm256_set1_ps(t), ninf = _mm256_set1_ps(-INFINITY);
-  __m256d z0 = _mm256_setzero_pd(), z1 = z0, g0 = z0, g1 = z0;
+  const float ms = out.max / t;
+  const __m256 m = _mm256_set1_ps(out.max), mt = _mm256_set1_ps(ms), tv = _mm256_set1_ps(t);
+  __m256d z0 = _mm256_setzero_pd(), z1 = z0, g0 = z0, g1 = z0, y0 = z0, y1 = z0, q0 = z0, q1 = z0;
   for (int64_t i = 0; i < n; i += 8) {
     const int64_t k = std::min<int64_t>(8, n - i);
-    const __m256 a = k == 8 ? _mm256_loadu_ps(s + i) : load_part(s + i, k, -INFINITY);
-    const __m256 ok = _mm256_cmp_ps(a, ninf, _CMP_GT_OQ);
-    const __m256 d = _mm256_and_ps(_mm256_sub_ps(t == 1.f ? a : _mm256_div_ps(a, tv), m), ok);  // <= 0
+    const __m256 ok = lanes(k);  // the ragged tail's padding: masked out
+    const __m256 a = k == 8 ? _mm256_loadu_ps(s + i) : load_part(s + i, k, out.max);
+    const __m256 d = _mm256_sub_ps(a, m);  // <= 0
     const __m256 e = _mm256_and_ps(exp8(d), ok);
     add_d(z0, z1, e);
     add_d(g0, g1, _mm256_mul_ps(e, d));
+    if (scaled) {
+      const __m256 ds = _mm256_sub_ps(_mm256_div_ps(a, tv), mt);  // s / t as the warper divides, then shifted
+      const __m256 es = _mm256_and_ps(exp8(ds), ok);
+      add_d(y0, y1, es);
+      add_d(q0, q1, _mm256_mul_ps(es, ds));
+    }
   }
   out.z = hsum(_mm256_add_pd(z0, z1));
   out.spread = -hsum(_mm256_add_pd(g0, g1));
+  if (scaled) {
+    scaled->max = ms;
+    scaled->z = hsum(_mm256_add_pd(y0, y1));
+    scaled->spread = -hsum(_mm256_add_pd(q0, q1));
+  }
   return out;
 }
 
@@ -455,7 +466,8 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
       if (r > best) { best = r; win = j; }
     }
   }
-  const Moments raw = moments(x, v);
+  Moments temp;  // of x / T: the entropy after temperature, before any cut
+  const Moments raw = moments(x, v, greedy ? 1.f : static_cast<float>(temperature), greedy ? nullptr : &temp);
   const int32_t token = c.ids[win];
   auto raw_p = [&](int32_t id) { float e; exp_shifted(&x[id], 1, raw.max, &e); return static_cast<float>(e / raw.z); };
   in_play.resize(m);  // raw scores of the entries left, then exp(x - max)
@@ -479,7 +491,7 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
   out[H] = static_cast<float>(entropy(raw));
   out[HS] = static_cast<float>(hs);
   out[PREFIX_MASS] = 1.f;
-  out[TEMP_H] = greedy ? 0.f : static_cast<float>(entropy(moments(x, v, static_cast<float>(temperature))));
+  out[TEMP_H] = greedy ? 0.f : static_cast<float>(entropy(temp));
   out[K_KEPT] = static_cast<float>(k_kept);
   out[P_KEPT] = static_cast<float>(p_kept);
   const std::vector<int32_t> top = top_n(x, v, n);
