@@ -4,7 +4,8 @@ Held to transformers' eager `output_attentions=True` on the same prefix over the
 Qwen2 / Qwen3 models (grouped-query heads) whose kernel keeps the activations float32, to 1e-5 as issue 39 asks; on
 the embedded model (int16 activations) to the bound stated below; to transformers' own eager attention function on
 the very queries and keys the step used, to float32 rounding; weights sum to 1; the greedy ids are the view-off run's;
-and the decode steps never go through transformers' forward while attention is all that is asked for."""
+and the decode steps never go through transformers' forward unless the logit lens asks for it (the sublayer view on
+the native step: test_sublayers_native.py)."""
 
 from __future__ import annotations
 
@@ -79,20 +80,21 @@ def test_tiny_native_steps_attention_equals_eager_and_the_steps_stay_native(kind
     assert [s.id for s in run_steps(off, PROMPT)[1]] == [s.id for s in steps]
 
 
-def test_view_off_and_the_dashboards_view_decode_natively_the_sublayers_through_the_forward(smol_tokenizer,
-                                                                                            monkeypatch):
+def test_view_off_the_dashboards_view_and_the_sublayers_decode_natively_the_lens_through_the_forward(smol_tokenizer,
+                                                                                                    monkeypatch):
     model = native_tiny("llama", smol_tokenizer, monkeypatch)
     calls = {}
     for name, options in {"off": {}, "dashboard": {"attention": True, "attention_top": HEAT_TOP},
-                          "sublayers": {"attention": True, "sublayers": True}}.items():
+                          "sublayers": {"attention": True, "sublayers": True},
+                          "lens": {"attention": True, "logit_lens": True}}.items():
         engine = engine_on(model, smol_tokenizer, max_new_tokens=4, **options)
         assert engine.plan.step.name == "native step"
         with Forwards(model) as forwards:
             steps = run_steps(engine, PROMPT)[1]
         calls[name] = forwards.calls
         assert all((s.attention is not None) == bool(options) for s in steps)
-    # the prefill's forward only, but where the sublayers need the forward's residuals (3 decode steps)
-    assert calls == {"off": 1, "dashboard": 1, "sublayers": 4}
+    # the prefill's forward only, but where the lens needs the forward's hidden states (3 decode steps)
+    assert calls == {"off": 1, "dashboard": 1, "sublayers": 1, "lens": 4}
 
 
 def test_switched_on_and_off_mid_run_and_with_the_lens_it_still_equals_eager(smol_tokenizer, monkeypatch):

@@ -23,7 +23,9 @@
 // `queries` (optional, [L, heads, D] float32 contiguous): where given, each layer's query heads after the rotation
 // (and Qwen3's norm), as attention uses them, are copied there. Why: the attention view (core/model/observe/
 // attention_native.py) computes the new token's weights from them and the cache's keys, without the torch forward;
-// absent, the step does nothing more than one pointer test a layer.
+// absent, the step does nothing more than one pointer test a layer. `residuals` (optional, [L, 4, H] float32
+// contiguous) likewise gets each layer's stream before it, attention's and the MLP's contributions, and the stream
+// after it (core/model/observe/sublayers_native.py: the sublayer view's norms).
 #include <torch/library.h>
 
 #include <cmath>
@@ -62,7 +64,8 @@ void product(bool int16, const float* x, int64_t K, const at::Tensor& packed, co
 at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& cos, const at::Tensor& sin,
                        at::TensorList kbufs, at::TensorList vbufs, const c10::List<std::optional<at::Tensor>>& stacked,
                        const at::Tensor& norm, int64_t heads, int64_t kv_heads, double eps_in, double scale_in,
-                       bool int16, const std::optional<at::Tensor>& queries) {
+                       bool int16, const std::optional<at::Tensor>& queries,
+                       const std::optional<at::Tensor>& residuals) {
   TORCH_CHECK(stacked.size() == 13, "decode_step: expected the 13 kinds of stacked weights");
   const int64_t L = static_cast<int64_t>(kbufs.size()), H = x_in.size(-1), D = cos.numel();
   const float eps = static_cast<float>(eps_in), scale = static_cast<float>(scale_in);
@@ -99,6 +102,10 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
                                        && queries->numel() == L * q_width),
               "decode_step: queries [L, heads, D] float32 contiguous");
   float* q_out = queries.has_value() ? queries->data_ptr<float>() : nullptr;
+  TORCH_CHECK(!residuals.has_value() || (residuals->scalar_type() == at::kFloat && residuals->is_contiguous()
+                                         && residuals->numel() == L * 4 * H),
+              "decode_step: residuals [L, 4, H] float32 contiguous");
+  float* r_out = residuals.has_value() ? residuals->data_ptr<float>() : nullptr;
 
   at::Tensor x = x_in.reshape({1, H}).clone();
   float* xd = x.data_ptr<float>();
@@ -108,6 +115,8 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
   const int64_t half = D / 2;
   std::vector<float> rotated(D);
   for (int64_t l = 0; l < L; ++l) {
+    float* r = r_out != nullptr ? r_out + l * 4 * H : nullptr;  // this layer's [4, H] rows, where asked
+    if (r != nullptr) std::copy_n(xd, H, r);                      // the stream entering the layer
     rms_norm(xd, row<float>(*norm1, l), H, eps, h.data());
     product(int16, h.data(), H, *qkv_p, *qkv_s, l, qkv.data());
     if (qkv_b.has_value()) axpy(1.f, row<float>(*qkv_b, l), qkv.data(), qkv_width);
@@ -126,6 +135,7 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
     }
     attend(qkv.data(), keys, values, capacity, heads, kv_heads, D, pos, scale, scores.data(), attn.data());
     product(int16, attn.data(), q_width, *o_p, *o_s, l, add.data());
+    if (r != nullptr) std::copy_n(add.data(), H, r + H);  // attention's contribution
     axpy(1.f, add.data(), xd, H);
     rms_norm(xd, row<float>(*norm2, l), H, eps, h.data());
     product(int16, h.data(), H, *gu_p, *gu_s, l, gu.data());
@@ -135,6 +145,10 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
     }
     product(int16, h.data(), width, *d_p, *d_s, l, add.data());
     axpy(1.f, add.data(), xd, H);
+    if (r != nullptr) {
+      std::copy_n(add.data(), H, r + 2 * H);  // the MLP's contribution
+      std::copy_n(xd, H, r + 3 * H);          // the stream leaving the layer
+    }
   }
   at::Tensor out = at::empty({1, H}, x.options());
   rms_norm(xd, norm.data_ptr<float>(), H, eps, out.data_ptr<float>());
@@ -146,7 +160,7 @@ at::Tensor decode_step(const at::Tensor& x_in, int64_t pos, const at::Tensor& co
 TORCH_LIBRARY_FRAGMENT(tokentui_q4, m) {
   m.def("decode_step(Tensor x, int pos, Tensor cos, Tensor sin, Tensor(a!)[] kbufs, Tensor(b!)[] vbufs, "
         "Tensor?[] stacked, Tensor norm, int heads, int kv_heads, float eps, float scale, bool int16, "
-        "Tensor(c!)? queries=None) -> Tensor");
+        "Tensor(c!)? queries=None, Tensor(d!)? residuals=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) { m.impl("decode_step", &decode_step); }

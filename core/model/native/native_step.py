@@ -15,9 +15,10 @@ tests/unit/test_native_step.py holds it to the float32 reference (teacher-forced
 Llama / Qwen2 / Qwen3 models, and to the eager step's cache rows. Where it is refused, cannot be built, or the cache
 is not growable (bucketed `--kv-shapes`), the eager lean step decodes.
 
-For the attention view (issue 39), inside `queries_into(catch)` the step also writes each layer's rotated query heads
-into `catch` (a QueryCatch), from which core/model/observe/attention_native.py computes the new token's weights over
-the cached keys: the view stays on the native step, and a step outside it passes no buffer.
+For the attention and sublayer views (issue 39), inside `queries_into(catch)` the step also writes each layer's rotated
+query heads (and, where asked, its residual stream) into `catch` (a QueryCatch), from which core/model/observe/
+attention_native.py computes the new token's weights over the cached keys (sublayers_native.py the sublayer norms):
+the views stay on the native step, and a step outside it passes no buffer.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class NativeStep:
             x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
             [k for k, _ in buffers], [v for _, v in buffers], self._stacked, decoder.norm.weight, decoder.heads,
             decoder.kv_heads, self._eps, self.scale, self._int16,
-            None if catch is None else catch.queries)  # [1, H]; queries [L, heads, D]
+            None if catch is None else catch.queries,
+            None if catch is None else catch.residuals)  # [1, H]; queries [L, heads, D]; residuals [L, 4, H]
         for layer in layers:
             layer.count_one()
         if catch is not None:
@@ -122,12 +124,15 @@ class NativeStep:
 class QueryCatch:
     """Where this thread's native steps put each layer's query while `queries_into(catch)` is active: `queries` [L,
     heads, D] float32, the query heads after the rotation (Qwen3: after their norm), as the step's attention used
-    them; after a step, `position` (its query's) and `layers` (the cache's layers, whose `keys` then end at that
-    position), None until a step wrote them. The attention view reads them (core/model/observe/attention_native.py)."""
+    them; made with `residuals=True`, also `residuals` [L, 4, H]: each layer's stream entering it, attention's and
+    the MLP's contributions, the stream leaving it (else None). After a step, `position` (its query's) and `layers`
+    (the cache's layers, whose `keys` then end at that position), None until a step wrote them. The attention and
+    sublayer views read them (core/model/observe/attention_native.py, sublayers_native.py)."""
 
-    def __init__(self, step: "NativeStep"):
+    def __init__(self, step: "NativeStep", residuals: bool = False):
         decoder = step.decoder
         self.queries = torch.empty(len(decoder.layers), decoder.heads, decoder.head_dim)
+        self.residuals = torch.empty(len(decoder.layers), 4, decoder.embed.weight.shape[1]) if residuals else None
         self.scale = step.scale
         self.kv_heads = decoder.kv_heads
         self.position: int | None = None

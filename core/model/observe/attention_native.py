@@ -11,9 +11,10 @@ reads key head h // (heads / kv_heads), as transformers' repeat_kv lays them out
 The native step serves only Llama / Qwen2 / Qwen3 layers of full attention on a growable cache (sliding layers keep
 transformers' cache and the eager lean step): no window, soft-cap or sink to apply, every position 0..query visible.
 
-`NativeAttention` is the capture `Inside` gives a run on the native step when attention is all it asks for: it also
-keeps attention.py's capture active, for the forwards that still go through transformers' modules (the prefill, a
-step the logit lens sends through the forward), and a step reads whichever caught it.
+`NativeAttention` is the capture `Inside` gives a run on the native step (Inside makes the QueryCatch, enters
+`queries_into` around each forward and clears the catch once a step's views are taken): it also keeps attention.py's
+capture active, for the forwards that still go through transformers' modules (the prefill, a step the logit lens
+sends through the forward), and a step reads whichever caught it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ...runs.attention import LayerAttention
-from ..native.native_step import NativeStep, QueryCatch, queries_into
+from ..native.native_step import QueryCatch
 from .attention import AttentionCapture, ranked_positions
 
 __all__ = ["NativeAttention", "native_weights"]
@@ -50,26 +51,20 @@ class NativeAttention:
     step's weights from the queries it wrote (`native_weights`), a forward's through transformers' modules from
     attention.py's capture, kept active beside it."""
 
-    def __init__(self, model, step: NativeStep, top: int, heads: bool):
+    def __init__(self, model, catch: QueryCatch, top: int, heads: bool):
         self.top, self.heads = top, heads
-        self.catch = QueryCatch(step)
+        self.catch = catch
         self.forward = AttentionCapture(model, top, heads)
-        self._queries = None
 
     @property
     def failure(self) -> str | None:
         return self.forward.failure
 
     def __enter__(self) -> "NativeAttention":
-        self.catch.clear()
         self.forward.__enter__()
-        self._queries = queries_into(self.catch)
-        self._queries.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        queries, self._queries = self._queries, None
-        queries.__exit__(*exc)
         self.forward.__exit__(*exc)
 
     @property
@@ -77,14 +72,14 @@ class NativeAttention:
         return self.catch.position is not None or self.forward.caught
 
     def take(self, query: int) -> list[LayerAttention]:
-        """The rows of the step caught last (layer order), its query at position `query`; clears what was caught."""
+        """The rows of the step caught last (layer order), its query at position `query`; clears what the forward's
+        capture caught (the catch is Inside's to clear)."""
         if self.catch.position is None:
             return self.forward.take(query)
         self.forward.take(query)  # (nothing went through the forward: nothing to keep)
         if self.catch.position != query:
             raise ValueError(f"the native step's query sat at {self.catch.position}, not {query}")
         weights = native_weights(self.catch)  # [L, H, T]
-        self.catch.clear()
         layers, heads, length = weights.shape
         mean = weights.mean(dim=1, keepdim=True)  # [L, 1, T]
         rows = torch.cat([mean, weights], dim=1) if self.heads else mean  # [L, R, T]

@@ -6,8 +6,9 @@ the forward and, building the step's event, calls `take` for the StepEvent's `at
 under a capture that `needs_forward` goes through transformers' modules (the engine passes the decode step a
 `states_out` list, which sends the native, lean and ggml steps through the forward for that step: core/model/decode/
 steps.py), so the fast path is untouched while both are off. On the native step (core/model/native/native_step.py)
-attention alone needs no forward: the step writes its queries and the weights come from them and the cache's keys
-(core/model/observe/attention_native.py); the sublayers still need the forward's residuals. A model or plan without
+neither needs the forward: the step writes its queries (and its residual stream, for the sublayers), the weights
+come from them and the cache's keys (core/model/observe/attention_native.py, sublayers_native.py); a step the logit
+lens sends through the forward is read by the forward's captures, kept active beside them. A model or plan without
 them gets None and one Notice line, once a run.
 """
 
@@ -18,10 +19,11 @@ from typing import Callable
 from ...runs.attention import LayerAttention, SublayerRow
 from ...runs.events import LensRow
 from ...settings import RunOptions
-from ..native.native_step import NativeStep
+from ..native.native_step import NativeStep, QueryCatch, queries_into
 from .attention import AttentionCapture, attention_unavailable
 from .attention_native import NativeAttention
 from .sublayers import SublayerCapture, sublayers_unavailable
+from .sublayers_native import NativeSublayers
 
 __all__ = ["Inside"]
 
@@ -33,16 +35,20 @@ class Inside:
 
     def __init__(self, model, options: RunOptions, attention: bool, sublayers: bool, native: NativeStep | None = None):
         self.key = _key(options)
-        self.native = native is not None and attention and not sublayers  # attention from the native step's queries
+        # on the native step: the views from what the step writes into `catch` (its queries, its stream)
+        self.native = native is not None and (attention or sublayers)
+        self.catch = QueryCatch(native, residuals=sublayers) if self.native else None
         top, heads = options.attention_top, options.attention_heads
-        self.attention = None if not attention else NativeAttention(model, native, top, heads) if self.native \
+        self.attention = None if not attention else NativeAttention(model, self.catch, top, heads) if self.native \
             else AttentionCapture(model, top, heads)
-        self.sublayers = SublayerCapture(model) if sublayers else None
+        self.sublayers = None if not sublayers else NativeSublayers(model, self.catch) if self.native \
+            else SublayerCapture(model)
+        self._queries = None  # queries_into(catch) while entered
 
     @property
     def needs_forward(self) -> bool:
         """Whether a decode step under this capture must go through transformers' forward (False: the plan's own
-        native step gives what it needs)."""
+        native step writes what the views need)."""
         return not self.native
 
     @classmethod
@@ -50,8 +56,8 @@ class Inside:
                     said: bool, step=None) -> tuple["Inside | None", str | None]:
         """(the capture the next forward runs under, None for none; a Notice's text when something asked for is
         not available and was not `said` yet in this run). `current` is kept while the options are the same.
-        `step`: the plan's decode step (core/model/decode/steps.py), whose native step's queries give the attention
-        without the forward; None: every capture goes through the forward."""
+        `step`: the plan's decode step (core/model/decode/steps.py): on the native step the views read what the step
+        writes, without the forward; None: every capture goes through the forward."""
         notes = []
         attention = options.attention
         sublayers = options.sublayers
@@ -68,7 +74,7 @@ class Inside:
         native = kernel if isinstance(kernel, NativeStep) else None
         if current is not None and current.key == _key(options) and (current.attention is not None) == attention \
                 and (current.sublayers is not None) == sublayers \
-                and current.native == (native is not None and attention and not sublayers):
+                and current.native == (native is not None):
             return current, note
         return cls(model, options, attention, sublayers, native), note
 
@@ -76,9 +82,16 @@ class Inside:
         for capture in (self.attention, self.sublayers):
             if capture is not None:
                 capture.__enter__()
+        if self.catch is not None:
+            self.catch.clear()
+            self._queries = queries_into(self.catch)
+            self._queries.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._queries is not None:
+            queries, self._queries = self._queries, None
+            queries.__exit__(*exc)
         for capture in (self.sublayers, self.attention):
             if capture is not None:
                 capture.__exit__(*exc)
@@ -94,6 +107,8 @@ class Inside:
         attention = self.attention.take(query) if self.attention is not None and self.attention.caught else None
         sublayers = self.sublayers.take(lens_rows, piece) if self.sublayers is not None and self.sublayers.caught \
             else None
+        if self.catch is not None:
+            self.catch.clear()  # read by both views: cleared once both have taken it
         return attention or None, sublayers
 
 

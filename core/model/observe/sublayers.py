@@ -30,7 +30,7 @@ from ..architecture import MLPS, model_parts
 from .attention import has_state_only
 from .lens import lens_top
 
-__all__ = ["SublayerCapture", "sublayers_unavailable"]
+__all__ = ["SublayerCapture", "sublayer_rows", "sublayers_unavailable"]
 
 _MLP_OUTPUT = ("post_feedforward_layernorm",) + MLPS  # the first a block has: the MLP's contribution
 
@@ -117,14 +117,21 @@ class SublayerCapture:
         b = torch.stack([before[n] for n in layers])  # [L, H]
         a = torch.stack([after[n] for n in layers])
         m = torch.stack([mlp[n] for n in layers])
-        mid = a - m  # the stream after attention, before the MLP
-        attn = mid - b
-        norms = torch.stack([b.norm(dim=-1), attn.norm(dim=-1), m.norm(dim=-1), a.norm(dim=-1)]).tolist()
-        mid_rows: list[LensRow | None] = [None] * len(layers)
-        if lens_rows is not None and piece is not None and len(lens_rows) == len(layers):
-            ids, probs, _ = lens_top(self.model, mid)
-            mid_rows = [LensRow(layer=n, id=i, piece=piece(i), prob=p) for n, i, p in zip(layers, ids, probs)]
-        return [SublayerRow(layer=n, resid_before=norms[0][k], attn_norm=norms[1][k], mlp_norm=norms[2][k],
-                            resid_after=norms[3][k], after_attn=mid_rows[k],
-                            after_mlp=lens_rows[k] if lens_rows is not None and mid_rows[k] is not None else None)
-                for k, n in enumerate(layers)]
+        return sublayer_rows(self.model, b, a - m - b, m, a, lens_rows, piece)
+
+
+def sublayer_rows(model, before: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, after: torch.Tensor,
+                  lens_rows: list[LensRow] | None, piece: Callable[[int], str] | None) -> list[SublayerRow]:
+    """SublayerRows, layer 1..L, from each layer's stream entering it, attention's and the MLP's contributions and
+    the stream leaving it (each [L, H] float32); with the lens's rows and `piece`, each row's lens tokens too
+    (SublayerCapture.take says which)."""
+    layers = range(1, before.shape[0] + 1)
+    norms = torch.stack([before.norm(dim=-1), attn.norm(dim=-1), mlp.norm(dim=-1), after.norm(dim=-1)]).tolist()
+    mid_rows: list[LensRow | None] = [None] * len(layers)
+    if lens_rows is not None and piece is not None and len(lens_rows) == len(layers):
+        ids, probs, _ = lens_top(model, after - mlp)  # the stream after attention, before the MLP
+        mid_rows = [LensRow(layer=n, id=i, piece=piece(i), prob=p) for n, i, p in zip(layers, ids, probs)]
+    return [SublayerRow(layer=n, resid_before=norms[0][k], attn_norm=norms[1][k], mlp_norm=norms[2][k],
+                        resid_after=norms[3][k], after_attn=mid_rows[k],
+                        after_mlp=lens_rows[k] if lens_rows is not None and mid_rows[k] is not None else None)
+            for k, n in enumerate(layers)]
