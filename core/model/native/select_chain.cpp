@@ -46,6 +46,19 @@ float sub_mul(float a, float b, float c) {
 
 // The scores still in play: the whole vocabulary (ids empty, cut entries -inf) until the first cut, then only the
 // finite entries, ids ascending.
+// For each 8-bit mask, the lanes set in it, first to last (then zeros): a left-packing permutation.
+struct Pack {
+  alignas(32) int32_t at[256][8];
+  Pack() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int k = 0;
+      for (int lane = 0; lane < 8; ++lane) if (mask >> lane & 1) at[mask][k++] = lane;
+      while (k < 8) at[mask][k++] = 0;
+    }
+  }
+};
+const Pack kPack;
+
 struct Chain {  // kept from call to call (thread_local): a vocabulary-sized buffer is not mapped afresh each step
   std::vector<float> s, s_spare;
   std::vector<int32_t> ids, ids_spare;
@@ -55,24 +68,31 @@ struct Chain {  // kept from call to call (thread_local): a vocabulary-sized buf
 
   void compact() { keep_from(-INFINITY, true); }  // keep the finite entries only
 
-  // Keep the entries >= floor (> floor when `strict`), ids ascending: one vectorised compare per 8 scores.
+  // Keep the entries >= floor (> floor when `strict`), ids ascending: per 8 scores one compare, and the kept
+  // lanes packed to the front by a permutation (`kPack`) and stored at once.
   void keep_from(float floor, bool strict) {
-    std::vector<float>& s2 = s_spare;
-    std::vector<int32_t>& i2 = ids_spare;
-    s2.clear();
-    i2.clear();
-    const __m256 f = _mm256_set1_ps(floor);
     const int64_t n = size();
-    int64_t j = 0;
+    if (static_cast<int64_t>(s_spare.size()) < n + 8) { s_spare.resize(n + 8); ids_spare.resize(n + 8); }
+    float* s2 = s_spare.data();
+    int32_t* i2 = ids_spare.data();
+    const __m256 f = _mm256_set1_ps(floor);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t count = 0, j = 0;
     for (; j + 8 <= n; j += 8) {
       const __m256 a = _mm256_loadu_ps(&s[j]);
-      int mask = _mm256_movemask_ps(strict ? _mm256_cmp_ps(a, f, _CMP_GT_OQ) : _mm256_cmp_ps(a, f, _CMP_GE_OQ));
-      while (mask) { const int k = __builtin_ctz(mask); mask &= mask - 1; s2.push_back(s[j + k]); i2.push_back(id(j + k)); }
+      const int mask = _mm256_movemask_ps(strict ? _mm256_cmp_ps(a, f, _CMP_GT_OQ) : _mm256_cmp_ps(a, f, _CMP_GE_OQ));
+      if (!mask) continue;
+      const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPack.at[mask]));
+      const __m256i at = whole ? _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), lane)
+                               : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&ids[j]));
+      _mm256_storeu_ps(s2 + count, _mm256_permutevar8x32_ps(a, perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(i2 + count), _mm256_permutevar8x32_epi32(at, perm));
+      count += __builtin_popcount(mask);
     }
     for (; j < n; ++j)
-      if (strict ? s[j] > floor : s[j] >= floor) { s2.push_back(s[j]); i2.push_back(id(j)); }
-    s.swap(s2);
-    ids.swap(i2);
+      if (strict ? s[j] > floor : s[j] >= floor) { s2[count] = s[j]; i2[count] = id(j); ++count; }
+    s.assign(s2, s2 + count);
+    ids.assign(i2, i2 + count);
     whole = false;
   }
   float* at(int32_t token) {  // the entry of `token`, nullptr when it is cut
@@ -155,10 +175,11 @@ void divide(Chain& c, float t) {  // TemperatureLogitsWarper: scores / T (-inf s
 }
 
 // penalties.py dynamic_temperature (llama_sampler_temp_ext_apply).
-void dynamic_temperature(Chain& c, double t, double range, double exponent) {
+// `known`: the moments of c's scores when the caller has them (the raw scores' with the sparse edits accounted).
+void dynamic_temperature(Chain& c, double t, double range, double exponent, const Moments* known) {
   const int64_t n = c.finite();
   if (n <= 1) return;
-  const Moments m = moments(c.s.data(), c.size());
+  const Moments m = known ? *known : moments(c.s.data(), c.size());
   const double low = std::max(0.0, t - range), high = t + range;
   const double dyn = low + (high - low) * std::pow(entropy(m) / std::log(static_cast<double>(n)), exponent);
   if (dyn <= 0) {  // only the first highest score stays
@@ -385,19 +406,27 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
   }
   if (!all_finite(x, v)) return packed;  // FINITE = 0: the caller raises
 
-  thread_local Chain c;
+  Moments temp;  // of x / T: the entropy after temperature, before any cut
+  const Moments raw = moments(x, v, greedy ? 1.f : static_cast<float>(temperature), greedy ? nullptr : &temp);
+  thread_local Chain kept_chain;
+  Chain& c = kept_chain;  // (one thread-local lookup, not one per use)
   c.s.assign(x, x + v);
   c.ids.clear();
   c.whole = true;
   int64_t k_kept = -1, p_kept = -1;
+  bool pristine = true;  // c is still x with sparse edits only, at `touched`
+  std::vector<int32_t> touched;
   for (size_t e = 0; e < program.size(); e += WIDTH) {
     const int code = static_cast<int>(program[e]);
+    const bool untouched = pristine;  // every stage before this one was a sparse edit
+    pristine = pristine && (code == BIAS || code == PENALTIES || code == DRY);
     const double a = program[e + 1], b = program[e + 2], d = program[e + 3], f = program[e + 4];
     if (code == BIAS || code == PENALTIES || code == DRY) {  // sparse: the ids' entries, where still in play
       const int64_t start = static_cast<int64_t>(a), count = static_cast<int64_t>(b);
       for (int64_t j = start; j < start + count; ++j) {
         float* y = c.at(static_cast<int32_t>(ids[j]));
         if (!y || !(*y > -INFINITY)) continue;
+        if (pristine) touched.push_back(static_cast<int32_t>(ids[j]));
         const float val = static_cast<float>(values[j]);
         if (code == BIAS) *y = *y + val;
         else if (code == DRY) *y = *y + (-val);
@@ -412,7 +441,19 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
     } else if (code == TEMP) {
       divide(c, static_cast<float>(a));
     } else if (code == DYNTEMP) {
-      dynamic_temperature(c, a, b, d);
+      // Before anything but sparse edits, the moments of the scores are the raw scores' (one pass less over
+      // the vocabulary) with the few edited entries swapped: exact sums, the reference point being the raw max.
+      Moments edited = raw;
+      if (untouched) {
+        std::sort(touched.begin(), touched.end());
+        touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+        for (int32_t id : touched) {
+          const double before = static_cast<double>(x[id]) - raw.max, after = static_cast<double>(c.s[id]) - raw.max;
+          edited.z += std::exp(after) - std::exp(before);
+          edited.spread += std::exp(before) * before - std::exp(after) * after;
+        }
+      }
+      dynamic_temperature(c, a, b, d, untouched ? &edited : nullptr);
     } else if (code == NSIGMA) {
       top_n_sigma(c, a);
     } else if (code == TOPK) {
@@ -448,7 +489,8 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
 
   // The post-sampler distribution over the entries left, and the draw.
   const int64_t m = c.size();
-  thread_local std::vector<float> probs, cu, noise, in_play, raw_e, surprise;  // [m] each
+  thread_local std::vector<float> kept_buffers[6];  // [m] each
+  auto& [probs, cu, noise, in_play, raw_e, surprise] = kept_buffers;
   int64_t win = 0;
   if (greedy) {
     win = std::max_element(c.s.begin(), c.s.end()) - c.s.begin();  // the first highest: lowest id
@@ -466,8 +508,6 @@ at::Tensor select_chain_cpu(const at::Tensor& scores, at::ArrayRef<double> progr
       if (r > best) { best = r; win = j; }
     }
   }
-  Moments temp;  // of x / T: the entropy after temperature, before any cut
-  const Moments raw = moments(x, v, greedy ? 1.f : static_cast<float>(temperature), greedy ? nullptr : &temp);
   const int32_t token = c.ids[win];
   auto raw_p = [&](int32_t id) { float e; exp_shifted(&x[id], 1, raw.max, &e); return static_cast<float>(e / raw.z); };
   in_play.resize(m);  // raw scores of the entries left, then exp(x - max)
