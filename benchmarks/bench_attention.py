@@ -3,9 +3,9 @@
 On the embedded model as tokentui runs it by default on CPU (the 4-bit native step) and on the float32 reference:
 the same greedy run with the views off, with `--attention` (top 8, head mean), the dashboard's attention view (`A`:
 top 24, head mean; tui/attention_view.py's HEAT_TOP), `--attention --attention-heads`, and `--attention --sublayers`,
-interleaved, medians over the decode steps of every repetition. On the native step attention alone stays on the
-native step, which then writes its queries, and the weights come from them and the cached keys
-(core/model/observe/attention_native.py); the sublayers (and every view on the float32 model) go through
+interleaved, medians over the decode steps of every repetition. On the 4-bit model the views stay on the native
+step, which then writes its queries and residual stream, and the weights and norms come from them and the cached keys
+(core/model/observe/attention_native.py, sublayers_native.py); on the float32 model every view goes through
 transformers' forward (core/model/observe/inside.py), so "on" is that forward plus the capture. "Off" is the plan's
 own step, whose only addition is one check of the options per step (measured apart: `off_check_us`). Each view's
 `forward_ms` says which: the native step's or the torch forward's.
