@@ -11,7 +11,8 @@ the probability they had as the stage received them, the entropy it left and whi
 
 `chain` is the reference (the tests' oracle and a paused step's preview: it keeps the whole vocabulary); `run_chain`
 is the same computation for a decode step, which, once a stage has left only a few entries (top-k), carries on with
-those alone instead of the whole vocabulary (core/steps/select.py runs it for a step the fast paths cannot take).
+those alone instead of the whole vocabulary (core/steps/select_chain.py runs it for a step the prefix path cannot
+take, where the native chain, core/model/native/select_chain.cpp, does not: off CPU, or without the native library).
 """
 
 from __future__ import annotations
