@@ -53,6 +53,7 @@ def _events(argv: list[str]) -> tuple[list[dict], float | None, int]:
     reader.start()
     for line in proc.stdout:
         event = json.loads(line)
+        event["at_s"] = time.monotonic() - started  # when it came (benchmarks/cold_start.py's stage times)
         if event["event"] == "step" and not first_step:
             first_step.append(time.monotonic() - started)
         events.append(event)
