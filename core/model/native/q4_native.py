@@ -43,7 +43,7 @@ NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "select_chain.cpp",
            NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
-           NATIVE / "step_math.h", NATIVE / "ggml_abi.h")
+           NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"
