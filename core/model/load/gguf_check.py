@@ -71,9 +71,9 @@ _PATCH_LOCK = threading.RLock()
 def fast_transformers_parse():
     """transformers' GGUF loading (`AutoTokenizer` / `AutoConfig` / `AutoModelForCausalLM` with `gguf_file`) parses
     the whole file with gguf-py's GGUFReader, which it imports from the `gguf` module at call time; inside this block
-    that name is gguf_reader.fast_reader_class (the same parse, several times faster: each parse took ~4 s of a first start on
-    the embedded model's 49k-entry vocabulary, and a first start parses twice). Hand-written because transformers
-    takes no reader: the one place tokentui swaps a library's name, restored on the way out."""
+    that name is gguf_reader.fast_reader_class (the same parse, several times faster: each parse took ~4 s of a first
+    start on the embedded model's 49k-entry vocabulary, and a first start parses twice). Hand-written because
+    transformers takes no reader: the one place tokentui swaps a library's name, restored on the way out."""
     import gguf
 
     with _PATCH_LOCK:
