@@ -36,10 +36,11 @@ import torch
 
 from ..errors import PromptError, SettingsError
 from ..runs.preview import PreviewCandidate, PreviewRequest, StageRow, StepPreview
-from ..samplers import stage_named
+from ..samplers import ChainInput, chain_order, stage_named
 from ..steps.decode import decode_one_token
 from ..steps.display import display_piece
 from ..steps.select import select
+from ..steps.select_chain import with_xtc_roll
 from ..steps.stages import chain
 from .branch import HeldCache, crop_cache, reusable_positions
 from .decode.adapter import first_capacity, forward_last_logits, new_cache, synchronize
@@ -104,8 +105,13 @@ def describe(logits: torch.Tensor, settings, top_n: int, vocab, at: int = 0, sou
     """The step whose scores are `logits` ([V]) under `settings`: core/steps/stages.py's chain over the whole
     vocabulary, its cuts, the top `top_n` candidates by raw score and the token the settings take (`vocab`: the
     engine's TokenBytes, for the pieces; `given`: the step's ChainInput, the run's tokens before it and the stages'
-    state; XTC without a roll is shown firing, as the chain does)."""
+    state). The draw is a run's first with the settings' seed: XTC's roll first (core/steps/select_chain.py
+    `with_xtc_roll`), then the per-id noise, and the chain shown is the one that roll gives (XTC cuts only when it
+    fires), so what is shown is what the pick was drawn from."""
     scores = logits.reshape(-1).to(torch.float32)
+    generator = torch.Generator(device=scores.device).manual_seed(settings.seed)
+    given = with_xtc_roll(given if given is not None else ChainInput(), chain_order(settings), generator,
+                          scores.device)
     probs, cuts = chain(scores, settings, given=given)  # [V] the post-sampler distribution, each stage's cut
     raw = torch.softmax(scores, dim=-1)  # [V]
     n = max(1, min(top_n, scores.numel()))
@@ -119,7 +125,6 @@ def describe(logits: torch.Tensor, settings, top_n: int, vocab, at: int = 0, sou
                 cut_by[i] = stage.label
         stages.append(StageRow(cut.stage, stage.label, _setting(stage, settings), cut.left, cut.count,
                                min(1.0, max(0.0, cut.mass)), cut.entropy_bits))
-    generator = torch.Generator(device=scores.device).manual_seed(settings.seed)
     sel = select(scores, settings, generator, top_n=1, given=given)
     pick = sel.token_id
     candidates = tuple(PreviewCandidate(i, display_piece(vocab, i), float(raw[i]), float(probs[i]),

@@ -30,6 +30,15 @@ _CODES = {"logit_bias": 1, "penalties": 2, "dry": 3, "temperature": 4, "dynatemp
 _WIDTH = 6
 
 
+def with_xtc_roll(given: ChainInput, steps, generator: torch.Generator | None, device) -> ChainInput:
+    """`given` with XTC's roll for this step: where XTC is among `steps` (the step's `chain_order`) and none is
+    given, one uniform from `generator`, drawn before the step's per-id noise. The one place the roll is drawn, so
+    a decode step and a paused step's preview (core/model/preview.py) take it from the same place in the stream."""
+    if given.xtc_roll is None and any(s.name == "xtc" for s in steps):
+        return replace(given, xtc_roll=float(torch.rand(1, generator=generator, device=device)))
+    return given
+
+
 def select_chain(logits: torch.Tensor, settings, generator: torch.Generator | None, top_n: int,
                  to_host: Callable[[torch.Tensor], list], given: ChainInput, op: Callable | None = None) -> Selection:
     """A step through the whole chain (core/steps/stages.py `run_chain`), packed and read back as `_select`'s.
@@ -41,8 +50,7 @@ def select_chain(logits: torch.Tensor, settings, generator: torch.Generator | No
     n = max(0, min(int(top_n), vocab))
     greedy = settings.is_greedy
     steps = chain_order(settings)
-    if given.xtc_roll is None and any(s.name == "xtc" for s in steps):
-        given = replace(given, xtc_roll=float(torch.rand(1, generator=generator, device=x.device)))
+    given = with_xtc_roll(given, steps, generator, x.device)
     if op is not None:
         check_vocab(settings, vocab)
         codes, ids, values = program(settings, steps, given, vocab)

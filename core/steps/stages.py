@@ -70,7 +70,7 @@ def _apply(stage, scores: torch.Tensor, settings, given: ChainInput) -> torch.Te
         return penalties.dynamic_temperature(scores, s.temperature, s.dynatemp_range, s.dynatemp_exp)
     if name == "top_n_sigma":
         return penalties.top_n_sigma(scores, s.top_n_sigma)
-    if name == "xtc":  # no roll given (a preview): the step where it fires, to show what it cuts then
+    if name == "xtc":  # no roll given (the reference, the tests): the step where it fires, to show what it cuts
         roll = 0.0 if given.xtc_roll is None else given.xtc_roll
         return penalties.xtc(scores, s.xtc_probability, s.xtc_threshold, roll)
     if name == "mirostat":

@@ -196,3 +196,21 @@ def test_the_operation_is_declared_as_a_question_and_its_messages_are_checked():
         answer.result()
     message = PreviewStep(7, PreviewRequest((1, 2), (3, 4), OTHER, top_n=4))
     assert pickle.loads(pickle.dumps(message)) == message  # what crosses the process boundary
+
+
+def test_a_preview_with_xtc_rolls_as_a_run_does_and_shows_the_chain_its_pick_was_drawn_from(loaded):
+    """XTC fires on a roll: the preview takes the roll a run's first step with the settings' seed takes (before
+    the per-id noise), shows XTC cutting only when it fires, and picks the token that run picks."""
+    fired = set()
+    for seed in range(1, 9):
+        settings = SamplerSettings(temperature=1.5, top_k=5, xtc_probability=0.5, xtc_threshold=0.1, seed=seed)
+        engine = engine_of(loaded, n=1, settings=settings)
+        prompt_ids, steps = run(engine)
+        preview = engine.preview_step(PreviewRequest(prompt_ids, (), settings))[0]
+        roll = float(torch.rand(1, generator=torch.Generator().manual_seed(seed)))
+        xtc = next(row for row in preview.stages if row.stage == "xtc")
+        assert (xtc.cut > 0) == (roll < 0.5), (seed, roll, xtc)
+        fired.add(xtc.cut > 0)
+        assert preview.pick == steps[0].id, seed  # the run's own first draw
+        assert preview.pick_prob > 0  # drawn from the distribution shown
+    assert fired == {True, False}  # both cases were seen (the test can fail either way)
