@@ -85,7 +85,7 @@ class Engine(BaseEngine):
         super().__init__(sampler)  # the controls: settings, pause / step, stop (core/controls.py)
         self._model_lock = threading.Lock()  # one run on the model at a time
         self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/model/branch.py)
-        self._parked = None  # (cache, prompt ids, tokens) of a run waiting at its step gate: `idle_cache` lends it
+        self._parked = None  # (cache, the ids so far) of a run waiting at its step gate: `idle_cache` lends it
         self.token_bytes = token_bytes(self.tokenizer)
         self.end_ids = end_token_ids(self.model, self.tokenizer)
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
@@ -184,8 +184,8 @@ class Engine(BaseEngine):
             parked = self._parked
             if parked is None:
                 raise SettingsError(BUSY)
-            cache, ids, generated = parked
-            yield cache, tuple(ids) + tuple(generated[:-1])  # the last token was not fed yet
+            cache, so_far = parked
+            yield cache, tuple(so_far[:-1])  # the last token was not fed yet
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -336,8 +336,10 @@ class Engine(BaseEngine):
         decode = decode or decode_one_token  # step 5 (looked up now, likewise)
         limit = opts.max_new_tokens if limit is None else limit
         first = len(prefix)
-        generated: list[int] = list(prefix)
-        history = RunHistory(tok, self.token_bytes, list(ids) + generated, mirostat_mu)  # what step 4 looks back at
+        # The ids so far, prompt then answer: the one list, owned by the history step 4 looks back at (each step's
+        # token joins it in `history.push`); the answer is its part past the prompt.
+        history = RunHistory(tok, self.token_bytes, list(ids) + list(prefix), mirostat_mu)
+        start = len(ids)
         reason = "length"
         clock = StepClock(self.device, logits.device)
         step_start = clock.first(forward_ms, len(ids) + first if fed is None else fed, self.options.time_stages)
@@ -392,7 +394,6 @@ class Engine(BaseEngine):
                 clock.lensed()
             # Step 6 — detokenize as the token arrives.
             det = detok.push(sel.token_id)
-            generated.append(sel.token_id)
             piece = display_piece(vocab, sel.token_id)
             raw_logits = candidate_logits(scored, sel.top_ids) if scored is not None else [None] * len(sel.top_ids)
             candidates = [Candidate(id=i, piece=display_piece(vocab, i), raw_prob=r, prob=p,
@@ -427,7 +428,7 @@ class Engine(BaseEngine):
                 reason = "context"
                 break
             with self._cond:  # while it waits at the gate, a preview may read its cache (`idle_cache`)
-                self._parked = (cache, ids, generated)
+                self._parked = (cache, history.ids)
             go, waited = self.timed_gate(run_id)
             with self._cond:  # (under the gate's lock: a preview holding it finishes before the next forward)
                 self._parked = None
@@ -461,6 +462,7 @@ class Engine(BaseEngine):
                 compile_said = True
                 yield Notice(cache.step.failure)  # this step was eager, as the rest of the run will be
         end = time.perf_counter()
+        generated = history.ids[start:]
         taken = len(generated) - first  # the steps selected here
         decoded = taken - 1
         decode_s = (end - decode_started - decode_paused_s) if decode_started is not None else 0.0
@@ -470,7 +472,7 @@ class Engine(BaseEngine):
         text = oneshot_text(tok, generated)
         if ending.dropped_text and text.endswith(ending.dropped_text):
             text = text[: -len(ending.dropped_text)]
-        self._held = HeldCache(cache, tuple(ids) + tuple(generated[:-1]))  # the last token was never fed
+        self._held = HeldCache(cache, tuple(history.ids[:-1]))  # the last token was never fed
         yield DoneEvent(
             reason=reason, tokens=taken, runs=taken, scores=taken * facts.vocab_rows,
             ttft_ms=ttft_ms, decode_tok_s=(decoded / decode_s) if decoded > 0 and decode_s > 0 else None,
