@@ -304,7 +304,7 @@ class Stage:
 @dataclass(frozen=True)
 class ChainInput:
     """What the stages that look back read besides the step's scores: given to core/steps/stages.py `chain` and
-    core/steps/select.py `select` by the run (core/model/engine.py), never kept in a global.
+    core/steps/select.py `select` by the run (core/model/step_loop.py), never kept in a global.
 
     `ids`: the tokens so far, oldest first: the prompt's and then those generated (llama-server and llama-cli
     accept the prompt's tokens into the sampler too, so the penalties' and DRY's windows reach into the prompt).

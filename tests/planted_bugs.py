@@ -111,22 +111,22 @@ def _positions_off(stack, model):
 def _temperature_skipped(stack, model):
     from dataclasses import replace
 
-    import tokentui.core.model.engine as engine
+    import tokentui.core.model.step_loop as loop
 
-    original = engine.select  # the engine looks `select` up at each run (core/model/engine.py)
+    original = loop.select  # the engine's loop looks `select` up at each run (core/model/step_loop.py)
 
     def select(logits, settings, *args, **kwargs):
         return original(logits, replace(settings, temperature=1.0), *args, **kwargs)
 
-    _patch(stack, engine, "select", select)
+    _patch(stack, loop, "select", select)
 
 
 def _top_p_one_short(stack, model):
     from dataclasses import replace
 
-    import tokentui.core.model.engine as engine
+    import tokentui.core.model.step_loop as loop
 
-    original = engine.select
+    original = loop.select
 
     def select(logits, settings, *args, **kwargs):
         sel = original(logits, settings, *args, **kwargs)
@@ -138,4 +138,4 @@ def _top_p_one_short(stack, model):
         probs = [0.0 if i == last else p / mass for i, p in enumerate(sel.top_sampled_probs)]
         return replace(sel, top_sampled_probs=probs, kept_count=sel.kept_count - 1)
 
-    _patch(stack, engine, "select", select)
+    _patch(stack, loop, "select", select)

@@ -1,7 +1,7 @@
 """Forcing tokens: "why didn't it say X?" — the model is made to take given tokens, one step each, and each step
 reports what the model itself made of the given token (its raw probability, its rank) next to what it preferred.
 
-`ForcePhrase` is the engine loop's `choose` (core/model/engine.py `generate_from`) for a branch that forces a phrase
+`ForcePhrase` is the engine loop's `choose` (core/model/step_loop.py `generate_from`) for a branch that forces a phrase
 (core/model/branch.py; a one-token branch is a phrase of one) and for a scored text (core/model/scoring.py): each
 call forces the next given id with `forced_selection` (the step's own candidates and distribution, under the
 settings in force, with the given id as its choice), and once the ids run out it selects as a run does. While

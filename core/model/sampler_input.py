@@ -1,5 +1,5 @@
 """A run's sampler history: what the stages that look back read at each step (core/samplers.py `ChainInput`), kept
-by the run's loop (core/model/engine.py `generate_from`) and handed to step 4 with the step's scores.
+by the run's loop (core/model/step_loop.py `generate_from`) and handed to step 4 with the step's scores.
 
 The tokens so far (the prompt's, then each token as it is chosen: llama-server and llama-cli accept the prompt's
 tokens into their samplers too), Mirostat 2.0's mu (from the branch point, or a fresh start, then each step's

@@ -7,7 +7,7 @@ rank and its probability, as if it had been generated.
 How. The prefill's last scores are step 0's (the answer's first token); one forward over the answer's tokens but
 the last gives every later step's scores at once (core/model/decode/adapter.py `forward_all_logits`; with the logit lens,
 every position's block outputs too; a Mamba-1 model's answer goes in one token a pass, as its later prefill chunks
-do). The steps are then the engine's own loop (core/model/engine.py
+do). The steps are then the engine's own loop (core/model/step_loop.py
 `generate_from`), with core/model/forcing.py's ForcePhrase choosing the answer's tokens and `AnswerForward` standing
 in for step 5's decode: its first call is the one forward, each later call hands out the next position's scores.
 So a scored step is built exactly as a generated one (selection under the settings in force, detokenizing, the KV

@@ -94,14 +94,14 @@ def test_headless_out_of_memory_is_one_line_and_a_failed_exit(embedded, isolated
     """The real command, with the decode step patched to run out of memory at its third call."""
     script = textwrap.dedent(f"""
         import sys, torch
-        import tokentui.core.model.engine as engine
-        real, calls = engine.decode_one_token, {{"n": 0}}
+        import tokentui.core.model.step_loop as loop
+        real, calls = loop.decode_one_token, {{"n": 0}}
         def decode(*args, **kwargs):
             calls["n"] += 1
             if calls["n"] == 3:
                 raise torch.cuda.OutOfMemoryError({OOM_TEXT!r})
             return real(*args, **kwargs)
-        engine.decode_one_token = decode
+        loop.decode_one_token = decode
         from tokentui.cli import main
         raise SystemExit(main(sys.argv[1:]))
     """)

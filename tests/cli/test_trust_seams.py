@@ -175,13 +175,13 @@ def test_an_unexpected_exception_is_one_line_naming_its_log(tmp_path):
     ends with the crash's error and done."""
     secret = "sk-crash-0123456789abcdef"
     script = (
-        "import sys, tokentui.core.model.engine as engine\n"
-        "real, calls = engine.select, []\n"
+        "import sys, tokentui.core.model.step_loop as loop\n"
+        "real, calls = loop.select, []\n"
         "def choose(*a, **k):\n"
         "    calls.append(1)\n"
         f"    if len(calls) == 3: raise RuntimeError('a bug holding {secret}')\n"
         "    return real(*a, **k)\n"
-        "engine.select = choose\n"
+        "loop.select = choose\n"
         "from tokentui.cli import main\n"
         "raise SystemExit(main(sys.argv[1:]))\n")
     state = tmp_path / "state"

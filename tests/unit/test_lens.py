@@ -17,6 +17,7 @@ import torch
 import transformers
 
 import tokentui.core.model.engine as engine_module
+import tokentui.core.model.step_loop as step_loop
 from tiny_models import tiny_gpt2, tiny_model
 from cli_run import tokentui
 from tokentui.core.model.engine import Engine
@@ -43,7 +44,7 @@ def steps_of(events) -> list[StepEvent]:
 def spy_logits(monkeypatch) -> list[torch.Tensor]:
     """The logits of every model run of the next engine run, in order: prefill's, then each decode step's."""
     seen: list[torch.Tensor] = []
-    real_prefill, real_decode = engine_module.prefill_chunks, engine_module.decode_one_token
+    real_prefill, real_decode = engine_module.prefill_chunks, step_loop.decode_one_token
 
     def prefill(*args, **kwargs):
         for done, logits, ms in real_prefill(*args, **kwargs):
@@ -57,7 +58,7 @@ def spy_logits(monkeypatch) -> list[torch.Tensor]:
         return logits, ms
 
     monkeypatch.setattr(engine_module, "prefill_chunks", prefill)
-    monkeypatch.setattr(engine_module, "decode_one_token", decode)
+    monkeypatch.setattr(step_loop, "decode_one_token", decode)
     return seen
 
 

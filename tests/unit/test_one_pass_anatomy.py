@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import tokentui.core.model.engine as engine_module
+import tokentui.core.model.step_loop as step_loop
 import tokentui.core.model.observe.timing as timing_module
 from tiny_models import REPO, tiny_model
 from tokentui.core.model.decode.adapter import cache_layers
@@ -317,15 +317,15 @@ def test_the_cuda_events_path_tiles_the_step_and_skips_the_forward_sync(smol_tok
             self._events_possible = True
 
     monkeypatch.setattr(timing_module, "_event", lambda device: _StandInEvent())
-    monkeypatch.setattr(engine_module, "StepClock", EventsClock)
+    monkeypatch.setattr(step_loop, "StepClock", EventsClock)
     syncs = []
-    real = engine_module.decode_one_token
+    real = step_loop.decode_one_token
 
     def decode(*args, **kwargs):
         syncs.append(kwargs.get("sync", True))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "decode_one_token", decode)
+    monkeypatch.setattr(step_loop, "decode_one_token", decode)
     engine = Engine(loaded_tiny("qwen2", smol_tokenizer), SAMPLING, RunOptions(max_new_tokens=8, ignore_eos=True))
     steps = steps_of(engine.run("Hi"))
     assert syncs == [False] * 7
