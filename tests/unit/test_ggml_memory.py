@@ -119,3 +119,34 @@ def test_nothing_is_copied_where_huge_pages_are_off(tmp_path, monkeypatch, huge_
     assert GGMLLinear(matrices["b"]).resident is None
     monkeypatch.setattr(ggml_linear, "THP_SETTING", str(tmp_path / "absent"))
     assert not ggml_linear.huge_pages()
+
+
+def mapping_rss_kib(tensor: torch.Tensor) -> int:
+    """The resident kB (smaps' Rss) of the mapping in /proc/self/smaps that holds tensor's first byte."""
+    start = tensor.data_ptr()
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0] if line.split() else ""
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                a, b = (int(x, 16) for x in head.split("-"))
+                inside = a <= start < b
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1])
+    raise AssertionError("no mapping holds the tensor")
+
+
+def test_a_large_matrix_gives_its_file_pages_back_as_it_is_copied(tmp_path):
+    """A matrix larger than the copy's slice (8 MiB; a tied embedding and head is ~150 MiB) is never held twice:
+    `resident` itself gives each copied slice's file pages back, so once it returns the file's map holds next to
+    nothing of it, though every page was in memory before (the load's peak memory, issue 37)."""
+    w = torch.randn(6144, 4096, generator=torch.Generator().manual_seed(5))
+    matrix = file_matrices(tmp_path, {"w": (w, "Q8_0")})["w"]
+    ops = torch.ops.tokentui_ggml
+    size_kib = matrix.raw.numel() // 1024
+    assert size_kib > 2 * 8 * 1024  # more than two slices
+    before = matrix.raw.clone()  # reads every page of the file's map
+    assert mapping_rss_kib(matrix.raw) >= size_kib  # all in memory now
+    copy = ops.resident(matrix.raw)
+    assert torch.equal(copy, before)
+    assert mapping_rss_kib(matrix.raw) < 1024  # given back while copying (a header page or two may stay)

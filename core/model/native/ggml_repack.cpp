@@ -216,12 +216,29 @@ bool in_file_map(const at::Tensor& raw) {
   return in_read_only_file_map(start, start + raw.nbytes());
 }
 
-// resident(raw) -> a copy of raw's bytes (contiguous uint8, any shape) in huge-page memory (huge_empty).
+// resident(raw) -> a copy of raw's bytes (contiguous uint8, any shape) in huge-page memory (huge_empty). Where raw
+// lies in a read-only mapping of a file, it is copied a slice at a time and each slice's whole file pages are given
+// back (MADV_DONTNEED, as `release` does) once copied, so a large matrix (a tied embedding and head: ~150 MiB for a
+// Qwen-sized vocabulary) is never held twice, in the file's pages and in the copy: the load's peak memory.
 at::Tensor resident(const at::Tensor& raw) {
   TORCH_CHECK(raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.device().is_cpu(),
               "resident: raw must be a contiguous uint8 CPU tensor");
   at::Tensor out = huge_empty(raw.sizes());
-  std::memcpy(out.data_ptr<uint8_t>(), raw.data_ptr<uint8_t>(), static_cast<size_t>(raw.nbytes()));
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  const size_t n = static_cast<size_t>(raw.nbytes());
+  const auto start = reinterpret_cast<uintptr_t>(src);
+  const bool give_back = n > 0 && in_read_only_file_map(start, start + n);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  constexpr size_t SLICE = size_t{8} << 20;
+  uintptr_t given = (start + page - 1) / page * page;  // the first whole page not yet given back
+  for (size_t at = 0; at < n; at += SLICE) {
+    const size_t len = std::min(SLICE, n - at);
+    std::memcpy(dst + at, src + at, len);
+    const uintptr_t upto = (start + at + len) / page * page;  // whole pages copied so far end here
+    if (give_back && upto > given && madvise(reinterpret_cast<void*>(given), upto - given, MADV_DONTNEED) == 0)
+      given = upto;
+  }
   return out;
 }
 
