@@ -24,6 +24,7 @@ import torch
 from ...runs.attention import LayerAttention
 from ..native.native_step import QueryCatch
 from .attention import AttentionCapture, ranked_positions
+from .native_capture import BesideForward
 
 __all__ = ["NativeAttention", "native_weights"]
 
@@ -46,30 +47,18 @@ def native_weights(catch: QueryCatch) -> torch.Tensor:
     return torch.softmax(scores.mul_(catch.scale).view(layers, heads, length), dim=-1)
 
 
-class NativeAttention:
+class NativeAttention(BesideForward):
     """AttentionCapture's interface (`with`, `caught`, `take(query)`, `failure`) for a run on the native step: a
     step's weights from the queries it wrote (`native_weights`), a forward's through transformers' modules from
     attention.py's capture, kept active beside it."""
 
     def __init__(self, model, catch: QueryCatch, top: int, heads: bool):
+        super().__init__(catch, AttentionCapture(model, top, heads))
         self.top, self.heads = top, heads
-        self.catch = catch
-        self.forward = AttentionCapture(model, top, heads)
 
     @property
     def failure(self) -> str | None:
         return self.forward.failure
-
-    def __enter__(self) -> "NativeAttention":
-        self.forward.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.forward.__exit__(*exc)
-
-    @property
-    def caught(self) -> bool:
-        return self.catch.position is not None or self.forward.caught
 
     def take(self, query: int) -> list[LayerAttention]:
         """The rows of the step caught last (layer order), its query at position `query`; clears what the forward's

@@ -16,29 +16,19 @@ from typing import Callable
 from ...runs.attention import SublayerRow
 from ...runs.events import LensRow
 from ..native.native_step import QueryCatch
+from .native_capture import BesideForward
 from .sublayers import SublayerCapture, sublayer_rows
 
 __all__ = ["NativeSublayers"]
 
 
-class NativeSublayers:
+class NativeSublayers(BesideForward):
     """SublayerCapture's interface (`with`, `caught`, `take`) for a run on the native step: a native step's rows from
     the stream it wrote into `catch`, a forward's from SublayerCapture's hooks."""
 
     def __init__(self, model, catch: QueryCatch):
-        self.model, self.catch = model, catch
-        self.forward = SublayerCapture(model)
-
-    def __enter__(self) -> "NativeSublayers":
-        self.forward.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.forward.__exit__(*exc)
-
-    @property
-    def caught(self) -> bool:
-        return self.catch.position is not None or self.forward.caught
+        super().__init__(catch, SublayerCapture(model))
+        self.model = model
 
     def take(self, lens_rows: list[LensRow] | None = None,
              piece: Callable[[int], str] | None = None) -> list[SublayerRow] | None:
