@@ -26,7 +26,7 @@ from tiny_models import tiny_model
 from key_to_screen import SamplerRenders, press_temperature
 from fakes import FACTS, ScriptedEngine, make_loader, screen_text, slow_engine, wait_for
 from tokentui.core.model.engine import Engine
-from tokentui.core.runs import run as run_tree_module
+from tokentui.core.runs import columns as run_tree_columns
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.runs.record_writer import RunRecorder
@@ -286,7 +286,7 @@ def lean_engine(delay: float, steps: int) -> LeanEngine:
     return LeanEngine(delay=delay, options=RunOptions(max_new_tokens=steps, ignore_eos=True))
 
 
-_RUN_TREE = tracemalloc.Filter(True, run_tree_module.__file__)
+_RUN_TREE = tracemalloc.Filter(True, run_tree_columns.__file__)  # where a Run keeps its steps (core/runs/run.py)
 
 
 def traced() -> tuple[int, int]:
