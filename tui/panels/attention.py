@@ -364,7 +364,9 @@ def toggle(app) -> None:
     if step is not None and getattr(step, "attention", None) is None and not controller.replaying \
             and server_of(state.facts) is None:
         if state.running:
-            app.notify("Attention from the next step (it costs a pass through transformers' attention per step)",
-                       timeout=5)
+            native = (getattr(state.facts, "decode_plan", None) or "").startswith("native step")
+            how = ("the native step writes each layer's query as it goes" if native
+                   else "it costs a pass through transformers' attention per step")
+            app.notify(f"Attention from the next step ({how})", timeout=5)
         else:
             app.notify("Attention shows from the next run: r runs the prompt again with it", timeout=6)
