@@ -176,17 +176,34 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& raw, int64_t type) 
   return out;
 }
 
-at::Tensor dequantize(const at::Tensor& raw, int64_t type, int64_t K) {
-  const Format& fmt = checked(type);
-  check_raw(raw, fmt, K, "dequantize");
+// raw's rows de-quantized into out ([N, K] float32, contiguous), as ggml's to_float does them.
+void fill_float(const at::Tensor& raw, const Format& fmt, int64_t K, at::Tensor& out) {
   const int64_t N = raw.size(0), rb = raw.size(1);
-  at::Tensor out = at::empty({N, K}, at::TensorOptions().dtype(at::kFloat));
   const uint8_t* w = raw.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, N, grain_for(K, 1), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) fmt.to_float(w + r * rb, o + r * K, K);
   });
+}
+
+at::Tensor dequantize(const at::Tensor& raw, int64_t type, int64_t K) {
+  const Format& fmt = checked(type);
+  check_raw(raw, fmt, K, "dequantize");
+  at::Tensor out = at::empty({raw.size(0), K}, at::TensorOptions().dtype(at::kFloat));
+  fill_float(raw, fmt, K, out);
   return out;
+}
+
+// dequantize_into(raw, type, K, out): dequantize's values written into `out` ([N, K] float32, contiguous), so a
+// caller that de-quantizes tile after tile (ggml_linear.py `_tiled_linear`, the prefill) reuses one buffer rather
+// than allocating each tile: the allocator kept a varying share of those short-lived 4 MB tiles (the peak memory).
+void dequantize_into(const at::Tensor& raw, int64_t type, int64_t K, at::Tensor out) {
+  const Format& fmt = checked(type);
+  check_raw(raw, fmt, K, "dequantize_into");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.device().is_cpu() && out.is_contiguous() && out.dim() == 2 &&
+                  out.size(0) == raw.size(0) && out.size(1) == K,
+              "dequantize_into: out must be a contiguous [", raw.size(0), ", ", K, "] float32 CPU tensor");
+  fill_float(raw, fmt, K, out);
 }
 
 at::Tensor rows(const at::Tensor& raw, int64_t type, int64_t K, const at::Tensor& ids_in) {
@@ -274,6 +291,7 @@ TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("types() -> int[]", &tokentui_ggml::types);
   m.def("product(Tensor x, Tensor raw, int type) -> Tensor");
   m.def("dequantize(Tensor raw, int type, int K) -> Tensor");
+  m.def("dequantize_into(Tensor raw, int type, int K, Tensor(a!) out) -> ()");
   m.def("rows(Tensor raw, int type, int K, Tensor ids) -> Tensor");
   m.def("quantize(Tensor x, int type, bool cpu) -> Tensor");
 }
@@ -281,6 +299,7 @@ TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
 TORCH_LIBRARY_IMPL(tokentui_ggml, CPU, m) {
   m.impl("product", &tokentui_ggml::product);
   m.impl("dequantize", &tokentui_ggml::dequantize);
+  m.impl("dequantize_into", &tokentui_ggml::dequantize_into);
   m.impl("rows", &tokentui_ggml::rows);
   m.impl("quantize", &tokentui_ggml::quantize);
 }

@@ -123,6 +123,7 @@ def _register_fakes() -> None:
         lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
     torch.library.register_fake("tokentui_ggml::dequantize")(
         lambda raw, type, k: raw.new_empty((raw.shape[0], k), dtype=torch.float32))
+    torch.library.register_fake("tokentui_ggml::dequantize_into")(lambda raw, type, k, out: None)
     torch.library.register_fake("tokentui_ggml::rows")(
         lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
     torch.library.register_fake("tokentui_ggml::packed_product")(
@@ -325,16 +326,32 @@ class GGMLLinear(nn.Module):
                f"bias={self.bias is not None}, kernel={self.kernel}"
 
 
+_TILES = threading.local()  # each thread's tile buffer for `_tiled_linear` (a preview's forward runs on another)
+
+
+def _tile_buffer(values: int) -> torch.Tensor:
+    """This thread's float32 buffer of at least `values` entries, kept for the next call: tile after tile and
+    matrix after matrix reuse it, where a new tensor per tile left the allocator keeping a varying share of them
+    (the load's peak memory moved by up to ~150 MiB between identical runs: BENCHMARKS.md, issue 37)."""
+    buffer = getattr(_TILES, "buffer", None)
+    if buffer is None or buffer.numel() < values:
+        buffer = _TILES.buffer = torch.empty(values, dtype=torch.float32)
+    return buffer
+
+
 def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, raw: torch.Tensor, packed: bool) -> torch.Tensor:
     """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once) from
-    `raw`, the matrix's bytes as stored or, `packed`, interleaved (tiles of whole groups of 8 rows unpacked)."""
+    `raw`, the matrix's bytes as stored or, `packed`, interleaved (tiles of whole groups of 8 rows unpacked), into
+    one buffer reused from tile to tile."""
     out = x.new_empty((x.shape[0], matrix.rows))
     step = max(1, TILE_VALUES // matrix.cols)
     if packed:
         step = max(ROWS_INTERLEAVED, step // ROWS_INTERLEAVED * ROWS_INTERLEAVED)
+    buffer = _tile_buffer(step * matrix.cols)
     for r0 in range(0, matrix.rows, step):
         rows = raw[r0:r0 + step] if not packed else _ops().unpack(raw[r0:r0 + step], matrix.type, matrix.cols)
-        tile = _ops().dequantize(rows, matrix.type, matrix.cols)  # [step, K]
+        tile = buffer[:rows.shape[0] * matrix.cols].view(rows.shape[0], matrix.cols)  # [step, K]
+        _ops().dequantize_into(rows, matrix.type, matrix.cols, tile)
         out[:, r0:r0 + step] = F.linear(x, tile)
     return out
 
