@@ -303,3 +303,23 @@ def test_a_repacked_files_pages_are_given_back_and_read_again(tmp_path):
     assert torch.ops.tokentui_ggml.release(before) == 0  # anonymous memory: left alone
     layer = GGMLLinear(matrix)
     assert layer.kernel == "q4_0x8 gemv" and torch.equal(layer.weight, gguf_values(before, "Q4_0"))
+
+
+def test_the_prefill_tiles_share_one_buffer_and_give_the_float32_product(monkeypatch):
+    """Many rows go through float32 tiles de-quantized into one reused buffer (`dequantize_into`): over several
+    tiles (the last one short) and two matrices of other shapes in turn, the product is x @ W^T of the file's
+    values; `dequantize_into` writes dequantize's values and refuses a buffer of the wrong shape in one line."""
+    monkeypatch.setattr(ggml_linear, "TILE_VALUES", 3 * COLS)  # 3 rows a tile: ROWS is not a multiple of it
+    ops = torch.ops.tokentui_ggml
+    for fmt, rows, cols in (("Q8_0", ROWS + 5, COLS), ("Q4_0", 2 * ROWS, 2 * COLS), ("Q8_0", ROWS, COLS)):
+        matrix = stored(values(rows, cols, seed=rows), fmt)
+        layer = GGMLLinear(matrix, repack=False)
+        x = values(ggml_linear.PRODUCT_ROWS + 5, cols, seed=7)
+        wd = gguf_values(matrix.raw, fmt)
+        expected = x.double() @ wd.double().T
+        assert float((layer(x).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max()), fmt
+        out = torch.empty(4, cols)
+        ops.dequantize_into(matrix.raw[:4], matrix.type, cols, out)
+        assert torch.equal(out, ops.dequantize(matrix.raw[:4], matrix.type, cols))
+    with pytest.raises(RuntimeError, match="dequantize_into: out must be a contiguous"):
+        ops.dequantize_into(matrix.raw[:4], matrix.type, COLS, torch.empty(3, COLS))
