@@ -220,14 +220,6 @@ std::vector<float> gather(const float* x, const std::vector<int64_t>& ids, int64
   return out;
 }
 
-int64_t count_above(const float* x, int64_t v, float value) {
-  const __m256 c = _mm256_set1_ps(value);
-  int64_t count = 0, i = 0;
-  for (; i + 8 <= v; i += 8) count += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), c, _CMP_GT_OQ)));
-  for (; i < v; ++i) count += x[i] > value;
-  return count;
-}
-
 at::Tensor select_cpu(const at::Tensor& scores, double temperature, int64_t top_k, double top_p, int64_t top_n,
                   bool greedy, std::optional<at::Generator> generator) {
   TORCH_CHECK(scores.device().is_cpu() && scores.scalar_type() == at::kFloat && scores.dim() == 1 && scores.is_contiguous(),

@@ -63,14 +63,6 @@ std::vector<int32_t> top_n(const float* x, int64_t v, int64_t n) {
   return ids;
 }
 
-int64_t count_above(const float* x, int64_t v, float value) {
-  const __m256 c = _mm256_set1_ps(value);
-  int64_t count = 0, i = 0;
-  for (; i + 8 <= v; i += 8) count += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), c, _CMP_GT_OQ)));
-  for (; i < v; ++i) count += x[i] > value;
-  return count;
-}
-
 bool all_finite(const float* x, int64_t v) {
   __m256 bad = _mm256_setzero_ps();
   const __m256 inf = _mm256_set1_ps(INFINITY);

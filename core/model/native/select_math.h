@@ -109,4 +109,13 @@ inline void exp_noise(const float* u, int64_t n, float* out) {
   }
 }
 
+// How many of the v scores are above `value`: a token's rank (select.cpp's and select_chain.cpp's report).
+inline int64_t count_above(const float* x, int64_t v, float value) {
+  const __m256 c = _mm256_set1_ps(value);
+  int64_t count = 0, i = 0;
+  for (; i + 8 <= v; i += 8) count += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), c, _CMP_GT_OQ)));
+  for (; i < v; ++i) count += x[i] > value;
+  return count;
+}
+
 }  // namespace tokentui_select
