@@ -1,5 +1,5 @@
-// select.cpp's 8-wide arithmetic: exp and log polynomials (why hand-written: at each), float64 sums of float32
-// lanes, partial loads, and the two array passes built on them.
+// select.cpp's and select_chain.cpp's 8-wide arithmetic: exp and log polynomials (why hand-written: at each),
+// float64 sums of float32 lanes, partial loads, and the array passes built on them (a token's rank among them).
 #pragma once
 #include <immintrin.h>
 
