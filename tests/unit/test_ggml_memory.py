@@ -3,7 +3,9 @@ ggml_repack.cpp's huge-page memory): a matrix in a GGUF file's read-only map is 
 kernel was asked to back with transparent huge pages (the mapping's VmFlags carry `hg`, madvise's MADV_HUGEPAGE), its
 file pages given back, and multiplies to the very same values as the file's bytes; a repacked copy is made in such
 memory too; nothing is copied for a matrix in anonymous memory, with $TOKENTUI_GGML_HUGE_PAGES=0, or where the
-kernel's transparent huge pages are `never`. Skipped in one line where ggml's library cannot be had."""
+kernel's transparent huge pages are `never`. Memory reserved ahead of a load (`reserve_huge_pages`) holds the copies
+made after it, and what none reached is given back when it is trimmed. Skipped in one line where ggml's library cannot
+be had."""
 
 from __future__ import annotations
 
@@ -150,3 +152,49 @@ def test_a_large_matrix_gives_its_file_pages_back_as_it_is_copied(tmp_path):
     copy = ops.resident(matrix.raw)
     assert torch.equal(copy, before)
     assert mapping_rss_kib(matrix.raw) < 1024  # given back while copying (a header page or two may stay)
+
+
+HUGE_PAGE = 2 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def test_matrices_copied_after_a_reservation_are_carved_from_it_and_the_rest_is_given_back(tmp_path):
+    """`reserve_huge_pages` maps the memory a load is about to copy into ahead (its pages faulted in by a thread):
+    the copies made next lie one after another in it, a matrix over a quarter of a 64 MiB chunk too (without the
+    reservation it would get a mapping of its own), byte for byte the file's and multiplying to the same values;
+    one reservation is open at a time, and trimming it gives back exactly the whole huge pages no copy reached."""
+    matrices = file_matrices(tmp_path, {"small": (values(64, 512), "Q8_0"),
+                                        "large": (values(4096, 4352, seed=1), "Q8_0")})
+    assert matrices["large"].nbytes > (64 << 20) // 4  # 18.9 MB: over a quarter of a chunk
+    before = {name: m.raw.clone() for name, m in matrices.items()}
+    asked = 48 << 20
+    assert ggml_linear.reserve_huge_pages(asked) == asked
+    assert ggml_linear.reserve_huge_pages(asked) == 0  # one at a time
+    try:
+        small, large = (GGMLLinear(matrices[name], repack=False) for name in ("small", "large"))
+    finally:
+        given = ggml_linear.trim_reserved()
+    used = _round_up(small.resident.numel(), 64) + _round_up(large.resident.numel(), 64)
+    assert large.resident.data_ptr() == small.resident.data_ptr() + _round_up(small.resident.numel(), 64)
+    assert given == asked - _round_up(used, HUGE_PAGE)
+    assert ggml_linear.trim_reserved() == 0  # closed
+    for name, layer in (("small", small), ("large", large)):
+        assert torch.equal(layer.resident, before[name])
+        plain = GGMLLinear(GGMLMatrix(before[name], "Q8_0", layer.out_features, layer.in_features), repack=False)
+        x = values(2, layer.in_features, seed=3)
+        assert torch.equal(layer(x), plain(x))
+    assert "hg" in mapping_flags(large.resident)[2]
+
+
+def test_a_reservation_nothing_was_copied_into_is_given_back_whole():
+    assert ggml_linear.reserve_huge_pages(3 << 20) == 4 << 20  # whole huge pages
+    assert ggml_linear.trim_reserved() == 4 << 20
+    assert ggml_linear.reserve_huge_pages(0) == 0 and ggml_linear.trim_reserved() == 0
+
+
+def test_no_reservation_where_huge_pages_are_off(monkeypatch):
+    monkeypatch.setenv(ggml_linear.HUGE_PAGES_ENV, "0")
+    assert ggml_linear.reserve_huge_pages(4 << 20) == 0 and ggml_linear.trim_reserved() == 0

@@ -1,6 +1,7 @@
 """A GGUF run as stored (core/model/load/gguf_stored.py), its starts: the first start refuses a file whose first pass
 gives NaN scores and caches nothing for it; a good file's first start caches its config and tokenizer, and a later
-start, which reads them from the cache and trusts the file checked then, gives the same scores."""
+start, which reads them from the cache and trusts the file checked then, gives the same scores; a start reserves the
+huge-page memory its matrices take ahead of its imports, uses it whole and closes it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import torch
 
 from gguf_fixtures import gguf_tools, tiny_gguf  # noqa: F401  (gguf_tools: a fixture)
 from tokentui.core.errors import ModelLoadError
+from tokentui.core.link.protocol import EngineSpec
+from tokentui.core.model.load.build import load_engine, reserve_ahead
 from tokentui.core.model.load.gguf_check import checked_reader
+from tokentui.core.model.load.gguf_stored import huge_page_bytes
 from tokentui.core.model.load.loader import load_model
 from tokentui.core.model.quant import ggml_linear
 from tokentui.core.paths import cache_dir
@@ -59,3 +63,32 @@ def test_a_later_start_from_the_cache_gives_the_first_starts_scores(tmp_path):
     assert len(trusted("good")) == 1
     second = scores()
     assert torch.isfinite(first).all() and torch.equal(first, second)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservation(tied, monkeypatch, tmp_path):
+    """`huge_page_bytes` is exactly what a stored load copies into huge-page memory (its resident and repacked
+    matrices: a tied head's embedding, or an untied head), so the reservation a start makes ahead of its imports
+    (core/model/load/build.py) is used whole; a start through it scores the first tokens as a load without one does,
+    and leaves no reservation open."""
+    setting = tmp_path / "enabled"
+    setting.write_text("always [madvise] never\n")  # huge pages on, whatever this kernel's setting
+    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(setting))
+    monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV, raising=False)
+    path = tiny_gguf("qwen3", "Q8_0", tied=tied)
+    loaded = load_model(str(path), device="cpu")
+    copies = [m for m in loaded.model.modules()
+              if isinstance(m, ggml_linear.GGMLLinear) and (m.resident is not None or m.packed is not None)]
+    assert copies and sum(m.run_bytes.numel() for m in copies) == huge_page_bytes(checked_reader(path))
+    reserved = reserve_ahead(EngineSpec(model=str(path)))
+    assert ggml_linear.trim_reserved() == reserved
+    assert reserved == (huge_page_bytes(checked_reader(path)) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    for other in (EngineSpec(model=str(path), dtype="float32"), EngineSpec(model=str(path), quantize="int8"),
+                  EngineSpec(), EngineSpec(model=str(tmp_path / "absent.gguf"))):  # not as stored, or no file
+        assert reserve_ahead(other) == 0
+    engine = load_engine(EngineSpec(model=str(path)))
+    assert ggml_linear.reserve_huge_pages(2 << 20) == 2 << 20 and ggml_linear.trim_reserved() == 2 << 20
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        assert torch.equal(engine.model(input_ids=ids, use_cache=False).logits,
+                           loaded.model(input_ids=ids, use_cache=False).logits)

@@ -4,6 +4,7 @@ process for the dashboard (core/model/process_main.py)."""
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Callable
 
 from ...link.protocol import EngineSpec
@@ -22,7 +23,9 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     then frozen out of later collections, so the dashboard's and the decode loop's collections stay short."""
     was_enabled = gc.isenabled()
     gc.disable()
+    reserved = 0
     try:
+        reserved = reserve_ahead(spec)  # before the imports below, which it overlaps
         from ..engine import Engine
         from .loader import STAGE_READY, load_model
         from ..speed import SpeedOptions
@@ -30,6 +33,7 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
         loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
                             quantize=spec.quantize, progress=progress, ready=False)
+        reserved = _trim(reserved)  # every matrix placed: what was not used goes back
         engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
                                                                                 threads=spec.threads,
                                                                                 weight_layout=spec.weight_layout,
@@ -38,6 +42,40 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
         progress(LoadProgress(STAGE_READY, 1.0))  # the last load event: after the weight layout and any compile
         return engine
     finally:
+        _trim(reserved)
         if was_enabled:
             gc.freeze()
             gc.enable()
+
+
+def reserve_ahead(spec: EngineSpec) -> int:
+    """Where `spec` names a GGUF file on disk that will run as stored on ggml's kernels (already built: nothing is
+    built here), start the huge-page memory its matrices are copied into being faulted in, on a thread, before the
+    load imports transformers (core/model/quant/ggml_linear.py's reserve_huge_pages: the kernel's search for huge
+    pages then overlaps the imports instead of following them). -> the bytes reserved (0: none)."""
+    path = Path(spec.model).expanduser() if spec.model else None
+    if path is None or path.suffix.lower() != ".gguf" or not path.is_file() or spec.quantize != "none":
+        return 0
+    try:
+        from .gguf_route import gguf_route
+        from .loader import resolve_device
+
+        route = gguf_route(spec.dtype, resolve_device(spec.device), spec.device_map, path, lambda _: None,
+                           build=False)
+        if route.kind != "stored":
+            return 0
+        from ..quant.ggml_linear import reserve_huge_pages
+        from .gguf_stored import huge_page_bytes
+
+        return reserve_huge_pages(huge_page_bytes(route.reader))
+    except Exception:  # a guess ahead of the load only: the load itself says what is wrong, in its own order
+        return 0
+
+
+def _trim(reserved: int) -> int:
+    """Close the reservation `reserve_ahead` made (nothing where it made none); -> 0, nothing left open."""
+    if reserved:
+        from ..quant.ggml_linear import trim_reserved
+
+        trim_reserved()
+    return 0

@@ -38,9 +38,11 @@ class Route:
             raise ValueError(f"a GGUF route is packed, stored or float, not {self.kind!r}")
 
 
-def gguf_route(dtype: str, device, device_map: str | None, path: Path, progress: Progress) -> Route:
+def gguf_route(dtype: str, device, device_map: str | None, path: Path, progress: Progress,
+               build: bool = True) -> Route:
     """How `path` runs for these flags (the module docstring). Builds ggml's library on a first use (said through
-    `progress`); a bad file is one line (ModelLoadError from the check)."""
+    `progress`; `build=False`: never, the route then as where it cannot be had); a bad file is one line
+    (ModelLoadError from the check)."""
     from ..quant.qlinear import KERNELS, kernel_available
     from .gguf_check import checked_reader
     from .gguf_load import cached_folder
@@ -54,7 +56,7 @@ def gguf_route(dtype: str, device, device_map: str | None, path: Path, progress:
     reader = checked_reader(path)
     if packed and packed_serves(reader):
         return Route("packed", reader)
-    why = ggml_problem(progress)
+    why = ggml_problem(progress, build)
     if why is None:
         return Route("stored", reader)
     four_bit = packed and any(t.tensor_type.name in FOUR_BIT_PACKED for t in reader.tensors)
@@ -76,13 +78,14 @@ def _packed_before(folder: Path) -> bool:
             and any(entry.get("kind") == "head" for entry in manifest.get("modules", ())))
 
 
-def ggml_problem(progress: Progress) -> str | None:
-    """None when ggml's kernels are bound into this process (built on a first use), else one line why not."""
+def ggml_problem(progress: Progress, build: bool = True) -> str | None:
+    """None when ggml's kernels are bound into this process (built on a first use; `build=False`: only where built
+    already), else one line why not."""
     try:
         from ..quant import ggml_linear
     except ImportError as err:  # pragma: no cover - a broken install
         return f"tokentui's ggml modules cannot be imported ({err})"
-    return ggml_linear.load(progress)
+    return ggml_linear.load(progress) if build else ggml_linear.available()
 
 
 def _fallback_notice(reader, why: str, four_bit: bool) -> str:

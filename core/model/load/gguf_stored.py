@@ -73,6 +73,20 @@ def packed_serves(reader) -> bool:
             and head is not None and head.tensor_type.name in (*FOUR_BIT_PACKED, *SPLIT_EIGHT_BIT))
 
 
+def huge_page_bytes(reader) -> int:
+    """At most what a stored load of `reader`'s file copies into huge-page memory (ggml_linear's resident and
+    repacked copies): its blocks' 2-D weights and its head (`output.weight`, or the embedding a tied head reads) in
+    the formats ggml runs. A reservation of this many bytes (ggml_linear.reserve_huge_pages) is trimmed to what was
+    used once the model is placed."""
+    from ..quant.ggml_linear import RUNNABLE
+
+    names = {t.name for t in reader.tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    return sum(int(t.n_bytes) for t in reader.tensors
+               if len(t.shape) == 2 and t.tensor_type.name in RUNNABLE
+               and (t.name == head or (t.name.startswith("blk.") and t.name.endswith(".weight"))))
+
+
 def cache_key(path: Path) -> str:
     import transformers
 

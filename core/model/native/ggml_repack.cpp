@@ -19,12 +19,15 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ggml_abi.h"
@@ -170,17 +173,49 @@ std::shared_ptr<Chunk> new_chunk(size_t size) {
 std::mutex arena_lock;
 std::weak_ptr<Chunk> arena;  // the chunk small matrices are carved from now (gone once nothing carved from it lives)
 
-// An uninitialised uint8 tensor of `sizes` in huge-page memory: carved from the current chunk (a new one where it is
-// full or gone), or for more than a quarter of a chunk (a vocabulary's head) a mapping of its own.
+// Memory reserved ahead of a load (`reserve`). Finding a huge page is the kernel's work when the page is first
+// touched, and where memory is fragmented it compacts memory for each one: on a busy machine that took seconds for a
+// 600 MB model (BENCHMARKS.md, issue 37's cold start), on the load's critical path. `reserve(bytes)` maps one chunk
+// at once and touches its pages in order on a thread of its own, so that work overlaps what the process does next
+// (importing transformers); `huge_empty` carves from it first, and waits for the thread to have passed what it
+// carves (the thread writes a zero to each page it touches: it must never touch a page after a copy has written
+// there). `trim_reserved` stops the thread, waits for it, and gives back the pages not carved.
+struct Reserved {
+  std::shared_ptr<Chunk> chunk;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> touched{0};  // bytes from the chunk's start the thread has touched (all of it once it ends)
+  std::thread toucher;
+  Reserved() = default;
+  Reserved(const Reserved&) = delete;
+  Reserved& operator=(const Reserved&) = delete;
+  ~Reserved() {
+    stop = true;
+    if (toucher.joinable()) toucher.join();
+  }
+};
+std::shared_ptr<Reserved> reserved;  // guarded by arena_lock
+
+// Wait until `r`'s thread has touched the first `end` bytes of its chunk, or has ended.
+void wait_touched(const Reserved& r, size_t end) {
+  while (r.touched.load(std::memory_order_acquire) < end) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+// An uninitialised uint8 tensor of `sizes` in huge-page memory: carved from the reserved chunk while it has room,
+// else from the current chunk (a new one where it is full or gone), or for more than a quarter of a chunk (a
+// vocabulary's head) a mapping of its own.
 at::Tensor huge_empty(at::IntArrayRef sizes) {
   int64_t count = 1;
   for (int64_t s : sizes) count *= s;
   const size_t bytes = round_up(static_cast<size_t>(std::max<int64_t>(count, 1)), kAlign);
   std::shared_ptr<Chunk> chunk;
+  std::shared_ptr<Reserved> ahead;
   uint8_t* data = nullptr;
   {
     std::lock_guard<std::mutex> guard(arena_lock);
-    if (bytes > kChunk / 4) {
+    if (reserved != nullptr && reserved->chunk->size - reserved->chunk->used >= bytes) {
+      ahead = reserved;
+      chunk = reserved->chunk;
+    } else if (bytes > kChunk / 4) {
       chunk = new_chunk(round_up(bytes, kHugePage));
     } else {
       chunk = arena.lock();
@@ -189,7 +224,51 @@ at::Tensor huge_empty(at::IntArrayRef sizes) {
     data = chunk->base + chunk->used;
     chunk->used += bytes;
   }
+  if (ahead != nullptr) wait_touched(*ahead, static_cast<size_t>(data - chunk->base) + bytes);
   return at::from_blob(data, sizes, [chunk](void*) {}, at::TensorOptions().dtype(at::kByte));
+}
+
+// reserve(bytes) -> the bytes reserved (`bytes` rounded up to whole huge pages; 0 where a reservation is already
+// made or bytes <= 0): one chunk mapped now, its pages touched by a thread started here (above).
+int64_t reserve(int64_t bytes) {
+  std::lock_guard<std::mutex> guard(arena_lock);
+  if (bytes <= 0 || reserved != nullptr) return 0;
+  auto r = std::make_shared<Reserved>();
+  r->chunk = new_chunk(round_up(static_cast<size_t>(bytes), kHugePage));
+  Reserved* raw = r.get();  // the thread ends before `r` does: ~Reserved joins it
+  r->toucher = std::thread([raw] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), size = raw->chunk->size;
+    volatile uint8_t* base = raw->chunk->base;
+    size_t at = 0;
+    for (; at < size && !raw->stop.load(std::memory_order_relaxed); at += page) {
+      base[at] = 0;
+      if ((at + page) % kHugePage == 0) raw->touched.store(at + page, std::memory_order_release);
+    }
+    raw->touched.store(size, std::memory_order_release);  // ended: nothing more is written
+  });
+  reserved = r;
+  return static_cast<int64_t>(r->chunk->size);
+}
+
+// trim_reserved() -> bytes given back: the reservation's thread stopped and waited for, the whole huge pages past
+// what was carved from its chunk unmapped, and the reservation closed (later matrices are carved as before). 0
+// where none was made.
+int64_t trim_reserved() {
+  std::shared_ptr<Reserved> r;
+  {
+    std::lock_guard<std::mutex> guard(arena_lock);
+    r.swap(reserved);
+  }
+  if (r == nullptr) return 0;
+  r->stop = true;
+  if (r->toucher.joinable()) r->toucher.join();
+  Chunk& chunk = *r->chunk;
+  const size_t keep = round_up(chunk.used, kHugePage);
+  if (keep >= chunk.size) return 0;
+  munmap(chunk.base + keep, chunk.size - keep);
+  const int64_t given = static_cast<int64_t>(chunk.size - keep);
+  chunk.size = keep;  // the chunk's own unmapping (its last tensor freed, or now where none was carved) covers the rest
+  return given;
 }
 
 // Whether [start, end) lies inside one read-only mapping of a file (/proc/self/maps): a GGUF's memory map.
@@ -367,6 +446,8 @@ TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("release(Tensor raw) -> int", &tokentui_ggml::release);
   m.def("in_file_map(Tensor raw) -> bool", &tokentui_ggml::in_file_map);
   m.def("resident(Tensor raw) -> Tensor");
+  m.def("reserve(int bytes) -> int", &tokentui_ggml::reserve);
+  m.def("trim_reserved() -> int", &tokentui_ggml::trim_reserved);
 }
 
 TORCH_LIBRARY_IMPL(tokentui_ggml, CPU, m) {

@@ -21,6 +21,8 @@ file's read-only map (a GGUF's) copies its bytes, unchanged, into memory asked f
 the file's pages back, as a repacked one does; a repacked copy is made in such memory too. Nothing is copied where
 the kernel has transparent huge pages turned off (`never`: the copy would gain nothing), for a matrix in anonymous
 memory (its pages cannot be given back: it would be held twice), or with $TOKENTUI_GGML_HUGE_PAGES=0 (comparisons).
+Finding huge pages is the kernel's own work, slow where memory is fragmented, so a load reserves what its copies will
+take ahead of its imports (`reserve_huge_pages`, core/model/load/build.py), and trims what they left.
 """
 
 from __future__ import annotations
@@ -230,6 +232,22 @@ def huge_pages() -> bool:
     except OSError:
         return False
     return "[always]" in text or "[madvise]" in text
+
+
+def reserve_huge_pages(nbytes: int) -> int:
+    """Map `nbytes` of huge-page memory for the matrices a load is about to copy there, its pages faulted in on a
+    thread of ggml_repack.cpp's own (`reserve`: where memory is fragmented the kernel compacts it to find each huge
+    page, seconds for a 600 MB model, which then overlap the load's imports); -> the bytes reserved (0: none, where
+    `huge_pages` says no, ggml is not bound, or a reservation is open). `trim_reserved` closes it."""
+    if not _BOUND or not huge_pages() or nbytes <= 0:
+        return 0
+    return int(_ops().reserve(int(nbytes)))
+
+
+def trim_reserved() -> int:
+    """Close `reserve_huge_pages`'s reservation: its thread stopped, the pages no matrix was carved from given back;
+    -> the bytes given back (0 where none was open)."""
+    return int(_ops().trim_reserved()) if _BOUND else 0
 
 
 def _packed(matrix: GGMLMatrix) -> torch.Tensor | None:
