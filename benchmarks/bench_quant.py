@@ -81,7 +81,8 @@ def unfused_copy(quantized: LoadedModel) -> LoadedModel:
     """The same 4-bit weights with every projection its own kernel call (no fused q/k/v, gate/up): read from the
     GGUF again and packed without fusing (the lean step needs the fused products, so this one decodes through
     transformers' forward)."""
-    from tokentui.core.model.load.gguf_load import _skeleton, assemble, build_modules, plan_gguf
+    from tokentui.core.model.load.gguf_load import assemble, build_modules
+    from tokentui.core.model.load.gguf_plan import _skeleton, plan_gguf
     from tokentui.core.model.load.precheck import embedded_gguf
     from tokentui.core.model.quant.qlinear import chosen_kernel
 

@@ -5,8 +5,10 @@ tiny models of tests/gguf_fixtures.py (llama.cpp's converter and llama-quantize)
 the tied-head files of issue 37, the model facts, and which decode step the plan runs.
 
 Tolerances (max |logit difference| over the prompt, relative to the reference's largest |logit|):
-- against the file de-quantized by transformers, on a prompt longer than ggml_linear.PRODUCT_ROWS (each matrix then
-  multiplies float32 activations by its de-quantized tiles): FLOAT_PATH = 1e-4, float32 summation order only;
+- against the file de-quantized by transformers, on a prompt longer than ggml_linear.PRODUCT_ROWS (each matrix as
+  stored then multiplies float32 activations by its de-quantized tiles): FLOAT_PATH = 1e-4, float32 summation order
+  only; where some matrices are repacked (Q4_0 / Q4_K: ggml's gemm at any prompt length, as llama.cpp's prefill),
+  ACTIVATIONS, as on a short prompt;
 - the same on a short prompt (ggml's product: the activations rounded to the format's 8-bit blocks, or to fp16 /
   bf16 for those files, as llama.cpp does): ACTIVATIONS = 0.25. Measured worst 0.13 over the 4 families x 9 formats;
   these random models (init 0.2, tests/tiny_models.py's INIT) carry one rounding step through two layers by that much;
@@ -28,7 +30,7 @@ from torch import nn
 
 from gguf_fixtures import FAMILIES, FORMATS, gguf_tools, hf_folder, tiny_gguf  # noqa: F401  (gguf_tools: a fixture)
 from tokentui.core.model.load.gguf_check import checked_reader
-from tokentui.core.model.load.gguf_load import _skeleton, read_config
+from tokentui.core.model.load.gguf_plan import _skeleton, read_config
 from tokentui.core.model.load.gguf_stored import load_stored, place_stored
 from tokentui.core.model.load.loader import load_model
 from tokentui.core.model.quant import ggml_linear
@@ -114,7 +116,8 @@ def test_every_format_loads_as_stored_and_scores_as_its_dequantized_reference(fa
     file_types = Counter(t.tensor_type.name for t in checked_reader(path).tensors if len(t.shape) == 2)
     assert Counter(m.type_name for m in matrices.values()) == file_types
     reference = dequantized_reference(path, config)
-    assert relative(logits(model, ids), logits(reference, ids)) <= FLOAT_PATH
+    gemm = any(m.packed is not None for m in linears)  # repacked matrices: 8-bit activations at every length
+    assert relative(logits(model, ids), logits(reference, ids)) <= (ACTIVATIONS if gemm else FLOAT_PATH)
     short = ids[:, :PRODUCT_ROWS]
     assert relative(logits(model, short), logits(reference, short)) <= ACTIVATIONS
 

@@ -14,7 +14,7 @@ from tokentui.core.model.decode.adapter import new_cache
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.speed import SpeedOptions
 from tokentui.core.model.observe.fidelity import agreement, first_divergence, teacher_forced_logits
-from tokentui.core.model.load.gguf_load import _skeleton, plan_gguf
+from tokentui.core.model.load.gguf_plan import _skeleton, plan_gguf
 from tokentui.core.model.quant.gguf_quant import GROUP, GroupedInt4
 from tokentui.core.model.decode.lean_step import LeanDecoder
 from tokentui.core.model.quant.qlinear import (

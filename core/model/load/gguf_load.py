@@ -3,38 +3,38 @@ once per file, torch build, CPU kind and 4-bit kernel (core/model/quant/int4_ker
 about a second.
 
 First start: the tokenizer and config come from transformers' GGUF reader (as for the float32 path); the tensors
-are read here, one by one, following transformers' own GGUF loop (`load_gguf_checkpoint`: its name map and tensor
-processor for the architecture): a 4-bit matrix of an `nn.Linear` (and a 4-bit or Q8_0 LM head) is read as 4-bit
-values and scales and packed for the kernel; every other tensor is de-quantized exactly as transformers does. The
-model is built with its parameters on the meta device (accelerate's init_empty_weights; buffers such as rotary
-frequencies are made for real), the 4-bit modules put in place of the Linear layers, the float tensors assigned.
-Before any of this the file's metadata is checked against its tensor table (core/model/load/gguf_check.py), and the
-model built is cached only once its first pass gives finite scores (core/model/load/model_cache.py). The packed tensors,
-the float tensors, the config, the tokenizer and a manifest are saved together; later starts read those and build
-the same modules with no GGUF parsing (where the cache cannot be written, the model runs from memory, with a notice).
+are read one by one by core/model/load/gguf_plan.py (`plan_gguf`, following transformers' own GGUF loop): a 4-bit
+matrix of an `nn.Linear` (and a 4-bit or Q8_0 LM head) is read as 4-bit values and scales and packed for the kernel
+here (`build_modules`); every other tensor is de-quantized exactly as transformers does. The model is built with its
+parameters on the meta device (gguf_plan._skeleton: accelerate's init_empty_weights; buffers such as rotary
+frequencies are made for real), the 4-bit modules put in place of the Linear layers, the float tensors assigned
+(`assemble`). Before any of this the file's metadata is checked against its tensor table
+(core/model/load/gguf_check.py), and the model built is cached only once its first pass gives finite scores
+(core/model/load/model_cache.py). The packed tensors, the float tensors, the config, the tokenizer and a manifest are
+saved together; later starts read those and build the same modules with no GGUF parsing (where the cache cannot be
+written, the model runs from memory, with a notice). This module holds the cache, the load and the model facts'
+account of the 4-bit weights (`quant_facts`).
 
 Why a cache of packed tensors rather than the file: reading the blocks and packing them takes ~1.5 s for
 SmolLM2-135M on this machine, and transformers' GGUF tokenizer and config conversion ~3 s more, every start.
 """
-
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from ...errors import ModelLoadError, error_line
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
-from ..quant.gguf_quant import FOUR_BIT, GROUP, SPLIT_EIGHT_BIT, GroupedInt4, read_blocks, row_order
+from ..quant.gguf_quant import FOUR_BIT, GROUP
 from .gguf_check import check_gguf, checked_reader, reading
-from .gguf_reader import fast_reader
+from .gguf_plan import Plan, _skeleton, plan_gguf, read_config
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native
@@ -42,23 +42,8 @@ from ..quant.int4_kernel import Int4Kernel
 from ..quant.qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
 
 FORMAT = 2  # bump when the cached layout changes
-FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read one input
-STAGE_READ = "reading the GGUF's 4-bit blocks and de-quantizing the rest (first start only)"
 STAGE_PACK = "packing {matrices} 4-bit matrices for the {kernel} kernel (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
-
-
-@dataclass
-class Plan:
-    """What the conversion found: per module name the 4-bit matrix, the float tensors by parameter name, the fused
-    groups (lists of module names), the head's module name if it is 4-bit, and the matrices left de-quantized."""
-
-    matrices: dict[str, GroupedInt4] = field(default_factory=dict)
-    floats: dict[str, torch.Tensor] = field(default_factory=dict)
-    groups: list[list[str]] = field(default_factory=list)
-    head: str | None = None
-    tied_head: bool = False
-    dequantized: dict[str, str] = field(default_factory=dict)  # weight name -> block type, 2-D weights only
 
 
 def quantizable_gguf(path: Path) -> bool:
@@ -82,123 +67,6 @@ def cache_key(path: Path, kernel: Int4Kernel) -> str:
 def cached_folder(path: Path, kernel: Int4Kernel) -> Path:
     """Where `path`'s matrices packed for `kernel` are kept (each kernel packs its own layout)."""
     return cache_dir() / "quantized" / cache_key(path, kernel)
-
-
-# ---------------------------------------------------------------------------------------------- conversion
-def read_config(path: Path, reader=None):
-    """transformers' config of the GGUF at `path` (`reader`: its GGUFReader, parsed here if None), with the head
-    size the file states (`<arch>.attention.key_length`): transformers' GGUF reader does not map it, so a Qwen3
-    file whose heads are not 128 wide got Qwen3Config's default 128 and a model its tensors do not fit."""
-    from transformers import AutoConfig
-    from transformers.modeling_gguf_pytorch_utils import read_field
-
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    reader = reader if reader is not None else fast_reader(path)
-    field = reader.fields.get(f"{read_field(reader, 'general.architecture')[0]}.attention.key_length")
-    if field is not None and getattr(config, "head_dim", None) is not None:
-        config.head_dim = int(field.parts[field.data[0]][0])
-    return config
-
-
-def _skeleton(config):
-    """The model with its parameters on the meta device and its buffers real (computed from the config)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return model
-
-
-def _module_name(model: nn.Module, module: nn.Module | None) -> str | None:
-    if module is None:
-        return None
-    return next((name for name, m in model.named_modules() if m is module), None)
-
-
-def plan_gguf(path: Path, skeleton: nn.Module, progress: Progress = lambda _: None) -> Plan:
-    """Read every tensor of `path` for `skeleton` (see the module docstring)."""
-    from gguf import GGUFReader, dequantize
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map, load_gguf_checkpoint, read_field)
-
-    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
-    reader = GGUFReader(str(path))
-    architecture = read_field(reader, "general.architecture")[0]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
-    mapping = get_gguf_hf_weights_map(skeleton, processor)
-    plan = Plan()
-    parsed["tensors"] = plan.floats  # processors that split tensors (MoE experts) write there, as in transformers
-    embed = _module_name(skeleton, skeleton.get_input_embeddings())
-    head = _module_name(skeleton, skeleton.get_output_embeddings())
-    tied = bool(getattr(skeleton.config, "tie_word_embeddings", False))
-    for tensor in with_progress(reader.tensors, STAGE_READ, progress):
-        kind, name = tensor.tensor_type.name, tensor.name
-        hf = mapping.get(name, "")
-        module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
-        as_head = head is not None and module is not None and (module == head or (tied and module == embed))
-        matrix = _four_bit(tensor, kind, module, skeleton, processor, as_head, mapping, parsed)
-        if matrix is not None and module == embed:  # a tied head: the table is also needed as floats
-            plan.matrices[head], plan.head, plan.tied_head = matrix, head, True
-        elif matrix is not None:
-            plan.matrices[module] = matrix
-            if module == head:
-                plan.head = head
-            if module != head:
-                continue
-        weights = dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=name, tensor_key_mapping=mapping, parsed_parameters=parsed)
-        if result.name in mapping:
-            target = mapping[result.name]
-            plan.floats[target] = torch.from_numpy(np.copy(result.weights)).to(torch.float32)
-            if result.weights.ndim == 2 and kind not in ("F32", "F16", "BF16"):
-                plan.dequantized[target] = kind
-    plan.groups = _groups(skeleton, plan)
-    return plan
-
-
-def _four_bit(tensor, kind: str, module: str | None, skeleton, processor, as_head: bool, mapping,
-              parsed) -> GroupedInt4 | None:
-    """The tensor as a 4-bit matrix for `module`, or None when it must be de-quantized (see gguf_quant.py)."""
-    if module is None or not (kind in FOUR_BIT or (as_head and kind in SPLIT_EIGHT_BIT)):
-        return None
-    target = skeleton.get_submodule(module)
-    if not as_head and type(target) is not nn.Linear:
-        return None
-    cols, rows = (int(n) for n in tensor.shape[:2])  # gguf lists dimensions innermost first
-    if len(tensor.shape) != 2 or rows % 16 or cols % GROUP or target.weight.shape != (rows, cols):
-        return None
-    order = row_order(processor, tensor.name, rows, tensor_key_mapping=mapping, parsed_parameters=parsed)
-    if order is None:
-        return None
-    matrix = read_blocks(kind, tensor.data, rows, cols)
-    return matrix if np.array_equal(order, np.arange(rows)) else matrix.rows(order)
-
-
-def with_progress(tensors, stage: str, progress: Progress):
-    """The file's tensors in order, saying `stage` with the fraction of their bytes passed at every 1%, and 1.0 at
-    the end (both GGUF loaders' reading loop)."""
-    total = max(sum(int(t.n_bytes) for t in tensors), 1)
-    done, sent = 0, -1.0
-    for tensor in tensors:
-        if done / total - sent >= 0.01:
-            sent = done / total
-            progress(LoadProgress(stage, sent))
-        done += int(tensor.n_bytes)
-        yield tensor
-    progress(LoadProgress(stage, 1.0))
-
-
-def _groups(skeleton: nn.Module, plan: Plan) -> list[list[str]]:
-    """Sibling 4-bit projections that read one input (FUSE), same input size and block type."""
-    groups = []
-    for parent, _ in skeleton.named_modules():
-        for names in FUSE:
-            members = [f"{parent}.{n}" if parent else n for n in names]
-            found = [plan.matrices.get(m) for m in members]
-            if all(m is not None for m in found) and len({(m.in_features, m.source, m.halves) for m in found}) == 1:
-                groups.append(members)
-    return groups
 
 
 # ---------------------------------------------------------------------------------------------- the model

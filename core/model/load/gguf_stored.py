@@ -8,8 +8,8 @@ with the vocabulary's arrays skimmed: its tensors are views of one read-only mem
 tokenizer come from transformers' GGUF reader on a first start only, the model's first pass is checked then
 (model_cache.check_first_pass), and they are cached under `cache_dir()/stored/<key>` (the file's identity: path,
 size, mtime, transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the
-model is built on the meta device (gguf_load._skeleton) and each GGUF tensor named for its parameter as transformers
-names it (`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_load.plan_gguf does):
+model is built on the meta device (gguf_plan._skeleton) and each GGUF tensor named for its parameter as transformers
+names it (`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_plan.plan_gguf does):
 
     2-D weight of an nn.Linear, the input embedding,     a GGMLLinear / GGMLEmbedding over the mapped bytes; rows
     the LM head (in a block type ggml runs)              the processor permutes (llama's q/k) are the one copy
@@ -39,7 +39,7 @@ from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader, reading
-from .gguf_load import _skeleton, read_config, with_progress
+from .gguf_plan import _skeleton, read_config, with_progress
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
 FORMAT = 1  # bump when what the cache folder holds changes
