@@ -44,7 +44,7 @@ from .panels import (
 from .panels import attention
 from .painting import Painter
 from .panel_layout import PanelLayout
-from .panels.output import OutputView
+from .panels.output_view import OutputView
 from .placement import ROW_ID, SIDE_ID
 from .screens import sampler_editor
 from .sizes import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS

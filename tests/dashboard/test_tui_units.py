@@ -171,7 +171,7 @@ async def test_output_view_wraps_at_token_boundaries_and_appends_only():
 
 
 async def test_a_growing_answer_scrolls_and_moves_the_thumb_without_relaying_out_the_screen():
-    """Growth updates the view's scroll range and scrollbar only (output.py says why); the first overflow, which
+    """Growth updates the view's scroll range and scrollbar only (output_view.py says why); the first overflow, which
     brings the scrollbar in, is a real layout."""
     app = OutputApp()
     async with app.run_test(size=(30, 6)) as pilot:

@@ -5,7 +5,8 @@ from .candidates import CandidatesPanel
 from .kv import KVPanel
 from .lens import LensPanel
 from .model import ModelPanel
-from .output import OutputPanel, OutputView
+from .output import OutputPanel
+from .output_view import OutputView
 from .pending import PendingPanel
 from .prompt import PromptPanel
 from .readings import ReadingsStrip
