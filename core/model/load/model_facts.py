@@ -12,7 +12,8 @@ def model_facts(model, tokenizer, *, name: str, source: str = "in-memory", trust
     """Everything the model panel shows, read off the loaded objects (not from documentation)."""
     import torch
 
-    from ..architecture import anatomy, decoder_config, kv_groups
+    from ..architecture import decoder_config, kv_groups
+    from ..model_anatomy import anatomy
     from ..quant.qlinear import quantized_parameters
     from ...runs.architecture import kv_bytes_per_token
 

@@ -17,7 +17,7 @@ EPS_NAMES = ("variance_epsilon", "eps", "epsilon")  # where norm modules keep th
 
 
 def model_truths(model, norm: str | None = None) -> ModelTruths:
-    """What `model` itself says; `norm`: the blocks' norm kind as core/model/architecture.py's anatomy names it."""
+    """What `model` itself says; `norm`: the blocks' norm kind as core/model/model_anatomy.py's anatomy names it."""
     rows, cols, fmt, nbytes = _embedding(model.get_input_embeddings())
     theta, rope_type, inv, dims = _rope(model)
     return ModelTruths(embed_rows=rows, embed_cols=cols, embed_format=fmt, embed_bytes=nbytes, rope_theta=theta,
