@@ -183,7 +183,9 @@ def test_rows_are_the_dequantized_rows(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
-def test_linear_decodes_through_the_product_and_prefills_through_float32(fmt):
+def test_linear_decodes_through_the_product_and_prefills_through_float32_or_gemm(fmt):
+    """A few rows through ggml's product; many (a prefill) through float32 tiles for a matrix as stored (Q8_0), and
+    through ggml's gemm still for a repacked one (Q4_K), as llama.cpp's prefill runs it."""
     matrix = stored(values(), fmt)
     bias = torch.randn(ROWS)
     layer = GGMLLinear(matrix, bias)
@@ -196,8 +198,11 @@ def test_linear_decodes_through_the_product_and_prefills_through_float32(fmt):
         else ops.packed_product(few.reshape(-1, COLS), layer.packed, matrix.type, COLS)  # Q4_K: repacked (below)
     assert torch.equal(layer(few), (product + bias).view(2, -1, ROWS))
     many = values(ggml_linear.PRODUCT_ROWS + 3, COLS, seed=3)
-    expected = many.double() @ wd.double().T + bias.double()
-    assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    if layer.packed is None:
+        expected = many.double() @ wd.double().T + bias.double()
+        assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    else:
+        assert torch.equal(layer(many), ops.packed_product(many, layer.packed, matrix.type, COLS) + bias)
     half = layer(few.to(torch.bfloat16))  # another dtype: cast in, the result cast back
     assert half.dtype == torch.bfloat16 and half.shape == (2, ggml_linear.PRODUCT_ROWS // 2, ROWS)
 
@@ -257,7 +262,8 @@ def packed_or_skip(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", PACKED)
 def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_values(fmt):
     """llama.cpp's repacked kernels sum the same 8-bit products in another order: within float32 rounding of
-    vec_dot's result, for a decode step's one row and gemm's rows 4 at a time (plus the rest through gemv)."""
+    vec_dot's result, for a decode step's one row and gemm's rows 4 at a time (plus the rest through gemv), a
+    prefill's many rows too (where a matrix as stored goes through float32 tiles)."""
     packed_or_skip(fmt)
     matrix = stored(values(), fmt)
     layer, plain = GGMLLinear(matrix), GGMLLinear(matrix, repack=False)
@@ -266,13 +272,14 @@ def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_va
     ops = torch.ops.tokentui_ggml
     assert torch.equal(ops.unpack(layer.packed, matrix.type, COLS), matrix.raw)  # the file's bytes exactly
     assert torch.equal(layer.weight, gguf_values(matrix.raw, fmt))
-    for rows in (1, 3, 4, 7, ggml_linear.PRODUCT_ROWS):
+    for rows in (1, 3, 4, 7, ggml_linear.PRODUCT_ROWS, ggml_linear.PRODUCT_ROWS + 9):
         x = values(rows, COLS, seed=10 + rows)
-        ours, theirs = layer(x), plain(x)
+        ours, theirs = layer(x), ops.product(x, matrix.raw, matrix.type)  # vec_dot, whatever the rows
         assert not torch.equal(ours, theirs) or rows == 1  # another kernel (one row may happen to agree)
         assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
     many = values(ggml_linear.PRODUCT_ROWS + 9, COLS, seed=5)
-    assert torch.equal(layer(many), plain(many))  # a prefill's tiles: unpacked, the same float32 values
+    floats = plain(many)  # a matrix as stored: float32 tiles, not 8-bit activations
+    assert not torch.allclose(layer(many), floats, rtol=0, atol=1e-5 * float(floats.abs().max()))
 
 
 def test_what_is_not_repacked_stays_on_vec_dot(monkeypatch):

@@ -8,7 +8,8 @@ Tolerances (max |logit difference| over the prompt, relative to the reference's 
 - against the file de-quantized by transformers, on a prompt longer than ggml_linear.PRODUCT_ROWS (each matrix as
   stored then multiplies float32 activations by its de-quantized tiles): FLOAT_PATH = 1e-4, float32 summation order
   only; where some matrices are repacked (Q4_0 / Q4_K: ggml's gemm at any prompt length, as llama.cpp's prefill),
-  ACTIVATIONS, as on a short prompt;
+  GEMM_PREFILL = 0.35: the activations rounded to 8-bit blocks as on a short prompt (below), over more positions
+  (measured worst 0.254, Mistral Q4_K_M untied);
 - the same on a short prompt (ggml's product: the activations rounded to the format's 8-bit blocks, or to fp16 /
   bf16 for those files, as llama.cpp does): ACTIVATIONS = 0.25. Measured worst 0.13 over the 4 families x 9 formats;
   these random models (init 0.2, tests/tiny_models.py's INIT) carry one rounding step through two layers by that much;
@@ -39,6 +40,7 @@ from tokentui.core.model.quant.ggml_linear import PRODUCT_ROWS, GGMLEmbedding, G
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gguf_tools", "isolated_dirs", "one_torch_thread")]
 FLOAT_PATH = 1e-4
 ACTIVATIONS = 0.25
+GEMM_PREFILL = 0.35
 TO_HF = {"F32": 1e-4, "F16": 0.02, "BF16": 0.08, "Q8_0": 0.25}
 TEXT = "Is OpenAI open? The quick brown fox jumps over the lazy dog, and then it runs far away into the woods"
 # each family once per format, tied and untied alternating (every family x tied pair: the F32 test below)
@@ -117,7 +119,7 @@ def test_every_format_loads_as_stored_and_scores_as_its_dequantized_reference(fa
     assert Counter(m.type_name for m in matrices.values()) == file_types
     reference = dequantized_reference(path, config)
     gemm = any(m.packed is not None for m in linears)  # repacked matrices: 8-bit activations at every length
-    assert relative(logits(model, ids), logits(reference, ids)) <= (ACTIVATIONS if gemm else FLOAT_PATH)
+    assert relative(logits(model, ids), logits(reference, ids)) <= (GEMM_PREFILL if gemm else FLOAT_PATH)
     short = ids[:, :PRODUCT_ROWS]
     assert relative(logits(model, short), logits(reference, short)) <= ACTIVATIONS
 

@@ -10,8 +10,7 @@
 // C names (bound in ggml_ops.cpp); the repacking is not: it is tensor_traits<...>::repack, a C++ member taking a
 // whole ggml_tensor (its layout is ggml.h's, which tokentui is built without: ggml_abi.h), so make_block_q4_0x8 /
 // make_block_q4_Kx8 (repack.cpp, llama.cpp 11434) are transcribed here, with their exact inverses (unpack: the
-// lens's `weight` and a prefill's de-quantized tiles come from the packed copy, so the file's bytes are not read
-// again).
+// lens's `weight` comes from the packed copy, so the file's bytes are not read again).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <sys/mman.h>

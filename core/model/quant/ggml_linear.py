@@ -48,7 +48,9 @@ RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_
                       "TQ1_0", "TQ2_0", "MXFP4"})
 # A GGMLLinear input of at most this many rows (a decode step's one, a fan-out's few) goes through ggml's product;
 # more (a prefill) through the matrix de-quantized a tile at a time and torch's float32 F.linear, which is faster
-# there (measured: BENCHMARKS.md, "ggml's kernels").
+# there than vec_dot row by row (measured: BENCHMARKS.md, "ggml's kernels"). A repacked matrix's rows go through
+# ggml's gemm at any count, as llama.cpp's prefill does: 4 rows at a time it is faster than the tiles at every prompt
+# length measured, up to 512 (BENCHMARKS.md, issue 37's prefill).
 PRODUCT_ROWS = 16
 TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
 REPACK_ENV = "TOKENTUI_GGML_REPACK"  # "0": no matrix repacked into ggml's interleaved layout (before/after timings)
@@ -275,9 +277,10 @@ def _resident(matrix: GGMLMatrix) -> torch.Tensor | None:
 class GGMLLinear(nn.Module):
     """A Linear whose weight is a GGMLMatrix [out_features, in_features]: y = x W^T (+ bias) by ggml's product
     (decode: the activations converted to the format's 8-bit blocks, as llama.cpp does; a Q4_0 / Q4_K matrix by
-    ggml's interleaved gemv / gemm on a repacked copy where llama.cpp would run it so: module docstring), or for more
-    than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix de-quantized a tile at a time. `repack`: False
-    keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0: `repack_enabled`)."""
+    ggml's interleaved gemv / gemm on a repacked copy where llama.cpp would run it so, at any number of rows: module
+    docstring), or for a matrix as stored and more than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix
+    de-quantized a tile at a time. `repack`: False keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0:
+    `repack_enabled`)."""
 
     def __init__(self, matrix: GGMLMatrix, bias: torch.Tensor | None = None, repack: bool = True):
         super().__init__()
@@ -330,11 +333,12 @@ class GGMLLinear(nn.Module):
         """x [..., in] (float32; another float dtype is cast in and the result back) -> [..., out]."""
         flat = x.reshape(-1, self.in_features).to(torch.float32)
         m = self.matrix
-        if flat.shape[0] <= PRODUCT_ROWS:
-            y = _ops().product(flat, self.run_bytes, m.type) if self._packed is None \
-                else _ops().packed_product(flat, self._packed, m.type, m.cols)
+        if self._packed is not None:
+            y = _ops().packed_product(flat, self._packed, m.type, m.cols)
+        elif flat.shape[0] <= PRODUCT_ROWS:
+            y = _ops().product(flat, self.run_bytes, m.type)
         else:
-            y = _tiled_linear(flat, m, self.run_bytes, self._packed is not None)
+            y = _tiled_linear(flat, m, self.run_bytes)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -357,17 +361,14 @@ def _tile_buffer(values: int) -> torch.Tensor:
     return buffer
 
 
-def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, raw: torch.Tensor, packed: bool) -> torch.Tensor:
+def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, raw: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once) from
-    `raw`, the matrix's bytes as stored or, `packed`, interleaved (tiles of whole groups of 8 rows unpacked), into
-    one buffer reused from tile to tile."""
+    `raw`, the matrix's bytes as stored, into one buffer reused from tile to tile."""
     out = x.new_empty((x.shape[0], matrix.rows))
     step = max(1, TILE_VALUES // matrix.cols)
-    if packed:
-        step = max(ROWS_INTERLEAVED, step // ROWS_INTERLEAVED * ROWS_INTERLEAVED)
     buffer = _tile_buffer(step * matrix.cols)
     for r0 in range(0, matrix.rows, step):
-        rows = raw[r0:r0 + step] if not packed else _ops().unpack(raw[r0:r0 + step], matrix.type, matrix.cols)
+        rows = raw[r0:r0 + step]
         tile = buffer[:rows.shape[0] * matrix.cols].view(rows.shape[0], matrix.cols)  # [step, K]
         _ops().dequantize_into(rows, matrix.type, matrix.cols, tile)
         out[:, r0:r0 + step] = F.linear(x, tile)
