@@ -1,10 +1,12 @@
 """A GGUF run as stored (core/model/load/gguf_stored.py), its starts: the first start refuses a file whose first pass
 gives NaN scores and caches nothing for it; a good file's first start caches its config and tokenizer, and a later
-start, which reads them from the cache and trusts the file checked then, gives the same scores; a start reserves the
+start, which reads them from the cache and trusts the file checked then, gives the same scores and takes the first
+start's verdict on the ggml decode step (kept with the libraries it held for); a start reserves the
 huge-page memory its matrices take ahead of its imports, uses it whole and closes it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -18,6 +20,7 @@ from tokentui.core.model.load.build import load_engine, reserve_ahead
 from tokentui.core.model.load.gguf_check import checked_reader
 from tokentui.core.model.load.gguf_stored import huge_page_bytes
 from tokentui.core.model.load.loader import load_model
+from tokentui.core.model.native import ggml_native
 from tokentui.core.model.quant import ggml_linear
 from tokentui.core.paths import cache_dir
 
@@ -92,3 +95,24 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
     with torch.inference_mode():
         assert torch.equal(engine.model(input_ids=ids, use_cache=False).logits,
                            loaded.model(input_ids=ids, use_cache=False).logits)
+
+
+def test_a_later_start_takes_the_ggml_steps_verdict_kept_by_the_first(tmp_path, monkeypatch):
+    """The first start compares the ggml decode step with the forward and keeps the verdict with the libraries it
+    held for; a later start takes the step without comparing again; a verdict for other libraries is not taken."""
+    path = tmp_path / "verdict.gguf"
+    shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
+    compared = []
+    real = ggml_native.close_to_forward
+    monkeypatch.setattr(ggml_native, "close_to_forward",
+                        lambda model, step: compared.append(model) or real(model, step))
+    first = load_model(str(path), device="cpu")
+    assert len(compared) == 1 and ggml_native.ggml_step(first.model) is not None
+    (folder,) = trusted("verdict")
+    kept = folder / "ggml_step.json"
+    assert json.loads(kept.read_text()) == {"libraries": ggml_native.libraries(), "accepted": True}
+    later = load_model(str(path), device="cpu")
+    assert ggml_native.ggml_step(later.model) is not None and len(compared) == 1  # taken, not compared again
+    kept.write_text(json.dumps({"libraries": "another build", "accepted": True}))
+    again = load_model(str(path), device="cpu")
+    assert ggml_native.ggml_step(again.model) is not None and len(compared) == 2  # compared again

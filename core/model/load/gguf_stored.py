@@ -6,7 +6,8 @@ builds llama.cpp's libggml-cpu). This is how llama.cpp itself loads a file.
 Each start: the file is checked and parsed once (core/model/load/gguf_check.py's checked_reader, gguf-py's GGUFReader
 with the vocabulary's arrays skimmed: its tensors are views of one read-only memory map); the config and the
 tokenizer come from transformers' GGUF reader on a first start only, the model's first pass is checked then
-(model_cache.check_first_pass), and they are cached under `cache_dir()/stored/<key>` (the file's identity: path,
+(model_cache.check_first_pass) and so is the ggml decode step against the forward (its verdict kept with the
+libraries it held for: a later start with the same ones takes it), and they are cached under `cache_dir()/stored/<key>` (the file's identity: path,
 size, mtime, transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the
 model is built on the meta device (gguf_plan._skeleton) and each GGUF tensor named for its parameter as transformers
 names it (`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_plan.plan_gguf does):
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write
 FORMAT = 1  # bump when what the cache folder holds changes
 STAGE_CACHED = "reading the cached tokenizer and config"
 STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
+STEP_VERDICT = "ggml_step.json"  # the first start's verdict on the ggml step, and the libraries it held for
 FOUR_BIT_PACKED = FOUR_BIT  # the types the packed path's own kernels run (gguf_load.py)
 
 
@@ -87,6 +90,19 @@ def huge_page_bytes(reader) -> int:
                and (t.name == head or (t.name.startswith("blk.") and t.name.endswith(".weight"))))
 
 
+def _accepted_before(target: Path) -> bool:
+    """Whether the cache folder's verdict says the ggml step was accepted on the file's first start, with the
+    libraries bound now (another build, or no verdict: the comparison is made again)."""
+    from ..native.ggml_native import libraries
+
+    try:
+        verdict = json.loads((target / STEP_VERDICT).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(verdict, dict) and verdict.get("accepted") is True \
+        and verdict.get("libraries") == libraries()
+
+
 def cache_key(path: Path) -> str:
     import transformers
 
@@ -120,6 +136,8 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
     be bound first (ggml_linear.load); a bad file is one line (ModelLoadError)."""
     from transformers import AutoTokenizer
 
+    from ..native.ggml_native import ggml_step, libraries
+
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
     found = _cached(target, progress)
@@ -137,14 +155,20 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
     if found is None:
         # A file whose first scores are not numbers is refused before its config and tokenizer are cached; a later
         # start (the cache's key: the file's path, size and mtime) trusts it, as the packed path's cache does, rather
-        # than pay at every start a forward over every weight that the run's own prefill then pays again.
+        # than pay at every start a forward over every weight that the run's own prefill then pays again. So too
+        # the ggml step's comparison with the forward (ggml_native.close_to_forward), made here on a first start
+        # and kept with the libraries it held for.
         check_first_pass(model, tokenizer, path)
+        verdict = {"libraries": libraries(), "accepted": ggml_step(model) is not None}
 
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            (tmp / STEP_VERDICT).write_text(json.dumps(verdict))
 
         notice = write_cache(target, write, path)
+    elif _accepted_before(target):
+        ggml_step(model, checked_before=True)
     return StoredLoad(model, tokenizer, dequantized, notice=notice, from_cache=found is not None)
 
 

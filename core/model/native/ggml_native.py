@@ -12,7 +12,8 @@ Its states are not the model's forward's bit for bit: the norms and attention su
 are the same (GGMLLinear runs ggml's product for one row: the same 8-bit activation blocks, the same vec_dot or
 interleaved gemv), but an activation one float32 rounding away may round to the neighbouring step of its 8-bit
 block; so `ggml_step(model)` accepts the step only where, on three tokens after a four-token prompt (scratch
-caches), its final hidden states are within TOLERANCE of the model's forward's. tests/unit/test_ggml_step.py holds
+caches), its final hidden states are within TOLERANCE of the model's forward's (for a GGUF run as stored, on the
+file's first start with these libraries: later starts take the verdict kept in its cache). tests/unit/test_ggml_step.py holds
 it to the model's forward (greedy ids, cache rows), to `generate` on tiny Llama / Qwen2 / Qwen3 models, and with
 repacked matrices to the same model kept as stored.
 """
@@ -159,7 +160,7 @@ def close_enough(ours: torch.Tensor, forward: torch.Tensor) -> bool:
     return bool(torch.isfinite(ours).all()) and float((ours - forward).abs().max()) <= bound
 
 
-def _close_to_forward(model, step: GGMLStep) -> bool:
+def close_to_forward(model, step: GGMLStep) -> bool:
     """Three tokens after a four-token prompt, through `step` and the model's forward on scratch caches: the final
     norm's outputs `close_enough`."""
     threads = torch.get_num_threads()
@@ -176,9 +177,11 @@ def _close_to_forward(model, step: GGMLStep) -> bool:
         torch.set_num_threads(threads)
 
 
-def ggml_step(model) -> GGMLStep | None:
+def ggml_step(model, checked_before: bool = False) -> GGMLStep | None:
     """The ggml step for `model` (made and checked once per model), or None where it does not serve it (`why_not`
-    says why)."""
+    says why). `checked_before`: the comparison with the forward (`close_to_forward`, ~0.35 s on a Qwen3-0.6B-sized
+    model) is skipped, because the model's file passed it on its first start with the same libraries
+    (`libraries()`; core/model/load/gguf_stored.py keeps that verdict in the file's cache)."""
     with _LOCK:
         if model not in _STEPS:
             _STEPS[model] = found = None
@@ -186,7 +189,7 @@ def ggml_step(model) -> GGMLStep | None:
             if why is None:
                 try:
                     candidate = GGMLStep(model)
-                    if _close_to_forward(model, candidate):
+                    if checked_before or close_to_forward(model, candidate):
                         found = candidate
                     else:
                         why = "its states differ from the model's forward by more than 8-bit rounding"
@@ -196,6 +199,15 @@ def ggml_step(model) -> GGMLStep | None:
                 why = f"ggml's kernels are not available: {why}"
             _STEPS[model], _WHY[model] = found, why or ""
         return _STEPS[model]
+
+
+def libraries() -> str:
+    """The native libraries bound now, by their files' names (each keyed by its sources and build: tokentui's step
+    and ggml's kernels): what a verdict of `close_to_forward` holds for."""
+    from ..native import q4_native
+    from ..quant.ggml_linear import bound_library
+
+    return f"{q4_native.library_name()}|{bound_library()}"
 
 
 def why_not(model) -> str:

@@ -129,6 +129,15 @@ def load(progress: Callable[[LoadProgress], None]) -> str | None:
     return _load()
 
 
+_LOADED: dict[str, str] = {}  # "name": the library file loaded into this process (its name keyed by its sources)
+
+
+def library_name() -> str | None:
+    """The file name of the library loaded into this process (its key: the sources, torch and the compiler), or
+    None where it is not loaded."""
+    return _LOADED.get("name")
+
+
 @functools.cache
 def _load() -> str | None:
     """Build (first start) and load the library; None when loaded, else why not (one line)."""
@@ -144,6 +153,7 @@ def _load() -> str | None:
         if not target.is_file():
             _build(compiler, target)
         torch.ops.load_library(str(target))
+        _LOADED["name"] = target.name
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         return f"could not build it: {str(err).splitlines()[0][:240]}"
     torch.library.register_fake("tokentui_q4::q4_linear")(_fake_product)

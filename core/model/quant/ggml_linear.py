@@ -86,6 +86,12 @@ def available() -> str | None:
     return _bind(str(path))
 
 
+def bound_library() -> str | None:
+    """The path of ggml's CPU library bound into this process (its folder keyed by ggml's version and build), or
+    None."""
+    return _BOUND.get("path")
+
+
 def load(progress: Callable[[LoadProgress], None]) -> str | None:
     """Load tokentui's library and bind ggml's CPU library into it, building either first where it is missing (said
     as load stages through `progress`); None when bound, else one line why not."""
