@@ -99,7 +99,8 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
 
 def test_a_later_start_takes_the_ggml_steps_verdict_kept_by_the_first(tmp_path, monkeypatch):
     """The first start compares the ggml decode step with the forward and keeps the verdict with the libraries it
-    held for; a later start takes the step without comparing again; a verdict for other libraries is not taken."""
+    held for; a later start takes the step without comparing again; a verdict for other libraries is not taken, nor
+a cache without one: that start compares, and keeps its verdict for the next."""
     path = tmp_path / "verdict.gguf"
     shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
     compared = []
@@ -115,4 +116,10 @@ def test_a_later_start_takes_the_ggml_steps_verdict_kept_by_the_first(tmp_path, 
     assert ggml_native.ggml_step(later.model) is not None and len(compared) == 1  # taken, not compared again
     kept.write_text(json.dumps({"libraries": "another build", "accepted": True}))
     again = load_model(str(path), device="cpu")
-    assert ggml_native.ggml_step(again.model) is not None and len(compared) == 2  # compared again
+    assert ggml_native.ggml_step(again.model) is not None and len(compared) == 2  # compared again, and kept
+    assert json.loads(kept.read_text())["libraries"] == ggml_native.libraries()
+    kept.unlink()  # a cache kept before verdicts were: compared, and the verdict kept for the next start
+    load_model(str(path), device="cpu")
+    assert len(compared) == 3 and json.loads(kept.read_text())["accepted"] is True
+    load_model(str(path), device="cpu")
+    assert len(compared) == 3

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,17 @@ def _accepted_before(target: Path) -> bool:
         and verdict.get("libraries") == libraries()
 
 
+def _keep(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a file beside it renamed into place); where the cache cannot be
+    written, nothing: the next start compares again."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def cache_key(path: Path) -> str:
     import transformers
 
@@ -169,6 +181,8 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         notice = write_cache(target, write, path)
     elif _accepted_before(target):
         ggml_step(model, checked_before=True)
+    else:  # a cache kept before verdicts were, or a verdict for other libraries: compared now, and the verdict kept
+        _keep(target / STEP_VERDICT, json.dumps({"libraries": libraries(), "accepted": ggml_step(model) is not None}))
     return StoredLoad(model, tokenizer, dequantized, notice=notice, from_cache=found is not None)
 
 
