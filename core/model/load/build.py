@@ -20,7 +20,9 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
 
     The cyclic garbage collector is off while the ~2,500 modules of torch and transformers are imported and the
     model is built (it found nothing to free there and cost ~0.7 s of a 4-s start); the objects that survive are
-    then frozen out of later collections, so the dashboard's and the decode loop's collections stay short."""
+    then frozen out of later collections, so the dashboard's and the decode loop's collections stay short. Before
+    those imports, a GGUF that runs as stored has the huge-page memory of its matrices reserved (`reserve_ahead`),
+    which the load trims once they are placed."""
     was_enabled = gc.isenabled()
     gc.disable()
     reserved = 0
