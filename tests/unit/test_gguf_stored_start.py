@@ -98,28 +98,39 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
 
 
 def test_a_later_start_takes_the_ggml_steps_verdict_kept_by_the_first(tmp_path, monkeypatch):
-    """The first start compares the ggml decode step with the forward and keeps the verdict with the libraries it
-    held for; a later start takes the step without comparing again; a verdict for other libraries is not taken, nor
-a cache without one: that start compares, and keeps its verdict for the next."""
+    """The first start's ggml decode step is compared with the forward when first asked for, and the verdict kept
+    with the libraries it held for; a later start takes the step without comparing again; a verdict for other
+    libraries is not taken, nor a cache without one: that start compares, and keeps its verdict for the next. A
+    trusted model is still refused what the step's construction refuses (an MLP made GELU after loading)."""
     path = tmp_path / "verdict.gguf"
     shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
     compared = []
     real = ggml_native.close_to_forward
     monkeypatch.setattr(ggml_native, "close_to_forward",
                         lambda model, step: compared.append(model) or real(model, step))
-    first = load_model(str(path), device="cpu")
-    assert len(compared) == 1 and ggml_native.ggml_step(first.model) is not None
+
+    def start():
+        loaded = load_model(str(path), device="cpu")
+        return loaded, ggml_native.ggml_step(loaded.model)
+
+    first, step = start()
+    assert step is not None and len(compared) == 1
     (folder,) = trusted("verdict")
     kept = folder / "ggml_step.json"
     assert json.loads(kept.read_text()) == {"libraries": ggml_native.libraries(), "accepted": True}
-    later = load_model(str(path), device="cpu")
-    assert ggml_native.ggml_step(later.model) is not None and len(compared) == 1  # taken, not compared again
+    _, step = start()
+    assert step is not None and len(compared) == 1  # taken, not compared again
     kept.write_text(json.dumps({"libraries": "another build", "accepted": True}))
-    again = load_model(str(path), device="cpu")
-    assert ggml_native.ggml_step(again.model) is not None and len(compared) == 2  # compared again, and kept
+    _, step = start()
+    assert step is not None and len(compared) == 2  # compared again, and kept
     assert json.loads(kept.read_text())["libraries"] == ggml_native.libraries()
     kept.unlink()  # a cache kept before verdicts were: compared, and the verdict kept for the next start
-    load_model(str(path), device="cpu")
+    start()
     assert len(compared) == 3 and json.loads(kept.read_text())["accepted"] is True
-    load_model(str(path), device="cpu")
+    start()
     assert len(compared) == 3
+    changed = load_model(str(path), device="cpu")  # trusted, then changed before the step is asked for
+    for layer in changed.model.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    assert ggml_native.ggml_step(changed.model) is None and len(compared) == 3
+    assert ggml_native.why_not(changed.model) == "an MLP activation other than SiLU"

@@ -148,7 +148,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
     be bound first (ggml_linear.load); a bad file is one line (ModelLoadError)."""
     from transformers import AutoTokenizer
 
-    from ..native.ggml_native import ggml_step, libraries
+    from ..native.ggml_native import libraries, trust, when_compared
 
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
@@ -168,21 +168,20 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         # A file whose first scores are not numbers is refused before its config and tokenizer are cached; a later
         # start (the cache's key: the file's path, size and mtime) trusts it, as the packed path's cache does, rather
         # than pay at every start a forward over every weight that the run's own prefill then pays again. So too
-        # the ggml step's comparison with the forward (ggml_native.close_to_forward), made here on a first start
-        # and kept with the libraries it held for.
+        # the ggml step's comparison with the forward (ggml_native.close_to_forward), made when the decode plan
+        # first asks for the step, its verdict then kept with the libraries it held for.
         check_first_pass(model, tokenizer, path)
-        verdict = {"libraries": libraries(), "accepted": ggml_step(model) is not None}
 
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            (tmp / STEP_VERDICT).write_text(json.dumps(verdict))
 
         notice = write_cache(target, write, path)
-    elif _accepted_before(target):
-        ggml_step(model, checked_before=True)
-    else:  # a cache kept before verdicts were, or a verdict for other libraries: compared now, and the verdict kept
-        _keep(target / STEP_VERDICT, json.dumps({"libraries": libraries(), "accepted": ggml_step(model) is not None}))
+    if found is not None and _accepted_before(target):
+        trust(model)
+    else:  # a first start, a cache kept before verdicts were, or a verdict for other libraries: kept once compared
+        when_compared(model, lambda accepted: _keep(target / STEP_VERDICT,
+                                                   json.dumps({"libraries": libraries(), "accepted": accepted})))
     return StoredLoad(model, tokenizer, dequantized, notice=notice, from_cache=found is not None)
 
 

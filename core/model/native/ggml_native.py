@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Callable
 
 import torch
 from torch import nn
@@ -42,6 +43,8 @@ _MATS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
          "mlp.up_proj", "mlp.down_proj")
 _STEPS: "weakref.WeakKeyDictionary[object, GGMLStep | None]" = weakref.WeakKeyDictionary()
 _WHY: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
+_TRUSTED: "weakref.WeakSet[object]" = weakref.WeakSet()  # `trust`
+_KEEP: "weakref.WeakKeyDictionary[object, Callable[[bool], None]]" = weakref.WeakKeyDictionary()  # `when_compared`
 _LOCK = threading.RLock()
 
 
@@ -177,11 +180,25 @@ def close_to_forward(model, step: GGMLStep) -> bool:
         torch.set_num_threads(threads)
 
 
-def ggml_step(model, checked_before: bool = False) -> GGMLStep | None:
-    """The ggml step for `model` (made and checked once per model), or None where it does not serve it (`why_not`
-    says why). `checked_before`: the comparison with the forward (`close_to_forward`, ~0.35 s on a Qwen3-0.6B-sized
-    model) is skipped, because the model's file passed it on its first start with the same libraries
-    (`libraries()`; core/model/load/gguf_stored.py keeps that verdict in the file's cache)."""
+def trust(model) -> None:
+    """`ggml_step(model)` takes the step without comparing it with the forward (`close_to_forward`, ~0.35 s on a
+    Qwen3-0.6B-sized model): the model's file passed the comparison on its first start with the same libraries
+    (`libraries()`; core/model/load/gguf_stored.py keeps that verdict in the file's cache). The step is still made
+    from the model as it is when first asked for, and refused for what its construction refuses."""
+    with _LOCK:
+        _TRUSTED.add(model)
+
+
+def when_compared(model, keep: Callable[[bool], None]) -> None:
+    """`keep(accepted)` once `ggml_step(model)` has compared the step with the forward (not where it is trusted or
+    cannot be made): how a file's first start keeps the verdict."""
+    with _LOCK:
+        _KEEP[model] = keep
+
+
+def ggml_step(model) -> GGMLStep | None:
+    """The ggml step for `model` (made and checked once per model, when first asked for), or None where it does not
+    serve it (`why_not` says why); the comparison with the forward skipped for a model `trust`ed."""
     with _LOCK:
         if model not in _STEPS:
             _STEPS[model] = found = None
@@ -189,10 +206,16 @@ def ggml_step(model, checked_before: bool = False) -> GGMLStep | None:
             if why is None:
                 try:
                     candidate = GGMLStep(model)
-                    if checked_before or close_to_forward(model, candidate):
+                    if model in _TRUSTED:
                         found = candidate
                     else:
-                        why = "its states differ from the model's forward by more than 8-bit rounding"
+                        accepted = close_to_forward(model, candidate)
+                        found = candidate if accepted else None
+                        why = None if accepted else \
+                            "its states differ from the model's forward by more than 8-bit rounding"
+                        keep = _KEEP.pop(model, None)
+                        if keep is not None:
+                            keep(accepted)
                 except (ValueError, RuntimeError, AttributeError) as err:
                     why = (str(err).splitlines() or [type(err).__name__])[0]
             else:
