@@ -1,5 +1,5 @@
 """Where a GGMLLinear's products read its matrix from (core/model/quant/ggml_linear.py's `resident`, core/model/native/
-ggml_repack.cpp's huge-page memory): a matrix in a GGUF file's read-only map is copied, byte for byte, into memory the
+ggml_memory.cpp's huge-page memory): a matrix in a GGUF file's read-only map is copied, byte for byte, into memory the
 kernel was asked to back with transparent huge pages (the mapping's VmFlags carry `hg`, madvise's MADV_HUGEPAGE), its
 file pages given back, and multiplies to the very same values as the file's bytes; a repacked copy is made in such
 memory too; nothing is copied for a matrix in anonymous memory, with $TOKENTUI_GGML_HUGE_PAGES=0, or where the

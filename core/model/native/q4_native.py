@@ -39,11 +39,13 @@ NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
 # one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py),
 # select_chain.cpp the same with the whole sampler chain (core/steps/select_chain.py);
 # ggml_ops.cpp / ggml_step.cpp / ggml_repack.cpp run ggml's CPU kernels, opened at run time (core/model/quant/
-# ggml_linear.py)
+# ggml_linear.py), on matrices in ggml_memory.cpp's memory
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "select_chain.cpp",
-           NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp")
+           NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp",
+           NATIVE / "ggml_memory.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
-           NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h")
+           NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h",
+           NATIVE / "ggml_memory.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"

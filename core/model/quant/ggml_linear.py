@@ -15,7 +15,7 @@ ggml_repack.cpp), then gives the file's pages of that matrix back (they are read
 packed copy takes the file's place in memory. $TOKENTUI_GGML_REPACK=0 keeps every matrix as stored (comparisons).
 
 Where the products read a matrix from: a decode step streams every matrix from memory once a token, and streams it
-markedly faster from the kernel's 2 MiB transparent huge pages than from a file map's 4 KiB pages (ggml_repack.cpp
+markedly faster from the kernel's 2 MiB transparent huge pages than from a file map's 4 KiB pages (ggml_memory.cpp
 says why; BENCHMARKS.md, "Side by side with llama-server", measures it). So a GGMLLinear whose matrix lies in a
 file's read-only map (a GGUF's) copies its bytes, unchanged, into memory asked for huge pages (`resident`) and gives
 the file's pages back, as a repacked one does; a repacked copy is made in such memory too. Nothing is copied where
@@ -244,7 +244,7 @@ def huge_pages() -> bool:
 
 def reserve_huge_pages(nbytes: int) -> int:
     """Map `nbytes` of huge-page memory for the matrices a load is about to copy there, its pages faulted in on a
-    thread of ggml_repack.cpp's own (`reserve`: where memory is fragmented the kernel compacts it to find each huge
+    thread of ggml_memory.cpp's own (`reserve`: where memory is fragmented the kernel compacts it to find each huge
     page, seconds for a 600 MB model, which then overlap the load's imports); -> the bytes reserved (0: none, where
     `huge_pages` says no, ggml is not bound, or a reservation is open). `trim_reserved` closes it."""
     if not _BOUND or not huge_pages() or nbytes <= 0:

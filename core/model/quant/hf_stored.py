@@ -144,7 +144,7 @@ def give_back(tensor: torch.Tensor) -> int:
     process's memory as long as any tensor of the file lives (the embedding table does). Only the whole pages
     inside the tensor, and only in a map of a file: read again from the file if ever touched. Anonymous memory is
     never touched (the allocator may hand it out again). Hand-written: ggml's bridge's `release`
-    (core/model/native/ggml_repack.cpp) refuses a writable map, which transformers' is. Returns the bytes given
+    (core/model/native/ggml_memory.cpp) refuses a writable map, which transformers' is. Returns the bytes given
     back (0 on a system without /proc/self/maps or madvise)."""
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
