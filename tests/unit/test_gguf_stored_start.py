@@ -83,12 +83,12 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
     copies = [m for m in loaded.model.modules()
               if isinstance(m, ggml_linear.GGMLLinear) and (m.resident is not None or m.packed is not None)]
     assert copies and sum(m.run_bytes.numel() for m in copies) == huge_page_bytes(checked_reader(path))
-    reserved = reserve_ahead(EngineSpec(model=str(path)))
-    assert ggml_linear.trim_reserved() == reserved
+    reserved, route = reserve_ahead(EngineSpec(model=str(path)))
+    assert ggml_linear.trim_reserved() == reserved and route.kind == "stored"
     assert reserved == (huge_page_bytes(checked_reader(path)) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
     for other in (EngineSpec(model=str(path), dtype="float32"), EngineSpec(model=str(path), quantize="int8"),
                   EngineSpec(), EngineSpec(model=str(tmp_path / "absent.gguf"))):  # not as stored, or no file
-        assert reserve_ahead(other) == 0
+        assert reserve_ahead(other) == (0, None)
     engine = load_engine(EngineSpec(model=str(path)))
     assert ggml_linear.reserve_huge_pages(2 << 20) == 2 << 20 and ggml_linear.trim_reserved() == 2 << 20
     ids = torch.tensor([[1, 2, 3, 4, 5]])

@@ -9,6 +9,7 @@ from typing import Callable
 
 from ...link.protocol import EngineSpec
 from ...runs.events import LoadProgress
+from .gguf_route import Route
 
 Progress = Callable[[LoadProgress], None]
 
@@ -25,16 +26,16 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     which the load trims once they are placed."""
     was_enabled = gc.isenabled()
     gc.disable()
-    reserved = 0
+    reserved, route = 0, None
     try:
-        reserved = reserve_ahead(spec)  # before the imports below, which it overlaps
+        reserved, route = reserve_ahead(spec)  # before the imports below, which it overlaps
         from ..engine import Engine
         from .loader import STAGE_READY, load_model
         from ..speed import SpeedOptions
 
         loaded = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                             trust_remote_code=spec.trust_remote_code, allow_pickle=spec.allow_pickle,
-                            quantize=spec.quantize, progress=progress, ready=False)
+                            quantize=spec.quantize, progress=progress, ready=False, route=route)
         reserved = _trim(reserved)  # every matrix placed: what was not used goes back
         engine = Engine(loaded, spec.sampler, spec.options, speed=SpeedOptions(compile=spec.compile,
                                                                                 threads=spec.threads,
@@ -50,28 +51,29 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
             gc.enable()
 
 
-def reserve_ahead(spec: EngineSpec) -> int:
+def reserve_ahead(spec: EngineSpec) -> tuple[int, Route | None]:
     """Where `spec` names a GGUF file on disk that will run as stored on ggml's kernels (already built: nothing is
     built here), start the huge-page memory its matrices are copied into being faulted in, on a thread, before the
     load imports transformers (core/model/quant/ggml_linear.py's reserve_huge_pages: the kernel's search for huge
-    pages then overlaps the imports instead of following them). -> the bytes reserved (0: none)."""
+    pages then overlaps the imports instead of following them). -> (the bytes reserved, 0 for none; the file's
+    route where it runs as stored, for the load to take rather than parse the file again, else None)."""
     path = Path(spec.model).expanduser() if spec.model else None
     if path is None or path.suffix.lower() != ".gguf" or not path.is_file() or spec.quantize != "none":
-        return 0
+        return 0, None
     try:
         from .gguf_route import gguf_route
         from .loader import resolve_device
 
         route = gguf_route(spec.dtype, resolve_device(spec.device), spec.device_map, path, lambda _: None,
                            build=False)
-        if route.kind != "stored":
-            return 0
+        if route.kind != "stored":  # (another route may be built or refused by the load itself)
+            return 0, None
         from ..quant.ggml_linear import reserve_huge_pages
         from .gguf_stored import huge_page_bytes
 
-        return reserve_huge_pages(huge_page_bytes(route.reader))
+        return reserve_huge_pages(huge_page_bytes(route.reader)), route
     except Exception:  # a guess ahead of the load only: the load itself says what is wrong, in its own order
-        return 0
+        return 0, None
 
 
 def _trim(reserved: int) -> int:

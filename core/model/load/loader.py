@@ -25,7 +25,7 @@ from ...runs.facts import ModelFacts
 from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf, fast_transformers_parse
-from .gguf_route import gguf_route
+from .gguf_route import Route, gguf_route
 from .model_facts import model_facts
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
@@ -237,11 +237,14 @@ def load_model(
     progress: Progress = _noop,
     ready: bool = True,
     quantize: str = "none",
+    route: Route | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer; `spec` is None/"embedded", a .gguf file, a folder, or a hub id.
 
     `progress` gets the stages in order, each once (a stage with a measurable fraction sends it repeatedly); the
-    last is "ready" unless `ready=False` (load_engine has more to do and says "ready" itself)."""
+    last is "ready" unless `ready=False` (load_engine has more to do and says "ready" itself). `route`: the way
+    `spec`'s GGUF runs, where the caller has found it already for these flags (load_engine's reserve_ahead: the
+    file is then not parsed twice)."""
     started = time.perf_counter()
     _quiet_transformers()
     dev = resolve_device(device)
@@ -253,7 +256,8 @@ def load_model(
     folder: Path | str = where.folder if where.folder is not None else where.name  # a hub id to download
     model = tokenizer = None
     # a GGUF: packed 4-bit, as stored by ggml's kernels, or de-quantized (core/model/load/gguf_route.py)
-    route = gguf_route(dtype, dev, device_map, where.gguf_file, progress) if where.gguf_file is not None else None
+    if where.gguf_file is not None and route is None:
+        route = gguf_route(dtype, dev, device_map, where.gguf_file, progress)
     if route is not None and route.kind != "float":
         if quantize != "none":
             raise SettingsError(f"--quantize {quantize}: {name}'s weights are quantized already and run as stored; "

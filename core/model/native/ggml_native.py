@@ -206,22 +206,25 @@ def ggml_step(model) -> GGMLStep | None:
             if why is None:
                 try:
                     candidate = GGMLStep(model)
-                    if model in _TRUSTED:
+                    if model in _TRUSTED or _compared(model, candidate):
                         found = candidate
                     else:
-                        accepted = close_to_forward(model, candidate)
-                        found = candidate if accepted else None
-                        why = None if accepted else \
-                            "its states differ from the model's forward by more than 8-bit rounding"
-                        keep = _KEEP.pop(model, None)
-                        if keep is not None:
-                            keep(accepted)
+                        why = "its states differ from the model's forward by more than 8-bit rounding"
                 except (ValueError, RuntimeError, AttributeError) as err:
                     why = (str(err).splitlines() or [type(err).__name__])[0]
             else:
                 why = f"ggml's kernels are not available: {why}"
             _STEPS[model], _WHY[model] = found, why or ""
         return _STEPS[model]
+
+
+def _compared(model, step: GGMLStep) -> bool:
+    """`close_to_forward`, its verdict handed to what `when_compared` registered for `model`."""
+    accepted = close_to_forward(model, step)
+    keep = _KEEP.pop(model, None)
+    if keep is not None:
+        keep(accepted)
+    return accepted
 
 
 def libraries() -> str:
