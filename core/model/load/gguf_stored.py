@@ -7,10 +7,11 @@ Each start: the file is checked and parsed once (core/model/load/gguf_check.py's
 with the vocabulary's arrays skimmed: its tensors are views of one read-only memory map); the config and the
 tokenizer come from transformers' GGUF reader on a first start only, the model's first pass is checked then
 (model_cache.check_first_pass) and so is the ggml decode step against the forward (its verdict kept with the
-libraries it held for: a later start with the same ones takes it), and they are cached under `cache_dir()/stored/<key>` (the file's identity: path,
-size, mtime, transformers' version), because converting the vocabulary takes seconds (151k entries for Qwen); the
-model is built on the meta device (gguf_plan._skeleton) and each GGUF tensor named for its parameter as transformers
-names it (`get_gguf_hf_weights_map` and the architecture's TensorProcessor, as gguf_plan.plan_gguf does):
+libraries it held for: a later start with the same ones takes it), and they are cached under
+`cache_dir()/stored/<key>` (the file's identity: path, size, mtime, transformers' version), because converting the
+vocabulary takes seconds (151k entries for Qwen); the model is built on the meta device (gguf_plan._skeleton) and
+each GGUF tensor named for its parameter as transformers names it (`get_gguf_hf_weights_map` and the architecture's
+TensorProcessor, as gguf_plan.plan_gguf does):
 
     2-D weight of an nn.Linear, the input embedding,     a GGMLLinear / GGMLEmbedding over the mapped bytes; rows
     the LM head (in a block type ggml runs)              the processor permutes (llama's q/k) are the one copy
