@@ -129,7 +129,7 @@ def prefill(rounds: int) -> None:
         for rows in (16, 64, 512):
             x = torch.randn(rows, H, generator=g)
             runs = {"product": lambda: torch.ops.tokentui_ggml.product(x, m.raw, m.type),
-                    "dequantize+F.linear": lambda: _tiled_linear(x, m)}
+                    "dequantize+F.linear": lambda: _tiled_linear(x, m, m.raw)}
             times = {(n, t): [] for n in runs for t in (1, 2)}
             for _ in range(rounds):
                 for threads in (1, 2):

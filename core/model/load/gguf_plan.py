@@ -11,6 +11,7 @@ Building the 4-bit modules from a plan, the cache of packed tensors and the load
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,9 +61,40 @@ def _skeleton(config):
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    with init_empty_weights(include_buffers=False):
+    with init_empty_weights(include_buffers=False), _no_init_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model
+
+
+@contextlib.contextmanager
+def _no_init_on_meta():
+    """transformers' weight initialization (post_init) made a no-op on meta tensors meanwhile: it draws nothing
+    there, yet its ~200 calls on a Qwen3-0.6B skeleton took 0.15 s of every start (BENCHMARKS.md, issue 37's cold
+    start). Its initializers look up torch's functions in transformers.initialization.TORCH_INIT_FUNCTIONS at each
+    call, so those entries are wrapped here and put back after; real tensors (the buffers, such as the rotary
+    frequencies it recomputes) are initialized as before. Why not transformers' own no_init_weights: it skips
+    init_weights whole, the weights' tying and the buffers' initialization too. Where that table has moved
+    (another transformers), nothing is wrapped and the skeleton is built as before, only slower."""
+    try:
+        from transformers import initialization
+        table = initialization.TORCH_INIT_FUNCTIONS
+    except (ImportError, AttributeError):
+        table = None
+    if not isinstance(table, dict):
+        yield
+        return
+    saved = dict(table)
+
+    def skipping_meta(function):
+        def init(tensor, *args, **kwargs):
+            return tensor if getattr(tensor, "is_meta", False) else function(tensor, *args, **kwargs)
+        return init
+
+    try:
+        table.update({name: skipping_meta(function) for name, function in saved.items()})
+        yield
+    finally:
+        table.update(saved)
 
 
 def _module_name(model: nn.Module, module: nn.Module | None) -> str | None:
