@@ -1,7 +1,7 @@
 """The GGUF loaders' model skeleton (core/model/load/gguf_plan.py `_skeleton`): parameters on the meta device,
-buffers real. transformers' weight initialization is skipped on the meta parameters only (`_no_init_on_meta`, a
-start's 0.15 s): the skeleton must be the one built without that, buffer for buffer, and transformers' table of
-initializers must be as it was after."""
+buffers real. transformers' weight initialization is skipped on the meta parameters only (`_no_init_on_meta`, to
+spare a start its cost): the skeleton must be the one built without that, buffer for buffer, and transformers'
+table of initializers must be as it was after."""
 
 from __future__ import annotations
 

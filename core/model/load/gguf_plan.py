@@ -69,12 +69,13 @@ def _skeleton(config):
 @contextlib.contextmanager
 def _no_init_on_meta():
     """transformers' weight initialization (post_init) made a no-op on meta tensors meanwhile: it draws nothing
-    there, yet its ~200 calls on a Qwen3-0.6B skeleton took 0.15 s of every start (BENCHMARKS.md, issue 37's cold
-    start). Its initializers look up torch's functions in transformers.initialization.TORCH_INIT_FUNCTIONS at each
-    call, so those entries are wrapped here and put back after; real tensors (the buffers, such as the rotary
-    frequencies it recomputes) are initialized as before. Why not transformers' own no_init_weights: it skips
-    init_weights whole, the weights' tying and the buffers' initialization too. Where that table has moved
-    (another transformers), nothing is wrapped and the skeleton is built as before, only slower."""
+    there, yet its ~200 calls on a Qwen3-0.6B skeleton took most of the skeleton's time at every start
+    (BENCHMARKS.md, issue 37's cold start, measures it). Its initializers look up torch's functions in
+    transformers.initialization.TORCH_INIT_FUNCTIONS at each call, so those entries are wrapped here and put back
+    after; real tensors (the buffers, such as the rotary frequencies it recomputes) are initialized as before. Why
+    not transformers' own no_init_weights: it skips init_weights whole, the weights' tying and the buffers'
+    initialization too. Where that table has moved (another transformers), nothing is wrapped and the skeleton is
+    built as before, only slower."""
     try:
         from transformers import initialization
         table = initialization.TORCH_INIT_FUNCTIONS
