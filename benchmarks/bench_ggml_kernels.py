@@ -92,7 +92,8 @@ def ggml_step(stack):
     cos, sin = torch.ones(HEAD_DIM), torch.zeros(HEAD_DIM)
 
     def run():
-        torch.ops.tokentui_ggml.decode_step(x, 0, cos, sin, kbufs, vbufs, mats, types, vectors, ones, HEADS,
+        torch.ops.tokentui_ggml.decode_step(x, 0, cos, sin, kbufs, vbufs, mats, types, [0] * len(types), vectors, ones,
+                                            HEADS,
                                             KV_HEADS, 1e-6, HEAD_DIM ** -0.5)
     return run
 
