@@ -93,8 +93,7 @@ def ggml_step(stack):
 
     def run():
         torch.ops.tokentui_ggml.decode_step(x, 0, cos, sin, kbufs, vbufs, mats, types, [0] * len(types), vectors, ones,
-                                            HEADS,
-                                            KV_HEADS, 1e-6, HEAD_DIM ** -0.5)
+                                            HEADS, KV_HEADS, 1e-6, HEAD_DIM ** -0.5)  # [0]: none interleaved
     return run
 
 
