@@ -118,7 +118,7 @@ def test_the_same_bits_at_one_and_two_threads_over_a_long_cache(kernel, smol_tok
     model = quantized_tiny("llama", smol_tokenizer, kernel, monkeypatch, num_attention_heads=8,
                            num_key_value_heads=2, intermediate_size=256)
     step, lean = native_step(model), lean_decoder(model)
-    prompt = [(7 * i) % 4000 + 5 for i in range(300)]  # attention splits its heads over threads from 256 rows
+    prompt = [(7 * i) % 4000 + 5 for i in range(300)]  # attention splits its heads over threads (from 32 rows)
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)

@@ -42,12 +42,17 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += p * x[i];
 }
 
+// The cache length from which a layer's attention splits its heads over torch's threads. Each head reads its whole
+// K and V rows (a Qwen3-0.6B layer at 128 positions: 1 MiB), so from a few dozen positions the second thread's share
+// outweighs a fork (BENCHMARKS.md, issue 37: one thread there held a 2-thread decode back on a slower machine).
+constexpr int64_t kAttendThreadsFrom = 32;
+
 // Attention of the query heads [heads, D] over rows 0..pos of the layer's buffers [KV, capacity, D] -> out
 // [heads, D]; scores [heads, pos + 1] is scratch.
 inline void attend(const float* q, const float* keys, const float* values, int64_t capacity, int64_t heads,
             int64_t kv_heads, int64_t D, int64_t pos, float scale, float* scores, float* out) {
   const int64_t group = heads / kv_heads, length = pos + 1;
-  const int64_t grain = length >= 256 ? 1 : heads;  // a short cache: one thread (a fork costs more than the work)
+  const int64_t grain = length >= kAttendThreadsFrom ? 1 : heads;  // shorter: one thread (a fork costs more)
   at::parallel_for(0, heads, grain, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
       const float* k = keys + (h / group) * capacity * D;
