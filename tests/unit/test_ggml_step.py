@@ -145,14 +145,16 @@ def test_q8_0_keeps_generates_float32_greedy_ids():
 
 
 def test_the_same_bits_at_one_and_two_threads():
-    """Over a cache long enough that attention splits its heads over the threads (step_math.h: from 32 rows)."""
+    """Over a cache long enough that attention splits its heads over the threads (step_math.h: 4 heads x 260 rows x
+    head_dim 64 > kAttendThreadsFrom)."""
     model = stored(float_model("qwen3", **K_SHAPED), MIXED)
     step = ggml_step(model)
-    prompt = (PROMPT * 12)[:40]
+    assert model.config.num_attention_heads * 260 * model.config.head_dim > 1 << 16
+    prompt = (PROMPT * 44)[:260]
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        cache = new_cache(model, 64)
+        cache = new_cache(model, 280)
         with torch.inference_mode():
             forward_last_logits(model, torch.tensor([prompt]), cache)
             results.append([step.hidden(token, cache) for token in (3, 99, 123)])

@@ -116,9 +116,10 @@ def test_states_and_cache_rows_are_the_lean_steps_up_to_float32_rounding(kind, k
 @pytest.mark.parametrize("kernel", NATIVE_KERNELS)
 def test_the_same_bits_at_one_and_two_threads_over_a_long_cache(kernel, smol_tokenizer, monkeypatch):
     model = quantized_tiny("llama", smol_tokenizer, kernel, monkeypatch, num_attention_heads=8,
-                           num_key_value_heads=2, intermediate_size=256)
+                           num_key_value_heads=2, intermediate_size=256, hidden_size=256)
     step, lean = native_step(model), lean_decoder(model)
-    prompt = [(7 * i) % 4000 + 5 for i in range(300)]  # attention splits its heads over threads (from 32 rows)
+    # 8 heads x 300 rows x head_dim 32 > step_math.h's kAttendThreadsFrom: attention splits its heads over threads
+    prompt = [(7 * i) % 4000 + 5 for i in range(300)]
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
