@@ -216,7 +216,8 @@ at::Tensor resident(const at::Tensor& raw) {
 
 // release(raw) -> bytes given back: raw's whole pages dropped from memory (madvise MADV_DONTNEED) where raw lies in
 // a read-only mapping of a file (a GGUF's memory map, whose repacked or resident copy is what runs): they are read
-// from the file again if touched. 0, and nothing done, for any other memory (dropping an anonymous or writable page would lose it).
+// from the file again if touched. 0, and nothing done, for any other memory (dropping an anonymous or writable page
+// would lose it).
 int64_t release(const at::Tensor& raw) {
   const auto start = reinterpret_cast<uintptr_t>(raw.data_ptr()), end = start + raw.nbytes();
   if (!in_read_only_file_map(start, end)) return 0;

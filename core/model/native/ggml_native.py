@@ -14,8 +14,8 @@ interleaved gemv), but an activation one float32 rounding away may round to the 
 block; so `ggml_step(model)` accepts the step only where, on three tokens after a four-token prompt (scratch
 caches), its final hidden states are within TOLERANCE of the model's forward's (for a GGUF run as stored, on the
 file's first start with these libraries: later starts take the verdict kept in its cache).
-tests/unit/test_ggml_step.py holds it to the model's forward (greedy ids, cache rows), to `generate` on tiny Llama / Qwen2 / Qwen3 models, and with
-repacked matrices to the same model kept as stored.
+tests/unit/test_ggml_step.py holds it to the model's forward (greedy ids, cache rows), to `generate` on tiny Llama /
+Qwen2 / Qwen3 models, and with repacked matrices to the same model kept as stored.
 """
 
 from __future__ import annotations
