@@ -9,9 +9,10 @@ never rename them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
+from .as_dict import as_dict
 from .pickling import install_fast_pickling
 from ..errors import ErrorKind
 from ..settings import SamplerSettings
@@ -22,7 +23,7 @@ class Event:
     event: ClassVar[str] = "event"
 
     def to_dict(self) -> dict:
-        return {"event": self.event, **asdict(self)}
+        return {"event": self.event, **as_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,3 +27,13 @@ def test_json_lines_escape_c1_controls(capsys):
     assert "\x9b" not in out and "\x1b" not in out and "\\u009b" in out
     notices = [json.loads(line) for line in out.splitlines() if '"notice"' in line]
     assert notices == [{"event": "notice", "message": hostile}]  # the same text, once parsed
+
+
+def test_json_line_escapes_del_and_c1_alone_and_leaves_other_text_as_json_wrote_it():
+    from tokentui.commands.common import json_line
+
+    for text in ("\x7f", "tail \x9f", "\x80 head"):
+        line = json_line(Notice(text))
+        assert not any(0x7F <= ord(c) <= 0x9F for c in line) and json.loads(line)["message"] == text
+    plain = {"event": "notice", "message": "naïve ␣ 中文 \u00a0 \t"}  # U+00A0 is past the C1 block: kept as is
+    assert json_line(plain) == json.dumps(plain, ensure_ascii=False) + "\n"
