@@ -276,7 +276,7 @@ def answer_text(text: str) -> str:
 
 # DEL and the C1 controls, which json.dumps(ensure_ascii=False) writes raw (it escapes only U+0000..U+001F); a
 # terminal can take U+009B for a CSI. Escaped as \u00XX, the line stays the same JSON. Looked for before translating:
-# `translate` walks every character of every line (a step's: ~15x the search), and a line rarely holds one.
+# `translate` builds the line again character by character, and a line rarely holds one.
 _JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
 _JSON_CONTROL = re.compile("[\x7f-\x9f]")
 
