@@ -52,8 +52,8 @@ class Outer:
 
 def _outer() -> Outer:
     return Outer(count=3, ratio=None, flag=True, inner=Inner("a", [0.5, 1.5]),
-                 inners=[Inner("b", []), Inner("c", [2.0])], span=(4, 9), pair=Pair(Inner("l", [1.0]), 7), table={"k": Inner("d", [3.0])}, colour=Colour.RED,
-                 box=Box([1, [2]]))
+                 inners=[Inner("b", []), Inner("c", [2.0])], span=(4, 9), pair=Pair(Inner("l", [1.0]), 7),
+                 table={"k": Inner("d", [3.0])}, colour=Colour.RED, box=Box([1, [2]]))
 
 
 def _same_kinds(a, b) -> bool:
