@@ -2,10 +2,10 @@
 (core/runs/events.py), which `--headless --json` calls for every step.
 
 Why hand-written: on Python 3.11, `asdict` passes each str, int and float of an event through `copy.deepcopy`, most of
-the time a step's `--json` line took (BENCHMARKS.md, "Side by side with llama-server": the steps' own Python); Python 3.12 skips those immutable
-values the same way. Everything else is converted as `asdict` converts it: a dataclass to a dict of its fields in
-order, a list, tuple, named tuple or dict to the same kind of container of converted values, any other value
-deep-copied.
+the time a step's `--json` line took (BENCHMARKS.md, "Side by side with llama-server": the steps' own Python); Python
+3.12 skips those immutable values the same way. Everything else is converted as `asdict` converts it: a dataclass to
+a dict of its fields in order, a list, tuple, named tuple or dict to the same kind of container of converted values,
+any other value deep-copied.
 """
 
 from __future__ import annotations
