@@ -145,11 +145,11 @@ def test_q8_0_keeps_generates_float32_greedy_ids():
 
 
 def test_the_same_bits_at_one_and_two_threads():
-    """Over a cache long enough that attention splits its heads over the threads (step_math.h: 4 heads x 260 rows x
-    head_dim 64 > kAttendThreadsFrom)."""
+    """Over a cache long enough that attention splits its heads over the threads (fork_rule.h: 4 heads, each 260 rows
+    x head_dim 64, more heads than the grain of 65,536 multiply-adds a thread)."""
     model = stored(float_model("qwen3", **K_SHAPED), MIXED)
     step = ggml_step(model)
-    assert model.config.num_attention_heads * 260 * model.config.head_dim > 1 << 16
+    assert model.config.num_attention_heads > (1 << 16) // (260 * model.config.head_dim)
     prompt = (PROMPT * 44)[:260]
     results = []
     for threads in (1, 2):

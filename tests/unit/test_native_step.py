@@ -118,7 +118,7 @@ def test_the_same_bits_at_one_and_two_threads_over_a_long_cache(kernel, smol_tok
     model = quantized_tiny("llama", smol_tokenizer, kernel, monkeypatch, num_attention_heads=8,
                            num_key_value_heads=2, intermediate_size=256, hidden_size=256)
     step, lean = native_step(model), lean_decoder(model)
-    # 8 heads x 300 rows x head_dim 32 > step_math.h's kAttendThreadsFrom: attention splits its heads over threads
+    # 8 heads, each 300 rows x head_dim 32: more heads than fork_rule.h's grain, so attention splits them over threads
     prompt = [(7 * i) % 4000 + 5 for i in range(300)]
     results = []
     for threads in (1, 2):

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "fork_rule.h"
 #include "ggml_abi.h"
 
 namespace tokentui_ggml {
@@ -138,11 +139,8 @@ void check_raw(const at::Tensor& raw, const Format& fmt, int64_t K, const char* 
               " values of this format take ", fmt.row_bytes(K));
 }
 
-// grain: the rows a thread takes at least, so that a product under ~64K weights runs on one thread (a fork costs
-// more than it saves there)
-int64_t grain_for(int64_t K, int64_t M) {
-  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M));
-}
+// grain: the rows a thread takes at least (fork_rule.h), each row K values by M inputs
+int64_t grain_for(int64_t K, int64_t M) { return tokentui_fork::grain(K * M); }
 
 // x [M, K] float32 -> [M, act_row_bytes] in the format's vec_dot_type (the CPU backend's conversion)
 std::vector<uint8_t> convert(const float* x, int64_t M, int64_t K, const Format& fmt) {

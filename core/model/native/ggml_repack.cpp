@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "fork_rule.h"
 #include "ggml_abi.h"
 #include "ggml_memory.h"
 
@@ -208,7 +209,7 @@ at::Tensor packed_product(const at::Tensor& x_in, const at::Tensor& packed, int6
   for (int64_t m = M4; m < M; ++m) fmt.act_from_float(xd + m * K, act.data() + m * ab, K);
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 8 * K * M));
+  const int64_t grain = tokentui_fork::grain(8 * K * M);  // a group: 8 rows
   at::parallel_for(0, N / 8, grain, [&](int64_t g0, int64_t g1) {
     const int nc = static_cast<int>((g1 - g0) * 8);
     const uint8_t* vx = w + g0 * 8 * rb;

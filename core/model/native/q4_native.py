@@ -45,7 +45,7 @@ SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.
            NATIVE / "ggml_memory.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
            NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h",
-           NATIVE / "ggml_memory.h")
+           NATIVE / "ggml_memory.h", NATIVE / "fork_rule.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w")
 BUILD_TIMEOUT_S = 300
 STAGE_BUILD = "building tokentui's native library (4-bit kernels, decode step, selection) with {compiler} (first start only)"

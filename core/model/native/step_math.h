@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "fork_rule.h"
 #include "q4_kernels.h"
 
 namespace tokentui_step {
@@ -42,19 +43,15 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += p * x[i];
 }
 
-// The multiply-adds of a layer's score pass (heads x cache rows x D) from which its attention splits the heads over
-// torch's threads: the rule ggml_ops.cpp's products fork by (~64K), so a Qwen3-0.6B layer (16 heads of 128) splits
-// from 32 rows and the embedded SmolLM2's (9 of 64) from 114. Below it one thread (a fork costs more than the work);
-// above it one thread held a 2-thread decode back on a slower machine (BENCHMARKS.md, issue 37).
-constexpr int64_t kAttendThreadsFrom = int64_t{1} << 16;
-
 // Attention of the query heads [heads, D] over rows 0..pos of the layer's buffers [KV, capacity, D] -> out
-// [heads, D]; scores [heads, pos + 1] is scratch.
+// [heads, D]; scores [heads, pos + 1] is scratch. The heads split over torch's threads by the products' rule
+// (fork_rule.h, a head's score pass one item): a Qwen3-0.6B layer (16 heads of 128) from 33 rows, the embedded
+// SmolLM2's (9 of 64) from 114. With one thread below 256 rows, attention held a 2-thread decode back (BENCHMARKS.md,
+// issue 37).
 inline void attend(const float* q, const float* keys, const float* values, int64_t capacity, int64_t heads,
             int64_t kv_heads, int64_t D, int64_t pos, float scale, float* scores, float* out) {
   const int64_t group = heads / kv_heads, length = pos + 1;
-  const int64_t grain = heads * length * D >= kAttendThreadsFrom ? 1 : heads;
-  at::parallel_for(0, heads, grain, [&](int64_t h0, int64_t h1) {
+  at::parallel_for(0, heads, tokentui_fork::grain(length * D), [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
       const float* k = keys + (h / group) * capacity * D;
       const float* v = values + (h / group) * capacity * D;
