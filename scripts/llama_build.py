@@ -6,7 +6,8 @@ core/model/native/llama_sdist.py; the sdist carries the llama.cpp source under `
 cached in
 
     $TOKENTUI_LLAMA_SERVER_CACHE                                   if set, else
-    ~/.cache/tokentui/ggml/<version>-<cpu key>/                    (key: CPU flags + arch + build flags; -march=native)
+    ~/.cache/tokentui/ggml/<version>-<cpu key>/                    (key: CPU flags + arch + build flags; -march=native;
+                                                                    tokentui's cache folder as it is at import)
 
 The default folder is ggml's (core/model/native/ggml_build.py): the server is built the way ggml's library and
 llama-quantize are, with ggml and libllama as shared libraries found beside the binary ($ORIGIN), and one cmake build
@@ -44,6 +45,10 @@ from tokentui.core.model.native.llama_sdist import (  # noqa: F401  (the tests a
 
 # ggml's: shared libraries with an $ORIGIN run path, so that one build also gives ggml_build its library and tools
 CMAKE_FLAGS = ggml_build.CMAKE_FLAGS
+# ggml's cache folder as it is when this is imported: the tests then point TOKENTUI_CACHE_DIR at a folder of their
+# own for the app's caches, while the server and the tools built once per machine stay in the user's (as
+# tests/gguf_fixtures.py's HOME_CACHE)
+GGML_DIR = ggml_build.build_dir()
 
 ENV_BINARY = "TOKENTUI_LLAMA_SERVER"
 ENV_CACHE = "TOKENTUI_LLAMA_SERVER_CACHE"
@@ -73,7 +78,7 @@ def cache_dir() -> Path:
     override = os.environ.get(ENV_CACHE)
     if override:
         return Path(override).expanduser()
-    return ggml_build.build_dir()
+    return GGML_DIR
 
 
 def cached_binary() -> Path:

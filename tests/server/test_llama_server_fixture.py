@@ -89,7 +89,9 @@ def test_cache_folder_override_and_default_key(monkeypatch, tmp_path):
     key = build_tool.cpu_key()
     assert len(key) == 12 and int(key, 16) >= 0
     assert build_tool.cache_dir().name == f"{build_tool.VERSION}-{key}"
-    assert build_tool.cache_dir() == ggml_build.build_dir()  # one build makes the server, ggml and llama-quantize
+    # one build makes the server, ggml and llama-quantize: ggml_build's folder (the user's cache, not this test's)
+    assert build_tool.cache_dir() == build_tool.GGML_DIR
+    assert build_tool.GGML_DIR.name == ggml_build.build_dir().name and build_tool.GGML_DIR.parent.name == "ggml"
 
 
 def test_the_built_server_shares_its_folder_with_ggml_and_its_tools():
