@@ -218,8 +218,7 @@ def _build_locked(target: Path, *, sdist: Path | None, verbose: bool, keep: bool
             try:
                 _run_logged(["cmake", "-S", str(src), "-B", str(bdir), *CMAKE_FLAGS], log, verbose)
                 t2 = time.monotonic()
-                _log(f"cmake build --target {BINARY_NAME} {ggml_build.QUANTIZE_NAME} (several minutes; ~7 min on 2 "
-                     "cores here)")
+                _log(f"cmake build --target {BINARY_NAME} {ggml_build.QUANTIZE_NAME} (several minutes)")
                 _run_logged(["cmake", "--build", str(bdir), "--target", BINARY_NAME, ggml_build.QUANTIZE_NAME,
                              f"-j{jobs}"], log, verbose)
             except subprocess.CalledProcessError:

@@ -209,8 +209,8 @@ def _run(cmd: list[str], log, log_path: Path, fraction: Callable[[float], None] 
 def install(bin_dir: Path, src: Path, folder: Path, marker: str) -> None:
     """Copy the built libraries (each real file under its SONAME, e.g. libggml-base.so.0, and the bare name as a
     link to it), the quantizer and the converter into folder; a file already there is kept (the same sources built
-    the same way); the marker last, so that its presence means a complete build. (Also scripts/llama_build.py's, whose
-build of llama-server makes these too.)"""
+    the same way); the marker last, so that its presence means a complete build. (Also scripts/llama_build.py's,
+    whose build of llama-server makes these too.)"""
     folder.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".stage-", dir=folder))
     try:
