@@ -24,5 +24,12 @@ except ggml_build.GGMLUnavailable as exc:
 # required, and a missing one stops pytest at its start in one line saying how to install it (tests/conftest.py).
 # -rs lists the skips that remain: only ones a CI machine cannot meet (a CUDA GPU), each saying so in its reason.
 export TOKENTUI_REQUIRE_LLAMA_SERVER=1 TOKENTUI_REQUIRE_TMUX=1 TOKENTUI_REQUIRE_NATIVE=1
+# The tests run in several pytest processes (pytest-xdist), a test file to a process at a time (--dist loadfile: a
+# module's fixtures, such as a compiled model, are made once): most dashboard tests spend their time waiting on the
+# app, so one process left the CPU idle about three quarters of the time (BENCHMARKS.md, "The test suite's time").
+# One process more than the CPU has cores, at most 4 (each holds its own copies of the models); TOKENTUI_TEST_WORKERS
+# sets another count, and `-n 0` after the command runs them in this one process.
+cores="$(nproc 2>/dev/null || echo 2)"
+workers="${TOKENTUI_TEST_WORKERS:-$(( cores + 1 < 4 ? cores + 1 : 4 ))}"
 cd "$root"
-exec "$root/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$@"
+exec "$root/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider -n "$workers" --dist loadfile "$@"
