@@ -25,11 +25,11 @@ except ggml_build.GGMLUnavailable as exc:
 # -rs lists the skips that remain: only ones a CI machine cannot meet (a CUDA GPU), each saying so in its reason.
 export TOKENTUI_REQUIRE_LLAMA_SERVER=1 TOKENTUI_REQUIRE_TMUX=1 TOKENTUI_REQUIRE_NATIVE=1
 # The tests run in several pytest processes (pytest-xdist), a test file to a process at a time (--dist loadfile: a
-# module's fixtures, such as a compiled model, are made once): most dashboard tests spend their time waiting on the
-# app, so one process left the CPU idle about three quarters of the time (BENCHMARKS.md, "The test suite's time").
-# One process more than the CPU has cores, at most 4 (each holds its own copies of the models); TOKENTUI_TEST_WORKERS
-# sets another count, and `-n 0` after the command runs them in this one process.
+# module's fixtures, such as a compiled model, are made once). Most dashboard tests wait on the app rather than use
+# the CPU, so in one process the suite left the cores idle much of its time (BENCHMARKS.md, "The test suite's time").
+# One process more than the CPU has cores, at most 3 (each holds its own copies of the models); TOKENTUI_TEST_WORKERS
+# sets another count, and `-n 0` after the command runs the tests in this one process.
 cores="$(nproc 2>/dev/null || echo 2)"
-workers="${TOKENTUI_TEST_WORKERS:-$(( cores + 1 < 4 ? cores + 1 : 4 ))}"
+workers="${TOKENTUI_TEST_WORKERS:-$(( cores + 1 < 3 ? cores + 1 : 3 ))}"
 cd "$root"
 exec "$root/.venv/bin/python" -m pytest -q -rs -p no:cacheprovider -n "$workers" --dist loadfile "$@"
