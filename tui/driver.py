@@ -5,11 +5,14 @@ Textual writes the screen from a writer thread through a bounded queue. When the
 hangs, holding its run. Here output errors are swallowed (nothing can be shown any more) and the first sign of a
 lost terminal — a failed write or read — quits the app like `q` does, so the run stops at a step boundary and its
 record is closed. SIGHUP does the same through the app's own signal handler; whichever comes first wins.
+
+Its size is asked of the terminal it draws on (see `_get_terminal_size`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 from textual.drivers.linux_driver import LinuxDriver
@@ -52,6 +55,18 @@ class TerminalDriver(LinuxDriver):
         self._file = _GuardedOutput(self._file, self._terminal_lost)
         self._lost = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _get_terminal_size(self) -> tuple[int, int]:
+        """(columns, lines) of the terminal the dashboard draws on (its output: stderr), asked of that terminal.
+        Textual's own answer comes from `shutil.get_terminal_size`, which takes LINES and COLUMNS from the
+        environment first (exported by a shell or a parent program, they pinned the dashboard to the size it started
+        at: every resize was laid out for it) and then asks stdout, which `tokentui > file` makes a file (the
+        dashboard then drew 80x24 on any terminal). Where the terminal cannot be asked, Textual's answer."""
+        try:
+            columns, lines = os.get_terminal_size(self._file.fileno())
+        except (AttributeError, ValueError, OSError):
+            return super()._get_terminal_size()
+        return (columns, lines) if columns and lines else super()._get_terminal_size()
 
     def start_application_mode(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -3,7 +3,6 @@ run was recorded, a load error), the model process ended, and the exit status.""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from tokentui.core.errors import TokentuiError
@@ -20,7 +19,6 @@ def run_dashboard(config: DashboardConfig) -> int:
     then — a load, one long prefill — is ended here with the engine client: the model process is closed, and a record
     cut off before its `done` gets a "stopped" one, so every record ends with `done` and whole lines.
     """
-    follow_the_terminal()
     app = TokentuiApp(config)
     controller = app.controller
     try:
@@ -41,20 +39,6 @@ def run_dashboard(config: DashboardConfig) -> int:
         except OSError:
             pass
     return code
-
-
-def follow_the_terminal() -> None:
-    """Textual reads the terminal's size with `shutil.get_terminal_size`, which takes LINES and COLUMNS from the
-    environment before asking the terminal. Exported by a shell, a parent program or a test runner, they pin the
-    dashboard to a size the terminal may no longer have: a resize is then laid out for the old size and drawn
-    across the new one. Where standard output is a terminal, its own size is the truth, so the two are dropped
-    from this process's environment before the app starts."""
-    try:
-        os.get_terminal_size(sys.__stdout__.fileno())
-    except (AttributeError, ValueError, OSError):  # not a terminal: whatever the environment says stays
-        return
-    for name in ("LINES", "COLUMNS"):
-        os.environ.pop(name, None)
 
 
 def quit_lines(app) -> list[str]:

@@ -1,5 +1,6 @@
-"""The dashboard follows the terminal's own size, in tmux: a LINES / COLUMNS left in the environment (exported by a
-shell, a parent program, or pytest-xdist's workers) does not pin it to a size the terminal no longer has."""
+"""The dashboard follows the size of the terminal it draws on, in tmux (tui/driver.py): a LINES / COLUMNS left in the
+environment (exported by a shell, a parent program, or pytest-xdist's workers) does not pin it to a size the terminal
+no longer has, and `tokentui > file` (stdout not a terminal) does not shrink it to 80x24."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ pytestmark = [pytest.mark.skipif(not have_tmux(), reason="no tmux: apt-get insta
 RECORD = Path(__file__).resolve().parent.parent / "data" / "record.jsonl"
 
 
-def test_a_resize_reaches_the_layout_whatever_lines_and_columns_say(tmp_path):
+@pytest.mark.parametrize("how", ["lines and columns exported", "stdout to a file"])
+def test_a_resize_reaches_the_layout_whatever_lines_columns_and_stdout_say(tmp_path, how):
     pidfile = tmp_path / "pid"
-    with Pane("size", 160, 48, env={"LINES": "48", "COLUMNS": "160"}) as pane:
-        pane.type_line("export LINES COLUMNS")
-        pane.run_tokentui(["replay", str(RECORD)], pidfile)
+    stale = how == "lines and columns exported"
+    with Pane("size", 160, 48, env={"LINES": "48", "COLUMNS": "160"} if stale else None) as pane:
+        if stale:
+            pane.type_line("export LINES COLUMNS")
+        pane.run_tokentui(["replay", str(RECORD)], pidfile, stdout=None if stale else tmp_path / "stdout")
         pid = read_pid(pidfile)
         pane.wait_for(lambda t: "q quit" in t and "one pass" in t, timeout=60, what="the replay at 160×48")
         pane.resize(80, 24)
@@ -27,7 +31,7 @@ def test_a_resize_reaches_the_layout_whatever_lines_and_columns_say(tmp_path):
         assert "one pass" not in screen  # the one-pass panel is a 160×48 panel (tui/sizes.py)
         assert len(screen.splitlines()) <= 24
         pane.resize(160, 48)
-        pane.wait_for(lambda t: "one pass" in t and "q quit" in t.splitlines()[-1], timeout=20,
+        pane.wait_for(lambda t: "one pass" in t and t.splitlines() and "q quit" in t.splitlines()[-1], timeout=20,
                       what="the 160×48 layout again")
         pane.send("q")
         assert pane.exit_status(timeout=30) == 0
