@@ -21,6 +21,7 @@ Tolerances (max |logit difference| over the prompt, relative to the reference's 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from gguf_fixtures import FAMILIES, FORMATS, gguf_tools, hf_folder, tiny_gguf  # noqa: F401  (gguf_tools: a fixture)
+from tokentui.core.model.load.file_tokenizer import FileTokenizer
 from tokentui.core.model.load.gguf_check import checked_reader
 from tokentui.core.model.load.gguf_plan import _skeleton, read_config
 from tokentui.core.model.load.gguf_stored import load_stored, place_stored
@@ -225,12 +227,43 @@ def test_the_facts_count_the_files_matrices_and_bytes():
 
 
 def test_later_starts_read_the_cached_tokenizer_and_config():
+    """A later start reads the tokenizer the first start ran with, without transformers (its verdict kept), and
+    tokenizes as the first start did, which is as transformers reads the folder back: "\n\n" was split in two by
+    the tokenizer made from the GGUF, one token read back (core/model/load/tokenizer_cache.py's `settled`)."""
     path = tiny_gguf("qwen3", "Q8_0", tied=True)
     first, second = load_stored(path), load_stored(path)
     assert not first.from_cache and second.from_cache and first.notice is None
-    assert second.tokenizer.encode(TEXT) == first.tokenizer.encode(TEXT)
+    assert isinstance(second.tokenizer, FileTokenizer) and not isinstance(first.tokenizer, FileTokenizer)
+    for text in (TEXT, "a\n\nb 1234 什么是大语言模型？"):
+        assert second.tokenizer.encode(text) == first.tokenizer.encode(text)
+    from transformers import AutoTokenizer
+
+    from tokentui.core.model.load.gguf_stored import cached_folder
+
+    # the first start's tokenizer is the one transformers reads back from the folder (Qwen's pre-tokenizer: "\n\n"
+    # one token), not the one it made from the GGUF (GPT-2's: two)
+    ids = first.tokenizer.encode("a\n\nb", add_special_tokens=False)
+    assert ids == AutoTokenizer.from_pretrained(cached_folder(path)).encode("a\n\nb", add_special_tokens=False)
+    assert len(ids) == 3
     same = [(a.to_dict() | {"_name_or_path": ""}) for a in (first.model.config, second.model.config)]
     assert same[0] == same[1]
+
+
+def test_a_verdict_kept_with_other_libraries_is_made_again():
+    """The tokenizer verdict holds for the libraries it was made with: for others, transformers' tokenizer is read
+    and the comparison made again and kept, so the start after reads it without transformers again."""
+    from tokentui.core.model.load.gguf_stored import cached_folder
+    from tokentui.core.model.load.tokenizer_cache import VERDICT
+
+    path = tiny_gguf("llama", "Q8_0", tied=False)
+    load_stored(path)
+    verdict = cached_folder(path) / VERDICT
+    kept = json.loads(verdict.read_text())
+    assert kept["agrees"] is True
+    verdict.write_text(json.dumps({**kept, "tokenizers": "0.0.0"}))
+    assert not isinstance(load_stored(path).tokenizer, FileTokenizer)
+    assert json.loads(verdict.read_text()) == kept
+    assert isinstance(load_stored(path).tokenizer, FileTokenizer)
 
 
 def test_a_truncated_file_is_one_line(tmp_path):

@@ -35,6 +35,7 @@ from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP
 from .gguf_check import check_gguf, checked_reader, reading
 from .gguf_plan import Plan, _skeleton, plan_gguf, read_config
+from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native
@@ -190,6 +191,7 @@ def _save(target: Path, source: Path, config, generation_config, tokenizer, mani
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
         save_file(tensors, str(tmp / "weights.safetensors"))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
 
@@ -228,7 +230,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
             model = _skeleton(AutoConfig.from_pretrained(target))
             floats = {k.removeprefix("float."): v for k, v in tensors.items() if k.startswith("float.")}
             model = assemble(model, _modules_from(manifest, tensors), floats)
-            tokenizer = AutoTokenizer.from_pretrained(target)
+            tokenizer = cached_tokenizer(target)
             decode_step_for(model)  # checked now, while loading, rather than before the first run's prefill
             return QuantizedLoad(model, tokenizer, manifest, converted=False)
         except ModelLoadError:
@@ -239,7 +241,7 @@ def load_quantized(path: Path, progress: Progress = lambda _: None, *, fuse: boo
     check_gguf(path)  # its metadata against its tensors, before anything is built from them
     with reading(path):
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        tokenizer = settled(AutoTokenizer.from_pretrained(folder, gguf_file=name))  # as later starts read it
         config = read_config(path)
         model = _skeleton(config)
         plan = plan_gguf(path, model, progress)

@@ -44,6 +44,7 @@ from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader, reading
 from .gguf_plan import _skeleton, read_config, with_progress
+from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
 FORMAT = 1  # bump when what the cache folder holds changes
@@ -131,13 +132,13 @@ def cached_folder(path: Path) -> Path:
 
 def _cached(target: Path, progress: Progress):
     """(config, tokenizer) from a complete cache folder, or None (absent, or damaged: removed)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     if not (target / ".complete").is_file():
         return None
     progress(LoadProgress(STAGE_CACHED, None))
     try:
-        return AutoConfig.from_pretrained(target), AutoTokenizer.from_pretrained(target)
+        return AutoConfig.from_pretrained(target), cached_tokenizer(target)
     except Exception:  # a damaged cache: converted again
         shutil.rmtree(target, ignore_errors=True)
         return None
@@ -158,7 +159,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         if found is None:
             progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
             folder, name = str(path.parent), path.name
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            tokenizer = settled(AutoTokenizer.from_pretrained(folder, gguf_file=name))  # as later starts read it
             config = read_config(path, reader)
         else:
             config, tokenizer = found
@@ -176,6 +177,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
 
         notice = write_cache(target, write, path)
     if found is not None and _accepted_before(target):

@@ -26,6 +26,7 @@ from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf, fast_transformers_parse
 from .gguf_route import Route, gguf_route
+from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
 from .model_facts import model_facts
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
@@ -157,7 +158,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
         # become a tokenizer; the file's metadata becomes a config and an empty model).
         progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
         with fast_transformers_parse():
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            tokenizer = settled(AutoTokenizer.from_pretrained(folder, gguf_file=name))  # as later starts read it
         progress(LoadProgress(STAGE_GGUF_READ, None))
         block_types: set[str] = set()
         with _gguf_progress(progress, block_types), fast_transformers_parse():
@@ -178,6 +179,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
         (tmp / BLOCKS_FILE).write_text(json.dumps(sorted(block_types)))
 
     notice = write_cache(target, write, source=path)
@@ -311,7 +313,9 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(folder, device_map=device_map, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(dev)
-        if tokenizer is None:
+        if tokenizer is None and where.gguf_file is not None:  # tokentui's converted folder (tokenizer_cache.py)
+            tokenizer = cached_tokenizer(Path(folder))
+        elif tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code,
                                                       **({"local_files_only": True} if hub_offline() else {}))
     except ModelLoadError:
