@@ -120,7 +120,11 @@ def embedded_quantized(embedded_quantized_cold, isolated_dirs):
 
 @pytest.fixture(scope="session")
 def smol_tokenizer(embedded):
-    return embedded.tokenizer
+    """transformers' tokenizer of the embedded model, read from the folder its later starts read (theirs may be
+    core/model/load/file_tokenizer.py's FileTokenizer, held to this one as its oracle)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded.tokenizer.name_or_path)
 
 
 

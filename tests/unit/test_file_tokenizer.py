@@ -148,3 +148,16 @@ def test_it_reads_and_renders_without_importing_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_copy_takes_another_template_and_the_original_keeps_its_own():
+    import copy
+
+    original = FileTokenizer.from_folder(tokenizer_folder())
+    messages = [{"role": "user", "content": "hi"}]
+    before = original.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # compiled now
+    other = copy.deepcopy(original)
+    other.chat_template = NO_SYSTEM
+    assert other.apply_chat_template(messages, tokenize=False) == "user: hi\n"
+    assert original.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == before
+    assert other.encode("Is OpenAI open?") == original.encode("Is OpenAI open?")

@@ -120,8 +120,8 @@ def test_temperature_reshapes_without_reordering():
     assert by_t[0.5].top_ids == by_t[1.0].top_ids == by_t[2.0].top_ids
 
 
-def test_the_shape_matches_the_warpers_on_the_embedded_models_logits(embedded_stock):
-    model, tokenizer = embedded_stock.model, embedded_stock.tokenizer
+def test_the_shape_matches_the_warpers_on_the_embedded_models_logits(embedded_stock, smol_tokenizer):
+    model, tokenizer = embedded_stock.model, smol_tokenizer
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "Is OpenAI open?"}], add_generation_prompt=True)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     with torch.inference_mode():

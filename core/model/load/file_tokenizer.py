@@ -46,16 +46,28 @@ class FileTokenizer:
     Build one with `from_folder`."""
 
     def __init__(self, backend, special: dict[str, str], extra: list[str], chat_template: str | None,
-                 clean_up: bool = False):
+                 clean_up: bool = False, name_or_path: str = ""):
         self.backend_tokenizer = backend
         self.chat_template = chat_template
         self.clean_up_tokenization_spaces = clean_up
+        self.name_or_path = name_or_path  # the folder it was read from (transformers' attribute of that name)
         self._special = dict(special)
         self._extra = list(extra)
         for token in (*self._special.values(), *self._extra):
             if backend.token_to_id(token) is None:
                 raise ValueError(f"the special token {token!r} is not in the vocabulary")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._source
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        self._source = source
         self._template = None  # compiled on first use
+
+    def __getstate__(self) -> dict:  # a copy compiles the template again (jinja2's Template is not copyable)
+        return {**self.__dict__, "_template": None}
 
     @classmethod
     def from_folder(cls, folder: Path) -> "FileTokenizer":
@@ -84,7 +96,8 @@ class FileTokenizer:
             raise ValueError("named extra special tokens")
         extra = [_content(token, "extra_special_tokens") for token in extra]
         backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return cls(backend, special, extra, template or None, bool(config.get("clean_up_tokenization_spaces")))
+        return cls(backend, special, extra, template or None, bool(config.get("clean_up_tokenization_spaces")),
+                   str(folder))
 
     # ------------------------------------------------------------------------------------------ special tokens
     @property
