@@ -76,7 +76,9 @@ def test_every_scored_step_equals_a_teacher_forced_forward(tiny):
     assert steps[1].timing.h2d_bytes == 8 * (len(ids) - 1) and steps[1].forward_ms > 0
     assert all(s.forward_ms == 0.0 and s.timing.h2d_bytes == 8 * (len(ids) - 1) for s in steps[2:])
     assert steps[0].kv_tokens == len(prompt.ids) and steps[1].kv_tokens == len(prompt.ids) + len(ids) - 1
-    assert summary.forward_ms == pytest.approx(steps[1].timing.forward_ms, rel=1e-6)
+    assert summary.forward_ms == pytest.approx(steps[1].forward_ms, rel=1e-6)  # (the split's part also holds the
+    # engine's microseconds around the forward: core/model/observe/timing.py)
+    assert steps[1].forward_ms <= steps[1].timing.forward_ms
 
 
 @pytest.mark.parametrize("lens", [False, True])

@@ -47,7 +47,8 @@ from .gguf_plan import _skeleton, read_config, with_progress
 from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
-FORMAT = 1  # bump when what the cache folder holds changes
+FORMAT = 2  # bump when what the cache folder holds changes (2: the tokenizer as transformers reads it back, and
+# its FileTokenizer verdict: core/model/load/tokenizer_cache.py)
 STAGE_CACHED = "reading the cached tokenizer and config"
 STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
 STEP_VERDICT = "ggml_step.json"  # the first start's verdict on the ggml step, and the libraries it held for

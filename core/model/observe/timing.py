@@ -1,8 +1,10 @@
 """Where a step's time goes: `StepClock` measures core/runs/events.py's `StepTiming` for the engine's loop.
 
 The parts tile the step. `latency_ms` runs from the step's start (the forward's start; for a run's first step, the
-prefill's) to the moment its event is built, and forward + select + copy + detok cover that span: all but some ten
-microseconds of bookkeeping on CPU (around core/steps/decode.py's own timer), all of it under CUDA events. `wait` lies
+prefill's) to the moment its event is built, and forward + select + copy + detok cover that span: on the host's
+clock the forward part runs from the step's start to the forward's return (so the engine's microseconds around
+core/steps/decode.py's own timer count in it, and so would a garbage-collector pause there), while
+StepEvent.forward_ms is the forward's own figure; under CUDA events all of the span but those microseconds. `wait` lies
 outside it: the time from yielding the previous step's event to starting this step, less time paused at the step
 gate, i.e. how long the consumer (in the dashboard: the pipe to the UI) held the engine's generator, plus the
 engine's own tens of microseconds between steps (constructing the event, the step gate).
@@ -156,7 +158,11 @@ class StepClock:
             select = max(0.0, self._t_selected - self._t_forward_end - copy)
         lens = self._t_lensed - self._t_selected
         self.forward_ms = forward * 1000.0
+        # the split's forward part, from the step's start to the forward's return: timed by the host's clock, it also
+        # holds the engine's microseconds around core/steps/decode.py's own timer (and a garbage-collector pause that
+        # falls there), so the parts tile the span; StepEvent.forward_ms stays the forward's own figure
+        span = forward if self.events else max(forward, self._t_forward_end - self.step_start)
         self._yielded = time.perf_counter()
-        return StepTiming(forward_ms=(forward + lens) * 1000.0, select_ms=select * 1000.0, copy_ms=copy * 1000.0,
+        return StepTiming(forward_ms=(span + lens) * 1000.0, select_ms=select * 1000.0, copy_ms=copy * 1000.0,
                           detok_ms=(now - self._t_lensed) * 1000.0, wait_ms=self._wait_s * 1000.0,
                           h2d_bytes=self._h2d, d2h_bytes=self._d2h)
