@@ -184,7 +184,9 @@ def test_the_parts_add_up_to_the_latency_on_the_embedded_model(embedded):
     steps = steps_of(events)
     assert len(steps) == 30
     check_split(steps)
-    assert all(s.timing.forward_ms == s.forward_ms for s in steps)  # no lens: forward is the model run alone
+    # no lens: the split's forward part is the model run and the engine's microseconds around it (timing.py)
+    assert all(s.forward_ms <= s.timing.forward_ms for s in steps)
+    assert statistics.median(s.timing.forward_ms - s.forward_ms for s in steps) < 0.5
     assert steps[0].timing.wait_ms == 0.0  # nothing came before the first step
     # the ids in: the prompt's for the prefill, one per decode step; out: the packed selection, float32
     assert steps[0].timing.h2d_bytes == 8 * len(prompt.ids)

@@ -87,6 +87,7 @@ class StepClock:
         self._d2h = 0
         self._h2d = fed * ID_BYTES
         self._t_forward_end = self._t_selected = self._t_lensed = 0.0
+        self._around_s = 0.0  # a decode step's host time from its start to the forward's return, beyond the forward's
 
     def first(self, forward_ms: float, fed: int, exact: bool) -> float:
         """A run's first step, scored by a prefill (synced; `forward_ms` long) that read `fed` ids: returns the step's
@@ -117,6 +118,7 @@ class StepClock:
         ids (one; a scored text's one forward reads the answer)."""
         self._t_forward_end = time.perf_counter()
         self._forward_s = forward_ms / 1000.0
+        self._around_s = max(0.0, self._t_forward_end - self.step_start - self._forward_s)
         self._h2d = fed * ID_BYTES
         if self.events:
             self._f1 = _event(self.device)
@@ -161,7 +163,7 @@ class StepClock:
         # the split's forward part, from the step's start to the forward's return: timed by the host's clock, it also
         # holds the engine's microseconds around core/steps/decode.py's own timer (and a garbage-collector pause that
         # falls there), so the parts tile the span; StepEvent.forward_ms stays the forward's own figure
-        span = forward if self.events else max(forward, self._t_forward_end - self.step_start)
+        span = forward if self.events else forward + self._around_s
         self._yielded = time.perf_counter()
         return StepTiming(forward_ms=(span + lens) * 1000.0, select_ms=select * 1000.0, copy_ms=copy * 1000.0,
                           detok_ms=(now - self._t_lensed) * 1000.0, wait_ms=self._wait_s * 1000.0,
