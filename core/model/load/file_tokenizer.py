@@ -10,7 +10,7 @@ rendered in the same jinja2 sandbox, with the same options, globals and filters,
 `render_jinja_template` (utils/chat_template_utils.py, 5.x).
 
 It stands in for transformers' tokenizer only where it gave the same answers as transformers' on the file's first
-start (`agrees`, run where the cache folder is written: core/model/load/model_cache.py's `keep_tokenizer_verdict`);
+start (`agrees`, run where the cache folder is written: core/model/load/tokenizer_cache.py's `save_tokenizer`);
 a folder it cannot read as it reads it (named templates, model-specific special tokens) is refused with ValueError.
 This module never imports transformers (tests/unit/test_file_tokenizer.py checks it in a fresh process).
 """
@@ -146,16 +146,14 @@ class FileTokenizer:
         return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool | None = None) -> str:
-        ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
-        text = self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        """The Rust tokenizer's decode, without transformers' clean-up of spaces before punctuation: tokentui never
+        asks for it (a stream cannot take back a space it showed), so asking for it (or, with None, a folder whose
+        config turns it on) is a ValueError rather than a second copy of transformers' rule."""
         clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
-        if clean:  # transformers' rule: never for a BPE model (destructive there), else its replacements
-            if type(self.backend_tokenizer.model).__name__ == "BPE":
-                return text
-            for old, new in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-                text = text.replace(old, new)
-        return text
+        if clean:
+            raise ValueError("FileTokenizer decodes without clean_up_tokenization_spaces (pass False)")
+        ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
+        return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids):
         if isinstance(ids, int):

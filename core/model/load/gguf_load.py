@@ -35,7 +35,7 @@ from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP
 from .gguf_check import check_gguf, checked_reader, reading
 from .gguf_plan import Plan, _skeleton, plan_gguf, read_config
-from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
+from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
 from ..native.native_step import decode_step_for
 from ..native import q4_native
@@ -190,8 +190,7 @@ def _save(target: Path, source: Path, config, generation_config, tokenizer, mani
         config.save_pretrained(tmp)
         if generation_config is not None:
             generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
+        save_tokenizer(tmp, tokenizer)  # with whether a later start may read it without transformers
         save_file(tensors, str(tmp / "weights.safetensors"))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
 

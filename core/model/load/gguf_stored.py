@@ -44,7 +44,7 @@ from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader, reading
 from .gguf_plan import _skeleton, read_config, with_progress
-from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
+from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
 
 FORMAT = 2  # bump when what the cache folder holds changes (2: the tokenizer as transformers reads it back, and
@@ -177,8 +177,7 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
 
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
+            save_tokenizer(tmp, tokenizer)  # with whether a later start may read it without transformers
 
         notice = write_cache(target, write, path)
     if found is not None and _accepted_before(target):

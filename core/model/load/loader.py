@@ -26,7 +26,7 @@ from ...paths import cache_dir
 from .config_check import check_model_folder, load_report_line
 from .gguf_check import check_gguf, fast_transformers_parse
 from .gguf_route import Route, gguf_route
-from .tokenizer_cache import cached_tokenizer, keep_verdict, settled
+from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
 from .model_facts import model_facts
 from .model_cache import (STAGE_FIND, STAGE_GGUF_DEQUANT, STAGE_GGUF_READ, STAGE_GGUF_SAVE, STAGE_GGUF_TOKENIZER,
                           STAGE_QUANTIZE, STAGE_READY, STAGE_WEIGHTS, Progress, check_first_pass, write_cache)
@@ -178,8 +178,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        keep_verdict(tmp, tokenizer)  # whether a later start may read it without transformers
+        save_tokenizer(tmp, tokenizer)  # with whether a later start may read it without transformers
         (tmp / BLOCKS_FILE).write_text(json.dumps(sorted(block_types)))
 
     notice = write_cache(target, write, source=path)

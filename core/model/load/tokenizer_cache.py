@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .file_tokenizer import FileTokenizer, agrees
 
-__all__ = ["VERDICT", "cached_tokenizer", "keep_verdict", "settled"]
+__all__ = ["VERDICT", "cached_tokenizer", "save_tokenizer", "settled"]
 
 VERDICT = "file_tokenizer.json"  # in a cache folder: whether FileTokenizer stands in for transformers' tokenizer
 FORMAT = 1  # bump when FileTokenizer or its probe changes what it answers
@@ -46,7 +46,14 @@ def settled(tokenizer):
         return AutoTokenizer.from_pretrained(tmp)
 
 
-def keep_verdict(folder: Path, tokenizer) -> bool:
+def save_tokenizer(folder: Path, tokenizer) -> bool:
+    """Save `tokenizer` in the cache folder being written, with its verdict: -> whether a later start may read it
+    with FileTokenizer."""
+    tokenizer.save_pretrained(folder)
+    return _keep_verdict(folder, tokenizer)
+
+
+def _keep_verdict(folder: Path, tokenizer) -> bool:
     """Compare FileTokenizer read from `folder` (which holds `tokenizer` saved) with `tokenizer`, and keep the verdict
     there (nothing where the folder cannot be written: compared again next time). -> whether it agreed."""
     try:
@@ -78,7 +85,8 @@ def _agreed_before(folder: Path) -> bool | None:
 def cached_tokenizer(folder: Path):
     """The tokenizer of tokentui's cache folder `folder` (module docstring). Raises what transformers' loading
     raises for a damaged folder."""
-    if _agreed_before(folder):
+    agreed = _agreed_before(folder)
+    if agreed:
         try:
             return FileTokenizer.from_folder(folder)
         except (OSError, ValueError):  # changed since it was compared: transformers' reads it
@@ -86,6 +94,6 @@ def cached_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if _agreed_before(folder) is None:
-        keep_verdict(folder, tokenizer)
+    if agreed is None:
+        _keep_verdict(folder, tokenizer)
     return tokenizer
