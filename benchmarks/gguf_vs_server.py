@@ -182,7 +182,8 @@ def main(argv=None) -> int:
                     cold[key].append(value)
                 print(f"{name} cold -t {threads} round {round_ + 1}: tokentui {first:.1f} s {peak / 1024:.0f} MiB, "
                       f"llama-server {s_first:.1f} s {s_peak / 1024:.0f} MiB", flush=True)
-            entry["cold"] = {k: statistics.median(v) for k, v in cold.items()} | {"rounds": cold}
+            if args.cold:  # --cold 0: decode and prefill only (benchmarks/cold_start.py times the starts alone)
+                entry["cold"] = {k: statistics.median(v) for k, v in cold.items()} | {"rounds": cold}
             results[name] = entry
     print(f"\n| file | MiB | threads | decode tokentui | decode llama-server | ratio | prefill tokentui | prefill "
           "llama-server | ratio |")
@@ -195,6 +196,8 @@ def main(argv=None) -> int:
     print("\n| file | cold start to first token: tokentui | llama-server | ratio | peak RSS tokentui | llama-server |")
     print("|---" * 6 + "|")
     for name, entry in results.items():
+        if "cold" not in entry:
+            continue
         c = entry["cold"]
         print(f"| {name} | {c['tokentui_s']:.1f} s | {c['server_s']:.1f} s | {c['tokentui_s'] / c['server_s']:.1f} | "
               f"{c['tokentui_kib'] / 1024:.0f} MiB | {c['server_kib'] / 1024:.0f} MiB |")

@@ -282,6 +282,26 @@ def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_va
     assert not torch.allclose(layer(many), floats, rtol=0, atol=1e-5 * float(floats.abs().max()))
 
 
+@pytest.mark.parametrize("fmt", PACKED)
+def test_a_repacked_products_bits_do_not_depend_on_the_threads(fmt):
+    """Q4_0's rows are taken in turn by whichever thread is free (fork_rule.h's in_turn_for: 1,600 rows of 512
+    values, 128-row grain, make 13 chunks at 2 threads), Q4_K's split in two fixed shares: either way each group of 8
+    rows is one gemv (or gemm) whatever thread runs it, so one and two threads give the same bits, for a decode row,
+    gemm's rows 4 at a time with the rest through gemv, and many rows."""
+    packed_or_skip(fmt)
+    layer = GGMLLinear(stored(values(1600, COLS, seed=3), fmt))
+    assert layer.packed is not None
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append([layer(values(rows, COLS, seed=20 + rows)) for rows in (1, 6, 37)])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def test_what_is_not_repacked_stays_on_vec_dot(monkeypatch):
     packed_or_skip("Q4_0")
     assert GGMLLinear(stored(values(44), "Q4_0")).kernel == "vec_dot"  # 44 rows: not groups of 8

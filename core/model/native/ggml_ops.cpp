@@ -63,12 +63,13 @@ void bind_interleaved(void* handle, Bound* b) {
   const struct {
     int type;
     const char *gemv, *gemm, *quantize4;
-  } kinds[] = {{GGML_ABI_Q4_0, "ggml_gemv_q4_0_8x8_q8_0", "ggml_gemm_q4_0_8x8_q8_0", "ggml_quantize_mat_q8_0_4x8"},
-               {GGML_ABI_Q4_K, "ggml_gemv_q4_K_8x8_q8_K", "ggml_gemm_q4_K_8x8_q8_K", "ggml_quantize_mat_q8_K_4x8"}};
+    bool in_turn;
+  } kinds[] = {{GGML_ABI_Q4_0, "ggml_gemv_q4_0_8x8_q8_0", "ggml_gemm_q4_0_8x8_q8_0", "ggml_quantize_mat_q8_0_4x8", true},
+               {GGML_ABI_Q4_K, "ggml_gemv_q4_K_8x8_q8_K", "ggml_gemm_q4_K_8x8_q8_K", "ggml_quantize_mat_q8_K_4x8", false}};
   for (const auto& kind : kinds) {
     Interleaved k{reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemv)),
                   reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemm)),
-                  reinterpret_cast<ggml_quantize_mat_t>(dlsym(handle, kind.quantize4))};
+                  reinterpret_cast<ggml_quantize_mat_t>(dlsym(handle, kind.quantize4)), kind.in_turn};
     if (b->runs[kind.type] && k.gemv != nullptr && k.gemm != nullptr && k.quantize4 != nullptr)
       b->packed[kind.type] = k;
   }
@@ -256,30 +257,43 @@ const Interleaved* interleaved(int64_t type) {
   return &bound->packed[type];
 }
 
+namespace {
+
+// Rows [r0, r1) of the jobs' joined range: one vec_dot a row, or for a job in ggml's interleaved layout one gemv for
+// the groups of 8 rows whose first row lies in [r0, r1) (each group so in exactly one range).
+void run_range(const Job* jobs, int64_t K, int64_t r0, int64_t r1) {
+  int64_t j = 0, first = 0;  // the job holding row r0, and its first row's index in the joined range
+  while (r0 >= first + jobs[j].rows) first += jobs[j++].rows;
+  for (int64_t r = r0; r < r1; ++r) {
+    while (r >= first + jobs[j].rows) first += jobs[j++].rows;
+    const Job& job = jobs[j];
+    const Format& fmt = *job.format;
+    if (job.packed != nullptr) {
+      const int64_t a = r - first, b = std::min(r1 - first, job.rows);
+      const int64_t g0 = (a + 7) / 8 * 8, g1 = (b + 7) / 8 * 8;
+      if (g1 > g0)
+        job.packed->gemv(static_cast<int>(K), job.out + g0, 0, job.weights + g0 * fmt.row_bytes(K), job.act, 1,
+                         static_cast<int>(g1 - g0));
+      r = first + b - 1;  // the loop goes on at the next job's (or the range's) end
+      continue;
+    }
+    fmt.vec_dot(static_cast<int>(K), job.out + (r - first), 0, job.weights + (r - first) * fmt.row_bytes(K), 0,
+                job.act, 0, 1);
+  }
+}
+
+}  // namespace
+
 void run_products(const Job* jobs, int64_t count, int64_t K) {
   int64_t total = 0;
   for (int64_t j = 0; j < count; ++j) total += jobs[j].rows;
-  at::parallel_for(0, total, grain_for(K, 1), [&](int64_t r0, int64_t r1) {
-    int64_t j = 0, first = 0;  // the job holding row r0, and its first row's index in the joined range
-    while (r0 >= first + jobs[j].rows) first += jobs[j++].rows;
-    for (int64_t r = r0; r < r1; ++r) {
-      while (r >= first + jobs[j].rows) first += jobs[j++].rows;
-      const Job& job = jobs[j];
-      const Format& fmt = *job.format;
-      if (job.packed != nullptr) {
-        // the groups of 8 rows whose first row lies in [r0, r1) (each group so in exactly one range), one gemv
-        const int64_t a = r - first, b = std::min(r1 - first, job.rows);
-        const int64_t g0 = (a + 7) / 8 * 8, g1 = (b + 7) / 8 * 8;
-        if (g1 > g0)
-          job.packed->gemv(static_cast<int>(K), job.out + g0, 0, job.weights + g0 * fmt.row_bytes(K), job.act, 1,
-                           static_cast<int>(g1 - g0));
-        r = first + b - 1;  // the loop goes on at the next job's (or the range's) end
-        continue;
-      }
-      fmt.vec_dot(static_cast<int>(K), job.out + (r - first), 0, job.weights + (r - first) * fmt.row_bytes(K), 0,
-                  job.act, 0, 1);
-    }
-  });
+  bool in_turn = true;  // every job's kernel wants its rows taken in turn (Interleaved::in_turn)
+  for (int64_t j = 0; j < count; ++j) in_turn = in_turn && jobs[j].packed != nullptr && jobs[j].packed->in_turn;
+  const auto range = [&](int64_t r0, int64_t r1) { run_range(jobs, K, r0, r1); };
+  if (in_turn)
+    tokentui_fork::in_turn_for(0, total, grain_for(K, 1), 8, range);
+  else
+    at::parallel_for(0, total, grain_for(K, 1), range);
 }
 
 }  // namespace tokentui_ggml

@@ -192,7 +192,7 @@ at::Tensor unpack(const at::Tensor& packed, int64_t type, int64_t K) {
 
 // x [M, K] float32 times a packed matrix -> [M, N], as llama.cpp's repack forward_mul_mat: rows of x 4 at a time
 // converted by quantize_mat and multiplied by gemm, the rest (M % 4) converted by from_float and by gemv; the weight
-// rows split over torch's threads in groups of 8.
+// rows split over torch's threads in groups of 8 (taken in turn where the kernel wants it: Interleaved::in_turn).
 at::Tensor packed_product(const at::Tensor& x_in, const at::Tensor& packed, int64_t type, int64_t K) {
   const Interleaved& kernels = checked_packable(packed, type, K, "packed_product");
   const Format& fmt = format(type);
@@ -210,13 +210,17 @@ at::Tensor packed_product(const at::Tensor& x_in, const at::Tensor& packed, int6
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   const int64_t grain = tokentui_fork::grain(8 * K * M);  // a group: 8 rows
-  at::parallel_for(0, N / 8, grain, [&](int64_t g0, int64_t g1) {
+  const auto groups = [&](int64_t g0, int64_t g1) {
     const int nc = static_cast<int>((g1 - g0) * 8);
     const uint8_t* vx = w + g0 * 8 * rb;
     if (M4 > 0) kernels.gemm(static_cast<int>(K), o + g0 * 8, N, vx, act.data(), static_cast<int>(M4), nc);
     for (int64_t m = M4; m < M; ++m)
       kernels.gemv(static_cast<int>(K), o + m * N + g0 * 8, 0, vx, act.data() + m * ab, 1, nc);
-  });
+  };
+  if (kernels.in_turn)
+    tokentui_fork::in_turn_for(0, N / 8, grain, 1, groups);
+  else
+    at::parallel_for(0, N / 8, grain, groups);
   return out;
 }
 
