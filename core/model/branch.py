@@ -46,7 +46,7 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.scoring import percent
 from ..runs.events import BranchEvent, Event, Notice, PrefillEvent, PrefillProgress, StepEvent
 from .forcing import ForcePhrase, check_phrase, forced_selection
-from .observe.inside import Inside
+from .observe.inside import Inside, forward_states
 from .observe.lens import lens_unavailable
 from ..steps.prefill import prefill_chunks
 from ..runs.branch_point import BranchPoint
@@ -185,14 +185,13 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     inside, inside_why = Inside.for_options(model, engine.options, not engine.plan.step.lens, None, said=False)
     if inside_why:
         yield Notice(inside_why)
-    lens = {} if lens_states is None else {"states_out": lens_states}
     if reuse:
         cache = held.cache
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
         with inside or nullcontext():
             logits, forward_ms = decode_one_token(model, prefix[-1], cache,
-                                                  **(lens or ({"states_out": []} if inside else {})))
+                                                  states_out=forward_states(lens_states, inside))
         yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
     else:
@@ -204,7 +203,8 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
         chunked = len(prefix) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
         with inside or nullcontext():
-            for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk, **lens):
+            for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk,
+                                                           states_out=forward_states(lens_states, inside)):
                 if chunked:
                     yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)
                     if logits is None and engine.stopping(run_id):

@@ -38,7 +38,7 @@ from .decode.plan import DecodePlan, choose_plan
 from .quant.fused_linear import FuseReport
 from .quant.weight_layout import LayoutReport
 from .observe.lens import lens_unavailable
-from .observe.inside import Inside
+from .observe.inside import Inside, forward_states
 from .load.loader import LoadedModel
 from ..steps.prefill import prefill_chunks
 from ..settings import RunOptions, SamplerSettings
@@ -273,7 +273,7 @@ class Engine(BaseEngine):
         logits, forward_ms = None, 0.0
         with inside or nullcontext():
             for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
-                                                                states_out=lens_states):
+                                                                states_out=forward_states(lens_states, inside)):
                 if chunked:
                     yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)
                     if logits is None and self.stopping(run_id):

@@ -21,7 +21,7 @@ from ..steps.display import display_piece
 from ..steps.select import candidate_logits, select, unpack
 from .branch import HeldCache
 from .decode.adapter import synchronize
-from .observe.inside import Inside
+from .observe.inside import Inside, forward_states
 from .observe.lens import logit_lens
 from .observe.timing import StepClock
 from .sampler_input import RunHistory
@@ -187,8 +187,7 @@ def generate_from(engine, run_id: int, ids: list[int], cache, logits, forward_ms
             continue
         with inside or nullcontext():  # a capture's forward goes through transformers' (a states_out list)
             logits, forward_ms = decode(engine.model, sel.token_id, cache, sync=clock.sync_forward,
-                                        states_out=lens_states if lens_states is not None or inside is None
-                                        or not inside.needs_forward else [])
+                                        states_out=forward_states(lens_states, inside))
         clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
         if cache.step.failure is not None and not compile_said:
             compile_said = True

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from .branch import HeldCache, crop_cache, shared_positions
 from .decode.kvcache import kv_mismatch
-from .observe.inside import Inside
+from .observe.inside import Inside, forward_states
 from .observe.lens import lens_unavailable
 from .speed import use_threads
 from ..errors import PromptError
@@ -103,7 +103,8 @@ def turn_events(engine, request: TurnRequest, run_id: int) -> Iterator[Event]:
     logits, forward_ms = None, 0.0
     with inside or nullcontext():
         for done, logits, forward_ms in prefill_chunks(engine.model, new, cache, opts.prefill_chunk,
-                                                       states_out=lens_states, continuing=reuse > 0):
+                                                       states_out=forward_states(lens_states, inside),
+                                                       continuing=reuse > 0):
             if chunked:
                 yield PrefillProgress(tokens_done=done, tokens=len(new), elapsed_ms=forward_ms)
                 if logits is None and engine.stopping(run_id):

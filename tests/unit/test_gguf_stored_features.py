@@ -110,6 +110,22 @@ def test_candidates_and_the_lens_are_the_forwards():
         assert b.lens[-1].id == b.id and b.lens[-1].prob == pytest.approx(b.chosen_raw_prob, abs=1e-4)
 
 
+def test_the_attention_and_sublayer_views_from_the_first_step():
+    """The native ggml step prefills without transformers' forward (core/model/native/ggml_prefill.py), and a
+    capture watches the forward's modules: with the views on, the prompt goes through the forward, so the first
+    step (the prompt's last position) has its rows as every later one does, and the ids are the plain run's."""
+    model_loaded = loaded(*FILE)
+    layers = model_loaded.facts.layers
+    prompt_ids, plain = run(greedy(model_loaded, n=4))
+    _, viewed = run(greedy(model_loaded, n=4, attention=True, sublayers=True))
+    assert [s.id for s in viewed] == [s.id for s in plain]
+    for index, step in enumerate(viewed):
+        assert step.attention is not None and len(step.attention) == layers
+        assert {row.query for row in step.attention} == {len(prompt_ids) - 1 + index}
+        assert step.sublayers is not None and len(step.sublayers) == layers
+        assert plain[index].attention is None and plain[index].sublayers is None
+
+
 def test_one_pass_timings_tile_each_step():
     _, steps = run(greedy(loaded(*FILE), n=8, time_stages=True))
     check_split(steps)

@@ -13,8 +13,9 @@ feeds it one token at a time. core/model/decode/plan.py chooses one per engine, 
     CompiledWhole  --compile's whole step on a static cache (core/model/decode/compiled.py): forward and selection
 
 Each keeps what it knows about a run on the run's RunCache (core/model/decode/run_cache.py), never on transformers'
-cache object. Prefill is transformers' forward for all of them (one call a run, a new length each time); the lean
-and native steps feed the same cache, so a step that wants the logit lens goes through the forward instead.
+cache object. Prefill is transformers' forward for all of them (one call a run, a new length each time) but the
+native ggml step's, which runs the same modules itself; the lean and native steps feed the same cache, so a step (or
+a prefill) that wants the logit lens or a capture goes through the forward instead.
 
 How to add a backend: a class with the protocol's members (usually a TorchForward subclass that overrides `step`),
 and a branch in plan.py's `choose_plan` saying when it serves and why.
@@ -29,6 +30,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .adapter import GrowableLayer, first_capacity, forward_last_logits, input_device
 from .run_cache import RunCache
+from ..native.ggml_prefill import prefill_hidden
 from .static_cache import new_eager_cache
 from ..observe.lens import forward_last_states
 from ...steps.prefill import continues_chunks
@@ -143,9 +145,17 @@ class NativeCpp(_KernelStep):
 
 class NativeGGML(_KernelStep):
     """A model whose matrices are ggml rows (GGMLLinear), its decode step as one C++ call on ggml's kernels
-    (core/model/native/ggml_native.py's GGMLStep)."""
+    (core/model/native/ggml_native.py's GGMLStep), its prefill the same modules' rows without transformers' forward
+    (core/model/native/ggml_prefill.py) unless a forward's hidden states are asked for (the lens, a capture)."""
 
     name = "native ggml step"
+
+    def prefill(self, run: RunCache, ids: torch.Tensor, first: bool, states_out: list | None = None) -> torch.Tensor:
+        if states_out is not None:
+            return super().prefill(run, ids, first, states_out)
+        logits = self.kernel.head(prefill_hidden(self.kernel, ids, run.kv))[0]  # [V]
+        run.fed += int(ids.shape[1])
+        return logits
 
 
 class CompiledLean(_KernelStep):

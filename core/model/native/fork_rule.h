@@ -16,8 +16,8 @@ constexpr int64_t kWorkPerThread = int64_t{1} << 16;  // the multiply-adds a thr
 // at::parallel_for's grain for items of `work` multiply-adds each: the items a thread takes at least.
 inline int64_t grain(int64_t work) { return std::max<int64_t>(1, kWorkPerThread / std::max<int64_t>(1, work)); }
 
-// The chunks a thread's share is cut into when rows are taken in turn (`in_turn_for`; BENCHMARKS.md, "Rows taken in
-// turn": 32 against 4, 16 and one fixed share a thread).
+// The chunks a thread's share is cut into when rows are taken in turn (`in_turn_for`): 32 against 4, 16 and one
+// fixed share a thread in BENCHMARKS.md, "Rows taken in turn".
 constexpr int64_t kChunksPerThread = 32;
 
 // fn(b, e) over [begin, end) on torch's threads, as at::parallel_for with `grain` would fork it, but cut into chunks

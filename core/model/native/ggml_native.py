@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -65,6 +66,24 @@ def _rms(module) -> bool:
         and hasattr(module, "variance_epsilon") and "RMSNorm" in type(module).__name__
 
 
+@dataclass(frozen=True)
+class LayerParts:
+    """One decoder layer as the ggml step reads it: its 7 matrices (GGMLLinear, q / k / v with their biases), its two
+    RMSNorms' weights and Qwen3's q / k norms' (None elsewhere), float32."""
+
+    q: GGMLLinear
+    k: GGMLLinear
+    v: GGMLLinear
+    o: GGMLLinear
+    gate: GGMLLinear
+    up: GGMLLinear
+    down: GGMLLinear
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
 class GGMLStep:
     """One model's native decode step on ggml's kernels: `step(token_id, cache) -> logits [V]` and `hidden(token_id,
     cache) -> [1, H]`, as NativeStep's. ValueError (one line: why not) for a model it cannot run. Get one with
@@ -88,6 +107,7 @@ class GGMLStep:
         self._types: list[int] = []
         self._packed: list[int] = []  # 1 where the matrix is in ggml's interleaved layout (GGMLLinear.packed)
         self._vectors: list[torch.Tensor | None] = []
+        self.layers: list[LayerParts] = []  # the same modules and vectors, for a prompt's rows (ggml_prefill.py)
         epsilons, scales = {self.norm.variance_epsilon} if _rms(self.norm) else set(), set()
         if not _rms(self.norm):
             raise ValueError(f"family {family}: its final norm is not an RMSNorm in float32")
@@ -114,13 +134,15 @@ class GGMLStep:
             self._vectors += [n.weight.detach() for n in norms]
             self._vectors += [None if m.bias is None else m.bias.detach() for m in mats[:3]]
             self._vectors += [None if n is None else n.weight.detach() for n in qk]
+            self.layers.append(LayerParts(*mats, *(n.weight.detach() for n in norms),
+                                          *(None if n is None else n.weight.detach() for n in qk)))
         if len(epsilons) != 1 or len(scales) != 1:
             raise ValueError("layers differ in their norm epsilon or attention scale")
         first = inner.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = first.head_dim
-        self._eps, self._scale = float(epsilons.pop()), float(scales.pop())
-        self._norm_weight = self.norm.weight.detach()
+        self.eps, self.scale = float(epsilons.pop()), float(scales.pop())
+        self.norm_weight = self.norm.weight.detach()
 
     @torch.inference_mode()
     def step(self, token_id: int, cache) -> torch.Tensor:
@@ -145,7 +167,7 @@ class GGMLStep:
         hidden = torch.ops.tokentui_ggml.decode_step(
             x, position, cos.reshape(-1).float().contiguous(), sin.reshape(-1).float().contiguous(),
             [k for k, _ in buffers], [v for _, v in buffers], self._mats, self._types, self._packed, self._vectors,
-            self._norm_weight, self.heads, self.kv_heads, self._eps, self._scale)  # [1, H]
+            self.norm_weight, self.heads, self.kv_heads, self.eps, self.scale)  # [1, H]
         for layer in layers:
             layer.count_one()
         return hidden

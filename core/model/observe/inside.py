@@ -30,6 +30,15 @@ __all__ = ["Inside"]
 COMPILED = "not available with --compile (the compiled decode step runs no module a hook can read)"
 
 
+def forward_states(lens_states: list | None, inside: "Inside | None") -> list | None:
+    """The `states_out` a prefill or decode forward is given (core/model/decode/steps.py): the logit lens's list;
+    else, under a capture that `needs_forward`, a list nobody reads, which sends the native, lean and ggml steps
+    (and the ggml step's prefill) through transformers' forward, whose modules the capture watches; else None."""
+    if lens_states is not None or inside is None or not inside.needs_forward:
+        return lens_states
+    return []
+
+
 class Inside:
     """One forward's captures (attention, sublayers; either may be None) and the options they were made for."""
 
