@@ -51,6 +51,18 @@ def test_core_never_imports_textual():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_engine_imports_no_model_classes():
+    """transformers' modeling (modeling_utils and what it pulls in: over a second at a start) is imported where a
+    model is built or a capture installed, never by importing the engine: what a start without transformers' model
+    classes (issue 37's cold start) builds on."""
+    code = ("import sys; import tokentui.core.model.engine, tokentui.core.model.load.loader, "
+            "tokentui.core.model.native.ggml_prefill, tokentui.core.model.decode.steps; "
+            "print(sorted(m for m in sys.modules if m == 'transformers.modeling_utils' "
+            "or m.startswith('transformers.models.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
 def test_wheel_holds_every_package_and_no_bare_top_level(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                              "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)

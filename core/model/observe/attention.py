@@ -28,7 +28,6 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ...runs.attention import LayerAttention, visible_from
 from ..architecture import decoder_config, model_parts
@@ -106,19 +105,29 @@ def _wrapper(name: str):
     return attention
 
 
+def _functions():
+    """transformers' attention registry, imported when a capture is first installed: its module (modeling_utils)
+    takes over a second to import, which a run that never shows attention should not pay for at its start."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
 def _install(name: str) -> None:
     # transformers' GeneralInterface keeps an instance's overrides in `_local_mapping` over the library's entries:
     # read here only to put an earlier override back as it was
+    registry = _functions()
     with _LOCK:
         installed = _INSTALLED.get(name)
         if installed is None:
-            local = ALL_ATTENTION_FUNCTIONS._local_mapping
-            installed = _INSTALLED[name] = _Installed(0, ALL_ATTENTION_FUNCTIONS.get(name), name in local)
-            ALL_ATTENTION_FUNCTIONS[name] = _wrapper(name)
+            local = registry._local_mapping
+            installed = _INSTALLED[name] = _Installed(0, registry.get(name), name in local)
+            registry[name] = _wrapper(name)
         installed.users += 1
 
 
 def _uninstall(name: str) -> None:
+    registry = _functions()
     with _LOCK:
         installed = _INSTALLED[name]
         installed.users -= 1
@@ -126,9 +135,9 @@ def _uninstall(name: str) -> None:
             return
         del _INSTALLED[name]
         if installed.had_local:
-            ALL_ATTENTION_FUNCTIONS[name] = installed.original
+            registry[name] = installed.original
         else:
-            del ALL_ATTENTION_FUNCTIONS[name]  # the local override only: the library's entry shows again
+            del registry[name]  # the local override only: the library's entry shows again
 
 
 def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
