@@ -15,7 +15,8 @@ block; so `ggml_step(model)` accepts the step only where, on three tokens after 
 caches), its final hidden states are within TOLERANCE of the model's forward's (for a GGUF run as stored, on the
 file's first start with these libraries: later starts take the verdict kept in its cache).
 tests/unit/test_ggml_step.py holds it to the model's forward (greedy ids, cache rows), to `generate` on tiny Llama /
-Qwen2 / Qwen3 models, and with repacked matrices to the same model kept as stored.
+Qwen2 / Qwen3 models, and with repacked matrices to the same model kept as stored. A prompt's rows go through the
+same modules and vectors (`layers`) in core/model/native/ggml_prefill.py.
 """
 
 from __future__ import annotations
