@@ -3,7 +3,7 @@ Qwen2, Qwen3 with every matrix a GGMLLinear), without transformers' forward: `pr
 
 The arithmetic is the forward's, on the same objects: each of a layer's 7 products is the same GGMLLinear called on
 the chunk's rows (ggml's gemm on a repacked matrix, its product or float32 tiles on one as stored, as the forward
-calls it), q / k / v biases inside it; the RMSNorms as transformers' (float32 variance, `weight * x`); the rotation
+calls it), q / k / v biases inside it; the RMSNorms by torch's F.rms_norm (as the lean step's); the rotation
 from the model's own rotary module (its rope type and scaling) applied as `rotate_half` does; keys and values
 appended to the run's cache through its layers' own `update` (GrowableLayer's buffers); attention by torch's
 scaled_dot_product_attention (transformers' sdpa path), each query seeing the cache's earlier positions and the
@@ -26,9 +26,8 @@ __all__ = ["prefill_hidden"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' Llama / Qwen RMSNorm in float32: x [..., W] -> [..., W]."""
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    """The Llama / Qwen RMSNorm in float32 as torch's one op (the lean step's too): x [..., W] -> [..., W]."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
