@@ -54,7 +54,7 @@ def measure(tokens: int, reps: int, device: str) -> dict:
     agree = total = 0
     started = time.perf_counter()
     for rep in range(reps):
-        caches = {name: new_eager_cache(model, len(ids) + tokens, name == "bucketed") for name in times}
+        caches = {name: new_eager_cache(model.config, len(ids) + tokens, name == "bucketed") for name in times}
         with torch.inference_mode():
             x = torch.tensor([ids], device=where)
             last = {name: model(input_ids=x, past_key_values=c, use_cache=True, logits_to_keep=1).logits[0, -1]

@@ -152,7 +152,7 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     engine's locks as run `run_id` (pause / stop act at step boundaries, as in a run). Uses and replaces the
     engine's held cache; reads the engine through its public interface only."""
     _check(engine, point)
-    opts, model = engine.options, engine.model
+    opts = engine.options
     prefix = point.prompt_ids + point.tokens
     held = engine.take_held_cache()
     reuse, why = reusable_positions(held, prefix)
@@ -176,13 +176,14 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
     # from here the cache is the branch's (a failed branch leaves none held)
     lens_states = None  # the logit lens, as in a run: each forward appends its hidden states here
     if opts.logit_lens:
-        lens_why = lens_unavailable(model, compiled=not engine.plan.step.lens)
+        lens_why = lens_unavailable(engine.model, compiled=not engine.plan.step.lens)
         if lens_why:
             yield Notice(lens_why)
         else:
             lens_states = []
     # attention / sublayers (issue 39), as in a run: its forward goes through transformers' (a states_out list)
-    inside, inside_why = Inside.for_options(model, engine.options, not engine.plan.step.lens, None, said=False)
+    inside, inside_why = Inside.for_options(lambda: engine.model, engine.options, not engine.plan.step.lens, None,
+                                            said=False)
     if inside_why:
         yield Notice(inside_why)
     if reuse:
@@ -190,7 +191,7 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
         with inside or nullcontext():
-            logits, forward_ms = decode_one_token(model, prefix[-1], cache,
+            logits, forward_ms = decode_one_token(prefix[-1], cache,
                                                   states_out=forward_states(lens_states, inside))
         yield PrefillEvent(tokens=1, ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
@@ -203,7 +204,7 @@ def branch_events(engine, point: BranchPoint, run_id: int) -> Iterator[Event]:
         chunked = len(prefix) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
         with inside or nullcontext():
-            for done, logits, forward_ms in prefill_chunks(model, list(prefix), cache, opts.prefill_chunk,
+            for done, logits, forward_ms in prefill_chunks(engine.device, list(prefix), cache, opts.prefill_chunk,
                                                            states_out=forward_states(lens_states, inside)):
                 if chunked:
                     yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=forward_ms)

@@ -34,7 +34,7 @@ from ..runs.ending import stopped_before_first_token
 from ..runs.events import Event, Notice, PrefillEvent, PrefillProgress, PromptEvent, StepEvent
 from ..runs.facts import ModelFacts
 from .decode.kvcache import kv_mismatch
-from .decode.plan import DecodePlan, choose_plan
+from .decode.plan import DecodePlan, choose_plan, direct_plan
 from .quant.fused_linear import FuseReport
 from .quant.weight_layout import LayoutReport
 from .observe.lens import lens_unavailable
@@ -47,11 +47,12 @@ from ..steps.template import apply_template, default_system_prompt
 from ..steps.tokenization import tokenize
 
 
-def end_token_ids(model, tokenizer) -> set[int]:
-    """Every id that ends an answer: the generation config's (often several, e.g. <|im_end|> and <|endoftext|>)
-    plus the tokenizer's eos."""
+def end_token_ids(configs, tokenizer) -> set[int]:
+    """Every id that ends an answer: the generation config's (often several, e.g. <|im_end|> and <|endoftext|>),
+    the model config's, plus the tokenizer's eos. `configs`: the model's generation config (None: none) and config
+    (`model_configs`)."""
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
+    for source in configs:
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         if isinstance(eos, int):
             ids.add(eos)
@@ -62,6 +63,15 @@ def end_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def model_configs(loaded: LoadedModel) -> tuple:
+    """(generation config, config) of the loaded model. A GGUF's later start has no transformers' model yet: its
+    generation config is the one transformers derives from the config (GenerationConfig.from_model_config), whose
+    end ids are the config's own, so the config alone gives the same ids."""
+    if loaded.direct is not None:
+        return (loaded.direct.config,)
+    return getattr(loaded.model, "generation_config", None), loaded.model.config
+
+
 class Engine(BaseEngine):
     def __init__(self, loaded: LoadedModel, sampler: SamplerSettings | None = None,
                  options: RunOptions | None = None, speed: SpeedOptions | None = None, progress=None):
@@ -69,7 +79,8 @@ class Engine(BaseEngine):
         weights are prepared in place and the decode step chosen by core/model/decode/plan.py (`plan`, named in the
         model facts' `decode_plan`); with compile, the decode step is compiled here (minutes on a small CPU),
         reported through `progress`."""
-        self.model = loaded.model
+        self._loaded = loaded  # transformers' model: `model` (for a GGUF's later start, built on demand)
+        self._direct = loaded.direct  # that start's step made from the file (core/model/load/gguf_direct.py)
         self.tokenizer = loaded.tokenizer
         self.facts: ModelFacts = loaded.facts
         self._load_notice = loaded.notice  # said in the first run (e.g. the model cache is off, and why)
@@ -79,16 +90,25 @@ class Engine(BaseEngine):
         self._held: HeldCache | None = None  # the latest finished run's KV cache, for branches (core/model/branch.py)
         self._parked = None  # (cache, the ids so far) of a run waiting at its step gate: `idle_cache` lends it
         self.token_bytes = token_bytes(self.tokenizer)
-        self.end_ids = end_token_ids(self.model, self.tokenizer)
+        self.end_ids = end_token_ids(model_configs(loaded), self.tokenizer)
         # what the chat template puts in an empty system message: a property of the tokenizer, read once
         self.default_system_prompt = default_system_prompt(self.tokenizer)
-        self.device = input_device(self.model)
+        self.device = torch.device("cpu") if self._direct is not None else input_device(loaded.model)
         self.speed = speed or SpeedOptions()
         # the weights prepared in place and the decode step chosen (with --compile, compiled and warmed up)
-        self.plan: DecodePlan = choose_plan(self.model, self.device, self.speed, self.options.top_candidates,
-                                            self.options.max_new_tokens, self.facts.max_context,
-                                            self.facts.quantization, progress)
+        plan = None if self._direct is None else direct_plan(self._direct, self.speed, self.facts.max_context,
+                                                             self.facts.quantization)
+        self.plan: DecodePlan = plan or choose_plan(self.model, self.device, self.speed, self.options.top_candidates,
+                                                    self.options.max_new_tokens, self.facts.max_context,
+                                                    self.facts.quantization, progress)
         self.facts = replace(self.facts, kv_cache=self.plan.kv_cache, decode_plan=self.plan.description)
+
+    @property
+    def model(self):
+        """transformers' model. A GGUF's later start (core/model/load/gguf_direct.py) builds it here, once, when
+        something first asks for its forward (the lens, a view, a fan-out, a score, a preview): its plain runs,
+        branches and turns never do."""
+        return self._loaded.model
 
     @property
     def layout(self) -> LayoutReport:
@@ -114,7 +134,8 @@ class Engine(BaseEngine):
     def _inside_for(self, current: Inside | None, said: bool) -> tuple[Inside | None, str | None]:
         """The attention / sublayer capture for the next forward, as `self.options` says now (None: neither), and a
         Notice text as `_lens_for`'s (core/model/observe/inside.py)."""
-        return Inside.for_options(self.model, self.options, not self.plan.step.lens, current, said, self.plan.step)
+        return Inside.for_options(lambda: self.model, self.options, not self.plan.step.lens, current, said,
+                                  self.plan.step)
 
     # ------------------------------------------------------------------------------------------- the run
     # `run(prompt, system, run_id=)` and `branch(point, run_id=)` are core/interface.py's: they turn a TokentuiError
@@ -272,7 +293,7 @@ class Engine(BaseEngine):
         chunked = len(ids) > opts.prefill_chunk
         logits, forward_ms = None, 0.0
         with inside or nullcontext():
-            for tokens_done, logits, forward_ms in prefill_chunks(self.model, ids, cache, opts.prefill_chunk,
+            for tokens_done, logits, forward_ms in prefill_chunks(self.device, ids, cache, opts.prefill_chunk,
                                                                 states_out=forward_states(lens_states, inside)):
                 if chunked:
                     yield PrefillProgress(tokens_done=tokens_done, tokens=len(ids), elapsed_ms=forward_ms)

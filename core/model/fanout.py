@@ -121,7 +121,7 @@ def _prefix_cache(engine, request: FanoutRequest, run_id: int, paused_s: float, 
         cache = held.cache
         crop_cache(cache, reuse)
         use_threads(engine.device, engine.speed.decode_threads())
-        logits, ms = decode_one_token(model, prefix[-1], cache)
+        logits, ms = decode_one_token(prefix[-1], cache)
         yield PrefillEvent(tokens=1, ms=ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes(),
                            reused_tokens=reuse)
         return cache, logits, ms
@@ -132,7 +132,7 @@ def _prefix_cache(engine, request: FanoutRequest, run_id: int, paused_s: float, 
     use_threads(engine.device, engine.speed.prefill_thread_count(len(prefix)))
     chunked = len(prefix) > opts.prefill_chunk
     logits, ms = None, 0.0
-    for done, logits, ms in prefill_chunks(model, prefix, cache, opts.prefill_chunk):
+    for done, logits, ms in prefill_chunks(engine.device, prefix, cache, opts.prefill_chunk):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(prefix), elapsed_ms=ms)
             if logits is None and engine.stopping(run_id):

@@ -54,7 +54,8 @@ class AnswerForward:
     first call runs one forward over `ids` (the answer but its last token) and returns the scores after ids[0];
     call i returns those after ids[i]. `fed`: the ids that forward read. `ms`: its time (None before it ran)."""
 
-    def __init__(self, ids: list[int], with_states: bool) -> None:
+    def __init__(self, model, ids: list[int], with_states: bool) -> None:
+        self.model = model
         self.ids = list(ids)
         self.with_states = with_states
         self.fed = len(self.ids)
@@ -63,8 +64,9 @@ class AnswerForward:
         self._states: torch.Tensor | None = None  # [A - 1, L, H]
         self._next = 0
 
-    def __call__(self, model, token_id: int, cache, states_out: list | None = None, sync: bool = True
+    def __call__(self, token_id: int, cache, states_out: list | None = None, sync: bool = True
                  ) -> tuple[torch.Tensor, float]:
+        model = self.model
         i = self._next
         if i >= len(self.ids) or token_id != self.ids[i]:
             raise RuntimeError(f"a scored text's step {i + 1} was given token {token_id}, not the answer's")
@@ -140,14 +142,14 @@ def score_events(engine, request: ScoreRequest, run_id: int) -> Iterator[Event]:
     use_threads(engine.device, engine.speed.prefill_thread_count(len(ids)))
     chunked = len(ids) > opts.prefill_chunk
     logits, forward_ms = None, 0.0
-    for done, logits, forward_ms in prefill_chunks(model, ids, cache, opts.prefill_chunk, states_out=lens_states):
+    for done, logits, forward_ms in prefill_chunks(engine.device, ids, cache, opts.prefill_chunk, states_out=lens_states):
         if chunked:
             yield PrefillProgress(tokens_done=done, tokens=len(ids), elapsed_ms=forward_ms)
             if logits is None and engine.stopping(run_id):
                 yield stopped_before_first_token(len(ids), cache.tokens(), cache.nbytes(), paused_s * 1000.0)
                 return
     yield PrefillEvent(tokens=len(ids), ms=forward_ms, kv_tokens=cache.tokens(), kv_bytes=cache.nbytes())
-    forward = AnswerForward(answer[:-1], with_states=lens_states is not None)
+    forward = AnswerForward(model, answer[:-1], with_states=lens_states is not None)
     steps = []  # the scored steps' own figures, for the summary
     for event in engine.generate_from(run_id, ids, cache, logits, forward_ms, paused_s, lens_states,
                                       choose=ForcePhrase(answer), decode=forward, limit=len(answer),

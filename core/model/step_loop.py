@@ -92,7 +92,7 @@ def generate_from(engine, run_id: int, ids: list[int], cache, logits, forward_ms
             generator.manual_seed(settings.seed)
             seed_in_use = settings.seed
         if pending is not None and backend_gaps(settings, "fused"):  # a stage the whole step lacks: eager
-            logits, forward_ms = decode(engine.model, pending, cache, sync=clock.sync_forward)
+            logits, forward_ms = decode(pending, cache, sync=clock.sync_forward)
             clock.forward_ends(forward_ms, 1)
             pending = None
         try:
@@ -186,7 +186,7 @@ def generate_from(engine, run_id: int, ids: list[int], cache, logits, forward_ms
             pending = sel.token_id  # fed by the next step's whole-step call, once its settings are known
             continue
         with inside or nullcontext():  # a capture's forward goes through transformers' (a states_out list)
-            logits, forward_ms = decode(engine.model, sel.token_id, cache, sync=clock.sync_forward,
+            logits, forward_ms = decode(sel.token_id, cache, sync=clock.sync_forward,
                                         states_out=forward_states(lens_states, inside))
         clock.forward_ends(forward_ms, getattr(decode, "fed", 1))
         if cache.step.failure is not None and not compile_said:

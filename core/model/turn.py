@@ -87,7 +87,7 @@ def turn_events(engine, request: TurnRequest, run_id: int) -> Iterator[Event]:
         else:
             lens_states = []
     # attention / sublayers (issue 39), as in a run
-    inside, inside_why = Inside.for_options(engine.model, opts, not engine.plan.step.lens, None, said=False)
+    inside, inside_why = Inside.for_options(lambda: engine.model, opts, not engine.plan.step.lens, None, said=False)
     if inside_why:
         yield Notice(inside_why)
     if reuse:
@@ -102,7 +102,7 @@ def turn_events(engine, request: TurnRequest, run_id: int) -> Iterator[Event]:
     chunked = len(new) > opts.prefill_chunk
     logits, forward_ms = None, 0.0
     with inside or nullcontext():
-        for done, logits, forward_ms in prefill_chunks(engine.model, new, cache, opts.prefill_chunk,
+        for done, logits, forward_ms in prefill_chunks(engine.device, new, cache, opts.prefill_chunk,
                                                        states_out=forward_states(lens_states, inside),
                                                        continuing=reuse > 0):
             if chunked:

@@ -11,11 +11,11 @@ import torch
 from ..model.decode.adapter import synchronize
 
 
-def decode_one_token(model, token_id: int, cache, states_out: list | None = None, sync: bool = True
+def decode_one_token(token_id: int, cache, states_out: list | None = None, sync: bool = True
                      ) -> tuple[torch.Tensor, float]:
     """token_id -> (logits [V] for the next token, milliseconds incl. device sync). Extends `cache` (the run's
     RunCache, core/model/decode/run_cache.py) by one, through the decode step that cache was made for (the engine's
-    plan: core/model/decode/plan.py); `model` is the model that step runs.
+    plan: core/model/decode/plan.py).
 
     The timed span ends with a device sync on GPUs, so `forward_ms` is real; selection syncs right after anyway
     (it has to read the chosen token). `sync=False` leaves the forward queued on the device (the milliseconds are

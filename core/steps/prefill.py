@@ -45,10 +45,10 @@ def continues_chunks(model) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) not in _SCAN_RESTARTS
 
 
-def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None,
+def prefill_chunks(device, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK, states_out: list | None = None,
                    *, continuing: bool = False) -> Iterator[tuple[int, torch.Tensor | None, float]]:
-    """Prefill `prompt_ids` (T ints) into `cache` (the run's RunCache, core/model/decode/run_cache.py; `model`: the
-    model its step runs), one chunk of at most `chunk` tokens per forward.
+    """Prefill `prompt_ids` (T ints) into `cache` (the run's RunCache, core/model/decode/run_cache.py; `device`: where
+    the model takes its input ids), one chunk of at most `chunk` tokens per forward.
 
     Yields (prompt tokens in the cache so far, logits [V] for the first answer token on the last chunk else None,
     milliseconds of prefill so far incl. device sync: since prefill began, less any time the caller kept this
@@ -61,7 +61,6 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
     """
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 token, got {chunk}")
-    device = input_device(model)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # [1, T]
     total = ids.shape[1]
     synchronize(device)
@@ -81,6 +80,6 @@ def prefill_chunks(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHU
 def prefill(model, prompt_ids: list[int], cache, chunk: int = PREFILL_CHUNK) -> tuple[torch.Tensor, float]:
     """prompt_ids: T ints -> (logits [V] for the first answer token, milliseconds incl. device sync)."""
     logits, ms = None, 0.0
-    for _, logits, ms in prefill_chunks(model, prompt_ids, cache, chunk):
+    for _, logits, ms in prefill_chunks(input_device(model), prompt_ids, cache, chunk):
         pass
     return logits, ms

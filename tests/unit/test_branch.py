@@ -195,9 +195,9 @@ def test_a_branch_never_reads_past_its_crop(tiny_llama, monkeypatch):
     seen = []
     real = branch_module.decode_one_token
 
-    def spy(model, token_id, cache, **kw):
+    def spy(token_id, cache, **kw):
         seen.append((token_id, cache.tokens()))
-        return real(model, token_id, cache, **kw)
+        return real(token_id, cache, **kw)
 
     monkeypatch.setattr(branch_module, "decode_one_token", spy)
     point = point_at(prompt_ids, steps, AT, steps[AT].candidates[1].id)

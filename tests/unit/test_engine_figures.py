@@ -20,7 +20,7 @@ from tiny_models import tiny_model
 from cli_run import one_line_error
 from cli_run import tokentui
 from tiny_models import generate_ids
-from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens
+from tokentui.core.model.decode.adapter import cache_nbytes, cache_tokens, input_device
 from tokentui.core.model.decode.steps import TorchForward
 from tokentui.core.steps.detokenize import oneshot_text
 from tokentui.core.model.engine import Engine
@@ -226,7 +226,7 @@ def test_chunked_prefill_equals_one_pass(kind, smol_tokenizer):
     whole, _ = TorchForward(model).new_cache(len(ids), 8)
     logits_whole, _ = prefill(model, ids, whole, chunk=len(ids))
     chunked, _ = TorchForward(model).new_cache(len(ids), 8)
-    seen = list(prefill_chunks(model, ids, chunked, chunk=16))
+    seen = list(prefill_chunks(input_device(model), ids, chunked, chunk=16))
     assert [n for n, _, _ in seen] == [min(16 * (i + 1), len(ids)) for i in range(math.ceil(len(ids) / 16))]
     assert all(logits is None for _, logits, _ in seen[:-1])
     torch.testing.assert_close(seen[-1][1], logits_whole, rtol=1e-4, atol=1e-4)
@@ -289,7 +289,7 @@ def test_a_static_cache_is_prefilled_in_chunks_too(smol_tokenizer):
     step = CompiledWhole(CompiledDecoder.for_model(model, 1), TorchForward(model))
     cache, _ = step.new_cache(len(ids), 4)
     assert cache.static
-    *_, (done, logits, _) = prefill_chunks(model, ids, cache, chunk=16)
+    *_, (done, logits, _) = prefill_chunks(input_device(model), ids, cache, chunk=16)
     # the count kept on the host is transformers' own (which reads the device)
     assert done == len(ids) and cache.tokens() == len(ids) == cache_tokens(cache.kv)
     whole, _ = TorchForward(model).new_cache(len(ids), 0)

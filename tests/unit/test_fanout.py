@@ -70,7 +70,7 @@ def replay_draws(model, prefix: list[int], sample: SampleEvent, settings: Sample
             ties += 1
         else:
             assert sel.chosen_prob == pytest.approx(prob, rel=1e-4, abs=1e-7)
-        logits, _ = decode_one_token(model, token, cache)
+        logits, _ = decode_one_token(token, cache)
     return ties
 
 

@@ -11,6 +11,8 @@ the float32 Hugging Face folder the file was made from.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
@@ -183,11 +185,14 @@ def test_a_scored_answer_has_the_forwards_probabilities():
         assert step.chosen_raw_prob == pytest.approx(float(probs[i, step.id]), abs=1e-4), i
 
 
-def test_a_model_the_ggml_step_does_not_serve_runs_the_forward_and_says_why():
+def test_a_model_the_ggml_step_does_not_serve_runs_the_forward_and_says_why(tmp_path):
     """A family the native ggml step does not run (here a Qwen3 file whose MLP is made GELU after loading: the
     converter's other families need a sentencepiece tokenizer) decodes with transformers' forward on the same ggml
-    modules, and the plan's description says why."""
-    model_loaded = load_model(str(tiny_gguf("qwen3", "Q8_0", tied=True)), device="cpu")  # its own copy: changed
+    modules, and the plan's description says why. (The file under a path of its own: its first start, whose plan is
+    chosen from transformers' model; a later start's is the file's, core/model/load/gguf_direct.py.)"""
+    path = tmp_path / "gelu.gguf"
+    shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
+    model_loaded = load_model(str(path), device="cpu")  # its own copy: changed
     for layer in model_loaded.model.model.layers:
         layer.mlp.act_fn = torch.nn.GELU()
     engine = greedy(model_loaded, n=6)

@@ -106,7 +106,7 @@ def test_stage_shapes_are_the_models_own_tensors_on_a_decode_step_and_a_prefill(
     stages = one_pass(facts, cache_tokens(cache), first)
     assert by_name(stages)["id to the device"].shape == (1, len(ids))
     check_stages_match(stages, seen, cache, facts)
-    seen = hooked_forward(model, lambda: decode_one_token(model, 42, run))
+    seen = hooked_forward(model, lambda: decode_one_token(42, run))
     stages = one_pass(facts, cache_tokens(cache))
     assert cache_tokens(cache) == len(ids) + 1 and by_name(stages)["id to the device"].shape == (1, 1)
     check_stages_match(stages, seen, cache, facts)

@@ -86,7 +86,7 @@ def test_dynamic_shapes_change_every_step(smol_tokenizer, monkeypatch):
 def test_bucketed_layer_scores_equal_the_dynamic_cache(smol_tokenizer):
     """Scores with the padded, masked keys equal the exact-length ones to float rounding, prefill exactly."""
     model = tiny_model("qwen3", smol_tokenizer)
-    ours, theirs = new_eager_cache(model, 8, True), new_eager_cache(model, 8, False)
+    ours, theirs = new_eager_cache(model.config, 8, True), new_eager_cache(model.config, 8, False)
     with torch.inference_mode():
         ids = torch.tensor([list(range(200, 216))])
         a = model(input_ids=ids, use_cache=True, **cache_kwargs(model, ours)).logits

@@ -129,13 +129,19 @@ def growable_layers(cache) -> list[GrowableLayer] | None:
 
 
 def new_cache(model, capacity: int | None = None) -> DynamicCache:
-    """An empty KV cache shaped like the one `generate` makes (sliding/hybrid layers from the config).
+    """An empty KV cache for `model`: `config_cache` of its config."""
+    return config_cache(model.config, capacity)
+
+
+def config_cache(config, capacity: int | None = None) -> DynamicCache:
+    """An empty KV cache shaped like the one `generate` makes for a model of `config` (sliding/hybrid layers from
+    the config).
 
     With `capacity` (the tokens a run may need: prompt + max new tokens), full-attention layers append into a
     preallocated buffer (GrowableLayer) instead of re-concatenating the whole cache each step; sliding-window and
     other special layers stay transformers' own.
     """
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=config)
     if capacity is not None:
         first = int(capacity)
         cache.layers = [GrowableLayer(first) if type(layer) is DynamicLayer else layer for layer in cache.layers]

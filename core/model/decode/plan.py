@@ -21,6 +21,10 @@ is chosen from the architecture, the weights' formats, the device and the flags,
     a 4-bit Llama-family model                           the lean torch step (the forward's scores bit for bit)
     any other model                                      transformers' forward
 
+A GGUF's later start without transformers' model (core/model/load/gguf_direct.py) takes `direct_plan`: the native
+ggml step its first start's plan chose, made from the file, with the same description; with --compile or bucketed KV
+shapes the model is built and `choose_plan` chooses as above.
+
 The plan's `description` says which step runs and why, in one line (the model panel shows it: ModelFacts
 .decode_plan). A compiled step that stops (`failure`) is dropped for the step it falls back to (`drop_failed`).
 """
@@ -28,6 +32,8 @@ The plan's `description` says which step runs and why, in one line (the model pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from ...runs.events import LoadProgress
 from ..native.ggml_native import ggml_step, why_not as ggml_why_not
@@ -43,7 +49,7 @@ from .run_cache import RunCache
 from .static_cache import bucketing_problem, describe, kv_shapes_for
 from .steps import CompiledLean, CompiledWhole, DecodeStep, LeanTorch, NativeCpp, NativeGGML, TorchForward
 
-__all__ = ["DecodePlan", "NATIVE_INSTEAD", "choose_plan"]
+__all__ = ["DecodePlan", "NATIVE_INSTEAD", "choose_plan", "direct_plan"]
 
 NATIVE_INSTEAD = ("--compile: this 4-bit model's native decode step (one C++ call a token) is faster than a compiled "
                   "one, so nothing is compiled: decoding natively")
@@ -80,6 +86,21 @@ class DecodePlan:
         if self.fallback is not None and self.step.failure is not None:
             self.notice = self.step.failure
             self.step, self.fallback = self.fallback, None
+
+
+def direct_plan(direct, speed: SpeedOptions, max_context: int | None, quant) -> DecodePlan | None:
+    """The plan for a GGUF's later start without transformers' model (core/model/load/gguf_direct.py's DirectModel):
+    the native ggml step, as `choose_plan` chooses it for the same file's model (whose matrices are all ggml's:
+    nothing to fuse or transpose). None where the flags ask for what needs the model (--compile, bucketed KV
+    shapes): the caller builds it and calls `choose_plan`."""
+    device = torch.device("cpu")
+    if speed.compile or kv_shapes_for(speed.kv_shapes, device) or quant is None:
+        return None
+    if speed.weight_layout == "auto":
+        use_threads(device, speed.threads or cpu_cores())  # as choose_plan's preparation sets them
+    step = NativeGGML.over(direct, max_context)
+    return DecodePlan(step=step, description=f"native ggml step: {_weights(quant, None)}; lens via torch",
+                      kv_cache=describe(False, None, speed.kv_shapes))
 
 
 def _ggml_rows(model) -> bool:

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer, new_cache, state_only
+from .adapter import GrowableLayer, config_cache, state_only
 
 BUCKET = 256  # positions per attention shape
 
@@ -83,12 +83,13 @@ def bucketing_problem(model) -> str | None:
     return None
 
 
-def new_eager_cache(model, capacity: int, bucketed: bool) -> DynamicCache:
-    """The eager path's cache (core/model/decode/adapter.py's `new_cache`, `capacity` positions reserved), its
+def new_eager_cache(config, capacity: int, bucketed: bool) -> DynamicCache:
+    """The eager path's cache for a model of `config` (core/model/decode/adapter.py's `config_cache`, `capacity`
+    positions reserved), its
     full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). A 4-bit model's
     lean and native steps (core/model/decode/steps.py) decode only on unbucketed ones: they attend over exactly the
     keys the cache returns, so never over a padded bucket (core/model/decode/plan.py chooses accordingly)."""
-    cache = new_cache(model, capacity)
+    cache = config_cache(config, capacity)  # (a model's config: its transformers' model need not exist)
     if bucketed:
         cache.layers = [BucketedLayer(capacity) if type(layer) is GrowableLayer else layer for layer in cache.layers]
     return cache

@@ -9,7 +9,8 @@ feeds it one token at a time. core/model/decode/plan.py chooses one per engine, 
     NativeCpp      that step as one C++ call (core/model/native/native_step.py), the default where it serves
     NativeGGML     a model whose matrices are ggml rows (a GGUF kept as stored, core/model/load/gguf_stored.py; an HF
                    folder's weights viewed as them, core/model/quant/hf_stored.py): the Llama / Mistral / Qwen2 / Qwen3
-                   step as one C++ call on ggml's kernels (core/model/native/ggml_native.py), each matrix in its format
+                   step as one C++ call on ggml's kernels (core/model/native/ggml_native.py), each matrix in its format;
+                   on a GGUF's later start (`NativeGGML.over`) made from the file, transformers' model built on demand
     CompiledWhole  --compile's whole step on a static cache (core/model/decode/compiled.py): forward and selection
 
 Each keeps what it knows about a run on the run's RunCache (core/model/decode/run_cache.py), never on transformers'
@@ -75,14 +76,23 @@ class TorchForward:
     top_n = None
 
     def __init__(self, model, max_context: int | None = 0, bucketed: bool = False):
-        self.model = model
+        self._setup(lambda: model, model.config, input_device(model), max_context, bucketed)
+
+    def _setup(self, model_of, config, device, max_context: int | None, bucketed: bool) -> None:
+        self._model_of = model_of  # transformers' model (for a GGUF's later start: built when first asked for)
+        self.config = config
+        self.device = device
         self.max_context = max_context or 0
         self.bucketed = bucketed
-        self.device = input_device(model)
+
+    @property
+    def model(self):
+        """transformers' model, whose forward this step runs."""
+        return self._model_of()
 
     def new_cache(self, tokens: int, max_new_tokens: int) -> tuple[RunCache, str | None]:
         capacity = first_capacity(tokens, max_new_tokens, self.max_context)
-        return RunCache(new_eager_cache(self.model, capacity, self.bucketed), self), None
+        return RunCache(new_eager_cache(self.config, capacity, self.bucketed), self), None
 
     def prefill(self, run: RunCache, ids: torch.Tensor, first: bool, states_out: list | None = None) -> torch.Tensor:
         # A Mamba-1 model's later chunks go in one token at a time (core/steps/prefill.py's docstring says why); its
@@ -149,6 +159,15 @@ class NativeGGML(_KernelStep):
     (core/model/native/ggml_prefill.py) unless a forward's hidden states are asked for (the lens, a capture)."""
 
     name = "native ggml step"
+
+    @classmethod
+    def over(cls, direct, max_context: int | None = 0) -> "NativeGGML":
+        """The step of a GGUF's later start (core/model/load/gguf_direct.py's DirectModel): its ggml step made from the
+        file, transformers' model built only when a forward is asked for (the lens, a view)."""
+        step = cls.__new__(cls)
+        step._setup(direct.model, direct.config, torch.device("cpu"), max_context, bucketed=False)
+        step.kernel = direct.step
+        return step
 
     def prefill(self, run: RunCache, ids: torch.Tensor, first: bool, states_out: list | None = None) -> torch.Tensor:
         if states_out is not None:

@@ -20,7 +20,9 @@ TensorProcessor, as gguf_plan.plan_gguf does):
     a type ggml cannot run, or a tensor the processor    de-quantized to float32 as transformers does, and counted
     changes beyond a row order, or any other tensor      in the model facts (with its bytes)
 
-The model facts' account of the weights: core/model/load/gguf_stored_facts.py.
+The model facts' account of the weights: core/model/load/gguf_stored_facts.py. A later start whose cache folder holds
+the first start's placement, facts and step verdict builds no transformers' model at all (`StoredLoad.direct`:
+core/model/load/gguf_direct.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,14 +42,18 @@ from torch import nn
 from ...errors import ModelLoadError
 from ...paths import cache_dir
 from ...runs.events import LoadProgress
+from ...runs.facts import ModelFacts
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
 from .gguf_check import checked_reader, reading
+from .gguf_direct import (FACTS, DirectModel, Placement, StepShape, full_config, read_facts, rope_agrees,
+                          save_facts)
 from .gguf_plan import _skeleton, read_config, with_progress
 from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
-from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache
+from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache, write_whole
 
-FORMAT = 2  # bump when what the cache folder holds changes (2: the tokenizer as transformers reads it back, and
-# its FileTokenizer verdict: core/model/load/tokenizer_cache.py)
+FORMAT = 3  # bump when what the cache folder holds changes (2: the tokenizer as transformers reads it back, and
+# its FileTokenizer verdict: core/model/load/tokenizer_cache.py; 3: the placement and facts a later start without
+# transformers' model reads, core/model/load/gguf_direct.py)
 STAGE_CACHED = "reading the cached tokenizer and config"
 STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
 STEP_VERDICT = "ggml_step.json"  # the first start's verdict on the ggml step, and the libraries it held for
@@ -58,13 +63,17 @@ FOUR_BIT_PACKED = FOUR_BIT  # the types the packed path's own kernels run (gguf_
 @dataclass
 class StoredLoad:
     """A GGUF loaded as stored: the model, its tokenizer, the de-quantized 2-D tensors (HF name -> (block type, the
-    float32 bytes they now take)), and why the config / tokenizer were not cached (None: cached, or read from it)."""
+    float32 bytes they now take)), and why the config / tokenizer were not cached (None: cached, or read from it).
+    A later start that needs no transformers' model (core/model/load/gguf_direct.py) has `model` None, `direct` its
+    step and the model built on demand, and `facts` the first start's."""
 
-    model: nn.Module
+    model: nn.Module | None
     tokenizer: object
     dequantized: dict[str, tuple[str, int]] = field(default_factory=dict)
     notice: str | None = None
     from_cache: bool = False
+    direct: DirectModel | None = None
+    facts: ModelFacts | None = None
 
 
 def packed_serves(reader) -> bool:
@@ -94,28 +103,49 @@ def huge_page_bytes(reader) -> int:
                and (t.name == head or (t.name.startswith("blk.") and t.name.endswith(".weight"))))
 
 
-def _accepted_before(target: Path) -> bool:
-    """Whether the cache folder's verdict says the ggml step was accepted on the file's first start, with the
-    libraries bound now (another build, or no verdict: the comparison is made again)."""
+def _verdict(target: Path) -> dict | None:
+    """The cache folder's verdict on the ggml step (written on the file's first start, once compared with the
+    forward) where it accepted the step with the libraries bound now; None otherwise (another build, or no verdict:
+    the comparison is made again)."""
     from ..native.ggml_native import libraries
 
     try:
         verdict = json.loads((target / STEP_VERDICT).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(verdict, dict) and verdict.get("accepted") is True \
+        return None
+    accepted = isinstance(verdict, dict) and verdict.get("accepted") is True \
         and verdict.get("libraries") == libraries()
+    return verdict if accepted else None
 
 
-def _keep(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all (a file beside it renamed into place); where the cache cannot be
-    written, nothing: the next start compares again."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _direct(target: Path, reader, progress: Progress) -> tuple[DirectModel, ModelFacts] | None:
+    """The step made from the file's tensors without transformers' model (core/model/load/gguf_direct.py), with the
+    first start's facts, where the cache folder has all a later start needs for it; None: load as the first start
+    does."""
+    verdict = _verdict(target)
+    shape = StepShape.from_dict(verdict.get("shape")) if verdict is not None else None
+    if shape is None or verdict.get("rope") is not True:
+        return None
+    placement, facts = Placement.read(target), read_facts(target)
+    if placement is None or facts is None:
+        return None
+    progress(LoadProgress(STAGE_MAP.format(tensors=len(reader.tensors)), None))
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        return DirectModel(reader, placement, shape), facts
+    except ValueError:  # the placement does not cover the step (a family or file it was not made for)
+        return None
+
+
+def _keep_verdict(target: Path, config):
+    """What the first start keeps once the ggml step is compared with the forward: the verdict, the libraries, and
+    for a later start without transformers' model the step's shape and whether the rope table agrees."""
+    from ..native.ggml_native import libraries
+
+    def keep(accepted: bool, step) -> None:
+        write_whole(target / STEP_VERDICT, json.dumps({"libraries": libraries(), "accepted": accepted,
+                                                     "shape": StepShape.of(step).to_dict(),
+                                                     "rope": rope_agrees(step, config)}))
+    return keep
 
 
 def cache_key(path: Path) -> str:
@@ -131,13 +161,27 @@ def cached_folder(path: Path) -> Path:
     return cache_dir() / "stored" / cache_key(path)
 
 
-def _cached(target: Path, progress: Progress):
-    """(config, tokenizer) from a complete cache folder, or None (absent, or damaged: removed)."""
+def _cached_tokenizer(target: Path, progress: Progress):
+    """The tokenizer of a complete cache folder, for a later start without transformers' model; None: absent or not
+    read (the start then goes on as `_cached` does, which says why or converts again)."""
+    if not (target / ".complete").is_file() or not (target / FACTS).is_file():
+        return None
+    progress(LoadProgress(STAGE_CACHED, None))
+    try:
+        return cached_tokenizer(target)
+    except Exception:  # read again, or converted again, by `_cached`
+        return None
+
+
+def _cached(target: Path, progress: Progress, said: bool = False):
+    """(config, tokenizer) from a complete cache folder, or None (absent, or damaged: removed). `said`: the stage was
+    sent already (`_cached_tokenizer`)."""
     from transformers import AutoConfig
 
     if not (target / ".complete").is_file():
         return None
-    progress(LoadProgress(STAGE_CACHED, None))
+    if not said:
+        progress(LoadProgress(STAGE_CACHED, None))
     try:
         return AutoConfig.from_pretrained(target), cached_tokenizer(target)
     except Exception:  # a damaged cache: converted again
@@ -148,16 +192,21 @@ def _cached(target: Path, progress: Progress):
 def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) -> StoredLoad:
     """The GGUF at `path` with its matrices as stored (the module docstring); CPU only. `reader`: the file's
     checked GGUFReader when the caller has one (the routing in loader.py parsed it already). ggml's library must
-    be bound first (ggml_linear.load); a bad file is one line (ModelLoadError)."""
-    from transformers import AutoTokenizer
-
-    from ..native.ggml_native import libraries, trust, when_compared
+    be bound first (ggml_linear.load); a bad file is one line (ModelLoadError). A later start whose cache folder
+    holds what core/model/load/gguf_direct.py needs builds no transformers' model (`StoredLoad.direct`)."""
+    from ..native.ggml_native import trust, when_compared
 
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
-    found = _cached(target, progress)
+    with reading(path):
+        tokenizer = _cached_tokenizer(target, progress)
+        if tokenizer is not None and (direct := _direct(target, reader, progress)) is not None:
+            return StoredLoad(None, tokenizer, from_cache=True, direct=direct[0], facts=direct[1])
+    found = _cached(target, progress, said=tokenizer is not None)
     with reading(path):
         if found is None:
+            from transformers import AutoTokenizer
+
             progress(LoadProgress(STAGE_GGUF_TOKENIZER, None))
             folder, name = str(path.parent), path.name
             tokenizer = settled(AutoTokenizer.from_pretrained(folder, gguf_file=name))  # as later starts read it
@@ -165,7 +214,8 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         else:
             config, tokenizer = found
         model = _skeleton(config)
-        dequantized = place_stored(reader, model, progress)
+        placement = Placement()
+        dequantized = place_stored(reader, model, progress, placement)
     notice = None
     if found is None:
         # A file whose first scores are not numbers is refused before its config and tokenizer are cached; a later
@@ -178,14 +228,22 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
         def write(tmp: Path) -> None:
             config.save_pretrained(tmp)
             save_tokenizer(tmp, tokenizer)  # with whether a later start may read it without transformers
+            placement.save(tmp)
 
         notice = write_cache(target, write, path)
-    if found is not None and _accepted_before(target):
+    if found is not None and _verdict(target) is not None:
         trust(model)
     else:  # a first start, a cache kept before verdicts were, or a verdict for other libraries: kept once compared
-        when_compared(model, lambda accepted: _keep(target / STEP_VERDICT,
-                                                   json.dumps({"libraries": libraries(), "accepted": accepted})))
+        when_compared(model, _keep_verdict(target, config))
     return StoredLoad(model, tokenizer, dequantized, notice=notice, from_cache=found is not None)
+
+
+def keep_facts(path: Path, facts: ModelFacts) -> None:
+    """The model facts of `path`'s first start (or of a start that loaded it as the first does), kept in its cache
+    folder for a later start without transformers' model; nothing where the folder is not there (not cached)."""
+    target = cached_folder(path)
+    if (target / ".complete").is_file() and not (target / FACTS).is_file():
+        save_facts(target, facts)
 
 
 # ---------------------------------------------------------------------------------------------- the tensors
@@ -215,9 +273,11 @@ def _name_map_once():
         gguf.get_tensor_name_map = original
 
 
-def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: None) -> dict[str, tuple[str, int]]:
+def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: None,
+                 placement: Placement | None = None) -> dict[str, tuple[str, int]]:
     """Fill `skeleton` (parameters on the meta device) from `reader`'s tensors, in place: the modules of the module
-    docstring's table. -> the 2-D tensors de-quantized instead (HF name -> (block type, float32 bytes))."""
+    docstring's table. -> the 2-D tensors de-quantized instead (HF name -> (block type, float32 bytes)).
+    `placement`: filled with where each tensor went (core/model/load/gguf_direct.py: what a later start reads)."""
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                           get_gguf_hf_weights_map, read_field)
@@ -235,12 +295,17 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
     embed = _module_name(skeleton, skeleton.get_input_embeddings())
     head = _module_name(skeleton, skeleton.get_output_embeddings())
     matrices, dequantized = {}, {}
+    placement = placement if placement is not None else Placement()
+    placement.family, placement.config = type(skeleton).__name__, full_config(skeleton.config)
     for tensor in with_progress(reader.tensors, STAGE_MAP.format(tensors=len(reader.tensors)), progress):
         hf = mapping.get(tensor.name, "")
         module = hf.removesuffix(".weight") if hf.endswith(".weight") else None
-        matrix = _as_stored(tensor, skeleton, module, embed, head, processor, mapping, parsed)
-        if matrix is not None:
-            matrices[module] = matrix
+        stored = _as_stored(tensor, skeleton, module, embed, head, processor, mapping, parsed)
+        if stored is not None:
+            matrices[module], order = stored
+            placement.matrices[module] = tensor.name
+            if order is not None:
+                placement.orders[tensor.name] = order
             continue
         weights = dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=mapping,
@@ -250,6 +315,11 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
             floats[target] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
             if floats[target].dim() >= 2:
                 dequantized[target] = (tensor.tensor_type.name, floats[target].nbytes)
+            if floats[target].dim() == 1 and result.name == tensor.name \
+                    and np.array_equal(np.asarray(result.weights), np.asarray(weights)):
+                placement.floats[target] = tensor.name  # as the file stores it: a later start reads it itself
+            else:
+                placement.changed.append(target)
     for name, matrix in matrices.items():
         if name == embed:
             _set(skeleton, name, GGMLEmbedding(matrix))
@@ -258,6 +328,7 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
     tied = head is not None and head not in matrices and f"{head}.weight" not in floats
     if tied and embed in matrices:  # no output.weight: the head multiplies by the embedding's own stored matrix
         _set(skeleton, head, GGMLLinear(matrices[embed], bias=floats.pop(f"{head}.bias", None)))
+        placement.tied_head = True
     skeleton.load_state_dict(floats, strict=False, assign=True)
     out = skeleton.get_output_embeddings()
     if type(out) is nn.Linear and out.weight.is_meta:  # tied to a de-quantized embedding (a type ggml cannot run):
@@ -273,9 +344,10 @@ def place_stored(reader, skeleton: nn.Module, progress: Progress = lambda _: Non
 
 def _as_stored(tensor, skeleton: nn.Module, module: str | None, embed: str | None, head: str | None, processor,
                mapping, parsed):
-    """`tensor` as a GGMLMatrix over the file's bytes for `module`, or None when it must be de-quantized: not the
-    weight of an nn.Linear / the embedding / the head, a shape the module does not have, a processor that changes
-    more than its row order, or a block type ggml does not run (GGMLMatrix refuses it)."""
+    """(`tensor` as a GGMLMatrix over the file's bytes for `module`, its row order where the processor permutes
+    its rows, else None), or None when it must be de-quantized: not the weight of an nn.Linear / the embedding / the
+    head, a shape the module does not have, a processor that changes more than its row order, or a block type ggml
+    does not run (GGMLMatrix refuses it)."""
     from ..quant.gguf_quant import row_order
     from ..quant.ggml_linear import GGMLMatrix
 
@@ -295,6 +367,6 @@ def _as_stored(tensor, skeleton: nn.Module, module: str | None, embed: str | Non
         matrix = GGMLMatrix.from_gguf_tensor(tensor)
     except ValueError:  # a block type ggml's CPU kernels do not run: de-quantized, and counted in the facts
         return None
-    if not np.array_equal(order, np.arange(rows)):
-        matrix = matrix.take_rows(torch.from_numpy(order))  # llama's q/k rows: the one copy
-    return matrix
+    if np.array_equal(order, np.arange(rows)):
+        return matrix, None
+    return matrix.take_rows(torch.from_numpy(order)), order  # llama's q/k rows: the one copy

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ...errors import ModelLoadError, SettingsError, error_line
@@ -40,13 +40,25 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Stage names, in the order they come; each reads after the dashboard's "loading " prefix.
 
 
-@dataclass
 class LoadedModel:
-    model: object
-    tokenizer: object
-    facts: ModelFacts
-    # said in the first run: why a model converted here was not cached; why a GGUF on CPU does not run as stored
-    notice: str | None = None
+    """A loaded model: transformers' model, its tokenizer and facts, and `notice`, said in the first run (why a model
+    converted here was not cached; why a GGUF on CPU does not run as stored). A later start of a GGUF kept as stored
+    has `direct` (core/model/load/gguf_direct.py's DirectModel: the ggml step made from the file) and no
+    transformers' model until something reads `model`, which builds it then, once."""
+
+    def __init__(self, model, tokenizer, facts: ModelFacts, notice: str | None = None, direct=None):
+        if (model is None) == (direct is None):
+            raise ValueError("a loaded model has transformers' model or a direct step, one of the two")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.facts = facts
+        self.notice = notice
+        self.direct = direct
+
+    @property
+    def model(self):
+        """transformers' model (for a GGUF's later start, built now if it was not: gguf_direct.py)."""
+        return self._model if self._model is not None else self.direct.model()
 
 
 def _noop(_: LoadProgress) -> None:
@@ -269,13 +281,21 @@ def load_model(
             loaded = load_quantized(where.gguf_file, progress)  # 4-bit matrices packed (core/model/load/gguf_load.py)
             quantization = quant_facts(loaded.model, loaded.manifest)
         else:
-            from .gguf_stored import load_stored
+            from .gguf_stored import keep_facts, load_stored
             from .gguf_stored_facts import stored_facts
 
             loaded = load_stored(where.gguf_file, progress, route.reader)  # the file's bytes, ggml's kernels
+            if loaded.direct is not None:  # a later start: the first start's facts, no transformers' model
+                facts = replace(loaded.facts, name=name, source=source, load_seconds=time.perf_counter() - started)
+                if ready:
+                    progress(LoadProgress(STAGE_READY, 1.0))
+                return LoadedModel(model=None, tokenizer=loaded.tokenizer, facts=facts,
+                                   notice=route.notice, direct=loaded.direct)
             quantization = stored_facts(loaded.model, loaded.dequantized)
         facts = replace(model_facts(loaded.model, loaded.tokenizer, name=name, source=source,
                                     load_seconds=time.perf_counter() - started), quantization=quantization)
+        if route.kind == "stored":
+            keep_facts(where.gguf_file, facts)  # for a later start without transformers' model (gguf_direct.py)
         if ready:
             progress(LoadProgress(STAGE_READY, 1.0))
         notice = "; ".join(n for n in (route.notice, loaded.notice) if n) or None

@@ -54,6 +54,17 @@ def write_cache(target: Path, write: Callable[[Path], None], source: Path) -> st
     return None
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a file beside it renamed into place); where the cache cannot be
+    written, nothing: the next start does the work again."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def check_first_pass(model, tokenizer, source: Path) -> None:
     """Refuse (ModelLoadError) a model just converted from `source` whose scores for a few tokens are not all
     finite: its weights are broken (such a model would stop every run at its first step with NaN scores), and it

@@ -46,7 +46,8 @@ _MATS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.
 _STEPS: "weakref.WeakKeyDictionary[object, GGMLStep | None]" = weakref.WeakKeyDictionary()
 _WHY: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
 _TRUSTED: "weakref.WeakSet[object]" = weakref.WeakSet()  # `trust`
-_KEEP: "weakref.WeakKeyDictionary[object, Callable[[bool], None]]" = weakref.WeakKeyDictionary()  # `when_compared`
+# `when_compared`'s callbacks
+_KEEP: "weakref.WeakKeyDictionary[object, Callable[[bool, GGMLStep], None]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
 
@@ -67,6 +68,10 @@ def _rms(module) -> bool:
         and hasattr(module, "variance_epsilon") and "RMSNorm" in type(module).__name__
 
 
+def _mats_of(layer: "LayerParts") -> tuple:
+    return layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down
+
+
 @dataclass(frozen=True)
 class LayerParts:
     """One decoder layer as the ggml step reads it: its 7 matrices (GGMLLinear, q / k / v with their biases), its two
@@ -85,65 +90,104 @@ class LayerParts:
     k_norm: torch.Tensor | None
 
 
+@dataclass(frozen=True)
+class StepParts:
+    """What the ggml step runs, however it was found (`parts_of` a transformers model; core/model/load/gguf_direct.py
+    from a GGUF's tensors without one): the embedding (GGMLEmbedding or nn.Embedding), the layers, the final norm's
+    weight, the head (a GGMLLinear; a tied one over the embedding's matrix), the rotation (the model's rotary module,
+    or core/model/native/rope.py's RopeTable: `rotary(x, position_ids) -> (cos, sin)`), and the shapes and scalars."""
+
+    embed: nn.Module
+    layers: tuple[LayerParts, ...]
+    norm_weight: torch.Tensor
+    head: nn.Module
+    rotary: Callable
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+
+
+def check_config(config, family: str) -> None:
+    """ValueError (one line) for a config the ggml step does not run: another family, sliding-window layers."""
+    if family not in SUPPORTED:
+        raise ValueError(f"family {family}: the ggml step runs {', '.join(SUPPORTED)}")
+    types = getattr(config, "layer_types", None) or ["full_attention"]
+    if any(t != "full_attention" for t in types) or (
+            getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+        raise ValueError(f"family {family}: its layers have sliding-window attention")
+
+
+def parts_of(model) -> StepParts:
+    """`model`'s modules as the ggml step reads them. ValueError (one line: why not) for a model it cannot run."""
+    family = type(model).__name__
+    check_config(model.config, family)
+    inner = model.model
+    embed, norm = inner.embed_tokens, inner.norm
+    if not isinstance(embed, (GGMLEmbedding, nn.Embedding)):
+        raise ValueError(f"an embedding of another kind ({type(embed).__name__})")
+    if not _rms(norm):
+        raise ValueError(f"family {family}: its final norm is not an RMSNorm in float32")
+    epsilons, scales, layers = {norm.variance_epsilon}, set(), []
+    for layer in inner.layers:
+        mats = [_module(layer, path) for path in _MATS]
+        if not all(isinstance(m, GGMLLinear) for m in mats):
+            kinds = sorted({type(m).__name__ for m in mats if not isinstance(m, GGMLLinear)})
+            raise ValueError(f"family {family}: its layers have matrices not kept as GGUF tensors "
+                             f"({', '.join(kinds)})")
+        if any(m.bias is not None for m in mats[3:]):
+            raise ValueError(f"family {family}: its layers have biases outside q/k/v")
+        if not _is_silu(layer.mlp.act_fn):
+            raise ValueError("an MLP activation other than SiLU")
+        attn = layer.self_attn
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        qk = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
+        if not all(_rms(n) for n in norms) or (any(n is not None for n in qk) and not all(_rms(n) for n in qk)):
+            raise ValueError(f"family {family}: its layers have norms other than float32 RMSNorm")
+        epsilons.update(n.variance_epsilon for n in (*norms, *qk) if n is not None)
+        scales.add(attn.scaling)
+        layers.append(LayerParts(*mats, *(n.weight.detach() for n in norms),
+                                 *(None if n is None else n.weight.detach() for n in qk)))
+    if len(epsilons) != 1 or len(scales) != 1:
+        raise ValueError("layers differ in their norm epsilon or attention scale")
+    config = model.config
+    return StepParts(embed=embed, layers=tuple(layers), norm_weight=norm.weight.detach(), head=model.lm_head,
+                     rotary=inner.rotary_emb, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+                     head_dim=inner.layers[0].self_attn.head_dim, eps=float(epsilons.pop()),
+                     scale=float(scales.pop()))
+
+
 class GGMLStep:
     """One model's native decode step on ggml's kernels: `step(token_id, cache) -> logits [V]` and `hidden(token_id,
-    cache) -> [1, H]`, as NativeStep's. ValueError (one line: why not) for a model it cannot run. Get one with
-    `ggml_step`."""
+    cache) -> [1, H]`, as NativeStep's. Made from a model's modules (`GGMLStep(model)`; ValueError, one line, for a
+    model it cannot run) or from parts found without one (`from_parts`). Get one for a model with `ggml_step`."""
 
     def __init__(self, model):
-        family = type(model).__name__
-        if family not in SUPPORTED:
-            raise ValueError(f"family {family}: the ggml step runs {', '.join(SUPPORTED)}")
-        config = model.config
-        types = getattr(config, "layer_types", None) or ["full_attention"]
-        if any(t != "full_attention" for t in types) or (
-                getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
-            raise ValueError(f"family {family}: its layers have sliding-window attention")
-        inner = model.model
-        self.model, self.embed, self.rotary, self.norm, self.head = model, inner.embed_tokens, inner.rotary_emb, \
-            inner.norm, model.lm_head
-        if not isinstance(self.embed, (GGMLEmbedding, nn.Embedding)):
-            raise ValueError(f"an embedding of another kind ({type(self.embed).__name__})")
-        self._mats: list[torch.Tensor] = []
-        self._types: list[int] = []
-        self._packed: list[int] = []  # 1 where the matrix is in ggml's interleaved layout (GGMLLinear.packed)
+        self._setup(parts_of(model), lambda: model)
+
+    @classmethod
+    def from_parts(cls, parts: StepParts, model_of: Callable[[], nn.Module]) -> "GGMLStep":
+        """The step over `parts`; `model_of()` gives transformers' model (built on demand) for a cache of another
+        kind, which only its forward extends."""
+        step = cls.__new__(cls)
+        step._setup(parts, model_of)
+        return step
+
+    def _setup(self, parts: StepParts, model_of: Callable[[], nn.Module]) -> None:
+        self._model_of = model_of
+        self.embed, self.rotary, self.head = parts.embed, parts.rotary, parts.head
+        self.layers: list[LayerParts] = list(parts.layers)  # for a prompt's rows (ggml_prefill.py)
+        self.heads, self.kv_heads, self.head_dim = parts.heads, parts.kv_heads, parts.head_dim
+        self.eps, self.scale, self.norm_weight = parts.eps, parts.scale, parts.norm_weight
+        self._mats = [m.run_bytes for layer in self.layers for m in _mats_of(layer)]  # interleaved, huge pages or file
+        self._types = [m.matrix.type for layer in self.layers for m in _mats_of(layer)]
+        self._packed = [int(m.packed is not None) for layer in self.layers for m in _mats_of(layer)]
         self._vectors: list[torch.Tensor | None] = []
-        self.layers: list[LayerParts] = []  # the same modules and vectors, for a prompt's rows (ggml_prefill.py)
-        epsilons, scales = {self.norm.variance_epsilon} if _rms(self.norm) else set(), set()
-        if not _rms(self.norm):
-            raise ValueError(f"family {family}: its final norm is not an RMSNorm in float32")
-        for layer in inner.layers:
-            mats = [_module(layer, path) for path in _MATS]
-            if not all(isinstance(m, GGMLLinear) for m in mats):
-                kinds = sorted({type(m).__name__ for m in mats if not isinstance(m, GGMLLinear)})
-                raise ValueError(f"family {family}: its layers have matrices not kept as GGUF tensors "
-                                 f"({', '.join(kinds)})")
-            if any(m.bias is not None for m in mats[3:]):
-                raise ValueError(f"family {family}: its layers have biases outside q/k/v")
-            if not _is_silu(layer.mlp.act_fn):
-                raise ValueError("an MLP activation other than SiLU")
-            attn = layer.self_attn
-            norms = [layer.input_layernorm, layer.post_attention_layernorm]
-            qk = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
-            if not all(_rms(n) for n in norms) or (any(n is not None for n in qk) and not all(_rms(n) for n in qk)):
-                raise ValueError(f"family {family}: its layers have norms other than float32 RMSNorm")
-            epsilons.update(n.variance_epsilon for n in (*norms, *qk) if n is not None)
-            scales.add(attn.scaling)
-            self._mats += [m.run_bytes for m in mats]  # interleaved, in huge pages or the file's
-            self._types += [m.matrix.type for m in mats]
-            self._packed += [int(m.packed is not None) for m in mats]
-            self._vectors += [n.weight.detach() for n in norms]
-            self._vectors += [None if m.bias is None else m.bias.detach() for m in mats[:3]]
-            self._vectors += [None if n is None else n.weight.detach() for n in qk]
-            self.layers.append(LayerParts(*mats, *(n.weight.detach() for n in norms),
-                                          *(None if n is None else n.weight.detach() for n in qk)))
-        if len(epsilons) != 1 or len(scales) != 1:
-            raise ValueError("layers differ in their norm epsilon or attention scale")
-        first = inner.layers[0].self_attn
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = first.head_dim
-        self.eps, self.scale = float(epsilons.pop()), float(scales.pop())
-        self.norm_weight = self.norm.weight.detach()
+        for layer in self.layers:
+            self._vectors += [layer.input_norm, layer.post_norm]
+            self._vectors += [None if m.bias is None else m.bias.detach() for m in (layer.q, layer.k, layer.v)]
+            self._vectors += [layer.q_norm, layer.k_norm]
 
     @torch.inference_mode()
     def step(self, token_id: int, cache) -> torch.Tensor:
@@ -175,7 +219,7 @@ class GGMLStep:
 
     def _forward_hidden(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """The model's own forward of ids [1, T] extending `cache` -> the last position's final hidden state [1, H]."""
-        inner = self.model.model
+        inner = self._model_of().model
         out = inner(input_ids=ids, use_cache=True, **{cache_keyword(inner): cache})
         return out.last_hidden_state[:, -1]
 
@@ -212,8 +256,8 @@ def trust(model) -> None:
         _TRUSTED.add(model)
 
 
-def when_compared(model, keep: Callable[[bool], None]) -> None:
-    """`keep(accepted)` once `ggml_step(model)` has compared the step with the forward (not where it is trusted or
+def when_compared(model, keep: "Callable[[bool, GGMLStep], None]") -> None:
+    """`keep(accepted, step)` once `ggml_step(model)` has compared the step with the forward (not where it is trusted or
     cannot be made): how a file's first start keeps the verdict."""
     with _LOCK:
         _KEEP[model] = keep
@@ -246,7 +290,7 @@ def _compared(model, step: GGMLStep) -> bool:
     accepted = close_to_forward(model, step)
     keep = _KEEP.pop(model, None)
     if keep is not None:
-        keep(accepted)
+        keep(accepted, step)
     return accepted
 
 

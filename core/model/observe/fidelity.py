@@ -27,7 +27,7 @@ def teacher_forced_logits(model, prompt_ids: list[int], tokens: list[int], lean_
     logits, _ = prefill(model, prompt_ids, cache, chunk=max(1, len(prompt_ids)))
     out = [logits.float()]
     for token in tokens[:-1]:
-        logits, _ = decode_one_token(model, token, cache)
+        logits, _ = decode_one_token(token, cache)
         out.append(logits.float())
     return out
 

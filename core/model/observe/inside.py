@@ -61,15 +61,20 @@ class Inside:
         return not self.native
 
     @classmethod
-    def for_options(cls, model, options: RunOptions, compiled: bool, current: "Inside | None",
+    def for_options(cls, model_of, options: RunOptions, compiled: bool, current: "Inside | None",
                     said: bool, step=None) -> tuple["Inside | None", str | None]:
         """(the capture the next forward runs under, None for none; a Notice's text when something asked for is
         not available and was not `said` yet in this run). `current` is kept while the options are the same.
         `step`: the plan's decode step (core/model/decode/steps.py): on the native step the views read what the step
-        writes, without the forward; None: every capture goes through the forward."""
+        writes, without the forward; None: every capture goes through the forward. `model_of()`: transformers'
+        model, asked for only where a view is on (a GGUF's later start builds it then: core/model/load/
+        gguf_direct.py)."""
         notes = []
         attention = options.attention
         sublayers = options.sublayers
+        if not (attention or sublayers):
+            return None, None
+        model = model_of()
         if attention and (why := COMPILED if compiled else attention_unavailable(model)):
             notes.append(f"attention view: {why}")
             attention = False
