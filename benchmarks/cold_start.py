@@ -8,9 +8,9 @@ first event and to its model, prompt, prefill and first step events.
                                               [--tokentui NAME=COMMAND ...] [--json out.json]
 
 Each --tokentui contender is a command line that starts tokentui (default: this checkout's `.venv/bin/tokentui`):
-two checkouts compared in the same rounds. Each round runs, per file, every contender then llama-server (the file in
-the page cache from a first, untimed run of each contender, which also fills tokentui's own caches); the ratios to
-llama-server are per round, their median printed.
+two checkouts compared in the same rounds. Each round runs, per file, every contender and llama-server, the order
+turned by one each round (the file in the page cache from a first, untimed run of each contender, which also fills
+tokentui's own caches); the ratios to llama-server are per round, their median printed.
 """
 
 from __future__ import annotations
@@ -60,8 +60,18 @@ def main(argv=None) -> int:
                                    "server_kib": [], "stages": []} for who, _ in contenders for name, _ in files}
     for round_ in range(args.rounds):
         for name, path in files:
-            ours = {who: tokentui_cold([*command, "--model", str(path)], args.threads) for who, command in contenders}
-            s_first, s_peak = cold_server(path, args.threads, ids[name])
+            # who starts right after whom matters: a start after one that just gave back its huge pages finds them
+            # free, one after llama-server (whose memory the kernel hands back in small pages) may wait for the
+            # kernel to compact memory (BENCHMARKS.md, "A later start without transformers' model"); so the order
+            # turns by one each round, llama-server included
+            order = [*contenders, ("llama-server", None)]
+            shift = round_ % len(order)
+            ours, sequence = {}, order[shift:] + order[:shift]
+            for who, command in sequence:
+                if command is None:
+                    s_first, s_peak = cold_server(path, args.threads, ids[name])
+                else:
+                    ours[who] = tokentui_cold([*command, "--model", str(path)], args.threads)
             for who, (first, peak, stages, _) in ours.items():
                 entry = results[who, name]
                 for key, value in zip(("tokentui_s", "server_s", "ratio", "tokentui_kib", "server_kib", "stages"),
@@ -70,7 +80,8 @@ def main(argv=None) -> int:
                 said = ", ".join(f"{stage} {at:.2f}" for stage, at in stages.items())
                 print(f"{name} round {round_ + 1} (load {os.getloadavg()[0]:.1f}): {who} {first:.2f} s "
                       f"{peak / 1024:.0f} MiB, llama-server {s_first:.2f} s {s_peak / 1024:.0f} MiB, ratio "
-                      f"{first / s_first:.2f}; its stages at: {said}", flush=True)
+                      f"{first / s_first:.2f} (order {', '.join(w for w, _ in sequence)}); its stages at: {said}",
+                      flush=True)
     print(f"\n| file | MiB | contender | cold start | llama-server | ratio (median of rounds) | peak RSS | "
           "llama-server |")
     print("|---" * 8 + "|")

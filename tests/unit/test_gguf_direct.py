@@ -25,6 +25,8 @@ from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import BranchEvent, PrefillEvent, PromptEvent, StepEvent
 from tokentui.core.runs.explore_events import SampleEvent, ScoreEvent
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
+from tokentui.core.runs.run import Run
+from tokentui.core.runs.turns import TurnEvent, follow_up
 from tokentui.core.settings import RunOptions, SamplerSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gguf_tools", "isolated_dirs", "one_torch_thread")]
@@ -129,6 +131,26 @@ def test_a_branch_on_a_later_start_reuses_the_cache_without_building_the_model(t
     assert not later.direct.built
 
 
+def test_a_follow_up_turn_on_a_later_start_reuses_the_cache_without_building_the_model(tmp_path):
+    """A follow-up turn (core/model/turn.py) goes on from the positions the first turn cached, as on the first start,
+    with the same ids and probabilities, and builds no model."""
+    path = own_copy(tmp_path, "llama", "Q8_0", False)
+    seen = {}
+    for name in ("first", "later"):
+        loaded = load_model(str(path), device="cpu")
+        engine = greedy(loaded, n=6)
+        run = Run()
+        for event in engine.run(PROMPT):
+            run.apply(event)
+        second = list(engine.turn(follow_up(run, "And is Anthropic?", parent="first.jsonl")))
+        turn = next(e for e in second if isinstance(e, TurnEvent))
+        assert turn.reused_tokens > 0
+        seen[name] = (turn.reused_tokens, [figures(s) for s in steps_of(second)])
+        if name == "later":
+            assert loaded.direct is not None and not loaded.direct.built
+    assert seen["later"] == seen["first"]
+
+
 def test_the_lens_views_fan_out_and_score_on_a_later_start_build_the_model_and_match_the_first(tmp_path):
     """What needs transformers' forward builds the model when first asked for, and gives the first start's
     figures: the lens rows, the attention and sublayer views, a seeded fan-out's samples, a score's probabilities."""
@@ -201,3 +223,20 @@ def test_a_later_start_in_a_fresh_process_imports_no_transformers_modeling(tmp_p
     (first_ids, first_heavy), (later_ids, later_heavy) = runs
     assert "transformers.modeling_utils" in first_heavy  # the first start builds the model
     assert later_heavy == [] and later_ids == first_ids and len(first_ids) == 6
+
+
+def test_a_placement_that_does_not_fit_the_cached_config_is_one_line_when_the_model_is_built(tmp_path):
+    """A cache folder edited by hand (its placement names another family than its config builds): the step still
+    runs the file, and building transformers' model refuses in one line naming the folder to delete."""
+    from tokentui.core.errors import ModelLoadError
+
+    path = own_copy(tmp_path)
+    greedy(load_model(str(path), device="cpu"))
+    placement = cached_folder(path) / "placement.json"
+    data = json.loads(placement.read_text())
+    placement.write_text(json.dumps({**data, "family": "LlamaForCausalLM"}))
+    later = load_model(str(path), device="cpu")
+    assert later.direct is not None
+    with pytest.raises(ModelLoadError, match="delete that folder and start again") as err:
+        later.model
+    assert "\n" not in str(err.value) and str(cached_folder(path)) in str(err.value)

@@ -175,9 +175,9 @@ class DirectModel:
     transformers' model built from the same modules when first asked for (`model()`). ValueError (one line) where
     the placement does not cover what the step reads."""
 
-    def __init__(self, reader, placement: Placement, shape: StepShape):
+    def __init__(self, reader, placement: Placement, shape: StepShape, folder: Path):
         self.config = step_config(placement.config)
-        self._reader, self._placement = reader, placement
+        self._reader, self._placement, self._folder = reader, placement, folder
         self._modules: dict[str, nn.Module] = {}  # HF module name -> the GGMLLinear / GGMLEmbedding made here
         self._vectors: dict[str, torch.Tensor] = {}  # HF parameter -> its float32 values
         self._model: nn.Module | None = None
@@ -262,8 +262,9 @@ class DirectModel:
         values = dict(self._placement.config)
         model = _skeleton(CONFIG_MAPPING[values.pop("model_type")].from_dict(values))
         if type(model).__name__ != self._placement.family:
-            raise ModelLoadError(f"the cached config builds {type(model).__name__}, not the "
-                                 f"{self._placement.family} its first start placed; delete {FACTS}'s folder")
+            raise ModelLoadError(f"{self._folder}: the cached config builds {type(model).__name__}, not the "
+                                 f"{self._placement.family} the file's first start placed; delete that folder and "
+                                 "start again")
         for name, module in self._modules.items():
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module)
@@ -271,8 +272,8 @@ class DirectModel:
         model.load_state_dict(own, strict=False, assign=True)
         still_meta = [n for n, p in model.named_parameters() if p.is_meta]
         if still_meta:
-            raise ModelLoadError(f"the cached placement has no tensor for {still_meta[0]} (and {len(still_meta) - 1} "
-                                 "more)")
+            raise ModelLoadError(f"{self._folder}: the cached placement has no tensor for {still_meta[0]} (and "
+                                 f"{len(still_meta) - 1} more); delete that folder and start again")
         model.eval()
         trust(model)  # its ggml step is this one's: the file's verdict holds for it
         return model

@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def _direct(target: Path, reader, progress: Progress) -> tuple[DirectModel, Mode
         return None
     progress(LoadProgress(STAGE_MAP.format(tensors=len(reader.tensors)), None))
     try:
-        return DirectModel(reader, placement, shape), facts
+        return DirectModel(reader, placement, shape, target), facts
     except ValueError:  # the placement does not cover the step (a family or file it was not made for)
         return None
 
@@ -161,12 +162,9 @@ def cached_folder(path: Path) -> Path:
     return cache_dir() / "stored" / cache_key(path)
 
 
-def _cached_tokenizer(target: Path, progress: Progress):
-    """The tokenizer of a complete cache folder, for a later start without transformers' model; None: absent or not
-    read (the start then goes on as `_cached` does, which says why or converts again)."""
-    if not (target / ".complete").is_file() or not (target / FACTS).is_file():
-        return None
-    progress(LoadProgress(STAGE_CACHED, None))
+def _cached_tokenizer(target: Path):
+    """The tokenizer of a complete cache folder, for a later start without transformers' model; None where it cannot
+    be read (the start then goes on as `_cached` does, which reads it again or converts the file again)."""
     try:
         return cached_tokenizer(target)
     except Exception:  # read again, or converted again, by `_cached`
@@ -198,11 +196,16 @@ def load_stored(path: Path, progress: Progress = lambda _: None, reader=None) ->
 
     reader = reader if reader is not None else checked_reader(path)  # checked against its own tensor table
     target = cached_folder(path)
-    with reading(path):
-        tokenizer = _cached_tokenizer(target, progress)
-        if tokenizer is not None and (direct := _direct(target, reader, progress)) is not None:
+    later = (target / ".complete").is_file() and (target / FACTS).is_file()
+    if later:  # the tokenizer read on a thread while the step's matrices are placed (ggml's copies free the GIL)
+        progress(LoadProgress(STAGE_CACHED, None))
+        with reading(path), ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentui-tokenizer") as pool:
+            tokenizer = pool.submit(_cached_tokenizer, target)
+            direct = _direct(target, reader, progress)
+            tokenizer = tokenizer.result()
+        if tokenizer is not None and direct is not None:
             return StoredLoad(None, tokenizer, from_cache=True, direct=direct[0], facts=direct[1])
-    found = _cached(target, progress, said=tokenizer is not None)
+    found = _cached(target, progress, said=later)
     with reading(path):
         if found is None:
             from transformers import AutoTokenizer
