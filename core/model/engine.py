@@ -111,6 +111,11 @@ class Engine(BaseEngine):
         return self._loaded.model
 
     @property
+    def config(self):
+        """The model's config (a GGUF's later start: the one its step was made with), without building the model."""
+        return self._direct.config if self._direct is not None else self._loaded.model.config
+
+    @property
     def layout(self) -> LayoutReport:
         """The wide matrices this engine stored transposed (core/model/quant/weight_layout.py)."""
         return self.plan.layout

@@ -46,7 +46,8 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select
-from .decode.adapter import GrowableLayer, first_capacity, forward_batch_logits, input_device, new_cache
+from .decode.adapter import (GrowableLayer, config_cache, first_capacity, forward_batch_logits, input_device,
+                             new_cache)
 from .decode.run_cache import RunCache
 from .decode.steps import TorchForward
 from .branch import HeldCache, crop_cache, reusable_positions
@@ -58,11 +59,11 @@ __all__ = ["expand_cache", "fanout_events"]
 PROGRESS_EVERY_S = 1.0  # a FanoutProgress at most this often: a person's progress line, a line a second in --json
 
 
-def expand_cache(model, cache, n: int, capacity: int):
-    """A copy of `cache` (a batch-1 RunCache) at batch `n`, room for `capacity` positions per row in its
-    full-attention layers; `cache` itself is left as it was. SettingsError (one line) for a layer kind that cannot
-    be batched."""
-    out = new_cache(model, capacity)
+def expand_cache(config, cache, n: int, capacity: int):
+    """A copy of `cache` (a batch-1 RunCache of a model of `config`) at batch `n`, room for `capacity` positions per
+    row in its full-attention layers; `cache` itself is left as it was. SettingsError (one line) for a layer kind
+    that cannot be batched."""
+    out = config_cache(config, capacity)
     layers = []
     for source, fresh in zip(cache.kv.layers, out.layers):
         keys = getattr(source, "keys", None)
@@ -216,7 +217,7 @@ def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event
     yield from prefilled
     prefix = tuple(request.prompt_ids) + tuple(request.tokens)
     engine.hold_cache(HeldCache(base, prefix))  # kept as it is: the rows decode in a copy
-    batch = expand_cache(model, base, n, len(prefix) + m) if m > 1 else None
+    batch = expand_cache(engine.config, base, n, len(prefix) + m) if m > 1 else None
     rows = [_Row(logits.device, request.seed_of(i), _primed(vocab, request.tokens)) for i in range(n)]
     # each sample looks back at the prompt, the tokens before the step and its own (core/model/sampler_input.py)
     histories = [RunHistory(engine.tokenizer, vocab, list(prefix)) for _ in range(n)]

@@ -74,7 +74,7 @@ def step_logits(engine, request: PreviewRequest) -> tuple[torch.Tensor, str, flo
         keep, _why = reusable_positions(held, prefix)
         if keep:
             capacity = first_capacity(held.cache.tokens(), 1, engine.facts.max_context)
-            copy = expand_cache(engine.model, held.cache, 1, capacity)  # the run's cache is only read
+            copy = expand_cache(engine.config, held.cache, 1, capacity)  # the run's cache is only read
             crop_cache(copy, keep)
             logits, forward_ms = decode_one_token(prefix[-1], copy)
             return logits.reshape(-1).to(torch.float32).clone(), "kv", forward_ms

@@ -24,6 +24,7 @@ from tokentui.core.model.quant import ggml_linear
 from tokentui.core.runs.branch_point import BranchPoint
 from tokentui.core.runs.events import BranchEvent, PrefillEvent, PromptEvent, StepEvent
 from tokentui.core.runs.explore_events import SampleEvent, ScoreEvent
+from tokentui.core.runs.preview import PreviewRequest
 from tokentui.core.runs.requests import FanoutRequest, ScoreRequest
 from tokentui.core.runs.run import Run
 from tokentui.core.runs.turns import TurnEvent, follow_up
@@ -112,7 +113,9 @@ def test_the_model_built_on_demand_is_the_first_starts_and_shares_the_steps_modu
         assert torch.equal(step.hidden(token, ours), built.hidden(token, theirs))
 
 
-def test_a_branch_on_a_later_start_reuses_the_cache_without_building_the_model(tmp_path):
+def test_a_branch_and_a_preview_on_a_later_start_reuse_the_cache_without_building_the_model(tmp_path):
+    """A branch with KV reuse, and a step previewed under other settings on the run's held cache (the dashboard's
+    time travel), give the first start's figures and build no model."""
     path = own_copy(tmp_path, "qwen2", "Q4_K_M", True)
     first_engine = greedy(load_model(str(path), device="cpu"), n=8)
     later = load_model(str(path), device="cpu")
@@ -122,11 +125,15 @@ def test_a_branch_on_a_later_start_reuses_the_cache_without_building_the_model(t
         events = list(engine.run(PROMPT))
         prompt_ids = next(e for e in events if isinstance(e, PromptEvent)).ids
         steps = steps_of(events)
+        request = PreviewRequest(tuple(prompt_ids), tuple(s.id for s in steps[:4]), SamplerSettings(temperature=0.5))
+        preview = engine.preview_step(request)[0]
+        assert preview.source == "kv"
         point = BranchPoint(tuple(prompt_ids), tuple(s.id for s in steps[:3]), 3, steps[3].candidates[1].id)
         branch = list(engine.branch(point))
         reused = next(e for e in branch if isinstance(e, BranchEvent)).kv_reused_tokens
         assert reused == len(prompt_ids) + 2 == next(e for e in branch if isinstance(e, PrefillEvent)).reused_tokens
-        results[name] = [figures(s) for s in steps_of(branch)]
+        results[name] = ([figures(s) for s in steps_of(branch)], preview.pick,
+                         [(c.id, c.prob, c.raw_prob) for c in preview.candidates])
     assert results["later"] == results["first"]
     assert not later.direct.built
 

@@ -14,7 +14,7 @@ What the first start leaves in the file's cache folder (core/model/load/gguf_sto
                                      parser)
 
 A later start takes this path only where all of them are there, the verdict accepted the step with the libraries
-bound now, and the placement covers every matrix and vector the step reads (`direct_parts`); anywhere else it loads
+bound now, and the placement covers every matrix and vector the step reads (`DirectModel`); anywhere else it loads
 as the first start does. The step's parts are then those the model path's `parts_of` would read from transformers'
 model built over the same tensors: the same GGMLMatrix rows (the same row order), the same norm and bias values, the
 same scalars. tests/unit/test_gguf_direct.py holds the two to the same bits.
@@ -40,8 +40,6 @@ ROW_ORDERS = "row_orders.npz"
 FACTS = "facts.json"
 _EMBED, _NORM, _HEAD = "model.embed_tokens", "model.norm.weight", "lm_head"
 _LAYER = "model.layers.{i}."
-_MATS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-         "mlp.up_proj", "mlp.down_proj")  # LayerParts' order (core/model/native/ggml_native.py)
 _NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
 _QK_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
@@ -96,8 +94,8 @@ def step_config(values: dict):
     """transformers' base config class holding `values` (`full_config`'s): what the step, the KV cache and the end
     ids read (shapes, layer types, rope parameters, end ids), without the family's own config class, whose import
     (transformers' scan of every model's files) a later start would pay for (BENCHMARKS.md: "A later start without
-    transformers' model"). The first start checks the rope table
-    against it (`rope_agrees`); the family's class is built from the same values with the model (`DirectModel`)."""
+    transformers' model"). The first start checks the rope table against it (`rope_agrees`); the family's class is
+    built from the same values with the model (`DirectModel`)."""
     from transformers.configuration_utils import PreTrainedConfig
 
     return PreTrainedConfig.from_dict(values)
@@ -185,7 +183,7 @@ class DirectModel:
         self.step = self._make_step(shape)
 
     def _make_step(self, shape: StepShape):
-        from ..native.ggml_native import GGMLStep, LayerParts, StepParts, check_config
+        from ..native.ggml_native import LAYER_MATRICES, GGMLStep, LayerParts, StepParts, check_config
         from ..native.rope import RopeTable
         from ..quant.ggml_linear import GGMLEmbedding, GGMLLinear, GGMLMatrix
 
@@ -229,7 +227,7 @@ class DirectModel:
         layers = []
         for i in range(int(self.config.num_hidden_layers)):
             prefix = _LAYER.format(i=i)
-            mats = [linear(prefix + m) for m in _MATS]
+            mats = [linear(prefix + m) for m in LAYER_MATRICES]
             if any(m.bias is not None for m in mats[3:]):
                 raise ValueError("its layers have biases outside q/k/v")
             norms = [vector(prefix + n) for n in _NORMS]

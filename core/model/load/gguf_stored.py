@@ -173,7 +173,7 @@ def _cached_tokenizer(target: Path):
 
 def _cached(target: Path, progress: Progress, said: bool = False):
     """(config, tokenizer) from a complete cache folder, or None (absent, or damaged: removed). `said`: the stage was
-    sent already (`_cached_tokenizer`)."""
+    sent already (by `load_stored`, before it tried a start without transformers' model)."""
     from transformers import AutoConfig
 
     if not (target / ".complete").is_file():

@@ -41,8 +41,10 @@ SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen
 # random weights, in Q8_0 and a Q4_K_M mix, is in BENCHMARKS.md (ggml section): this bound is a few times its
 # largest. A wrong weight, rotation, norm, bias or cache row moves the output by order 1.
 TOLERANCE = 0.1
-_MATS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-         "mlp.up_proj", "mlp.down_proj")
+# a decoder layer's 7 matrices by their module paths, in LayerParts' order (core/model/load/gguf_direct.py reads them
+# by the same names)
+LAYER_MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj")
 _STEPS: "weakref.WeakKeyDictionary[object, GGMLStep | None]" = weakref.WeakKeyDictionary()
 _WHY: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
 _TRUSTED: "weakref.WeakSet[object]" = weakref.WeakSet()  # `trust`
@@ -131,7 +133,7 @@ def parts_of(model) -> StepParts:
         raise ValueError(f"family {family}: its final norm is not an RMSNorm in float32")
     epsilons, scales, layers = {norm.variance_epsilon}, set(), []
     for layer in inner.layers:
-        mats = [_module(layer, path) for path in _MATS]
+        mats = [_module(layer, path) for path in LAYER_MATRICES]
         if not all(isinstance(m, GGMLLinear) for m in mats):
             kinds = sorted({type(m).__name__ for m in mats if not isinstance(m, GGMLLinear)})
             raise ValueError(f"family {family}: its layers have matrices not kept as GGUF tensors "
