@@ -9,6 +9,7 @@ from typing import Callable
 
 from ...link.protocol import EngineSpec
 from ...runs.events import LoadProgress
+from .ahead import start_ahead
 from .gguf_route import Route
 
 Progress = Callable[[LoadProgress], None]
@@ -22,13 +23,15 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     The cyclic garbage collector is off while the ~2,500 modules of torch and transformers are imported and the
     model is built (it found nothing to free there and cost ~0.7 s of a 4-s start); the objects that survive are
     then frozen out of later collections, so the dashboard's and the decode loop's collections stay short. Before
-    those imports, a GGUF that runs as stored has the huge-page memory of its matrices reserved (`reserve_ahead`),
-    which the load trims once they are placed."""
+    those imports, a later start of a GGUF that runs as stored has its matrices copied into huge-page memory on a
+    thread (core/model/load/ahead.py: `start_ahead`), and the huge-page memory of the rest reserved (`reserve_ahead`);
+    the load closes the one and trims the other once the matrices are placed."""
     was_enabled = gc.isenabled()
     gc.disable()
     reserved, route = 0, None
+    copying = start_ahead(spec)  # first: its copies run beside every import below
     try:
-        reserved, route = reserve_ahead(spec)  # before the imports below, which it overlaps
+        reserved, route = reserve_ahead(spec, copying.planned_bytes if copying else 0)
         from ..engine import Engine
         from .loader import STAGE_READY, load_model
         from ..speed import SpeedOptions
@@ -46,17 +49,21 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
         return engine
     finally:
         _trim(reserved)
+        if copying is not None:
+            copying.close()  # every matrix placed: a copy not taken goes back
         if was_enabled:
             gc.freeze()
             gc.enable()
 
 
-def reserve_ahead(spec: EngineSpec) -> tuple[int, Route | None]:
+def reserve_ahead(spec: EngineSpec, copied_ahead: int = 0) -> tuple[int, Route | None]:
     """Where `spec` names a GGUF file on disk that will run as stored on ggml's kernels (already built: nothing is
     built here), start the huge-page memory its matrices are copied into being faulted in, on a thread, before the
     load imports transformers (core/model/quant/ggml_linear.py's reserve_huge_pages: the kernel's search for huge
     pages then overlaps the imports instead of following them). -> (the bytes reserved, 0 for none; the file's
-    route where it runs as stored, for the load to take rather than parse the file again, else None)."""
+    route where it runs as stored, for the load to take rather than parse the file again, else None).
+    `copied_ahead`: the bytes core/model/load/ahead.py is copying into huge pages of its own already, not reserved
+    again."""
     path = Path(spec.model).expanduser() if spec.model else None
     if path is None or path.suffix.lower() != ".gguf" or not path.is_file() or spec.quantize != "none":
         return 0, None
@@ -71,7 +78,7 @@ def reserve_ahead(spec: EngineSpec) -> tuple[int, Route | None]:
         from ..quant.ggml_linear import reserve_huge_pages
         from .gguf_stored import huge_page_bytes
 
-        return reserve_huge_pages(huge_page_bytes(route.reader)), route
+        return reserve_huge_pages(huge_page_bytes(route.reader) - copied_ahead), route
     except Exception:  # a guess ahead of the load only: the load itself says what is wrong, in its own order
         return 0, None
 

@@ -8,8 +8,8 @@ with the vocabulary's arrays skimmed: its tensors are views of one read-only mem
 tokenizer come from transformers' GGUF reader on a first start only, the model's first pass is checked then
 (model_cache.check_first_pass) and so is the ggml decode step against the forward (its verdict kept with the
 libraries it held for: a later start with the same ones takes it), and they are cached under
-`cache_dir()/stored/<key>` (the file's identity: path, size, mtime, transformers' version), because converting the
-vocabulary takes seconds (151k entries for Qwen); the model is built on the meta device (gguf_plan._skeleton) and
+`cache_dir()/stored/<key>` (the file's identity: path, size, mtime, transformers' version; stored_folder.py), because
+converting the vocabulary takes seconds (151k entries for Qwen); the model is built on the meta device (gguf_plan._skeleton) and
 each GGUF tensor named for its parameter as transformers names it (`get_gguf_hf_weights_map` and the architecture's
 TensorProcessor, as gguf_plan.plan_gguf does):
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,6 @@ import torch
 from torch import nn
 
 from ...errors import ModelLoadError
-from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ...runs.facts import ModelFacts
 from ..quant.gguf_quant import FOUR_BIT, SPLIT_EIGHT_BIT
@@ -51,10 +49,8 @@ from .gguf_direct import (FACTS, DirectModel, Placement, StepShape, full_config,
 from .gguf_plan import _skeleton, read_config, with_progress
 from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, Progress, check_first_pass, write_cache, write_whole
+from .stored_folder import cached_folder
 
-FORMAT = 3  # bump when what the cache folder holds changes (2: the tokenizer as transformers reads it back, and
-# its FileTokenizer verdict: core/model/load/tokenizer_cache.py; 3: the placement and facts a later start without
-# transformers' model reads, core/model/load/gguf_direct.py)
 STAGE_CACHED = "reading the cached tokenizer and config"
 STAGE_MAP = "mapping the GGUF's {tensors} tensors as stored"
 STEP_VERDICT = "ggml_step.json"  # the first start's verdict on the ggml step, and the libraries it held for
@@ -147,19 +143,6 @@ def _keep_verdict(target: Path, config):
                                                      "shape": StepShape.of(step).to_dict(),
                                                      "rope": rope_agrees(step, config)}))
     return keep
-
-
-def cache_key(path: Path) -> str:
-    import transformers
-
-    st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{FORMAT}"
-    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
-
-
-def cached_folder(path: Path) -> Path:
-    """Where `path`'s config and tokenizer are kept once converted."""
-    return cache_dir() / "stored" / cache_key(path)
 
 
 def _cached_tokenizer(target: Path):

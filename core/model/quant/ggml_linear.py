@@ -27,7 +27,6 @@ take ahead of its imports (`reserve_huge_pages`, core/model/load/build.py), and 
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -40,6 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...runs.events import LoadProgress
+from ..load import ahead
+from .ggml_settings import (HUGE_PAGES_ENV, REPACK_ENV, ROWS_INTERLEAVED, THP_SETTING,  # noqa: F401 - re-exported
+                            huge_pages, repack_enabled)
 
 # The formats the pinned ggml runs on the CPU (its CPU traits with a vec_dot: ggml-cpu.c; ggml_ops.cpp asks the
 # bound library, and tests/unit/test_ggml_kernels.py checks this list against it), by gguf-py's names.
@@ -53,10 +55,6 @@ RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_
 # length measured, up to 512 (BENCHMARKS.md, issue 37's prefill).
 PRODUCT_ROWS = 16
 TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
-REPACK_ENV = "TOKENTUI_GGML_REPACK"  # "0": no matrix repacked into ggml's interleaved layout (before/after timings)
-ROWS_INTERLEAVED = 8  # rows a group of ggml's interleaved layout (block_q4_0x8, block_q4_Kx8)
-HUGE_PAGES_ENV = "TOKENTUI_GGML_HUGE_PAGES"  # "0": no copy into huge-page memory (before/after timings)
-THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"  # "always [madvise] never": the bracketed one is in force
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
 # take its bytes as const), so exactly that warning is silenced where a file's tensor is wrapped
 _READ_ONLY_WARNING = "The given NumPy array is not writable"
@@ -158,6 +156,7 @@ class GGMLMatrix:
     type_name: str
     rows: int
     cols: int
+    offset: int | None = None  # where `raw`'s bytes lie in their GGUF file (from_gguf_tensor); None: not a file's
 
     def __post_init__(self):
         if self.type_name not in RUNNABLE:
@@ -199,7 +198,7 @@ class GGMLMatrix:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_READ_ONLY_WARNING, category=UserWarning)
             raw = torch.from_numpy(data.view(np.uint8).reshape(rows, -1))
-        return cls(raw, name, rows, cols)
+        return cls(raw, name, rows, cols, int(tensor.data_offset))
 
     @classmethod
     def quantize(cls, values: torch.Tensor, type_name: str) -> GGMLMatrix:
@@ -224,24 +223,6 @@ class GGMLMatrix:
 
 
 # ------------------------------------------------------------------------------------------------- the modules
-def repack_enabled() -> bool:
-    """Whether a GGMLLinear repacks what ggml has interleaved kernels for (not where $TOKENTUI_GGML_REPACK=0)."""
-    return os.environ.get(REPACK_ENV, "1") != "0"
-
-
-def huge_pages() -> bool:
-    """Whether matrices are placed in huge-page memory (module docstring): not where $TOKENTUI_GGML_HUGE_PAGES=0,
-    nor where the kernel's transparent huge pages are `never` or unknown (no THP_SETTING: another OS or kernel)."""
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
-        return False
-    try:
-        with open(THP_SETTING) as setting:
-            text = setting.read()
-    except OSError:
-        return False
-    return "[always]" in text or "[madvise]" in text
-
-
 def reserve_huge_pages(nbytes: int) -> int:
     """Map `nbytes` of huge-page memory for the matrices a load is about to copy there, its pages faulted in on a
     thread of ggml_memory.cpp's own (`reserve`: where memory is fragmented the kernel compacts it to find each huge
@@ -275,8 +256,22 @@ def _resident(matrix: GGMLMatrix) -> torch.Tensor | None:
     back; None where its bytes are not in a file's read-only map, or `huge_pages` says no."""
     if not _BOUND or not huge_pages() or not _ops().in_file_map(matrix.raw):
         return None
-    copy = _ops().resident(matrix.raw)
+    copy = _ahead(matrix)
+    if copy is None:
+        copy = _ops().resident(matrix.raw)
     _ops().release(matrix.raw)
+    return copy
+
+
+def _ahead(matrix: GGMLMatrix) -> torch.Tensor | None:
+    """`matrix`'s copy made while the load imported torch (core/model/load/ahead.py), None where there is none. Its
+    first and last rows are compared with the file's: a guard against bytes read from another offset or file."""
+    view = ahead.take(matrix.offset, matrix.nbytes) if matrix.offset is not None else None
+    if view is None:
+        return None
+    copy = torch.frombuffer(view, dtype=torch.uint8).view(matrix.rows, -1)
+    if not (torch.equal(copy[0], matrix.raw[0]) and torch.equal(copy[-1], matrix.raw[-1])):
+        return None
     return copy
 
 
