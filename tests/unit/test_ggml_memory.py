@@ -13,7 +13,7 @@ import gguf
 import pytest
 import torch
 
-from tokentui.core.model.quant import ggml_linear
+from tokentui.core.model.quant import ggml_linear, ggml_settings
 from tokentui.core.model.quant.ggml_linear import GGMLLinear, GGMLMatrix
 
 from test_ggml_kernels import bound_ggml, gguf_values, packed_or_skip, stored, values
@@ -30,7 +30,7 @@ def huge_pages_on(monkeypatch, tmp_path):
     """The tests' own THP setting (`madvise`, as on the machines measured), whatever this kernel's."""
     setting = tmp_path / "enabled"
     setting.write_text("always [madvise] never\n")
-    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(setting))
+    monkeypatch.setattr(ggml_settings, "THP_SETTING", str(setting))
     monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV, raising=False)
     return setting
 
@@ -119,7 +119,7 @@ def test_nothing_is_copied_where_huge_pages_are_off(tmp_path, monkeypatch, huge_
     huge_pages_on.write_text("always madvise [never]\n")
     assert not ggml_linear.huge_pages()
     assert GGMLLinear(matrices["b"]).resident is None
-    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(tmp_path / "absent"))
+    monkeypatch.setattr(ggml_settings, "THP_SETTING", str(tmp_path / "absent"))
     assert not ggml_linear.huge_pages()
 
 

@@ -21,7 +21,7 @@ from tokentui.core.model.load.gguf_check import checked_reader
 from tokentui.core.model.load.gguf_stored import huge_page_bytes
 from tokentui.core.model.load.loader import load_model
 from tokentui.core.model.native import ggml_native
-from tokentui.core.model.quant import ggml_linear
+from tokentui.core.model.quant import ggml_linear, ggml_settings
 from tokentui.core.paths import cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("gguf_tools", "isolated_dirs", "one_torch_thread")]
@@ -76,7 +76,7 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
     and leaves no reservation open."""
     setting = tmp_path / "enabled"
     setting.write_text("always [madvise] never\n")  # huge pages on, whatever this kernel's setting
-    monkeypatch.setattr(ggml_linear, "THP_SETTING", str(setting))
+    monkeypatch.setattr(ggml_settings, "THP_SETTING", str(setting))
     monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV, raising=False)
     path = tiny_gguf("qwen3", "Q8_0", tied=tied)
     loaded = load_model(str(path), device="cpu")
@@ -86,6 +86,8 @@ def test_a_start_reserves_what_its_matrices_take_ahead_and_closes_the_reservatio
     reserved, route = reserve_ahead(EngineSpec(model=str(path)))
     assert ggml_linear.trim_reserved() == reserved and route.kind == "stored"
     assert reserved == (huge_page_bytes(checked_reader(path)) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+    copied = huge_page_bytes(checked_reader(path)) - (3 << 20)  # what core/model/load/ahead.py copies: not reserved
+    assert reserve_ahead(EngineSpec(model=str(path)), copied)[0] == 4 << 20 and ggml_linear.trim_reserved() == 4 << 20
     for other in (EngineSpec(model=str(path), dtype="float32"), EngineSpec(model=str(path), quantize="int8"),
                   EngineSpec(), EngineSpec(model=str(tmp_path / "absent.gguf"))):  # not as stored, or no file
         assert reserve_ahead(other) == (0, None)
