@@ -116,7 +116,9 @@ def test_nothing_is_copied_where_huge_pages_are_off(tmp_path, monkeypatch, huge_
     layer = GGMLLinear(matrices["a"])
     assert layer.resident is None and layer.run_bytes.data_ptr() == matrices["a"].raw.data_ptr()
     monkeypatch.delenv(ggml_linear.HUGE_PAGES_ENV)
-    huge_pages_on.write_text("always madvise [never]\n")
+    never = tmp_path / "never"
+    never.write_text("always madvise [never]\n")
+    monkeypatch.setattr(ggml_settings, "THP_SETTING", str(never))  # (a setting is read once a process: another file)
     assert not ggml_linear.huge_pages()
     assert GGMLLinear(matrices["b"]).resident is None
     monkeypatch.setattr(ggml_settings, "THP_SETTING", str(tmp_path / "absent"))

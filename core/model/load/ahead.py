@@ -86,6 +86,7 @@ class AheadCopy:
         self._changed = threading.Condition()
         self._stop = False
         self._report: AheadReport | None = None  # once closed
+        self._same: bool | None = None  # whether the path names the file read (`_same_file`)
         self._fd = os.open(path, os.O_RDONLY)
         self._identity = _identity(os.fstat(self._fd))
         size = max(p.at + _round_up(p.nbytes, PAGE) for p in self.plan)
@@ -166,10 +167,14 @@ class AheadCopy:
         return self._view[p.at:p.at + p.nbytes]
 
     def _same_file(self) -> bool:
-        try:
-            return _identity(os.stat(self.path)) == self._identity
-        except OSError:
-            return False
+        """Whether the path still names the file read, asked once (at the first take: a stat per matrix let the
+        tokenizer's thread take the GIL for a switch interval each time)."""
+        if self._same is None:
+            try:
+                self._same = _identity(os.stat(self.path)) == self._identity
+            except OSError:
+                self._same = False
+        return self._same
 
     def close(self) -> AheadReport:
         """Stop the thread, give back the pages of every copy not taken, close the file; -> what it came to (the same

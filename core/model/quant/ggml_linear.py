@@ -269,10 +269,12 @@ def _ahead(matrix: GGMLMatrix) -> torch.Tensor | None:
     view = ahead.take(matrix.offset, matrix.nbytes) if matrix.offset is not None else None
     if view is None:
         return None
-    copy = torch.frombuffer(view, dtype=torch.uint8).view(matrix.rows, -1)
-    if not (torch.equal(copy[0], matrix.raw[0]) and torch.equal(copy[-1], matrix.raw[-1])):
+    row, file = matrix.raw.shape[1], matrix.raw.numpy()
+    # compared as bytes, holding the GIL: torch.equal gave it up, and the tokenizer's thread kept it a switch
+    # interval each time (BENCHMARKS.md, "The copies made while torch is imported")
+    if bytes(view[:row]) != file[0].tobytes() or bytes(view[-row:]) != file[-1].tobytes():
         return None
-    return copy
+    return torch.frombuffer(view, dtype=torch.uint8).view(matrix.rows, row)
 
 
 class GGMLLinear(nn.Module):

@@ -9,6 +9,7 @@ torch is imported, and core/model/quant/ggml_linear.py (which re-exports these n
 
 from __future__ import annotations
 
+import functools
 import os
 
 REPACK_ENV = "TOKENTUI_GGML_REPACK"  # "0": no matrix repacked into ggml's interleaved layout (before/after timings)
@@ -26,11 +27,17 @@ def repack_enabled() -> bool:
 def huge_pages() -> bool:
     """Whether matrices are placed in huge-page memory: not where $TOKENTUI_GGML_HUGE_PAGES=0, nor where the kernel's
     transparent huge pages are `never` or unknown (no THP_SETTING: another OS or kernel)."""
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
-        return False
+    return os.environ.get(HUGE_PAGES_ENV, "1") != "0" and _thp_on(THP_SETTING)
+
+
+@functools.cache
+def _thp_on(setting: str) -> bool:
+    """The kernel's THP setting at `setting`, read once a process: asked for each matrix a load places, opening the
+    file let the tokenizer's thread take the GIL for a switch interval each time (0.4 s a load: BENCHMARKS.md,
+    "The copies made while torch is imported")."""
     try:
-        with open(THP_SETTING) as setting:
-            text = setting.read()
+        with open(setting) as file:
+            text = file.read()
     except OSError:
         return False
     return "[always]" in text or "[madvise]" in text
