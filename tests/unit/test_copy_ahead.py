@@ -123,6 +123,7 @@ def test_each_copy_made_ahead_is_the_files_bytes_and_what_is_not_taken_goes_back
     path, _ = first_start(tmp_path, "qwen2", "Q8_0", True)
     copy = ahead.start_ahead(spec(path))
     assert copy is not None and ahead.start_ahead(spec(path)) is None  # one open at a time
+    assert copy.warm == ()  # nothing repacked or reordered in a qwen Q8_0 file
     data = path.read_bytes()
     last = copy.plan[-1]  # likely not reached by the thread yet: made by this caller
     for p in (last, copy.plan[0]):
@@ -182,3 +183,20 @@ def test_nothing_is_read_ahead_where_the_start_is_not_a_later_one_on_the_cpu(tmp
     control = ahead.start_ahead(spec(path)) if change not in ("first start", "off", "huge pages") else None
     if control is not None:  # the same file with the plain flags is read ahead: the change is what said no
         assert control.close().planned > 0
+
+
+def test_what_the_load_reads_from_the_files_map_is_read_through_ahead(tmp_path):
+    """A llama Q4_0 file: its q / k (reordered) and its Q4_0 matrices (repacked where this CPU has ggml's interleaved
+    kernels) are read from the file's map after the imports, so the thread reads them through once, after its copies:
+    every byte of them by the time it is done, none of them copied."""
+    path, _ = first_start(tmp_path, "llama", "Q4_0", False)
+    copy = ahead.start_ahead(spec(path))
+    assert copy is not None
+    tensors = {int(t.data_offset): t.name for t in lean_reader(path).tensors}
+    warm = {tensors[offset] for offset, _ in copy.warm}
+    q_k = {n for n in tensors.values() if n.endswith(("attn_q.weight", "attn_k.weight"))}
+    assert q_k and q_k <= warm
+    assert not warm & {tensors[p.offset] for p in copy.plan}
+    assert copy.finished(60)
+    report = copy.close()
+    assert report.warmed_bytes == sum(nbytes for _, nbytes in copy.warm) > 0 and report.taken == 0

@@ -12,7 +12,9 @@ tensors into one anonymous mapping asked for huge pages, on a thread of its own:
 so the copies run on the other core while this one imports. `_resident` then takes a matrix's copy from here
 (`take`: at once where the thread has made it, after it where the thread is making it, or made by the caller itself
 where the thread has not reached it), and the load closes the copy once the model is placed (`AheadCopy.close`):
-the thread stopped, and the pages of any copy nobody took given back.
+the thread stopped, and the pages of any copy nobody took given back. The tensors the load reads from the file's map
+after the imports instead (Q4_0 / Q4_K, repacked; llama's reordered q / k) are read through once by the same thread,
+after the copies, so that their pages are in memory by then.
 
 It is a guess made before anything is checked, so it never decides anything: a tensor the load does not ask for is
 given back at the close, a tensor it asks for that is not here is copied as before, and with $TOKENTUI_COPY_AHEAD=0
@@ -37,7 +39,8 @@ from ..quant.ggml_settings import INTERLEAVED, ROWS_INTERLEAVED, huge_pages, rep
 AHEAD_ENV = "TOKENTUI_COPY_AHEAD"  # "0": nothing read ahead (before/after timings)
 HUGE_PAGE = 2 << 20
 PAGE = mmap.PAGESIZE
-PIECE = 8 << 20  # bytes a read takes at most: a stop is seen between two
+PIECE = 8 << 20  # bytes a copy's read takes at most: a stop is seen between two
+WARM_PIECE = 1 << 20  # bytes a read through takes at most, into one buffer reused (its memory counts in the peak)
 # What the first start leaves in the cache folder that says which tensors the step copies (gguf_direct.py's names)
 PLACEMENT, ROW_ORDERS, FACTS = "placement.json", "row_orders.npz", "facts.json"
 EMBEDDING = "token_embd.weight"  # a lookup table, copied only where the head multiplies by it (a tied head)
@@ -65,6 +68,7 @@ class AheadReport:
     planned_bytes: int
     taken: int
     taken_bytes: int
+    warmed_bytes: int = 0  # of the repacked tensors' bytes read through before the close (`AheadCopy`'s `warm`)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -73,13 +77,19 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 class AheadCopy:
     """The copies of `plan`'s tensors of the file at `path`, made on a thread from construction on (the module
-    docstring). One is open in a process at a time (`start_ahead` registers it; `take` asks it)."""
+    docstring); then the file's `warm` ranges (offset, bytes: the tensors ggml repacks from the file's map after the
+    imports) read through once and dropped, so that the repacking finds their pages in memory: on the machines
+    measured, pages the page cache held but nothing had read for ~20 s took seconds to come back from the host
+    (BENCHMARKS.md, "The copies made while torch is imported"). One is open in a process at a time (`start_ahead`
+    registers it; `take` asks it)."""
 
-    def __init__(self, path: Path, plan: list[Planned]):
+    def __init__(self, path: Path, plan: list[Planned], warm: tuple[tuple[int, int], ...] = ()):
         if not plan:
             raise ValueError("a copy ahead needs at least one tensor")
         self.path = path
         self.plan = sorted(plan, key=lambda p: p.offset)
+        self.warm = tuple(sorted(warm))
+        self._warmed = 0
         self._index = {p.offset: i for i, p in enumerate(self.plan)}
         self._state = [_PENDING] * len(self.plan)
         self._taken = [False] * len(self.plan)
@@ -108,12 +118,18 @@ class AheadCopy:
         self._thread = threading.Thread(target=self._run, name="tokentui-ahead", daemon=True)
         self._thread.start()
 
+    def finished(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (None: for as long as it takes) for the thread to have made every copy and
+        read every warm range; -> whether it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     @property
     def planned_bytes(self) -> int:
         return sum(p.nbytes for p in self.plan)
 
     def _run(self) -> None:
-        """The thread: each planned tensor not yet claimed, in the file's order."""
+        """The thread: each planned tensor not yet claimed, in the file's order; then the warm ranges."""
         for i in range(len(self.plan)):
             with self._changed:
                 if self._stop:
@@ -122,6 +138,18 @@ class AheadCopy:
                     continue
                 self._state[i] = _COPYING
             self._finish(i, self._copy(self.plan[i]))
+        scratch = memoryview(bytearray(WARM_PIECE))
+        try:
+            for offset, nbytes in self.warm:
+                done = 0
+                while done < nbytes and not self._stop:
+                    got = os.preadv(self._fd, [scratch[:min(WARM_PIECE, nbytes - done)]], offset + done)
+                    if got <= 0:
+                        return
+                    done += got
+                    self._warmed += got
+        except OSError:  # the load reads the file itself, and says what is wrong with it
+            return
 
     def _copy(self, p: Planned) -> bool:
         """Read `p`'s bytes from the file into its place (positional reads: the thread and a caller of `take` may
@@ -194,7 +222,8 @@ class AheadCopy:
         if _OPEN is self:
             _OPEN = None
         taken = [p for p, t in zip(self.plan, self._taken) if t]
-        self._report = AheadReport(len(self.plan), self.planned_bytes, len(taken), sum(p.nbytes for p in taken))
+        self._report = AheadReport(len(self.plan), self.planned_bytes, len(taken), sum(p.nbytes for p in taken),
+                                   self._warmed)
         return self._report
 
 
@@ -221,10 +250,10 @@ def start_ahead(spec) -> AheadCopy | None:
     try:
         if not path.is_file():
             return None
-        plan = _plan(path)
+        plan, warm = _plan(path)
         if not plan:
             return None
-        _OPEN = AheadCopy(path, plan)
+        _OPEN = AheadCopy(path, plan, warm)
     except (OSError, ValueError, KeyError, TypeError):  # a guess only: the load reads the folder and file itself
         return None
     return _OPEN
@@ -239,10 +268,11 @@ def _cpu(device: str | None) -> bool:
     return device == "auto" and not Path("/proc/driver/nvidia/version").exists() and not Path("/dev/kfd").exists()
 
 
-def _plan(path: Path) -> list[Planned]:
-    """The tensors a later start of `path` copies as stored: its placement's matrices (the embedding only where the
+def _plan(path: Path) -> tuple[list[Planned], tuple[tuple[int, int], ...]]:
+    """(the tensors a later start of `path` copies as stored: its placement's matrices (the embedding only where the
     head is tied to it), less those whose rows the first start reordered (those are copies of their own) and those
-    ggml repacks instead; each placed on a page boundary after the last."""
+    ggml repacks instead, each placed on a page boundary after the last; (offset, bytes) of those reordered or
+    repacked: they are read from the file's map after the imports)."""
     import numpy as np
 
     from .gguf_reader import lean_reader
@@ -250,23 +280,26 @@ def _plan(path: Path) -> list[Planned]:
 
     folder = cached_folder(path)
     if not all((folder / name).is_file() for name in (".complete", FACTS, PLACEMENT, ROW_ORDERS)):
-        return []
+        return [], ()
     placement = json.loads((folder / PLACEMENT).read_text())
     wanted = {str(name) for module, name in placement["matrices"].items() if isinstance(name, str)}
     if placement.get("tied_head") is not True:
         wanted.discard(EMBEDDING)
     with np.load(folder / ROW_ORDERS, allow_pickle=False) as orders:
-        wanted -= set(orders.files)
+        reordered = set(orders.files)
     repack = repack_enabled()
-    plan, at = [], 0
+    plan, warm, at = [], [], 0
     for tensor in sorted(lean_reader(path).tensors, key=lambda t: int(t.data_offset)):
         if tensor.name not in wanted or len(tensor.shape) != 2:
             continue
-        if repack and tensor.tensor_type.name in INTERLEAVED and int(tensor.shape[1]) % ROWS_INTERLEAVED == 0:
+        offset, nbytes = int(tensor.data_offset), int(tensor.n_bytes)
+        if tensor.name in reordered or (repack and tensor.tensor_type.name in INTERLEAVED
+                                        and int(tensor.shape[1]) % ROWS_INTERLEAVED == 0):
+            warm.append((offset, nbytes))  # read from the file's map after the imports: only read through here
             continue
-        plan.append(Planned(int(tensor.data_offset), int(tensor.n_bytes), at))
-        at += _round_up(int(tensor.n_bytes), PAGE)
-    return plan
+        plan.append(Planned(offset, nbytes, at))
+        at += _round_up(nbytes, PAGE)
+    return plan, tuple(warm)
 
 
 def _round_up(n: int, to: int) -> int:
