@@ -17,6 +17,7 @@ from tokentui.core.model.engine import Engine
 from tokentui.core.model.load import ahead, build
 from tokentui.core.model.load.gguf_reader import lean_reader
 from tokentui.core.model.load.loader import load_model
+from tokentui.core.model.load.stored_folder import cached_folder
 from tokentui.core.model.quant import ggml_linear
 from tokentui.core.runs.events import StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
@@ -159,10 +160,10 @@ def test_a_file_changed_after_the_start_gives_no_copy_and_the_load_copies_it_aga
     assert figures(engine.run(PROMPT)) == expected
 
 
-@pytest.mark.parametrize("change", ["first start", "off", "device", "dtype", "quantize", "huge pages"])
+@pytest.mark.parametrize("change", ["first start", "off", "device", "dtype", "quantize", "huge pages", "damaged"])
 def test_nothing_is_read_ahead_where_the_start_is_not_a_later_one_on_the_cpu(tmp_path, monkeypatch, change):
-    """A first start (no cache folder), $TOKENTUI_COPY_AHEAD=0, another device, --dtype, --quantize, or huge pages
-    turned off: no copy ahead, and so nothing open for the load to take."""
+    """A first start (no cache folder), $TOKENTUI_COPY_AHEAD=0, another device, --dtype, --quantize, huge pages
+    turned off, or a placement that is not JSON: no copy ahead, and so nothing open for the load to take."""
     if change == "first start":
         path = tmp_path / "new.gguf"
         shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
@@ -174,13 +175,16 @@ def test_nothing_is_read_ahead_where_the_start_is_not_a_later_one_on_the_cpu(tmp
             monkeypatch.setenv(ahead.AHEAD_ENV, "0")
         elif change == "huge pages":
             monkeypatch.setenv(ggml_linear.HUGE_PAGES_ENV, "0")
+        elif change == "damaged":
+            (cached_folder(path) / ahead.PLACEMENT).write_text("{")
         elif change == "device":
             s = EngineSpec(model=str(path), device="cuda", sampler=SAMPLER, options=OPTIONS)
         else:
             s = spec(path, **{change: {"dtype": "float32", "quantize": "int4"}[change]})
     assert ahead.start_ahead(s) is None
     assert ahead.take(0, 1) is None
-    control = ahead.start_ahead(spec(path)) if change not in ("first start", "off", "huge pages") else None
+    control = ahead.start_ahead(spec(path)) if change not in ("first start", "off", "huge pages", "damaged") \
+        else None
     if control is not None:  # the same file with the plain flags is read ahead: the change is what said no
         assert control.close().planned > 0
 

@@ -216,7 +216,10 @@ class AheadCopy:
         self._thread.join()
         for p, taken in zip(self.plan, self._taken):
             if not taken:
-                self._map.madvise(mmap.MADV_DONTNEED, self._start + p.at, _round_up(p.nbytes, PAGE))
+                try:
+                    self._map.madvise(mmap.MADV_DONTNEED, self._start + p.at, _round_up(p.nbytes, PAGE))
+                except OSError:  # kept until the mapping goes, with the last copy taken
+                    pass
         os.close(self._fd)
         self._view = memoryview(b"")  # the slices taken keep the mapping, and only they
         if _OPEN is self:
@@ -254,8 +257,8 @@ def start_ahead(spec) -> AheadCopy | None:
         if not plan:
             return None
         _OPEN = AheadCopy(path, plan, warm)
-    except (OSError, ValueError, KeyError, TypeError):  # a guess only: the load reads the folder and file itself
-        return None
+    except Exception:  # noqa: BLE001 - a guess only: the load reads the folder and the file itself, and says
+        return None   # what is wrong with either in its own words
     return _OPEN
 
 

@@ -28,9 +28,9 @@ def load_engine(spec: EngineSpec, progress: Progress = lambda p: None):
     the load closes the one and trims the other once the matrices are placed."""
     was_enabled = gc.isenabled()
     gc.disable()
-    reserved, route = 0, None
-    copying = start_ahead(spec)  # first: its copies run beside every import below
+    reserved, route, copying = 0, None, None
     try:
+        copying = start_ahead(spec)  # first: its copies run beside every import below
         reserved, route = reserve_ahead(spec, copying.planned_bytes if copying else 0)
         from ..engine import Engine
         from .loader import STAGE_READY, load_model
