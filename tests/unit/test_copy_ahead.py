@@ -46,6 +46,17 @@ def first_start(tmp_path, family, fmt, tied):
     return path, figures(engine.run(PROMPT))
 
 
+@pytest.fixture(scope="module")
+def started(tmp_path_factory, isolated_dirs, gguf_tools):
+    """One qwen3 Q8_0 file started once, for the tests that only ask whether it is read ahead."""
+    folder = tmp_path_factory.mktemp("started")
+    path = folder / "qwen3-Q8_0.gguf"
+    shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
+    list(Engine(load_model(str(path), device="cpu"), SAMPLER, OPTIONS).run(PROMPT))
+    assert (cached_folder(path) / ahead.PLACEMENT).is_file()
+    return path
+
+
 def figures(events) -> list:
     return [[s.id, s.chosen_raw_prob, [(c.id, c.raw_prob) for c in s.candidates]]
             for s in events if isinstance(s, StepEvent)]
@@ -161,26 +172,27 @@ def test_a_file_changed_after_the_start_gives_no_copy_and_the_load_copies_it_aga
 
 
 @pytest.mark.parametrize("change", ["first start", "off", "device", "dtype", "quantize", "huge pages", "damaged"])
-def test_nothing_is_read_ahead_where_the_start_is_not_a_later_one_on_the_cpu(tmp_path, monkeypatch, change):
+def test_nothing_is_read_ahead_where_the_start_is_not_a_later_one_on_the_cpu(tmp_path, monkeypatch, started, change):
     """A first start (no cache folder), $TOKENTUI_COPY_AHEAD=0, another device, --dtype, --quantize, huge pages
     turned off, or a placement that is not JSON: no copy ahead, and so nothing open for the load to take."""
+    path = started
+    s = spec(path)
     if change == "first start":
         path = tmp_path / "new.gguf"
         shutil.copyfile(tiny_gguf("qwen3", "Q8_0", tied=True), path)
         s = spec(path)
-    else:
+    elif change == "damaged":
         path, _ = first_start(tmp_path, "qwen3", "Q8_0", True)
+        (cached_folder(path) / ahead.PLACEMENT).write_text("{")
         s = spec(path)
-        if change == "off":
-            monkeypatch.setenv(ahead.AHEAD_ENV, "0")
-        elif change == "huge pages":
-            monkeypatch.setenv(ggml_linear.HUGE_PAGES_ENV, "0")
-        elif change == "damaged":
-            (cached_folder(path) / ahead.PLACEMENT).write_text("{")
-        elif change == "device":
-            s = EngineSpec(model=str(path), device="cuda", sampler=SAMPLER, options=OPTIONS)
-        else:
-            s = spec(path, **{change: {"dtype": "float32", "quantize": "int4"}[change]})
+    elif change == "off":
+        monkeypatch.setenv(ahead.AHEAD_ENV, "0")
+    elif change == "huge pages":
+        monkeypatch.setenv(ggml_linear.HUGE_PAGES_ENV, "0")
+    elif change == "device":
+        s = EngineSpec(model=str(path), device="cuda", sampler=SAMPLER, options=OPTIONS)
+    else:
+        s = spec(path, **{change: {"dtype": "float32", "quantize": "int4"}[change]})
     assert ahead.start_ahead(s) is None
     assert ahead.take(0, 1) is None
     control = ahead.start_ahead(spec(path)) if change not in ("first start", "off", "huge pages", "damaged") \
