@@ -144,11 +144,16 @@ def test_each_copy_made_ahead_is_the_files_bytes_and_what_is_not_taken_goes_back
         assert ahead.take(p.offset, p.nbytes) is None  # taken already
     p = copy.plan[1]
     assert ahead.take(p.offset + 1, p.nbytes) is None and ahead.take(p.offset, p.nbytes - 1) is None
+    first, end = data[p.offset:p.offset + 8], data[p.offset + p.nbytes - 8:p.offset + p.nbytes]
+    assert ahead.take(p.offset, p.nbytes, bytes(8), end) is None  # not what the caller read there: left untaken
+    assert ahead.take(p.offset, p.nbytes, first, bytes(8)) is None
+    middle = ahead.take(p.offset, p.nbytes, first, end)
+    assert bytes(middle) == data[p.offset:p.offset + p.nbytes]
     perms, eligible = mapping_of(torch.frombuffer(view, dtype=torch.uint8).data_ptr())
     assert perms == "rw-p" and eligible  # private anonymous memory the kernel may back with huge pages
     report = copy.close()
-    assert (report.planned, report.taken) == (len(copy.plan), 2)
-    assert report.taken_bytes == last.nbytes + copy.plan[0].nbytes
+    assert (report.planned, report.taken) == (len(copy.plan), 3)
+    assert report.taken_bytes == last.nbytes + copy.plan[0].nbytes + p.nbytes
     assert report.planned_bytes == sum(q.nbytes for q in copy.plan)
     assert bytes(view) == data[copy.plan[0].offset:copy.plan[0].offset + copy.plan[0].nbytes]  # still mapped
 

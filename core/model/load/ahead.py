@@ -173,9 +173,11 @@ class AheadCopy:
             self._state[i] = _DONE if ok else _FAILED
             self._changed.notify_all()
 
-    def take(self, offset: int, nbytes: int) -> memoryview | None:
+    def take(self, offset: int, nbytes: int, head: bytes = b"", tail: bytes = b"") -> memoryview | None:
         """The copy of the file's `nbytes` at `offset` (writable: the caller wraps it, and it stays mapped while a
-        wrapper lives); None where it was not planned, could not be made, or the path now names another file."""
+        wrapper lives); None where it was not planned, could not be made, the path now names another file, or it
+        does not start with `head` and end with `tail` (the caller's own reading of those bytes: a guard against a
+        wrong offset or file; such a copy stays untaken, and goes back at the close)."""
         i = self._index.get(offset)
         if i is None or self.plan[i].nbytes != nbytes or self._taken[i] or not self._same_file():
             return None
@@ -188,11 +190,14 @@ class AheadCopy:
                     self._changed.wait()
         if mine:
             self._finish(i, self._copy(self.plan[i]))
-        if self._state[i] != _DONE:
+        p = self.plan[i]
+        view = self._view[p.at:p.at + p.nbytes]
+        # compared as bytes, holding the GIL (a call that gave it up let the tokenizer's thread keep it a switch
+        # interval each time: BENCHMARKS.md, "The copies made while torch is imported")
+        if self._state[i] != _DONE or bytes(view[:len(head)]) != head or bytes(view[nbytes - len(tail):]) != tail:
             return None
         self._taken[i] = True
-        p = self.plan[i]
-        return self._view[p.at:p.at + p.nbytes]
+        return view
 
     def _same_file(self) -> bool:
         """Whether the path still names the file read, asked once (at the first take: a stat per matrix let the
@@ -233,9 +238,9 @@ class AheadCopy:
 _OPEN: AheadCopy | None = None  # the copy ahead of the load under way, if any
 
 
-def take(offset: int, nbytes: int) -> memoryview | None:
+def take(offset: int, nbytes: int, head: bytes = b"", tail: bytes = b"") -> memoryview | None:
     """The open copy ahead's copy of the file's `nbytes` at `offset` (`AheadCopy.take`), None where none is open."""
-    return _OPEN.take(offset, nbytes) if _OPEN is not None else None
+    return _OPEN.take(offset, nbytes, head, tail) if _OPEN is not None else None
 
 
 def start_ahead(spec) -> AheadCopy | None:

@@ -9,8 +9,8 @@ tokenizer come from transformers' GGUF reader on a first start only, the model's
 (model_cache.check_first_pass) and so is the ggml decode step against the forward (its verdict kept with the
 libraries it held for: a later start with the same ones takes it), and they are cached under
 `cache_dir()/stored/<key>` (the file's identity: path, size, mtime, transformers' version; stored_folder.py), because
-converting the vocabulary takes seconds (151k entries for Qwen); the model is built on the meta device (gguf_plan._skeleton) and
-each GGUF tensor named for its parameter as transformers names it (`get_gguf_hf_weights_map` and the architecture's
+converting the vocabulary takes seconds (151k entries for Qwen); the model is built on the meta device
+(gguf_plan._skeleton) and each GGUF tensor named for its parameter as transformers names it (`get_gguf_hf_weights_map` and the architecture's
 TensorProcessor, as gguf_plan.plan_gguf does):
 
     2-D weight of an nn.Linear, the input embedding,     a GGMLLinear / GGMLEmbedding over the mapped bytes; rows

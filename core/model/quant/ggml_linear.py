@@ -21,8 +21,10 @@ file's read-only map (a GGUF's) copies its bytes, unchanged, into memory asked f
 the file's pages back, as a repacked one does; a repacked copy is made in such memory too. Nothing is copied where
 the kernel has transparent huge pages turned off (`never`: the copy would gain nothing), for a matrix in anonymous
 memory (its pages cannot be given back: it would be held twice), or with $TOKENTUI_GGML_HUGE_PAGES=0 (comparisons).
-Finding huge pages is the kernel's own work, slow where memory is fragmented, so a load reserves what its copies will
-take ahead of its imports (`reserve_huge_pages`, core/model/load/build.py), and trims what they left.
+Finding huge pages is the kernel's own work, slow where memory is fragmented, so a later start's copies are made
+while the process still imports torch (core/model/load/ahead.py: `_resident` takes them from there), a load reserves
+what its other copies will take ahead of its imports (`reserve_huge_pages`, core/model/load/build.py), and trims
+what they left.
 """
 
 from __future__ import annotations
@@ -265,16 +267,12 @@ def _resident(matrix: GGMLMatrix) -> torch.Tensor | None:
 
 def _ahead(matrix: GGMLMatrix) -> torch.Tensor | None:
     """`matrix`'s copy made while the load imported torch (core/model/load/ahead.py), None where there is none. Its
-    first and last rows are compared with the file's: a guard against bytes read from another offset or file."""
-    view = ahead.take(matrix.offset, matrix.nbytes) if matrix.offset is not None else None
-    if view is None:
+    first and last rows must be the file's: a guard against bytes read from another offset or file."""
+    if matrix.offset is None:
         return None
-    row, file = matrix.raw.shape[1], matrix.raw.numpy()
-    # compared as bytes, holding the GIL: torch.equal gave it up, and the tokenizer's thread kept it a switch
-    # interval each time (BENCHMARKS.md, "The copies made while torch is imported")
-    if bytes(view[:row]) != file[0].tobytes() or bytes(view[-row:]) != file[-1].tobytes():
-        return None
-    return torch.frombuffer(view, dtype=torch.uint8).view(matrix.rows, row)
+    file = matrix.raw.numpy()
+    view = ahead.take(matrix.offset, matrix.nbytes, file[0].tobytes(), file[-1].tobytes())
+    return None if view is None else torch.frombuffer(view, dtype=torch.uint8).view(matrix.rows, -1)
 
 
 class GGMLLinear(nn.Module):
