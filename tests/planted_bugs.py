@@ -50,9 +50,9 @@ def _cache_unread(stack, model):
     import torch
     from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionLayer
 
-    from tokentui.core.model.decode.adapter import GrowableLayer
+    from tokentui.core.model.decode.buffers import GrowableBuffers
 
-    for cls in (GrowableLayer, DynamicSlidingWindowLayer):
+    for cls in (GrowableBuffers, DynamicSlidingWindowLayer):
         original = cls.update
 
         def update(self, key_states, value_states, *args, _original=original, **kwargs):

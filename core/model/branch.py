@@ -74,7 +74,7 @@ def crop_problem(cache) -> str | None:
 
 
 def crop_cache(cache, tokens: int) -> None:
-    """Cut `cache` (a RunCache of full-attention layers: DynamicLayer, GrowableLayer) back to its first `tokens`
+    """Cut `cache` (a RunCache of full-attention layers: DynamicLayer, GrowableBuffers) back to its first `tokens`
     positions.
 
     core/model/decode/adapter.py's `drop_positions` cuts transformers' cache; the result is checked: a crop that

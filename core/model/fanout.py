@@ -34,7 +34,6 @@ import time
 from typing import Iterator
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from ..errors import SettingsError
 from ..runs.ending import stopped_before_first_token
@@ -46,8 +45,8 @@ from ..steps.detokenize import IncrementalDetokenizer
 from ..steps.display import display_piece
 from ..steps.prefill import prefill_chunks
 from ..steps.select import select
-from .decode.adapter import (GrowableLayer, config_cache, first_capacity, forward_batch_logits, input_device,
-                             new_cache)
+from .decode.adapter import config_cache, first_capacity, forward_batch_logits, input_device, new_cache
+from .decode.buffers import PlainCache
 from .decode.run_cache import RunCache
 from .decode.steps import TorchForward
 from .branch import HeldCache, crop_cache, reusable_positions
@@ -62,7 +61,14 @@ PROGRESS_EVERY_S = 1.0  # a FanoutProgress at most this often: a person's progre
 def expand_cache(config, cache, n: int, capacity: int):
     """A copy of `cache` (a batch-1 RunCache of a model of `config`) at batch `n`, room for `capacity` positions per
     row in its full-attention layers; `cache` itself is left as it was. SettingsError (one line) for a layer kind
-    that cannot be batched."""
+    that cannot be batched. A PlainCache (a GGUF later start's) is copied as one (its forward takes it over:
+    RunCache.for_forward)."""
+    if isinstance(cache.kv, PlainCache):
+        return RunCache(cache.kv.expanded(n, capacity), cache.step, fed=cache.fed)
+    from transformers.cache_utils import DynamicLayer
+
+    from .decode.hf_layers import GrowableLayer
+
     out = config_cache(config, capacity)
     layers = []
     for source, fresh in zip(cache.kv.layers, out.layers):
@@ -81,6 +87,8 @@ def _repeated(source, n: int):
     """A copy of one (non-growable) cache layer at batch `n`: its keys and values by transformers' own
     `batch_repeat_interleave` (sliding windows, chunked attention, MLA's latent), a recurrent layer's conv and
     recurrent states (which that method does not know) repeated along their batch dimension here."""
+    from transformers.cache_utils import DynamicLayer
+
     layer = copy.deepcopy(source)
     handled = False
     if isinstance(layer, DynamicLayer):
@@ -236,7 +244,7 @@ def fanout_events(engine, request: FanoutRequest, run_id: int) -> Iterator[Event
                 break
             fed = torch.tensor([[row.ids[-1]] for row in rows], dtype=torch.long, device=device)  # [N, 1]
             begun = time.perf_counter()
-            step_logits = forward_batch_logits(model, fed, batch.kv)  # [N, V]
+            step_logits = forward_batch_logits(model, fed, batch.for_forward(model))  # [N, V]
             batch.fed += 1
             decode_s += time.perf_counter() - begun
             forwards += 1

@@ -79,11 +79,12 @@ class AnswerForward:
             # prefill.py continues_chunks): there the answer goes in one token a pass, each reading the state
             parts = [x] if continues_chunks(model) else list(x.split(1, dim=1))  # [1, A - 1] or A - 1 of [1, 1]
             if self.with_states:
-                done = [forward_all_states(model, part, cache.kv) for part in parts]
+                done = [forward_all_states(model, part, cache.for_forward(model)) for part in parts]
                 self._logits = torch.cat([logits for logits, _ in done])  # [A - 1, V]
                 self._states = torch.cat([states for _, states in done])  # [A - 1, L, H]
             else:
-                self._logits = torch.cat([forward_all_logits(model, part, cache.kv) for part in parts])  # [A - 1, V]
+                self._logits = torch.cat([forward_all_logits(model, part, cache.for_forward(model))
+                                          for part in parts])  # [A - 1, V]
             cache.fed += len(self.ids)
             if sync:
                 synchronize(self._logits.device)

@@ -15,9 +15,8 @@ import torch
 from transformers import DynamicCache
 
 from tiny_models import INIT, assert_engine_is_the_oracle, cache_kwargs, generate_ids, tiny_model
-from tokentui.core.model.decode.adapter import (
-    GrowableLayer, cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache,
-)
+from tokentui.core.model.decode.adapter import cache_allocated_nbytes, cache_nbytes, cache_tokens, new_cache
+from tokentui.core.model.decode.hf_layers import GrowableLayer
 from tokentui.core.model.decode.compiled import MAX_COMPILED_TOKENS, CompiledDecoder, bucket_for
 from tokentui.core.model.engine import Engine
 from tokentui.core.errors import SettingsError

@@ -113,6 +113,39 @@ def test_the_model_built_on_demand_is_the_first_starts_and_shares_the_steps_modu
         assert torch.equal(step.hidden(token, ours), built.hidden(token, theirs))
 
 
+def test_the_lens_turned_on_mid_run_on_a_later_start_takes_the_runs_cache_over(tmp_path):
+    """The dashboard's lens key pressed after the third step: the run's own cache (tokentui's, core/model/decode/
+    buffers.py) is taken over by transformers' for the forward, and the run goes on from the positions it holds:
+    the steps before have the run without the lens's figures, those after have lens rows, and the whole run is the
+    first start's with the same key press, bit for bit. A cache lost on the way would score the token alone."""
+    path = own_copy(tmp_path, "qwen2", "Q8_0", True)
+    seen = {}
+    for name in ("first", "later", "plain"):
+        loaded = load_model(str(path), device="cpu")
+        engine = greedy(loaded, n=6)
+        steps = []
+        for event in engine.run(PROMPT):
+            if isinstance(event, StepEvent):
+                steps.append(event)
+                if len(steps) == 3 and name != "plain":
+                    engine.set_options(replace(engine.options, logit_lens=True))
+        seen[name] = steps
+        if name == "later":
+            assert loaded.direct is not None and loaded.direct.built  # the lens asked for the forward
+    first, later, plain = seen["first"], seen["later"], seen["plain"]
+    assert [figures(s) for s in later] == [figures(s) for s in first]
+    lens = [[(r.id, r.prob) for r in s.lens or ()] for s in later]
+    assert lens == [[(r.id, r.prob) for r in s.lens or ()] for s in first]
+    on = next(i for i, rows in enumerate(lens) if rows)  # the first step the toggle reached
+    assert 3 <= on <= 4 and all(lens[on:])
+    assert [figures(s) for s in later[:on]] == [figures(s) for s in plain[:on]]
+    assert [s.kv_tokens for s in later] == [s.kv_tokens for s in plain]
+    # the forward's step reads the cached positions: its scores are the ggml step's within its tolerance, where the
+    # token alone would score far from them
+    ours, theirs = ({c.id: c.logit for c in s.candidates} for s in (later[on], plain[on]))
+    assert later[on].id == plain[on].id and max(abs(ours[i] - theirs[i]) for i in ours.keys() & theirs.keys()) < 0.05
+
+
 def test_a_branch_and_a_preview_on_a_later_start_reuse_the_cache_without_building_the_model(tmp_path):
     """A branch with KV reuse, and a step previewed under other settings on the run's held cache (the dashboard's
     time travel), give the first start's figures and build no model."""
@@ -211,13 +244,13 @@ def test_a_cache_without_what_a_later_start_needs_loads_as_the_first_start(tmp_p
         assert load_model(str(path), device="cpu").direct is not None
 
 
-def test_a_later_start_in_a_fresh_process_imports_no_transformers_modeling(tmp_path):
-    """The command a user runs: the second start of a file imports none of transformers' modeling (the model
-    classes, modeling_utils: over a second of a start's imports) and prints the first start's run."""
+def test_a_later_start_in_a_fresh_process_imports_no_transformers(tmp_path):
+    """The command a user runs: the second start of a file imports no transformers at all (its modeling, its cache
+    classes, its package's scan of every model's files: over a second of a start's imports) and prints the first
+    start's run."""
     path = own_copy(tmp_path, "qwen3", "Q4_K_M", True)
     code = ("import json, sys\nfrom tokentui.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy = sorted(m for m in sys.modules if m == 'transformers.modeling_utils' or "
-            "(m.startswith('transformers.models.') and '.modeling_' in m))\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')\n"
             "print(json.dumps(heavy), file=sys.stderr)\n")
     argv = ["--model", str(path), "--headless", "--json", "--greedy", "--max-new-tokens", "6", "--no-record"]
     runs = []

@@ -10,11 +10,12 @@ import torch
 from arch_matrix import SPECS, build
 from tiny_models import INIT, assert_engine_is_the_oracle, cache_kwargs, generate_ids, tiny_model
 from tokentui.core.errors import SettingsError
-from tokentui.core.model.decode.adapter import GrowableLayer, cache_allocated_nbytes, cache_nbytes
+from tokentui.core.model.decode.adapter import cache_allocated_nbytes, cache_nbytes
+from tokentui.core.model.decode.hf_layers import BUCKET, BucketedLayer, GrowableLayer
 from tokentui.core.model.engine import Engine
 from tokentui.core.model.load.loader import LoadedModel, model_facts
 from tokentui.core.model.speed import SpeedOptions
-from tokentui.core.model.decode.static_cache import BUCKET, BucketedLayer, bucketing_problem, new_eager_cache
+from tokentui.core.model.decode.static_cache import bucketing_problem, new_eager_cache
 from tokentui.core.runs.events import PromptEvent, StepEvent
 from tokentui.core.settings import RunOptions, SamplerSettings
 

@@ -5,6 +5,11 @@ family, `past_key_values` and the Mamba family's `cache_params` before; `Cache.c
 layers are classes since 5.0), so pyproject pins the range and every call goes through here (core/model/decode/
 compiled.py's compiled step takes its keyword from here too): this file adapts to the installed version by reading
 the forward's signature and the cache's layer classes, so the rest of the code never asks which version runs.
+
+transformers is imported by the functions that need it, not by this module: a GGUF's later start decodes on a
+cache of tokentui's own (core/model/decode/buffers.py's PlainCache) and imports no transformers unless something asks
+for the model's forward; the functions that account for a cache read a PlainCache without it. The cache layers that
+are transformers' classes are in core/model/decode/hf_layers.py.
 """
 
 from __future__ import annotations
@@ -12,135 +17,37 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
+
+from .buffers import PlainCache
 
 # The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
 # --max-new-tokens does not reserve gigabytes for a run that stops at the first end token.
 _FIRST_EXTRA_TOKENS = 4096
 
 
-class GrowableLayer(DynamicLayer):
-    """A full-attention cache layer that appends into a preallocated buffer instead of `torch.cat`.
-
-    transformers' DynamicLayer concatenates on every step, copying the whole layer cache each time: O(tokens) per
-    step and O(tokens^2) per run (at 2,000 tokens of SmolLM2 that is ~90 MB copied per step). Here a step copies
-    only the new token; the buffer doubles when full (amortised O(1)). `keys` / `values` are views of the used
-    prefix, so attention reads exactly what it reads with a DynamicLayer (same values, same shape; the numbers out
-    of the model are bit-identical, which tests/unit/test_fastpaths.py checks) and `nbytes` of those views is the bytes
-    held for the tokens used. `allocated_nbytes` is the reserved buffer.
-    """
-
-    zero_fill = False  # a new buffer starts zeroed (core/model/decode/static_cache.py's BucketedLayer reads past the end)
-
-    def __init__(self, capacity: int = 0):
-        super().__init__()
-        self.capacity = max(0, int(capacity))
-        self._length = 0
-        self._kbuf: torch.Tensor | None = None
-        self._vbuf: torch.Tensor | None = None
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self._length = 0
-        self._kbuf = self._vbuf = None
-        self.keys = key_states[..., :0, :]
-        self.values = value_states[..., :0, :]
-        self.is_initialized = True
-
-    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        old = 0 if self._kbuf is None else self._kbuf.shape[-2]
-        size = max(needed, self.capacity, 2 * old)
-        new = "new_zeros" if self.zero_fill else "new_empty"
-        kbuf = getattr(key_states, new)((*key_states.shape[:-2], size, key_states.shape[-1]))
-        vbuf = getattr(value_states, new)((*value_states.shape[:-2], size, value_states.shape[-1]))
-        if self._length:
-            kbuf[..., : self._length, :].copy_(self._kbuf[..., : self._length, :])
-            vbuf[..., : self._length, :].copy_(self._vbuf[..., : self._length, :])
-        self._kbuf, self._vbuf = kbuf, vbuf
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, end = self._length, self._length + key_states.shape[-2]
-        if self._kbuf is None or end > self._kbuf.shape[-2]:
-            self._reserve(end, key_states, value_states)
-        self._kbuf[..., start:end, :].copy_(key_states)
-        self._vbuf[..., start:end, :].copy_(value_states)
-        self._length = end
-        self.keys = self._kbuf[..., :end, :]
-        self.values = self._vbuf[..., :end, :]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self._length
-
-    @property
-    def has_buffers(self) -> bool:
-        return self._kbuf is not None
-
-    def room_for_one(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole key and value buffers [1, KV, capacity, D], with room for one more position, for a step that
-        writes row `get_seq_length()` itself (core/model/decode/compiled_lean.py); `count_one` then counts it.
-
-        One row past it stays free as well: the compiled step's graph holds `position + 1 < capacity` as a guard
-        (dynamo's, from the slices), so a buffer exactly full would make it compile again."""
-        if self._length + 2 > self._kbuf.shape[-2]:
-            self._reserve(self._length + 2, self._kbuf, self._vbuf)
-        return self._kbuf, self._vbuf
-
-    def count_one(self) -> None:
-        """The row at `get_seq_length()` is written: the cache holds one more position."""
-        self._length += 1
-        self.keys = self._kbuf[..., : self._length, :]
-        self.values = self._vbuf[..., : self._length, :]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative number of tokens to remove (transformers >= 5.15 semantics)")
-        if tokens_to_remove == 0 or not self.is_initialized:
-            return
-        self._length = max(0, self._length - abs(tokens_to_remove))
-        self.keys = self._kbuf[..., : self._length, :]
-        self.values = self._vbuf[..., : self._length, :]
-
-    def reset(self) -> None:
-        self._length = 0
-        self._kbuf = self._vbuf = None
-        super().reset()
-
-    def _unsupported(self, *args, **kwargs):
-        raise NotImplementedError("GrowableLayer serves one sequence (batch 1, no beam search, no offloading)")
-
-    batch_repeat_interleave = batch_select_indices = reorder_cache = offload = prefetch = _unsupported
-
-    @property
-    def allocated_nbytes(self) -> int:
-        return 0 if self._kbuf is None else self._kbuf.nbytes + self._vbuf.nbytes
-
-
-def growable_layers(cache) -> list[GrowableLayer] | None:
-    """`cache`'s layers when every one is a GrowableLayer holding buffers (after a prefill), for a step that writes
-    the buffers itself (core/model/decode/compiled_lean.py, core/model/native/native_step.py); else None."""
-    layers = cache.layers
-    if not layers or not all(type(layer) is GrowableLayer and layer.has_buffers for layer in layers):
-        return None
-    return layers
-
-
-def new_cache(model, capacity: int | None = None) -> DynamicCache:
+def new_cache(model, capacity: int | None = None):
     """An empty KV cache for `model`: `config_cache` of its config."""
     return config_cache(model.config, capacity)
 
 
-def config_cache(config, capacity: int | None = None) -> DynamicCache:
-    """An empty KV cache shaped like the one `generate` makes for a model of `config` (sliding/hybrid layers from
-    the config).
+def config_cache(config, capacity: int | None = None):
+    """An empty KV cache (transformers' DynamicCache) shaped like the one `generate` makes for a model of `config`
+    (sliding/hybrid layers from the config; a GGUF later start's StoredConfig: the transformers' config it holds).
 
     With `capacity` (the tokens a run may need: prompt + max new tokens), full-attention layers append into a
-    preallocated buffer (GrowableLayer) instead of re-concatenating the whole cache each step; sliding-window and
-    other special layers stay transformers' own.
+    preallocated buffer (hf_layers.py's GrowableLayer) instead of re-concatenating the whole cache each step;
+    sliding-window and other special layers stay transformers' own.
     """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from ..load.stored_config import StoredConfig
+    from .hf_layers import GrowableLayer
+
+    if isinstance(config, StoredConfig):
+        from transformers.configuration_utils import PreTrainedConfig
+
+        config = PreTrainedConfig.from_dict(config.to_dict())
     cache = DynamicCache(config=config)
     if capacity is not None:
         first = int(capacity)
@@ -148,14 +55,16 @@ def config_cache(config, capacity: int | None = None) -> DynamicCache:
     return cache
 
 
-def new_static_cache(model, length: int) -> StaticCache:
+def new_static_cache(model, length: int):
     """transformers' StaticCache of `length` positions for `model` (--compile's, core/model/decode/compiled.py)."""
+    from transformers import StaticCache
+
     return StaticCache(config=model.config, max_cache_len=length)
 
 
-def static_capacity(cache: StaticCache) -> int:
+def static_capacity(cache) -> int:
     """The positions a static cache holds at most: its attention layers' preallocated length (a hybrid model's
-    recurrent layers, LFM2's conv ones, have none)."""
+    recurrent layers, LFM2's conv ones, have none). `cache`: transformers' StaticCache."""
     return int(next(layer.max_cache_len for layer in cache.layers if getattr(layer, "max_cache_len", None)))
 
 
@@ -198,6 +107,9 @@ def cache_keyword(model) -> str:
 def state_only(model) -> bool:
     """Whether `model`'s cache holds only recurrent state, no positions (the Mamba family): every layer of the
     cache transformers builds for it is a linear-attention (conv / SSM state) layer without an attention part."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+
     layers = DynamicCache(config=model.config).layers
     return bool(layers) and all(isinstance(layer, LinearAttentionCacheLayerMixin)
                                 and not isinstance(layer, CacheLayerMixin) for layer in layers)
@@ -211,7 +123,7 @@ def call_model(model, input_ids: torch.Tensor, cache, **extra):
 
 
 @torch.inference_mode()
-def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def forward_last_logits(model, input_ids: torch.Tensor, cache) -> torch.Tensor:
     """Run the model over `input_ids` extending `cache`; return the last position's scores.
 
     input_ids: [1, T] int64 on the model's input device  ->  logits: [V] (model dtype)
@@ -220,7 +132,7 @@ def forward_last_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> 
 
 
 @torch.inference_mode()
-def forward_all_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def forward_all_logits(model, input_ids: torch.Tensor, cache) -> torch.Tensor:
     """Run the model over `input_ids` extending `cache`; return every position's scores (a scored text's one
     forward, core/model/scoring.py). The caller counts the positions fed, as for `call_model`.
 
@@ -231,7 +143,7 @@ def forward_all_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> t
 
 
 @torch.inference_mode()
-def forward_batch_logits(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def forward_batch_logits(model, input_ids: torch.Tensor, cache) -> torch.Tensor:
     """One decode step of a batch (a fan-out's rows, core/model/fanout.py): each row's next token extending its row
     of `cache`; every row the same length, so no padding and no attention mask.
 
@@ -274,7 +186,11 @@ def cache_states(cache) -> list[list[torch.Tensor]]:
 
 def cache_tokens(cache, fed: int = 0) -> int:
     """Positions the cache has seen: transformers' count off the first layer that tracks one, else (a cache of
-    recurrent layers only) `fed`, the positions the caller fed through `call_model`."""
+    recurrent layers only) `fed`, the positions the caller fed through `call_model`. A PlainCache counts its own."""
+    if isinstance(cache, PlainCache):
+        return cache.get_seq_length()
+    from transformers.cache_utils import CacheLayerMixin
+
     if any(isinstance(layer, CacheLayerMixin) for layer in cache.layers):
         return int(cache.get_seq_length())
     return int(fed)

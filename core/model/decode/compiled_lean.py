@@ -21,7 +21,7 @@ the native step serves (core/model/native/native_step.py, one C++ call a token, 
 * The weights and the KV buffers are the graph's inputs, never constants: nothing is copied, and the graph reads
   whatever model and cache it is given (dynamo's guards check their shapes and dtypes; the model's sizes are
   closure constants, which the guards check too).
-* It writes into the run's own cache (core/model/decode/adapter.py's GrowableLayer buffers): room for one more position,
+* It writes into the run's own cache (core/model/decode/buffers.py's GrowableBuffers): room for one more position,
   the graph writes that row of every layer, then the layers count it. Whatever else reads the cache (KV bytes,
   branching's crop, the logit lens's forward) sees what the eager step would leave, up to rounding.
 * Scores are not bit-identical to the eager step's: the generated loops sum in another order, and with torch's
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runs.events import LoadProgress
-from .adapter import GrowableLayer, growable_layers
+from .buffers import GrowableBuffers, growable_layers
 from .compiled import elapsed_reports
 from ..quant.gguf_quant import GROUP
 from .lean_step import LeanDecoder, lean_decoder, llama_layer, stacked_weights
@@ -177,7 +177,7 @@ class CompiledLeanStep:
             return self.decoder.step(token_id, cache)
 
     @torch.inference_mode()
-    def _compiled_step(self, token_id: int, cache, layers: list[GrowableLayer]) -> torch.Tensor:
+    def _compiled_step(self, token_id: int, cache, layers: list[GrowableBuffers]) -> torch.Tensor:
         decoder = self.decoder
         position = cache.get_seq_length()
         ids = torch.full((1,), token_id, dtype=torch.long, device=decoder.device)  # [1]

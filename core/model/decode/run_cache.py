@@ -1,4 +1,5 @@
-"""One run's KV cache as the engine holds it: transformers' cache object and what tokentui knows about it.
+"""One run's KV cache as the engine holds it: the cache object (transformers', or a PlainCache of tokentui's own:
+core/model/decode/buffers.py) and what tokentui knows about it.
 
 Why a wrapper: what the engine needs to know about a run's cache besides its tensors — which decode step fills it
 (core/model/decode/steps.py) and how many positions were fed (a cache of recurrent layers only, Mamba's, has no
@@ -10,12 +11,14 @@ lives here, on an object of tokentui's, instead of as attributes set on transfor
 from __future__ import annotations
 
 from .adapter import cache_allocated_nbytes, cache_nbytes, cache_tokens
+from .buffers import PlainCache
 
 __all__ = ["RunCache"]
 
 
 class RunCache:
-    """A run's cache: `kv` (transformers' cache object), `step` (the DecodeStep that prefills and extends it,
+    """A run's cache: `kv` (transformers' cache object, or a PlainCache until a forward asks for it: `for_forward`),
+    `step` (the DecodeStep that prefills and extends it,
     core/model/decode/steps.py, which imports this module: so not annotated here) and `fed` (the positions fed
     through it so far: prompt chunks, decoded tokens; cut back by a crop). `static`: `kv` is preallocated whole and
     its positions are counted here only (--compile's static cache)."""
@@ -29,6 +32,16 @@ class RunCache:
         self.step = step
         self.static = static
         self.fed = int(fed)
+
+    def for_forward(self, model):
+        """`kv` as `model`'s forward extends it: transformers' cache. A PlainCache (a GGUF later start's native ggml
+        step's, core/model/decode/buffers.py) is taken over by transformers' cache for `model`'s config first, its
+        buffers and positions moved, nothing copied; `kv` is that cache from then on."""
+        if isinstance(self.kv, PlainCache):
+            from .hf_layers import as_transformers
+
+            self.kv = as_transformers(self.kv, model.config)
+        return self.kv
 
     def tokens(self) -> int:
         """Positions the cache holds: transformers' count where a layer keeps one (what the tensors hold), else

@@ -9,11 +9,12 @@ one shape serves BUCKET consecutive steps.
 How (chosen over transformers' StaticCache, which --compile uses: core/model/decode/compiled.py): a StaticCache
 attends over its whole preallocated length at every step, which for a long --max-new-tokens means every early step
 pays for the whole run's attention, and it cannot be cut back for a branch. `BucketedLayer` is the engine's
-growable full-attention layer (core/model/decode/adapter.py's GrowableLayer: append into a preallocated, doubling buffer)
+growable full-attention layer (core/model/decode/hf_layers.py's GrowableLayer: append into a preallocated, doubling buffer)
 that hands attention a view of the buffer padded to the bucket, and tells transformers' mask builder that length
 (`get_mask_sizes`): the mask is the causal one over real positions (the padding is beyond the query's position,
 so masked). `is_compileable = True` is what makes transformers build that mask for a one-token query instead of
 relying on SDPA's `is_causal` over exactly the keys it is given (masking_utils, `allow_is_causal_skip`). The
+class is in core/model/decode/hf_layers.py with GrowableLayer (both are transformers' layer classes). The
 buffer starts zeroed, so the masked tail is finite (a masked NaN would still poison the weighted sum).
 
 Prefill (more than one query) sees the exact length, as before: its shape is the prompt's anyway, and an explicit
@@ -30,48 +31,15 @@ facts say why (`kv_cache`). Whether bucketing is the default on each device: `--
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer, config_cache, state_only
-
-BUCKET = 256  # positions per attention shape
-
-
-def _round_up(tokens: int) -> int:
-    return -(-max(1, tokens) // BUCKET) * BUCKET
-
-
-class BucketedLayer(GrowableLayer):
-    """A GrowableLayer whose one-token updates return keys and values padded to a multiple of BUCKET positions."""
-
-    is_compileable = True  # transformers then builds the causal mask for a one-token query (see the module docstring)
-    zero_fill = True
-
-    def __init__(self, capacity: int = 0):
-        super().__init__(_round_up(capacity) if capacity else 0)
-
-    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super()._reserve(_round_up(needed), key_states, value_states)
-
-    def padded_length(self, tokens: int) -> int:
-        """The attention length for a cache holding `tokens` positions: the next multiple of BUCKET."""
-        return _round_up(tokens)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        end = self._length + query_length
-        return (self.padded_length(end) if query_length == 1 else end), 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        if key_states.shape[-2] != 1:
-            return keys, values
-        n = self.padded_length(self._length)  # <= the buffer: _reserve rounds it up to a bucket
-        return self._kbuf[..., :n, :], self._vbuf[..., :n, :]
+from .adapter import config_cache, state_only
 
 
 def bucketing_problem(model) -> str | None:
     """Why `model`'s cache cannot take bucketed shapes (sliding, chunked, recurrent layers); None: it can."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
     if state_only(model):
         return "this model keeps only a recurrent state (the Mamba family), which has one shape already"
     layers = DynamicCache(config=model.config).layers
@@ -83,12 +51,14 @@ def bucketing_problem(model) -> str | None:
     return None
 
 
-def new_eager_cache(config, capacity: int, bucketed: bool) -> DynamicCache:
+def new_eager_cache(config, capacity: int, bucketed: bool):
     """The eager path's cache for a model of `config` (core/model/decode/adapter.py's `config_cache`, `capacity`
     positions reserved), its
     full-attention layers bucketed when `bucketed` (the caller has checked `bucketing_problem`). A 4-bit model's
     lean and native steps (core/model/decode/steps.py) decode only on unbucketed ones: they attend over exactly the
     keys the cache returns, so never over a padded bucket (core/model/decode/plan.py chooses accordingly)."""
+    from .hf_layers import BucketedLayer, GrowableLayer
+
     cache = config_cache(config, capacity)  # (a model's config: its transformers' model need not exist)
     if bucketed:
         cache.layers = [BucketedLayer(capacity) if type(layer) is GrowableLayer else layer for layer in cache.layers]
@@ -109,6 +79,8 @@ def describe(bucketed: bool, problem: str | None, choice: str, compiled: bool = 
         return ("static (--compile): one buffer per 256 * 2^k bucket, attention over all of it; runs it does not "
                 "cover decode eagerly, " + describe(bucketed, problem, choice))
     if bucketed:
+        from .hf_layers import BUCKET
+
         return f"bucketed: attention over {BUCKET}-position buckets (the mask hides the unused tail)"
     if problem is not None and choice != "dynamic":
         return f"dynamic: exact length every step (not bucketed: {problem})"

@@ -10,7 +10,8 @@ feeds it one token at a time. core/model/decode/plan.py chooses one per engine, 
     NativeGGML     a model whose matrices are ggml rows (a GGUF kept as stored, core/model/load/gguf_stored.py; an HF
                    folder's weights viewed as them, core/model/quant/hf_stored.py): the Llama / Mistral / Qwen2 / Qwen3
                    step as one C++ call on ggml's kernels (core/model/native/ggml_native.py), each matrix in its format;
-                   on a GGUF's later start (`NativeGGML.over`) made from the file, transformers' model built on demand
+                   on a GGUF's later start (`NativeGGML.over`) made from the file, transformers' model built on demand;
+                   its runs' caches are tokentui's own (core/model/decode/buffers.py's PlainCache) until a forward
     CompiledWhole  --compile's whole step on a static cache (core/model/decode/compiled.py): forward and selection
 
 Each keeps what it knows about a run on the run's RunCache (core/model/decode/run_cache.py), never on transformers'
@@ -27,9 +28,9 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
-from .adapter import GrowableLayer, first_capacity, forward_last_logits, input_device
+from .adapter import first_capacity, forward_last_logits, input_device
+from .buffers import GrowableBuffers, PlainCache
 from .run_cache import RunCache
 from ..native.ggml_prefill import prefill_hidden
 from .static_cache import new_eager_cache
@@ -99,7 +100,7 @@ class TorchForward:
         # first chunk starts from zeros, as the scan does, and stays one forward.
         pieces = ids.split(1, dim=1) if not first and not continues_chunks(self.model) else (ids,)
         for piece in pieces[:-1]:
-            forward_last_logits(self.model, piece, run.kv)
+            forward_last_logits(self.model, piece, run.for_forward(self.model))
         logits = self._forward(run, pieces[-1], states_out)
         run.fed += int(ids.shape[1]) - int(pieces[-1].shape[1])
         return logits
@@ -109,17 +110,22 @@ class TorchForward:
         return self._forward(run, torch.full((1, 1), token_id, dtype=torch.long, device=self.device), states_out)
 
     def _forward(self, run: RunCache, ids: torch.Tensor, states_out: list | None) -> torch.Tensor:
+        kv = run.for_forward(self.model)
         if states_out is None:
-            logits = forward_last_logits(self.model, ids, run.kv)  # [V]
+            logits = forward_last_logits(self.model, ids, kv)  # [V]
         else:
-            logits, states = forward_last_states(self.model, ids, run.kv)  # [V], [L, H]
+            logits, states = forward_last_states(self.model, ids, kv)  # [V], [L, H]
             states_out.append(states)
         run.fed += int(ids.shape[1])
         return logits
 
     def crop_problem(self, run: RunCache) -> str | None:
         for layer in run.kv.layers:
-            if type(layer) is not DynamicLayer and not isinstance(layer, GrowableLayer):  # sliding, linear... layers
+            if isinstance(layer, GrowableBuffers):  # the engine's own full-attention layers (a PlainCache's too)
+                continue
+            from transformers.cache_utils import DynamicLayer
+
+            if type(layer) is not DynamicLayer:  # sliding, linear... layers
                 return f"this model's cache has {type(layer).__name__} layers, which cannot be cut back exactly"
         return None
 
@@ -168,6 +174,12 @@ class NativeGGML(_KernelStep):
         step._setup(direct.model, direct.config, torch.device("cpu"), max_context, bucketed=False)
         step.kernel = direct.step
         return step
+
+    def new_cache(self, tokens: int, max_new_tokens: int) -> tuple[RunCache, str | None]:
+        # every layer full attention (ggml_native.check_config): a cache of tokentui's own, which a forward asked for
+        # takes over as transformers' (RunCache.for_forward)
+        capacity = first_capacity(tokens, max_new_tokens, self.max_context)
+        return RunCache(PlainCache(int(self.config.num_hidden_layers), capacity), self), None
 
     def prefill(self, run: RunCache, ids: torch.Tensor, first: bool, states_out: list | None = None) -> torch.Tensor:
         if states_out is not None:

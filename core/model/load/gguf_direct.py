@@ -34,6 +34,7 @@ from torch import nn
 from ...errors import ModelLoadError
 from ...runs.facts import ModelFacts
 from .model_cache import write_whole
+from .stored_config import StoredConfig
 
 PLACEMENT = "placement.json"
 ROW_ORDERS = "row_orders.npz"
@@ -90,15 +91,12 @@ def full_config(config) -> dict:
     return json.loads(config.to_json_string(use_diff=False))
 
 
-def step_config(values: dict):
-    """transformers' base config class holding `values` (`full_config`'s): what the step, the KV cache and the end
-    ids read (shapes, layer types, rope parameters, end ids), without the family's own config class, whose import
-    (transformers' scan of every model's files) a later start would pay for (BENCHMARKS.md: "A later start without
-    transformers' model"). The first start checks the rope table against it (`rope_agrees`); the family's class is
-    built from the same values with the model (`DirectModel`)."""
-    from transformers.configuration_utils import PreTrainedConfig
-
-    return PreTrainedConfig.from_dict(values)
+def step_config(values: dict) -> StoredConfig:
+    """`values` (`full_config`'s) as the config the step, the KV cache and the end ids read (shapes, layer types, rope
+    parameters, end ids): core/model/load/stored_config.py's StoredConfig, without transformers, whose import a later
+    start would pay for (BENCHMARKS.md: "A later start without transformers"). The first start checks the rope table
+    against it (`rope_agrees`); the family's class is built from the same values with the model (`DirectModel`)."""
+    return StoredConfig(values)
 
 
 def _str_map(value) -> bool:

@@ -20,7 +20,6 @@ SmolLM2-135M on this machine, and transformers' GGUF tokenizer and config conver
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -30,19 +29,18 @@ import torch
 from torch import nn
 
 from ...errors import ModelLoadError, error_line
-from ...paths import cache_dir
 from ...runs.events import LoadProgress
 from ..quant.gguf_quant import FOUR_BIT, GROUP
 from .gguf_check import check_gguf, checked_reader, reading
 from .gguf_plan import Plan, _skeleton, plan_gguf, read_config
 from .tokenizer_cache import cached_tokenizer, save_tokenizer, settled
 from .model_cache import STAGE_GGUF_TOKENIZER, STAGE_WEIGHTS, Progress, check_first_pass, write_cache
+from .packed_folder import FORMAT, cached_folder
 from ..native.native_step import decode_step_for
 from ..native import q4_native
 from ..quant.int4_kernel import Int4Kernel
 from ..quant.qlinear import KERNELS, FusedQLinear, QLinear, QLMHead, chosen_kernel, kernel_available, wants_native
 
-FORMAT = 2  # bump when the cached layout changes
 STAGE_PACK = "packing {matrices} 4-bit matrices for the {kernel} kernel (first start only)"
 STAGE_SAVE = "saving the packed weights (first start only)"
 
@@ -54,20 +52,6 @@ def quantizable_gguf(path: Path) -> bool:
     if any((cached_folder(path, kernel) / ".complete").is_file() for kernel in KERNELS.values()):
         return True
     return any(t.tensor_type.name in FOUR_BIT for t in checked_reader(path).tensors)
-
-
-def cache_key(path: Path, kernel: Int4Kernel) -> str:
-    import transformers
-
-    st = path.stat()
-    ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}|"
-             f"{torch.backends.cpu.get_cpu_capability()}|{kernel.name}.{kernel.layout}|{FORMAT}")
-    return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
-
-
-def cached_folder(path: Path, kernel: Int4Kernel) -> Path:
-    """Where `path`'s matrices packed for `kernel` are kept (each kernel packs its own layout)."""
-    return cache_dir() / "quantized" / cache_key(path, kernel)
 
 
 # ---------------------------------------------------------------------------------------------- the model

@@ -45,7 +45,7 @@ def gguf_route(dtype: str, device, device_map: str | None, path: Path, progress:
     (ModelLoadError from the check)."""
     from ..quant.qlinear import KERNELS, kernel_available
     from .gguf_check import checked_reader
-    from .gguf_load import cached_folder
+    from .packed_folder import cached_folder
     from .gguf_stored import FOUR_BIT_PACKED, packed_serves
 
     if not ((dtype or "auto").strip().lower() == "auto" and device.type == "cpu" and not device_map):

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -160,6 +161,7 @@ def converted_gguf_dir(path: Path, progress: Progress = _noop
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
 
+    _quiet_transformers()  # imported now: its progress bars off too
     target = cache_dir() / "converted" / _gguf_cache_key(path)
     if (target / "config.json").is_file() and (target / ".complete").is_file():
         return target, None, None, None
@@ -225,7 +227,14 @@ def dequantized_from(folder: Path, gguf_file: Path) -> str | None:
 
 def _quiet_transformers() -> None:
     """transformers' own progress bars and warnings write to the terminal, which would scribble over the
-    dashboard; progress reaches the user through our LoadProgress events instead."""
+    dashboard; progress reaches the user through our LoadProgress events instead. Where transformers is not imported
+    yet (a GGUF's later start may never import it: core/model/load/gguf_direct.py), its level and huggingface_hub's
+    are set where the two read them when imported, the environment, and nothing is imported here; the load paths
+    that import transformers call this again (its progress bars are switched off only once it is imported, before
+    any weights are loaded)."""
+    if "transformers" not in sys.modules:
+        os.environ["TRANSFORMERS_VERBOSITY"] = os.environ["HF_HUB_VERBOSITY"] = "error"
+        return
     from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
@@ -314,6 +323,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import torch
 
+    _quiet_transformers()  # imported now: its progress bars off too
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
     # an HF folder on CPU loads in the dtype it is stored in (core/model/quant/hf_stored.py): no float32 copy
     as_stored = where.gguf_file is None and _as_stored(dtype, dev, device_map)

@@ -29,7 +29,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..decode.adapter import cache_keyword, growable_layers, new_cache
+from ..decode.adapter import cache_keyword, new_cache
+from ..decode.buffers import growable_layers
 from ..quant.ggml_linear import GGMLEmbedding, GGMLLinear, available
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

@@ -5,7 +5,7 @@ The arithmetic is the forward's, on the same objects: each of a layer's 7 produc
 the chunk's rows (ggml's gemm on a repacked matrix, its product or float32 tiles on one as stored, as the forward
 calls it), q / k / v biases inside it; the RMSNorms by torch's F.rms_norm (as the lean step's); the rotation
 from the model's own rotary module (its rope type and scaling) applied as `rotate_half` does; keys and values
-appended to the run's cache through its layers' own `update` (GrowableLayer's buffers); attention by torch's
+appended to the run's cache through its layers' own `update` (buffers.py's GrowableBuffers); attention by torch's
 scaled_dot_product_attention (transformers' sdpa path), each query seeing the cache's earlier positions and the
 chunk's up to its own; SiLU MLP; residual adds. Only the last position goes through the final norm (the run needs
 its scores alone).

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decode.adapter import growable_layers
+from ..decode.buffers import growable_layers
 from ..decode.lean_step import LeanDecoder, lean_decoder, stacked_weights
 from .q4_native import NativeQ4, NativeQ4I16
 

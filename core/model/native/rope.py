@@ -4,8 +4,9 @@ family's rotary module computes them, without that module.
 Why not the module: it lives in the family's modeling file, whose import (transformers' modeling_utils and what it
 pulls in) was most of a later start's time to its first token on a GGUF kept as stored (issue 37, BENCHMARKS.md:
 "A later start without transformers' model"). The scaled rope types' frequencies come from
-transformers' own ROPE_INIT_FUNCTIONS (modeling_rope_utils, imported with the cache at no extra cost); the default
-type's two lines are the four families' `compute_default_rope_parameters`, and the forward is theirs, op for op.
+transformers' own ROPE_INIT_FUNCTIONS (modeling_rope_utils: transformers imported for them); the default
+type's two lines are the four families' `compute_default_rope_parameters` (no transformers import: a later start
+of a default-rope model imports none), and the forward is theirs, op for op.
 tests/unit/test_rope_table.py holds both to the modules, bit for bit, for the default and the scaled types.
 """
 
@@ -36,10 +37,15 @@ class RopeTable:
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         else:
+            from transformers.configuration_utils import PreTrainedConfig
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            from ..load.stored_config import StoredConfig
 
             if rope_type not in ROPE_INIT_FUNCTIONS:
                 raise ValueError(f"its rope type {rope_type!r} is not one transformers knows")
+            if isinstance(config, StoredConfig):  # (a later start's: the init functions call its config's methods)
+                config = PreTrainedConfig.from_dict(config.to_dict())
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
         self.rope_type = rope_type
         self.inv_freq = inv_freq.to(torch.float)  # [D / 2]
