@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tokentui import __version__
 from tokentui.core.errors import EXIT_BAD_INPUT, EXIT_RUN_FAILED
+from tokentui.core.interrupts import interrupt
 from tokentui.commands.common import (DEFAULT_PROMPT, TextArgumentParser, add_sampler_flags, add_turn_flags,
                                       bad_input, check_record_dir, check_turn_flags, integer, interrupted, number,
                                       read_prompt, server_options, settings_from_args)
@@ -130,7 +131,7 @@ _signal_seen: list[int] = []
 
 def _raise_keyboard_interrupt(signum, frame):
     _signal_seen.append(signum)
-    raise KeyboardInterrupt
+    interrupt()  # (not inside an event being recorded: core/interrupts.py)
 
 
 def main(argv: list[str] | None = None) -> int:

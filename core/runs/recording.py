@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ErrorKind, TokentuiError
+from ..interrupts import unbroken
 from ..paths import why_not
 from .ending import StepTally
 from .events import DoneEvent, ErrorEvent, Event
@@ -128,12 +129,14 @@ class RecordedRun:
     def _add(self, event: Event) -> None:
         if self.ended:
             return  # nothing follows a run's `done`
-        self._write(event)
-        self._tally.see(event)
-        if isinstance(event, ErrorEvent):
-            self.error = event
-        elif isinstance(event, DoneEvent):
-            self.ended = True
+        with unbroken():  # written and counted together: a signal's interrupt waits (core/interrupts.py)
+            self._write(event)
+            self._tally.see(event)
+            if isinstance(event, ErrorEvent):
+                self.error = event
+            elif isinstance(event, DoneEvent):
+                self.ended = True
+        if self.ended:
             self._drop_recorder()
 
     def fail(self, message: str, kind: ErrorKind, step: int = -1) -> list[Event]:

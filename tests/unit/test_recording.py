@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 
 import pytest
 
 from fakes import ANSWER, FACTS, ScriptedEngine
+from tokentui.core.interrupts import interrupt
 from tokentui.core.runs.events import DoneEvent, StepEvent
 from tokentui.core.runs.record_writer import RunRecorder
 from tokentui.core.runs.recording import RecordedRun
@@ -110,6 +112,44 @@ def test_an_interrupted_runs_record_ends_with_done_stopped(tmp_path):
     assert done["tokens"] == 3 and done["text"] == "".join(s.text for s in ANSWER[:3]) == "Partly."
     assert done["prompt_tokens"] == 13 and done["kv_tokens"] == steps[-1].kv_tokens
     assert done["ttft_ms"] == steps[0].latency_ms
+
+
+class SignalWhileWriting(RunRecorder):
+    """A RunRecorder during whose write of step `at` a signal arrives, its handler interrupting as headless mode's
+    does on a second signal (core/interrupts.py's `interrupt`): Python runs the handler right after the write."""
+
+    def __init__(self, directory, at: int):
+        super().__init__(directory)
+        self.at = at
+
+    def write(self, event) -> None:
+        super().write(event)
+        if isinstance(event, StepEvent) and event.index == self.at:
+            signal.raise_signal(signal.SIGUSR1)
+
+
+def test_a_signal_while_a_step_is_written_leaves_a_done_that_counts_it(tmp_path):
+    """A second signal lands while a step is being recorded: the step is counted with its line, and the interrupt
+    follows, so the `done` written for the cut-off run counts every step line the record holds (before: the interrupt
+    fell between the write and the count, and `done` said one token fewer than the record held)."""
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: interrupt())
+    try:
+        engine = ScriptedEngine()
+        passed = []
+        with pytest.raises(KeyboardInterrupt):
+            with RecordedRun(engine.facts, SignalWhileWriting(tmp_path, 2), on_note=pytest.fail) as run:
+                path = run.open()
+                for event in run.record(engine.run("Is OpenAI open?")):
+                    passed.append(event)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    lines = read_record(path)
+    steps = [line for line in lines if line["event"] == "step"]
+    assert [s["index"] for s in steps] == [0, 1, 2]  # the step being written when the signal came is in the record
+    assert lines[-1] == as_json(run.cut_off) and lines[-1]["reason"] == "stopped"
+    assert lines[-1]["tokens"] == len(steps) == 3
+    assert lines[-1]["text"] == "".join(s["text"] for s in steps)
+    assert [e.index for e in passed if isinstance(e, StepEvent)] == [0, 1]  # interrupted before passing it on
 
 
 def test_a_run_the_caller_stops_reading_still_ends_with_done(tmp_path):

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from tokentui.core.errors import EXIT_BAD_INPUT
+from tokentui.core.interrupts import interrupt
 from tokentui.core.samplers import PARAMS
 
 from .common import (TextArgumentParser, add_sampler_flags, answer_text, bad_input, check_record_dir, integer,
@@ -116,7 +117,7 @@ def branch_main(argv: list[str]) -> int:
         if state["engine"] is not None:
             state["engine"].stop()
         if not first or not state["decoding"]:
-            raise KeyboardInterrupt
+            interrupt()  # (not inside an event being recorded: core/interrupts.py)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
     try:

@@ -10,6 +10,7 @@ import signal
 import sys
 
 from tokentui.core.errors import EXIT_BAD_INPUT
+from tokentui.core.interrupts import interrupt
 
 DEFAULT_PROMPT = "Is OpenAI open?"
 
@@ -321,7 +322,7 @@ class SignalStop:
         self.stopped_by.append(signum)
         self.engine.stop()
         if not first or not self._decoding:
-            raise KeyboardInterrupt
+            interrupt()  # (not inside an event being recorded: core/interrupts.py)
 
     def __enter__(self) -> "SignalStop":
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
