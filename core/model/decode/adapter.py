@@ -32,7 +32,8 @@ def new_cache(model, capacity: int | None = None):
 
 def config_cache(config, capacity: int | None = None):
     """An empty KV cache (transformers' DynamicCache) shaped like the one `generate` makes for a model of `config`
-    (sliding/hybrid layers from the config; a GGUF later start's StoredConfig: the transformers' config it holds).
+    (sliding/hybrid layers from the config; for a GGUF later start's StoredConfig, transformers' base config class made
+    from its values).
 
     With `capacity` (the tokens a run may need: prompt + max new tokens), full-attention layers append into a
     preallocated buffer (hf_layers.py's GrowableLayer) instead of re-concatenating the whole cache each step;
