@@ -11,7 +11,8 @@ feeds it one token at a time. core/model/decode/plan.py chooses one per engine, 
                    folder's weights viewed as them, core/model/quant/hf_stored.py): the Llama / Mistral / Qwen2 / Qwen3
                    step as one C++ call on ggml's kernels (core/model/native/ggml_native.py), each matrix in its format;
                    on a GGUF's later start (`NativeGGML.over`) made from the file, transformers' model built on demand;
-                   its runs' caches are tokentui's own (core/model/decode/buffers.py's PlainCache) until a forward
+                   its runs' caches are tokentui's own (core/model/decode/buffers.py's PlainCache), handed to
+                   transformers' when a forward is asked for
     CompiledWhole  --compile's whole step on a static cache (core/model/decode/compiled.py): forward and selection
 
 Each keeps what it knows about a run on the run's RunCache (core/model/decode/run_cache.py), never on transformers'
