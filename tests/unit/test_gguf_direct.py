@@ -215,6 +215,28 @@ def test_the_lens_views_fan_out_and_score_on_a_later_start_build_the_model_and_m
     assert all(rows for rows in seen["later"][1])
 
 
+def test_a_fan_out_from_a_plain_run_on_a_later_start_builds_the_model_and_matches_the_first(tmp_path):
+    """A fan-out after a run without the lens: the run's held cache is tokentui's own (core/model/decode/buffers.py),
+    copied per sample as one and handed to transformers' batch forward. Greedy, every sample goes on as the run
+    itself did (its steps after the fan-out's), and the samples are the first start's."""
+    path = own_copy(tmp_path, "llama", "Q8_0", False)
+    seen = {}
+    for name in ("first", "later"):
+        loaded = load_model(str(path), device="cpu")
+        engine = greedy(loaded, n=5)
+        events = list(engine.run(PROMPT))
+        prompt_ids, steps = next(e for e in events if isinstance(e, PromptEvent)).ids, steps_of(events)
+        request = FanoutRequest(tuple(prompt_ids), tuple(s.id for s in steps[:2]), 2, n=3, m=4, seed=11)
+        samples = [e.ids for e in engine.fanout(request) if isinstance(e, SampleEvent)]
+        if name == "later":
+            assert loaded.direct.built  # the batch forward asked for the model
+        assert len(samples) == 3 and all(len(ids) == 4 for ids in samples)
+        # greedy: every sample is the run's own continuation, which the batch forward reads from the copied positions
+        assert all(ids[:3] == [s.id for s in steps[2:5]] for ids in samples)
+        seen[name] = samples
+    assert seen["later"] == seen["first"]
+
+
 @pytest.mark.parametrize("damage", ["no facts", "placement unreadable", "verdict for other libraries",
                                     "verdict refused", "no shape in the verdict"])
 def test_a_cache_without_what_a_later_start_needs_loads_as_the_first_start(tmp_path, damage):
