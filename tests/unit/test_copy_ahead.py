@@ -221,3 +221,13 @@ def test_what_the_load_reads_from_the_files_map_is_read_through_ahead(tmp_path):
     assert copy.finished(60)
     report = copy.close()
     assert report.warmed_bytes == sum(nbytes for _, nbytes in copy.warm) > 0 and report.taken == 0
+
+
+def test_the_cache_folders_name_transformers_release_as_transformers_does():
+    """The stored and packed folders' keys read transformers' release without importing it: the same string as its
+    own `__version__`, so the folders a start made before that change are found again."""
+    import transformers
+
+    from tokentui.core.model.load.stored_folder import transformers_version
+
+    assert transformers_version() == transformers.__version__

@@ -32,8 +32,7 @@ def new_cache(model, capacity: int | None = None):
 
 def config_cache(config, capacity: int | None = None):
     """An empty KV cache (transformers' DynamicCache) shaped like the one `generate` makes for a model of `config`
-    (sliding/hybrid layers from the config; for a GGUF later start's StoredConfig, transformers' base config class made
-    from its values).
+    (sliding/hybrid layers from the config; a GGUF later start's StoredConfig through `transformers_config`).
 
     With `capacity` (the tokens a run may need: prompt + max new tokens), full-attention layers append into a
     preallocated buffer (hf_layers.py's GrowableLayer) instead of re-concatenating the whole cache each step;
@@ -42,18 +41,26 @@ def config_cache(config, capacity: int | None = None):
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    from ..load.stored_config import StoredConfig
     from .hf_layers import GrowableLayer
 
-    if isinstance(config, StoredConfig):
-        from transformers.configuration_utils import PreTrainedConfig
-
-        config = PreTrainedConfig.from_dict(config.to_dict())
-    cache = DynamicCache(config=config)
+    cache = DynamicCache(config=transformers_config(config))
     if capacity is not None:
         first = int(capacity)
         cache.layers = [GrowableLayer(first) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def transformers_config(config):
+    """`config` as transformers' own config class: itself, or for a GGUF later start's StoredConfig (core/model/load/
+    stored_config.py) transformers' base config class made from its values (what transformers' cache classes and
+    its rope functions read, methods included)."""
+    from ..load.stored_config import StoredConfig
+
+    if not isinstance(config, StoredConfig):
+        return config
+    from transformers.configuration_utils import PreTrainedConfig
+
+    return PreTrainedConfig.from_dict(config.to_dict())
 
 
 def new_static_cache(model, length: int):

@@ -5,22 +5,21 @@ whether the file was packed before, and a file that runs as stored must not pay 
 from __future__ import annotations
 
 import hashlib
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
 from ...paths import cache_dir
+from .stored_folder import transformers_version
 
 FORMAT = 2  # bump when the cached layout changes
 
 
 def cache_key(path: Path, kernel) -> str:
     """The folder's name: the file's path, size and modification time, the transformers and torch releases (the
-    transformers one as its installed metadata names it, the string `transformers.__version__` gives, read without
-    importing it), the CPU kind, `kernel`'s (an Int4Kernel) name and layout, and FORMAT."""
+    transformers one read without importing it: stored_folder.transformers_version), the CPU kind, `kernel`'s (an Int4Kernel) name and layout, and FORMAT."""
     st = path.stat()
-    ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{metadata.version('transformers')}|"
+    ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers_version()}|"
              f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{kernel.name}.{kernel.layout}|{FORMAT}")
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 

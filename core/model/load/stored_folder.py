@@ -3,6 +3,7 @@ step verdict), found without torch or transformers: core/model/load/ahead.py loo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from importlib import metadata
 from pathlib import Path
@@ -14,11 +15,18 @@ FORMAT = 3  # bump when what the cache folder holds changes (2: the tokenizer as
 # transformers' model reads, core/model/load/gguf_direct.py)
 
 
+@functools.cache
+def transformers_version() -> str:
+    """The installed transformers release as its metadata names it (the string `transformers.__version__` gives),
+    read without importing it, once a process (each read scans the installed packages)."""
+    return metadata.version("transformers")
+
+
 def cache_key(path: Path) -> str:
     """The folder's name: the file's path, size and modification time, the transformers release that converted its
     config and tokenizer (as its installed metadata names it: read without importing it) and FORMAT."""
     st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{metadata.version('transformers')}|{FORMAT}"
+    ident = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers_version()}|{FORMAT}"
     return f"{path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 

@@ -37,16 +37,14 @@ class RopeTable:
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         else:
-            from transformers.configuration_utils import PreTrainedConfig
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            from ..load.stored_config import StoredConfig
+            from ..decode.adapter import transformers_config
 
             if rope_type not in ROPE_INIT_FUNCTIONS:
                 raise ValueError(f"its rope type {rope_type!r} is not one transformers knows")
-            if isinstance(config, StoredConfig):  # (a later start's: the init functions call its config's methods)
-                config = PreTrainedConfig.from_dict(config.to_dict())
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+            # (a later start's StoredConfig made transformers' own: the init functions call its config's methods)
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](transformers_config(config))
         self.rope_type = rope_type
         self.inv_freq = inv_freq.to(torch.float)  # [D / 2]
         self.attention_scaling = scaling
