@@ -134,12 +134,17 @@ def test_the_heads_highest_scores_are_the_float32_product():
     exact = F.linear(x, rows)
     approx = QLinear.from_matrix(m, kernel=TORCH)(x)
     for position in range(3):
-        top = approx[position, 0].topk(EXACT_SCORES).indices
-        assert torch.allclose(got[position, 0, top], exact[position, 0, top], rtol=1e-6, atol=1e-6)
-        others = torch.ones(vocab, dtype=torch.bool)
-        others[top] = False
-        assert torch.equal(got[position, 0, others], approx[position, 0, others])
-        assert torch.equal(got[position, 0].topk(10).indices, exact[position, 0].topk(10).indices)
+        g, e, a = got[position, 0], exact[position, 0], approx[position, 0]
+        # the kernel's scores are bfloat16: many tie at the EXACT_SCORES-th, and which of those are recomputed is
+        # the top set's choice (the library's or torch's topk's)
+        kth = a.topk(EXACT_SCORES).values.min()
+        recomputed = torch.isclose(g, e, rtol=1e-6, atol=1e-6)
+        assert recomputed[a > kth].all()  # every score above the edge is the float32 product
+        assert torch.equal(g[a < kth], a[a < kth])  # every score below it is the kernel's
+        at_edge = a == kth
+        assert (recomputed[at_edge] | (g[at_edge] == a[at_edge])).all()
+        assert int(recomputed[a >= kth].sum()) >= EXACT_SCORES
+        assert torch.equal(g.topk(10).indices, e.topk(10).indices)
 
 
 def test_a_tied_head_shares_the_embedding_parameter(kernel):

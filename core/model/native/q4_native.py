@@ -37,11 +37,12 @@ from ..quant.int4_kernel import Int4Kernel
 
 NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
 # one library; the products and the step include q4_kernels.h; select.cpp is step 4 (core/steps/select.py),
-# select_chain.cpp the same with the whole sampler chain (core/steps/select_chain.py);
+# select_chain.cpp the same with the whole sampler chain (core/steps/select_chain.py); exact_head.cpp the LM head's
+# exact scores (core/model/quant/qlinear.py's QLMHead);
 # ggml_ops.cpp / ggml_step.cpp / ggml_repack.cpp run ggml's CPU kernels, opened at run time (core/model/quant/
 # ggml_linear.py), on matrices in ggml_memory.cpp's memory
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "select_chain.cpp",
-           NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp",
+           NATIVE / "exact_head.cpp", NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp",
            NATIVE / "ggml_memory.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
            NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h",
@@ -163,11 +164,16 @@ def _load() -> str | None:
     torch.library.register_fake("tokentui_q4::q4_linear_i16")(_fake_product)
     torch.library.register_fake("tokentui_q4::q8_linear_i16")(_fake_product)
     torch.library.register_fake("tokentui_q4::decode_step")(_fake_step)
+    torch.library.register_fake("tokentui_q4::exact_top")(_fake_exact_top)
     return None
 
 
 def _fake_product(x, packed, scales):
     return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+def _fake_exact_top(scores, x, weight, bias, count):
+    return None
 
 
 def _fake_step(x, pos, cos, sin, kbufs, vbufs, stacked, norm, heads, kv_heads, eps, scale, int16):

@@ -21,7 +21,9 @@ percents. With torch's kernel `QLMHead` therefore computes every score with the 
 the file's de-quantized values): the candidates the dashboard shows, the greedy pick and every token a sampler could
 plausibly draw are scored by the file's weights in float32; the rest stay within bfloat16 rounding. The int16
 kernel's scores are recomputed the same way (they are within ~1e-4 already). With "avx2-fp32" every score is
-float32 from the file's weights already, and none is recomputed.
+float32 from the file's weights already, and none is recomputed. Where tokentui's library is loaded the recomputing
+is one call of it (core/model/native/exact_head.cpp: the same top set, each product summed in float64 and rounded
+once); elsewhere, and under torch.compile, torch's topk, index_select and bmm.
 
 `FusedQLinear` multiplies sibling projections that read the same input (q/k/v, gate/up) as one matrix: one kernel
 call instead of three or two (fewer, larger calls: core/model/speed.py's overhead floor). Each sibling is a
@@ -42,7 +44,7 @@ from torch import nn
 from .fused_linear import SharedProduct
 from .gguf_quant import GROUP, GroupedInt4
 from .int4_kernel import Int4Kernel, TorchInt4
-from ..native.q4_native import NativeQ4, NativeQ4I16
+from ..native.q4_native import NativeQ4, NativeQ4I16, library_name
 
 EXACT_SCORES = 256  # highest scores per position recomputed in float32 by QLMHead (a kernel that rounds activations)
 KERNEL_ENV = "TOKENTUI_INT4_KERNEL"  # "torch-int4", "avx2-fp32" or "avx2-int16": the kernel (default: chosen_kernel)
@@ -171,12 +173,24 @@ class QLMHead(QLinear):
         if not self.exact_scores:
             return scores
         flat, rows = scores.reshape(-1, self.out_features), x.reshape(-1, self.in_features)
+        if _exact_in_one_call(flat, self.weight):  # core/model/native/exact_head.cpp: the same, in place
+            torch.ops.tokentui_q4.exact_top(flat, rows.to(self.weight.dtype).contiguous(), self.weight, self.bias,
+                                            self.exact_scores)
+            return scores
         top = flat.topk(self.exact_scores, dim=-1, sorted=False).indices  # [M, R]
         picked = self.weight.index_select(0, top.reshape(-1)).view(*top.shape, self.in_features)  # [M, R, in]
         exact = torch.bmm(picked, rows.to(self.weight.dtype).unsqueeze(-1)).squeeze(-1)  # [M, R]
         if self.bias is not None:
             exact = exact + self.bias[top]
         return flat.scatter(1, top, exact.to(flat.dtype)).reshape(scores.shape)
+
+
+def _exact_in_one_call(flat: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether QLMHead's exact scores are one call of tokentui's library (exact_head.cpp): on the CPU, float32
+    throughout, the library loaded, and not under torch.compile (which traces the torch version)."""
+    return (flat.device.type == "cpu" and flat.dtype == torch.float32 and weight.dtype == torch.float32
+            and flat.is_contiguous() and weight.is_contiguous() and library_name() is not None
+            and not torch.compiler.is_compiling())
 
 
 class FusedQLinear(SharedProduct, nn.Module):
