@@ -33,14 +33,10 @@ class PanelLayout:
         DashboardScreen), and panels chosen for it in that moment were laid out at the old one."""
         return self._size or (self.app.size.width, self.app.size.height)
 
-    def resized(self, width: int, height: int) -> bool:
-        """The dashboard's screen is about to be laid out at this size: the panels for it, first. False (nothing
-        done) where it is the size they are laid out for already."""
-        if (width, height) == self._size:
-            return False
+    def resized(self, width: int, height: int) -> None:
+        """The dashboard's screen is about to be laid out at this size: the panels for it, first."""
         self._size = (width, height)
         self.apply()
-        return True
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
@@ -125,9 +121,6 @@ class DashboardScreen(Screen):
     panels and laid them out at the old one.)"""
 
     def on_resize(self, event: events.Resize) -> None:
-        # Textual also sends a screen a Resize of the same size when its content's size changes: not the terminal's.
-        # Answered with a repaint of every panel, a content whose size changes with the repaint would answer back,
-        # for ever: only a new size is laid out and repainted.
         app = self.app
-        if app.panel_layout.resized(event.size.width, event.size.height):
-            self.call_after_refresh(app.redraw)  # every panel painted again at its new width
+        app.panel_layout.resized(event.size.width, event.size.height)
+        self.call_after_refresh(app.redraw)  # every panel painted again at its new width

@@ -288,27 +288,6 @@ async def test_a_resize_lays_the_panels_out_for_the_new_size_before_any_is_drawn
         await quit_app(pilot, app)
 
 
-async def test_a_resize_of_the_same_size_repaints_nothing():
-    """Textual sends the screen a Resize of its own size when its content's size changes (three at a start): the
-    dashboard lays out and repaints only for a new size, so a repaint that changes a panel's size cannot start a
-    loop of repaints."""
-    engine = slow_engine(delay=0.02, steps=2000)
-    app = make_app(make_loader(engine), options=engine.options)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.state.steps >= 3, what="decoding")
-        redraws = []
-        original = app.redraw
-        app.redraw = lambda: (redraws.append(app.size), original())[1]
-        for _ in range(20):
-            app.screen.post_message(events.Resize(app.screen.size, app.screen.size))
-        await pilot.pause(0.3)
-        assert redraws == []
-        await pilot.resize_terminal(100, 30)
-        await wait_for(pilot, lambda: redraws, what="a repaint at the new size")
-        assert redraws[0] == (100, 30)
-        await quit_app(pilot, app)
-
-
 # ---- long runs ---------------------------------------------------------------------------------------------
 
 class _Tail(deque):
