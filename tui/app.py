@@ -43,7 +43,7 @@ from .panels import (
 )
 from .panels import attention
 from .painting import Painter
-from .panel_layout import DashboardScreen, PanelLayout
+from .panel_layout import PanelLayout
 from .panels.output_view import OutputView
 from .placement import ROW_ID, SIDE_ID
 from .screens import sampler_editor
@@ -125,9 +125,6 @@ class TokentuiApp(App[int]):
         yield StatusLine(id="status", replaying=controller.replaying)
         yield KeyBar(id="keys", replaying=controller.replaying)  # whole entries only; `? help` and `q quit` always
 
-    def get_default_screen(self) -> DashboardScreen:
-        return DashboardScreen(id="_default")  # it lays the panels out for a new size (tui/panel_layout.py)
-
     def get_driver_class(self):
         """Textual's Linux driver, made to survive its terminal going away (see tui/driver.py)."""
         driver_class = super().get_driver_class()
@@ -172,6 +169,10 @@ class TokentuiApp(App[int]):
                 loop.add_signal_handler(sig, self.action_quit)
         except (NotImplementedError, RuntimeError, AttributeError, ValueError):
             pass  # not the main thread, or no such signal here
+
+    def on_resize(self) -> None:
+        self.panel_layout.apply()
+        self.call_after_refresh(self.redraw)
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""

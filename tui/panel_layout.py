@@ -5,9 +5,7 @@ of those changes. Until a new layout is in place the answer waits (it is not wra
 
 from __future__ import annotations
 
-from textual import events
 from textual.css.query import NoMatches
-from textual.screen import Screen
 
 from .panels import AnatomyPanel, OutputPanel, PromptPanel, ReadingsStrip
 from .placement import ROW_ID, SIDE_ID, SidePlace, anatomy_default, place
@@ -24,24 +22,11 @@ class PanelLayout:
         self._plan = None
         self.settling = True  # until the first layout plan is in place
         self._side = SidePlace()
-        self._size: tuple[int, int] | None = None  # set by DashboardScreen's resize
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """(width, height) the panels are laid out for: the size the dashboard's screen was last given (the app's
-        until then). Not the app's own: the app takes a new size a moment before it hands it to its screens (see
-        DashboardScreen), and panels chosen for it in that moment were laid out at the old one."""
-        return self._size or (self.app.size.width, self.app.size.height)
-
-    def resized(self, width: int, height: int) -> None:
-        """The dashboard's screen is about to be laid out at this size: the panels for it, first."""
-        self._size = (width, height)
-        self.apply()
 
     def anatomy_on(self, layout=None) -> bool:
         """Whether the one-pass panel is on (shown, or waiting behind the lens) at this layout."""
         app = self.app
-        layout = layout or plan(*self.size)
+        layout = layout or plan(*app.size)
         choice = app.controller.anatomy_choice
         return choice if choice is not None else anatomy_default(layout, server_of(app.state.facts) is not None)
 
@@ -57,7 +42,7 @@ class PanelLayout:
     def toggle_anatomy(self) -> None:
         """`a`: the one-pass panel on or off (on, but waiting behind the lens: brought forward)."""
         app = self.app
-        layout = plan(*self.size)
+        layout = plan(*app.size)
         on = self.anatomy_on(layout)
         if on and self.anatomy_panel is None:  # on, but waiting behind the lens: bring it forward
             self._side.latest = "anatomy"
@@ -74,7 +59,8 @@ class PanelLayout:
     def apply(self) -> None:
         """Show and hide the panels as tui/sizes.py's table and tui/placement.py say for this size."""
         app = self.app
-        layout = plan(*self.size)
+        width, height = app.size
+        layout = plan(width, height)
         controller = app.controller
         key = (layout, controller.lens_on, self.anatomy_on(layout), self._side.latest)
         if key == self._plan:
@@ -109,18 +95,3 @@ class PanelLayout:
             controller.set_time_stages(placed.anatomy_shown and server_of(app.state.facts) is None)
         except NoMatches:  # not composed yet, or shutting down
             self._plan = None
-
-
-class DashboardScreen(Screen):
-    """The screen the panels are on (the app's default screen). A resize reaches the app first, which takes the new
-    size and hands it to its screens a moment later (Textual's App._on_resize: a 1/120 s timer); each screen then lays
-    its widgets out at that size. The panels for the new size are chosen here, in this screen's handler, which runs
-    before Textual's own (a subclass's handler first), and PanelLayout chooses by the size given here, not by the
-    app's: so no frame draws one size's panels at another. (Chosen in the app's handler, by the app's size, the old
-    size's panels were drawn at the new size until the next paint; and a paint in that moment chose the new size's
-    panels and laid them out at the old one.)"""
-
-    def on_resize(self, event: events.Resize) -> None:
-        app = self.app
-        app.panel_layout.resized(event.size.width, event.size.height)
-        self.call_after_refresh(app.redraw)  # every panel painted again at its new width

@@ -20,8 +20,6 @@ from dataclasses import replace
 import pytest
 import torch
 from textual import events
-from textual.app import ScreenStackError
-from textual.css.query import NoMatches
 from textual.widgets import TextArea
 
 from tiny_models import tiny_model
@@ -38,7 +36,6 @@ from tokentui.tui.keys import next_top_k
 from tokentui.tui.panels import (CandidatesPanel, KVPanel, ModelPanel, OutputPanel, PendingPanel, PromptPanel,
                                  SamplerPanel, SpeedPanel, StatusLine)
 from tokentui.tui.panels.sampler import describe
-from tokentui.tui.placement import ROW_ID
 from tokentui.tui.screens import ErrorDialog, PromptEditor
 
 SIZE = (160, 48)
@@ -255,36 +252,6 @@ async def test_resize_to_40x12_and_back_while_generating():
         # and the panels show the current run again (not what they held at 40×12)
         # (steps are numbered from 1 on screen: the newest step's index + 1, painted in the same frame as the rest)
         await wait_for(pilot, lambda: f"step {app.state.last_step.index + 1}" in status(app), what="fresh status")
-        await quit_app(pilot, app)
-
-
-async def test_a_resize_lays_the_panels_out_for_the_new_size_before_any_is_drawn_at_it():
-    """The one-pass row is a 160×48 panel (tui/sizes.py). Resized between 160×48 and 80×24 while it runs, the
-    dashboard never lays the row out at 80 columns, not even between two paints: CI caught such a frame in tmux. Both
-    ways were wrong: shrunk, the app's resize handler chose the panels before Textual had taken the new size (the old
-    size's panels drawn at the new size until the next paint); grown, a paint between the app taking the new size and
-    its screen being laid out at it chose the new size's panels (the row laid out at 80 columns)."""
-    engine = slow_engine(delay=0.02, steps=2000)
-    app = make_app(make_loader(engine), options=engine.options)
-    drawn_narrow: list[tuple[int, int]] = []
-
-    def watch(_message) -> None:  # every message the app's pumps handle: the row's state between any two
-        try:
-            row = app.query_one(f"#{ROW_ID}")
-        except (NoMatches, ScreenStackError):  # not composed yet, or gone
-            return
-        if row.display and 0 < row.outer_size.width < SIZE[0]:  # its whole width, borders included
-            drawn_narrow.append(tuple(row.outer_size))
-
-    async with app.run_test(size=SIZE, message_hook=watch) as pilot:
-        await wait_for(pilot, lambda: app.state.steps >= 5, what="decoding")
-        await wait_for(pilot, lambda: app.query_one(f"#{ROW_ID}").display, what="the one-pass row at 160×48")
-        for size in ((80, 24), SIZE) * 8:  # a paint must fall between the app's resize and its screen's: a few tries
-            await pilot.resize_terminal(*size)
-            await wait_for(pilot, lambda: app.size == size, what=f"the size {size}")
-            await pilot.pause(0.1)
-            assert app.query_one(f"#{ROW_ID}").display == (size == SIZE)
-        assert drawn_narrow == [], f"the one-pass row was laid out at {drawn_narrow[0]} before it was hidden"
         await quit_app(pilot, app)
 
 
