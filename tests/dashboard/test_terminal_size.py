@@ -26,9 +26,11 @@ def test_a_resize_reaches_the_layout_whatever_lines_columns_and_stdout_say(tmp_p
         pid = read_pid(pidfile)
         pane.wait_for(lambda t: "q quit" in t and "one pass" in t, timeout=60, what="the replay at 160×48")
         pane.resize(80, 24)
-        screen = pane.wait_for(lambda t: t.splitlines() and "q quit" in t.splitlines()[-1], timeout=20,
-                               what="the key bar on the last line at 80×24")
-        assert "one pass" not in screen  # the one-pass panel is a 160×48 panel (tui/sizes.py)
+        # the one-pass panel is a 160×48 panel (tui/sizes.py): gone once the layout for 80×24 is in place (for a
+        # frame or two after the resize the old layout can show at the new size: the app lays out again on its next
+        # paint; CI caught one such frame, and a screen that chose at Textual's resize itself looped in a test)
+        screen = pane.wait_for(lambda t: t.splitlines() and "q quit" in t.splitlines()[-1] and "one pass" not in t,
+                               timeout=20, what="the 80×24 layout, its key bar on the last line")
         assert len(screen.splitlines()) <= 24
         pane.resize(160, 48)
         pane.wait_for(lambda t: "one pass" in t and t.splitlines() and "q quit" in t.splitlines()[-1], timeout=20,
