@@ -17,7 +17,8 @@ FORMAT = 2  # bump when the cached layout changes
 
 def cache_key(path: Path, kernel) -> str:
     """The folder's name: the file's path, size and modification time, the transformers and torch releases (the
-    transformers one read without importing it: stored_folder.transformers_version), the CPU kind, `kernel`'s (an Int4Kernel) name and layout, and FORMAT."""
+    transformers one read without importing it: stored_folder.transformers_version), the CPU kind, `kernel`'s (an
+    Int4Kernel) name and layout, and FORMAT."""
     st = path.stat()
     ident = (f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{transformers_version()}|"
              f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{kernel.name}.{kernel.layout}|{FORMAT}")

@@ -3,8 +3,8 @@
 // float32 rows `weight` [V, H] and the row's input `x` [M, H] (plus `bias` [V] where the head has one), in place.
 //
 // Why hand-written: the torch version is a topk over the vocabulary, an index_select of the rows, a bmm and a scatter
-// into a new [M, V] tensor: 0.7 ms of the embedded model's 12 ms step at 2 threads (BENCHMARKS.md, "The head's exact
-// scores in one call"), most of it the topk's sort network and the copies. No library op picks a top set without
+// into a new [M, V] tensor: 0.7 ms of the embedded model's 12 ms step at 2 threads (BENCHMARKS.md, "The embedded
+// model's step, taken apart"), most of it the topk's sort network and the copies. No library op picks a top set without
 // ordering it.
 //
 // How the top set is found without sorting the vocabulary: the scores are cut into blocks of 64 and each block's
