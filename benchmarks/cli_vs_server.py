@@ -1,12 +1,12 @@
 """The speed figure as users get it: the `tokentui` command (the model in its own process, `--headless --json`'s
 done event) against llama-server started plainly (`-t N`), timed by its own `timings` of a plain greedy
-`/completion` (no `n_probs`), on the embedded GGUF, alternated, medians of --rounds.
+`/completion` (no `n_probs`), on the embedded GGUF (or --gguf's file), alternated, medians of --rounds.
 
-    .venv/bin/python benchmarks/cli_vs_server.py [--threads 1,2] [--rounds 5] [--steps 128]
+    .venv/bin/python benchmarks/cli_vs_server.py [--threads 1,2] [--rounds 5] [--steps 128] [--gguf PATH]
                                                  [--tokentui NAME=COMMAND ...] [--json out.json]
 
 Each --tokentui contender is a command line (split like a shell would) that starts tokentui; the default is this
-checkout's `.venv/bin/tokentui`. Several contenders (e.g. two checkouts) run in the same rounds, so their ratios to
+checkout's `.venv/bin/tokentui`; with --gguf, each runs with `--model PATH` added. Several contenders (e.g. two checkouts) run in the same rounds, so their ratios to
 llama-server are comparable. Every round runs each contender once and the server once, in turn; the server is started
 once per thread count and sits idle while tokentui runs. Prints one line per round and a summary table (Markdown).
 """
@@ -69,13 +69,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--tokentui", action="append", default=[], metavar="NAME=COMMAND")
+    parser.add_argument("--gguf", type=Path, help="a GGUF file both run (default: the embedded model)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     contenders = {}
     for spec in args.tokentui or [f"tokentui={ROOT / '.venv/bin/tokentui'}"]:
         name, _, command = spec.partition("=")
-        contenders[name] = shlex.split(command)
-    gguf = llama_build.embedded_gguf()
+        contenders[name] = shlex.split(command) + (["--model", str(args.gguf)] if args.gguf else [])
+    gguf = args.gguf or llama_build.embedded_gguf()
     started = time.monotonic()
     results: dict = {}
     for threads in [int(t) for t in args.threads.split(",")]:

@@ -284,10 +284,10 @@ def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_va
 
 @pytest.mark.parametrize("fmt", PACKED)
 def test_a_repacked_products_bits_do_not_depend_on_the_threads(fmt):
-    """Q4_0's rows are taken in turn by whichever thread is free (fork_rule.h's in_turn_for: 1,600 rows of 512
-    values, 128-row grain, make 13 chunks at 2 threads), Q4_K's split in two fixed shares: either way each group of 8
-    rows is one gemv (or gemm) whatever thread runs it, so one and two threads give the same bits, for a decode row,
-    gemm's rows 4 at a time with the rest through gemv, and many rows."""
+    """The rows split over the threads in chunks of each thread's share (fork_rule.h's shared_for: 1,600 rows of 512
+    values are 200 groups of 8, two shares of 100 at 2 threads): each group of 8 rows is one gemv (or gemm) whatever
+    thread runs it, so one and two threads give the same bits, for a decode row, gemm's rows 4 at a time with the
+    rest through gemv, and many rows."""
     packed_or_skip(fmt)
     layer = GGMLLinear(stored(values(1600, COLS, seed=3), fmt))
     assert layer.packed is not None

@@ -147,8 +147,8 @@ def test_q8_0_keeps_generates_float32_greedy_ids():
 @pytest.mark.parametrize("formats", ["mixed", "Q4_0"])
 def test_the_same_bits_at_one_and_two_threads(formats):
     """Over a cache long enough that attention splits its heads over the threads (fork_rule.h: 4 heads, each 260 rows
-    x head_dim 64, more heads than the grain of 65,536 multiply-adds a thread); in Q4_0 the layers' rows repacked and
-    taken in turn by the threads (fork_rule.h's in_turn_for), in the Q4_K_M-like mix split in fixed shares."""
+    x head_dim 64, more heads than the grain of 65,536 multiply-adds a thread); in Q4_0 the layers' rows repacked, in
+    the Q4_K_M-like mix as stored or repacked, split over the threads by fork_rule.h's shared_for."""
     model = stored(float_model("qwen3", **K_SHAPED), MIXED if formats == "mixed" else "Q4_0")
     step = ggml_step(model)
     assert model.config.num_attention_heads > (1 << 16) // (260 * model.config.head_dim)

@@ -17,7 +17,7 @@
 // rounding, which native_step.py bounds when it accepts the step). Products through the kernels of q4_kernels.h
 // (float32 activations) or i16_kernels.h (`int16`: activations rounded to int16 per group of 32), so the model's
 // matrices must be packed for one of tokentui's kernels (core/model/native/q4_native.py; with torch's int4 kernel the
-// eager lean step decodes). Threads: each product's rows split over torch's pool (at::parallel_for);
+// eager lean step decodes). Threads: each product's rows split over torch's pool (fork_rule.h's shared_for);
 // attention's heads too, once the cache is long enough to pay for it.
 //
 // `queries` (optional, [L, heads, D] float32 contiguous): where given, each layer's query heads after the rotation

@@ -86,10 +86,6 @@ struct Interleaved {
   ggml_gemv_t gemv = nullptr;
   ggml_gemv_t gemm = nullptr;
   ggml_quantize_mat_t quantize4 = nullptr;  // 4 activation rows -> gemm's interleaved blocks
-  // Its rows taken in turn by whichever thread is free (fork_rule.h's in_turn_for), not one fixed share a thread:
-  // Q4_0's (ggml's shuffle-bound lookup-table kernel), whose two threads on a 2-vCPU machine ran at different
-  // speeds; Q4_K's kernel and vec_dot rows lost speed so (BENCHMARKS.md, "Rows taken in turn").
-  bool in_turn = false;
 };
 
 // The interleaved kernels of ggml type `type`, or nullptr where the bound library has none for it (or none is bound).
@@ -109,9 +105,8 @@ struct Job {
   float* out;              // [rows]
 };
 
-// Every job's rows, split over torch's threads (at::parallel_for) as one range, so a layer's q, k and v (or gate and
-// up) fork once; each row one vec_dot of K values, or a packed job's rows one gemv a group of 8. Where every job's
-// interleaved kernel wants its rows taken in turn (Interleaved::in_turn), the range is cut into chunks so.
+// Every job's rows, split over torch's threads as one range (fork_rule.h's shared_for), so a layer's q, k and v (or
+// gate and up) fork once; each row one vec_dot of K values, or a packed job's rows one gemv a group of 8.
 void run_products(const Job* jobs, int64_t count, int64_t K);
 
 }  // namespace tokentui_ggml

@@ -63,13 +63,12 @@ void bind_interleaved(void* handle, Bound* b) {
   const struct {
     int type;
     const char *gemv, *gemm, *quantize4;
-    bool in_turn;
-  } kinds[] = {{GGML_ABI_Q4_0, "ggml_gemv_q4_0_8x8_q8_0", "ggml_gemm_q4_0_8x8_q8_0", "ggml_quantize_mat_q8_0_4x8", true},
-               {GGML_ABI_Q4_K, "ggml_gemv_q4_K_8x8_q8_K", "ggml_gemm_q4_K_8x8_q8_K", "ggml_quantize_mat_q8_K_4x8", false}};
+  } kinds[] = {{GGML_ABI_Q4_0, "ggml_gemv_q4_0_8x8_q8_0", "ggml_gemm_q4_0_8x8_q8_0", "ggml_quantize_mat_q8_0_4x8"},
+               {GGML_ABI_Q4_K, "ggml_gemv_q4_K_8x8_q8_K", "ggml_gemm_q4_K_8x8_q8_K", "ggml_quantize_mat_q8_K_4x8"}};
   for (const auto& kind : kinds) {
     Interleaved k{reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemv)),
                   reinterpret_cast<ggml_gemv_t>(dlsym(handle, kind.gemm)),
-                  reinterpret_cast<ggml_quantize_mat_t>(dlsym(handle, kind.quantize4)), kind.in_turn};
+                  reinterpret_cast<ggml_quantize_mat_t>(dlsym(handle, kind.quantize4))};
     if (b->runs[kind.type] && k.gemv != nullptr && k.gemm != nullptr && k.quantize4 != nullptr)
       b->packed[kind.type] = k;
   }
@@ -167,7 +166,7 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& raw, int64_t type) 
   const int64_t rb = raw.size(1), ab = fmt.act_row_bytes(K);
   const uint8_t* w = raw.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, N, grain_for(K, M), [&](int64_t r0, int64_t r1) {
+  tokentui_fork::shared_for(0, N, grain_for(K, M), 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)  // a weight row stays in cache while every activation row meets it
       for (int64_t m = 0; m < M; ++m)
         fmt.vec_dot(static_cast<int>(K), o + m * N + r, 0, w + r * rb, 0, act.data() + m * ab, 0, 1);
@@ -287,13 +286,7 @@ void run_range(const Job* jobs, int64_t K, int64_t r0, int64_t r1) {
 void run_products(const Job* jobs, int64_t count, int64_t K) {
   int64_t total = 0;
   for (int64_t j = 0; j < count; ++j) total += jobs[j].rows;
-  bool in_turn = true;  // every job's kernel wants its rows taken in turn (Interleaved::in_turn)
-  for (int64_t j = 0; j < count; ++j) in_turn = in_turn && jobs[j].packed != nullptr && jobs[j].packed->in_turn;
-  const auto range = [&](int64_t r0, int64_t r1) { run_range(jobs, K, r0, r1); };
-  if (in_turn)
-    tokentui_fork::in_turn_for(0, total, grain_for(K, 1), 8, range);
-  else
-    at::parallel_for(0, total, grain_for(K, 1), range);
+  tokentui_fork::shared_for(0, total, grain_for(K, 1), 8, [&](int64_t r0, int64_t r1) { run_range(jobs, K, r0, r1); });
 }
 
 }  // namespace tokentui_ggml

@@ -192,7 +192,7 @@ at::Tensor unpack(const at::Tensor& packed, int64_t type, int64_t K) {
 
 // x [M, K] float32 times a packed matrix -> [M, N], as llama.cpp's repack forward_mul_mat: rows of x 4 at a time
 // converted by quantize_mat and multiplied by gemm, the rest (M % 4) converted by from_float and by gemv; the weight
-// rows split over torch's threads in groups of 8 (taken in turn where the kernel wants it: Interleaved::in_turn).
+// rows split over torch's threads in groups of 8 (fork_rule.h's shared_for).
 at::Tensor packed_product(const at::Tensor& x_in, const at::Tensor& packed, int64_t type, int64_t K) {
   const Interleaved& kernels = checked_packable(packed, type, K, "packed_product");
   const Format& fmt = format(type);
@@ -217,10 +217,7 @@ at::Tensor packed_product(const at::Tensor& x_in, const at::Tensor& packed, int6
     for (int64_t m = M4; m < M; ++m)
       kernels.gemv(static_cast<int>(K), o + m * N + g0 * 8, 0, vx, act.data() + m * ab, 1, nc);
   };
-  if (kernels.in_turn)
-    tokentui_fork::in_turn_for(0, N / 8, grain, 1, groups);
-  else
-    at::parallel_for(0, N / 8, grain, groups);
+  tokentui_fork::shared_for(0, N / 8, grain, 1, groups);
   return out;
 }
 

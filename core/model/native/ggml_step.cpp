@@ -9,7 +9,7 @@
 // q/k/v, gate/up of a layer share one conversion when their formats share it), then one vec_dot per weight row, or
 // for a matrix repacked into ggml's 8-row interleaved layout (Q4_0 / Q4_K on AVX2, as llama-server runs them) one
 // gemv per 8 rows; the rows of a layer's q, k and v (and of its gate and up) split over torch's threads as one range
-// (cut into chunks the threads take in turn where every kernel is Q4_0's interleaved one: ggml_abi.h's Interleaved).
+// (fork_rule.h's shared_for: each thread its own run of rows, then what is left of the others').
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -149,7 +149,7 @@ inline void q4_rows_product_i16(const float* x, int64_t M, int64_t K, const uint
                                 float* y, int64_t N) {
   const int64_t G = K / kGroup;
   const RoundedRows r(x, M, K);
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  tokentui_fork::shared_for(0, N, 16, 1, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)  // four rows of x share each group's unpacked weights
       rows_i16<4>(r.x16.data() + m * K, r.sx.data() + m * G, r.xsum.data() + m * G, K, packed, dm, y + m * N, N,
@@ -165,7 +165,7 @@ inline void q8_rows_product_i16(const float* x, int64_t M, int64_t K, const int8
                                 int64_t N) {
   const int64_t G = K / kGroup;
   const RoundedRows r(x, M, K);
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  tokentui_fork::shared_for(0, N, 16, 1, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)
       rows8_i16<4>(r.x16.data() + m * K, r.sx.data() + m * G, K, q, d, y + m * N, N, n0, n1);

@@ -21,12 +21,17 @@
 //
 // The kernels themselves are in q4_kernels.h and i16_kernels.h. Registered as torch.ops.tokentui_q4.q4_linear,
 // .q8_linear, .q4_linear_i16 and .q8_linear_i16 (TORCH_LIBRARY): one dispatcher call from eager code, opaque ops
-// under torch.compile (their shape functions are registered in Python). Threads: at::parallel_for over rows
+// under torch.compile (their shape functions are registered in Python). Threads: fork_rule.h's shared_for over rows
 // (torch's own pool and thread count); each output is summed by one thread in a fixed order, so a decode step's
 // result does not depend on the thread count. From kWideRows rows of x on (a prefill) the weights are de-quantized a
 // block at a time and multiplied by torch's float32 matrix product instead (wide_product): the same weights, MKL's
 // sums, no rounding of the activations.
 #include <torch/library.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "i16_kernels.h"
 #include "q4_kernels.h"
@@ -99,6 +104,25 @@ at::Tensor q8_linear_i16(const at::Tensor& x, const at::Tensor& q, const at::Ten
   return q8_product("q8_linear_i16", x, q, d, q8_rows_product_i16);
 }
 
+// The ranges fork_rule.h's shared_for hands out over [0, total): [calls, 3] int64 (first, end, torch's thread
+// number), each call on thread `slow_thread` slowed by `slow_ms` (a thread running slower than the others). For
+// tests: which thread ran which rows is what no product's output shows.
+at::Tensor shared_for_ranges(int64_t total, int64_t grain, int64_t align, int64_t slow_thread, double slow_ms) {
+  TORCH_CHECK(total >= 0 && total < (int64_t{1} << 32) && grain >= 1 && align >= 1 && slow_ms >= 0,
+              "shared_for_ranges: total in [0, 2^32), grain and align >= 1, slow_ms >= 0");
+  std::mutex lock;
+  std::vector<int64_t> out;
+  tokentui_fork::shared_for(0, total, grain, align, [&](int64_t b, int64_t e) {
+    const int64_t thread = at::get_thread_num();
+    if (thread == slow_thread && slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
+    const std::lock_guard<std::mutex> guard(lock);
+    out.insert(out.end(), {b, e, thread});
+  });
+  at::Tensor ranges = at::empty({static_cast<int64_t>(out.size()) / 3, 3}, at::TensorOptions().dtype(at::kLong));
+  std::copy(out.begin(), out.end(), ranges.data_ptr<int64_t>());
+  return ranges;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tokentui_q4, m) {
@@ -106,6 +130,7 @@ TORCH_LIBRARY(tokentui_q4, m) {
   m.def("q8_linear(Tensor x, Tensor q, Tensor d) -> Tensor");
   m.def("q4_linear_i16(Tensor x, Tensor packed, Tensor dm) -> Tensor");
   m.def("q8_linear_i16(Tensor x, Tensor q, Tensor d) -> Tensor");
+  m.def("shared_for_ranges(int total, int grain, int align, int slow_thread, float slow_ms) -> Tensor", &shared_for_ranges);
 }
 
 TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) {

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "fork_rule.h"
+
 namespace tokentui_q4 {
 
 
@@ -161,7 +163,7 @@ inline void q4_rows_product(const float* x, int64_t M, int64_t K, const uint8_t*
     for (int64_t k = 0; k < kGroup; ++k) s += x[i * kGroup + k];
     xsum[i] = s;
   }
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  tokentui_fork::shared_for(0, N, 16, 1, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)  // four rows of x share each group's unpacked weights
       rows<4>(x + m * K, K, packed, dm, xsum.data() + m * G, y + m * N, N, n0, n1);
@@ -172,7 +174,7 @@ inline void q4_rows_product(const float* x, int64_t M, int64_t K, const uint8_t*
 // The same for an 8-bit W: q [N, K] int8, d [N, K / 32].
 inline void q8_rows_product(const float* x, int64_t M, int64_t K, const int8_t* q, const float* d, float* y,
                             int64_t N) {
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  tokentui_fork::shared_for(0, N, 16, 1, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) rows8<4>(x + m * K, K, q, d, y + m * N, N, n0, n1);
     for (; m < M; ++m) rows8<1>(x + m * K, K, q, d, y + m * N, N, n0, n1);
