@@ -66,15 +66,17 @@ def test_each_thread_runs_its_own_share_front_to_back():
 
 def test_a_slow_thread_leaves_its_shares_back_to_the_others():
     """Thread 0 slowed by 5 ms a chunk: thread 1 finishes its own half, then runs chunks of thread 0's half from the
-    back, so the two finish near together (with fixed shares thread 1 would wait for all 16 of thread 0's chunks)."""
+    back, so the two finish near together (with fixed shares thread 1 would wait for all 16 of thread 0's chunks).
+    On a loaded machine thread 0 may not start before thread 1 has taken its whole share: nothing asks that it ran."""
     total = 4096
     calls = ranges(total, 64, 8, slow_ms=5.0)
     assert_tiles(calls, total)
-    assert {t for _b, _e, t in calls} == {0, 1}
     stolen = [(b, e) for b, e, t in calls if t == 1 and b < total // 2]
     assert len(stolen) >= 8, calls  # at 5 ms a chunk, thread 0 finishes few of its 16 before thread 1 is done
     assert max(e for _b, e in stolen) == total // 2  # taken from the back of thread 0's share
-    assert min(b for b, _e, t in calls if t == 0) == 0  # thread 0 began at the front of its own
+    assert all(e2 == b for (b, _e), (_b2, e2) in zip(stolen, stolen[1:]))  # back to front, none skipped
+    first = [b for b, _e, t in calls if t == 0 and b < total // 2]
+    assert not first or first[0] == 0  # where thread 0 ran, it began at the front of its own
 
 
 def test_chunks_taken_from_the_back_of_the_last_share_start_aligned():
