@@ -6,9 +6,10 @@ done event) against llama-server started plainly (`-t N`), timed by its own `tim
                                                  [--tokentui NAME=COMMAND ...] [--json out.json]
 
 Each --tokentui contender is a command line (split like a shell would) that starts tokentui; the default is this
-checkout's `.venv/bin/tokentui`; with --gguf, each runs with `--model PATH` added. Several contenders (e.g. two checkouts) run in the same rounds, so their ratios to
-llama-server are comparable. Every round runs each contender once and the server once, in turn; the server is started
-once per thread count and sits idle while tokentui runs. Prints one line per round and a summary table (Markdown).
+checkout's `.venv/bin/tokentui`; with --gguf, each runs with `--model PATH` added. Several contenders (e.g. two
+checkouts) run in the same rounds, so their ratios to llama-server are comparable. Every round runs each contender
+once and the server once, in turn; the server is started once per thread count and sits idle while tokentui runs.
+Prints one line per round and a summary table (Markdown).
 """
 
 from __future__ import annotations

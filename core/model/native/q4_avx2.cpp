@@ -114,7 +114,8 @@ at::Tensor shared_for_ranges(int64_t total, int64_t grain, int64_t align, int64_
   std::vector<int64_t> out;
   tokentui_fork::shared_for(0, total, grain, align, [&](int64_t b, int64_t e) {
     const int64_t thread = at::get_thread_num();
-    if (thread == slow_thread && slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
+    if (thread == slow_thread && slow_ms > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
     const std::lock_guard<std::mutex> guard(lock);
     out.insert(out.end(), {b, e, thread});
   });
@@ -130,7 +131,8 @@ TORCH_LIBRARY(tokentui_q4, m) {
   m.def("q8_linear(Tensor x, Tensor q, Tensor d) -> Tensor");
   m.def("q4_linear_i16(Tensor x, Tensor packed, Tensor dm) -> Tensor");
   m.def("q8_linear_i16(Tensor x, Tensor q, Tensor d) -> Tensor");
-  m.def("shared_for_ranges(int total, int grain, int align, int slow_thread, float slow_ms) -> Tensor", &shared_for_ranges);
+  m.def("shared_for_ranges(int total, int grain, int align, int slow_thread, float slow_ms) -> Tensor",
+        &shared_for_ranges);
 }
 
 TORCH_LIBRARY_IMPL(tokentui_q4, CPU, m) {
