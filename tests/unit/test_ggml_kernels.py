@@ -182,10 +182,11 @@ def test_rows_are_the_dequantized_rows(fmt):
     assert (table.num_embeddings, table.embedding_dim) == (ROWS, COLS)
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q6_K", "Q4_K"])
 def test_linear_decodes_through_the_product_and_prefills_through_float32_or_gemm(fmt):
-    """A few rows through ggml's product; many (a prefill) through float32 tiles for a matrix as stored (Q8_0), and
-    through ggml's gemm still for a repacked one (Q4_K), as llama.cpp's prefill runs it."""
+    """A few rows through ggml's product; many (a prefill) through float32 tiles for a matrix as stored (Q6_K),
+    through ggml's gemm still for a repacked one (Q4_K), and through tinyBLAS for Q8_0 (its product, below), as
+    llama.cpp's prefill runs each."""
     matrix = stored(values(), fmt)
     bias = torch.randn(ROWS)
     layer = GGMLLinear(matrix, bias)
@@ -198,13 +199,36 @@ def test_linear_decodes_through_the_product_and_prefills_through_float32_or_gemm
         else ops.packed_product(few.reshape(-1, COLS), layer.packed, matrix.type, COLS)  # Q4_K: repacked (below)
     assert torch.equal(layer(few), (product + bias).view(2, -1, ROWS))
     many = values(ggml_linear.PRODUCT_ROWS + 3, COLS, seed=3)
-    if layer.packed is None:
+    if matrix.type in ops.sgemm_types():
+        assert torch.equal(layer(many), ops.product(many, matrix.raw, matrix.type) + bias)
+    elif layer.packed is None:
         expected = many.double() @ wd.double().T + bias.double()
         assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
     else:
         assert torch.equal(layer(many), ops.packed_product(many, layer.packed, matrix.type, COLS) + bias)
     half = layer(few.to(torch.bfloat16))  # another dtype: cast in, the result cast back
     assert half.dtype == torch.bfloat16 and half.shape == (2, ggml_linear.PRODUCT_ROWS // 2, ROWS)
+
+
+def test_a_prompts_q8_0_rows_go_through_tinyblas_with_the_bits_of_one_row_at_a_time():
+    """Q8_0 is the format whose products of 2 or more rows run through llamafile's tinyBLAS (ggml_ops.cpp), where the
+    bound library exports it (the pinned build, which these tests bind, does): each output is the same float32 as
+    that row's own product through vec_dot (one activation row), at 1 and 2 threads and for row counts that leave
+    tinyBLAS's tiles short."""
+    ops = torch.ops.tokentui_ggml
+    q8 = int(gguf.GGMLQuantizationType.Q8_0)
+    assert list(ops.sgemm_types()) == [q8]
+    matrix = stored(values(ROWS + 3, COLS, seed=11), "Q8_0")  # 51 rows: tinyBLAS's tiles do not divide them
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (2, 3, 5, 37):
+                x = values(rows, COLS, seed=30 + rows)
+                one_at_a_time = torch.cat([ops.product(x[i:i + 1], matrix.raw, q8) for i in range(rows)])
+                assert torch.equal(ops.product(x, matrix.raw, q8), one_at_a_time), (count, rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_take_rows_permutes_the_stored_rows_only():
@@ -338,7 +362,7 @@ def test_the_prefill_tiles_share_one_buffer_and_give_the_float32_product(monkeyp
     values; `dequantize_into` writes dequantize's values and refuses a buffer of the wrong shape in one line."""
     monkeypatch.setattr(ggml_linear, "TILE_VALUES", 3 * COLS)  # 3 rows a tile: ROWS is not a multiple of it
     ops = torch.ops.tokentui_ggml
-    for fmt, rows, cols in (("Q8_0", ROWS + 5, COLS), ("Q4_0", 2 * ROWS, 2 * COLS), ("Q8_0", ROWS, COLS)):
+    for fmt, rows, cols in (("Q6_K", ROWS + 5, COLS), ("Q4_0", 2 * ROWS, 2 * COLS), ("Q6_K", ROWS, COLS)):
         matrix = stored(values(rows, cols, seed=rows), fmt)
         layer = GGMLLinear(matrix, repack=False)
         x = values(ggml_linear.PRODUCT_ROWS + 5, cols, seed=7)

@@ -7,9 +7,9 @@ the tied-head files of issue 37, the model facts, and which decode step the plan
 Tolerances (max |logit difference| over the prompt, relative to the reference's largest |logit|):
 - against the file de-quantized by transformers, on a prompt longer than ggml_linear.PRODUCT_ROWS (each matrix as
   stored then multiplies float32 activations by its de-quantized tiles): FLOAT_PATH = 1e-4, float32 summation order
-  only; where some matrices are repacked (Q4_0 / Q4_K: ggml's gemm at any prompt length, as llama.cpp's prefill),
-  GEMM_PREFILL = 0.35: the activations rounded to 8-bit blocks as on a short prompt (below), over more positions
-  (measured worst 0.254, Mistral Q4_K_M untied);
+  only; where some matrices are repacked (Q4_0 / Q4_K: ggml's gemm at any prompt length, as llama.cpp's prefill) or
+  Q8_0 (llamafile's tinyBLAS, likewise), GEMM_PREFILL = 0.35: the activations rounded to 8-bit blocks as on a short
+  prompt (below), over more positions (measured worst 0.254, Mistral Q4_K_M untied);
 - the same on a short prompt (ggml's product: the activations rounded to the format's 8-bit blocks, or to fp16 /
   bf16 for those files, as llama.cpp does): ACTIVATIONS = 0.25. Measured worst 0.13 over the 4 families x 9 formats;
   these random models (init 0.2, tests/tiny_models.py's INIT) carry one rounding step through two layers by that much;
@@ -120,7 +120,8 @@ def test_every_format_loads_as_stored_and_scores_as_its_dequantized_reference(fa
     file_types = Counter(t.tensor_type.name for t in checked_reader(path).tensors if len(t.shape) == 2)
     assert Counter(m.type_name for m in matrices.values()) == file_types
     reference = dequantized_reference(path, config)
-    gemm = any(m.packed is not None for m in linears)  # repacked matrices: 8-bit activations at every length
+    # repacked matrices (ggml's gemm) and Q8_0's (tinyBLAS): 8-bit activations at every length
+    gemm = any(m.packed is not None or m.matrix.type in torch.ops.tokentui_ggml.sgemm_types() for m in linears)
     assert relative(logits(model, ids), logits(reference, ids)) <= (GEMM_PREFILL if gemm else FLOAT_PATH)
     short = ids[:, :PRODUCT_ROWS]
     assert relative(logits(model, short), logits(reference, short)) <= ACTIVATIONS

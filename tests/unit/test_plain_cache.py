@@ -53,6 +53,40 @@ def test_a_plain_cache_counts_crops_and_reports_bytes_as_transformers_growable_o
         PlainCache(0)
 
 
+def test_the_bytes_counted_without_views_are_those_of_the_views_and_of_transformers_own_cache(tiny):
+    """`used_nbytes` (what every step's KV size reads) against the views' own nbytes and transformers' DynamicCache
+    of plain DynamicLayers holding the same rows, after a prefill, rows a native step writes and counts, and a crop."""
+    from transformers import DynamicCache
+
+    _, ours = filled(tiny, torch.tensor([list(range(100, 111))]), 4)  # grew past its capacity
+    reference = DynamicCache()
+
+    def same():
+        for layer in ours.layers:
+            assert layer.used_nbytes() == layer.keys.nbytes + layer.values.nbytes > 0
+            assert layer.keys.shape[-2] == layer.get_seq_length() == cache_tokens(ours)
+        assert cache_nbytes(ours) == cache_nbytes(reference) == sum(k.nbytes + v.nbytes for k, v in (
+            (layer.keys, layer.values) for layer in reference.layers))
+
+    for index, layer in enumerate(ours.layers):
+        reference.update(layer.keys.clone(), layer.values.clone(), index)
+    same()
+    for _ in range(3):  # as a native step: write row `position` of each buffer, then count it
+        for index, layer in enumerate(ours.layers):
+            kbuf, vbuf = layer.room_for_one()
+            row = layer.get_seq_length()
+            kbuf[..., row, :] = float(row)
+            vbuf[..., row, :] = -float(row)
+            layer.count_one()
+            reference.update(kbuf[..., row:row + 1, :].clone(), vbuf[..., row:row + 1, :].clone(), index)
+        same()
+    for layer in ours.layers:
+        assert torch.equal(layer.keys[..., -1, :], torch.full_like(layer.keys[..., -1, :], 13.0))
+    ours.crop(-6)
+    reference.crop(-6)
+    same()
+
+
 def test_the_forward_takes_a_plain_cache_over_with_its_buffers_and_gives_the_same_scores(tiny):
     """`RunCache.for_forward`: transformers' cache holding the plain cache's own buffers (nothing copied), the plain
     one left empty; the forward's scores on it are those on transformers' cache of the same rows, bit for bit, and

@@ -18,7 +18,7 @@ import inspect
 
 import torch
 
-from .buffers import PlainCache
+from .buffers import GrowableBuffers, PlainCache
 
 # The first allocation covers the prompt plus at most this many new tokens; past that the buffer doubles, so a huge
 # --max-new-tokens does not reserve gigabytes for a run that stops at the first end token.
@@ -207,6 +207,8 @@ def cache_tokens(cache, fed: int = 0) -> int:
 def cache_nbytes(cache, tokens: int | None = None) -> int:
     """Bytes held for the cached tokens and any recurrent state, read off the tensors themselves (no formula);
     `tokens`: a static cache's positions in use (`cache_layers`)."""
+    if all(isinstance(layer, GrowableBuffers) for layer in cache.layers):  # every step reads this: no views made
+        return sum(layer.used_nbytes() for layer in cache.layers)
     kv = sum(k.nbytes + v.nbytes for k, v in cache_layers(cache, tokens))
     return kv + sum(t.nbytes for states in cache_states(cache) for t in states)
 

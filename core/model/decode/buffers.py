@@ -6,8 +6,10 @@ O(tokens) per step and O(tokens^2) per run (at 2,000 tokens of SmolLM2 that is ~
 copies only the new token; the buffer doubles when full (amortised O(1)). `keys` / `values` are views of the used
 prefix, so attention reads exactly what it reads with a DynamicLayer (same values, same shape; the numbers out of
 the model are bit-identical, which tests/unit/test_fastpaths.py checks) and `nbytes` of those views is the bytes held
-for the tokens used. `allocated_nbytes` is the reserved buffer. The native steps write the next row themselves
-(`room_for_one`, `count_one`).
+for the tokens used (`used_nbytes`: the same count without making the views). `allocated_nbytes` is the reserved
+buffer. The native steps write the next row themselves (`room_for_one`, `count_one`). The views are made when read,
+not when a row is counted: a native step counts a row in each of its layers every token, and making 2 views per
+layer there cost ~0.2 ms of a 23 ms token (BENCHMARKS.md, "Around the kernels").
 
 Why a cache of tokentui's own (`PlainCache`): a GGUF's later start runs the native ggml step on a cache whose every
 layer is full attention (the step refuses any other: ggml_native.check_config), and transformers' cache classes
@@ -34,13 +36,37 @@ class GrowableBuffers:
 
     def __init__(self, capacity: int = 0):
         super().__init__()
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._keys0: torch.Tensor | None = None  # what `keys` reads before there are buffers
+        self._values0: torch.Tensor | None = None
         self.is_initialized = False
         self.capacity = max(0, int(capacity))
         self._length = 0
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """The cached positions' keys [batch, kv_heads, positions, head_dim]: a view of the buffer's used prefix."""
+        return self._keys0 if self._kbuf is None else self._kbuf[..., : self._length, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:  # transformers' layer sets it in its __init__ and reset
+        self._keys0 = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """The cached positions' values, as `keys`."""
+        return self._values0 if self._vbuf is None else self._vbuf[..., : self._length, :]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._values0 = value
+
+    def used_nbytes(self) -> int:
+        """`keys.nbytes + values.nbytes`, without making the views: the used rows of the two buffers."""
+        if self._kbuf is None:
+            return sum(t.nbytes for t in (self._keys0, self._values0) if t is not None)
+        return self._length * (self._kbuf.nbytes // self._kbuf.shape[-2] + self._vbuf.nbytes // self._vbuf.shape[-2])
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -70,8 +96,6 @@ class GrowableBuffers:
         self._kbuf[..., start:end, :].copy_(key_states)
         self._vbuf[..., start:end, :].copy_(value_states)
         self._length = end
-        self.keys = self._kbuf[..., :end, :]
-        self.values = self._vbuf[..., :end, :]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -94,8 +118,6 @@ class GrowableBuffers:
     def count_one(self) -> None:
         """The row at `get_seq_length()` is written: the cache holds one more position."""
         self._length += 1
-        self.keys = self._kbuf[..., : self._length, :]
-        self.values = self._vbuf[..., : self._length, :]
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -103,8 +125,6 @@ class GrowableBuffers:
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         self._length = max(0, self._length - abs(tokens_to_remove))
-        self.keys = self._kbuf[..., : self._length, :]
-        self.values = self._vbuf[..., : self._length, :]
 
     def reset(self) -> None:
         self._length = 0
@@ -116,7 +136,7 @@ class GrowableBuffers:
         """Hold `other`'s buffers and positions from now on, and leave `other` empty (one owner: a plain cache's
         layer handed to transformers' cache, hf_layers.py)."""
         self.capacity, self._length, self._kbuf, self._vbuf = other.capacity, other._length, other._kbuf, other._vbuf
-        self.keys, self.values, self.is_initialized = other.keys, other.values, other.is_initialized
+        self._keys0, self._values0, self.is_initialized = other._keys0, other._values0, other.is_initialized
         if other.is_initialized:
             self.dtype, self.device = other.dtype, other.device
         other.reset()

@@ -9,8 +9,9 @@
 //
 // The arithmetic is llama.cpp's matrix-vector product on the CPU (ggml-cpu.c, ggml_compute_forward_mul_mat): each
 // activation row is converted once with the CPU backend's from_float to the weight format's vec_dot_type (8-bit
-// blocks for the quantized formats), then one vec_dot per (weight row, activation row). So a product here gives the
-// values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel instead (on x86
+// blocks for the quantized formats), then one vec_dot per (weight row, activation row), or for several rows of a Q8_0
+// matrix llamafile's tinyBLAS as llama.cpp's prefill calls it (the same float32 outputs, bit for bit). So a product
+// here gives the values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel instead (on x86
 // with AVX2: Q4_0, Q4_K, its "repack" buffers) its sums run in another order, a float32 rounding apart: those
 // kernels are bound here too (bind_interleaved) and run on repacked copies by ggml_repack.cpp.
 #include <ATen/ATen.h>
@@ -47,6 +48,7 @@ struct Bound {
   std::array<Format, kTypes> formats{};
   std::array<bool, kTypes> runs{};
   std::array<Interleaved, kTypes> packed{};  // a format's interleaved kernels (empty where none)
+  ggml_sgemm_fn sgemm = nullptr;  // llamafile's tinyBLAS (bind_sgemm), for the formats in `sgemm_types`
   ggml_get_type_traits_fn traits = nullptr;
   ggml_get_type_traits_cpu_fn cpu_traits = nullptr;
 };
@@ -72,6 +74,25 @@ void bind_interleaved(void* handle, Bound* b) {
     if (b->runs[kind.type] && k.gemv != nullptr && k.gemm != nullptr && k.quantize4 != nullptr)
       b->packed[kind.type] = k;
   }
+}
+
+// The formats whose products of several activation rows (a prompt's) go through llamafile's tinyBLAS, as
+// llama.cpp's own prefill multiplies them: Q8_0 weights with Q8_0 activations, where the library exports
+// `llamafile_sgemm` (built with GGML_LLAMAFILE, the default). Its kernel keeps a tile of weight and activation rows in
+// registers across each block's integer dot products, where one vec_dot per (weight row, activation row) reloads
+// both: a 35-token prompt on Qwen2.5-0.5B Q8_0 took ~0.7 s through float32 tiles (BENCHMARKS.md, "A prompt's rows
+// through tinyBLAS"). Q4_0, the other 8-bit-activation format it serves, is repacked for ggml's gemm instead.
+constexpr int kSgemmTypes[] = {GGML_ABI_Q8_0};
+
+void bind_sgemm(void* handle, Bound* b) {
+  b->sgemm = reinterpret_cast<ggml_sgemm_fn>(dlsym(handle, "llamafile_sgemm"));
+}
+
+bool through_sgemm(const Format& fmt) {
+  if (bound == nullptr || bound->sgemm == nullptr) return false;
+  for (int type : kSgemmTypes)
+    if (fmt.type == type && fmt.act_type == type) return true;
+  return false;
 }
 
 const Format& checked(int64_t type) {
@@ -117,8 +138,18 @@ std::string bind(const std::string& path) {
     b->runs[type] = true;
   }
   bind_interleaved(handle, b);
+  bind_sgemm(handle, b);
   bound = b;
   return "";
+}
+
+// sgemm_types() -> the formats `product` runs through tinyBLAS for two or more activation rows
+std::vector<int64_t> sgemm_types() {
+  std::vector<int64_t> out;
+  if (bound != nullptr)
+    for (int type : kSgemmTypes)
+      if (bound->runs[type] && through_sgemm(bound->formats[type])) out.push_back(type);
+  return out;
 }
 
 std::vector<int64_t> types() {
@@ -166,6 +197,18 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& raw, int64_t type) 
   const int64_t rb = raw.size(1), ab = fmt.act_row_bytes(K);
   const uint8_t* w = raw.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
+  if (M >= 2 && through_sgemm(fmt)) {  // a prompt's rows: tinyBLAS, each thread its share of the tiles (ith of nth)
+    const int nth = std::max(1, at::get_num_threads());
+    at::parallel_for(0, nth, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const ggml_compute_params_abi params{static_cast<int>(t), nth, 0, nullptr, nullptr, false};
+        TORCH_CHECK(bound->sgemm(&params, N, M, K / fmt.block, w, rb / fmt.type_size, act.data(),
+                                 ab / fmt.act_type_size, o, N, fmt.type, fmt.act_type, GGML_ABI_F32),
+                    "product: llamafile's sgemm refused ggml type ", fmt.type);
+      }
+    });
+    return out;
+  }
   tokentui_fork::shared_for(0, N, grain_for(K, M), 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)  // a weight row stays in cache while every activation row meets it
       for (int64_t m = 0; m < M; ++m)
@@ -294,6 +337,7 @@ void run_products(const Job* jobs, int64_t count, int64_t K) {
 TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("bind(str path) -> str", &tokentui_ggml::bind);
   m.def("types() -> int[]", &tokentui_ggml::types);
+  m.def("sgemm_types() -> int[]", &tokentui_ggml::sgemm_types);
   m.def("product(Tensor x, Tensor raw, int type) -> Tensor");
   m.def("dequantize(Tensor raw, int type, int K) -> Tensor");
   m.def("dequantize_into(Tensor raw, int type, int K, Tensor(a!) out) -> ()");

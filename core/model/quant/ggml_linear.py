@@ -54,7 +54,8 @@ RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_
 # more (a prefill) through the matrix de-quantized a tile at a time and torch's float32 F.linear, which is faster
 # there than vec_dot row by row (measured: BENCHMARKS.md, "ggml's kernels"). A repacked matrix's rows go through
 # ggml's gemm at any count, as llama.cpp's prefill does: 4 rows at a time it is faster than the tiles at every prompt
-# length measured, up to 512 (BENCHMARKS.md, issue 37's prefill).
+# length measured, up to 512 (BENCHMARKS.md, issue 37's prefill); so do a Q8_0 matrix's through llamafile's tinyBLAS
+# where ggml's library has it (ggml_ops.cpp's sgemm_types; BENCHMARKS.md, "A prompt's rows through tinyBLAS").
 PRODUCT_ROWS = 16
 TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
@@ -64,6 +65,17 @@ _READ_ONLY_WARNING = "The given NumPy array is not writable"
 
 def _ops():
     return torch.ops.tokentui_ggml
+
+
+_SGEMM: list[frozenset[int]] = []  # the bound library's sgemm_types, read once
+
+
+def _sgemm_types() -> frozenset[int]:
+    """The ggml types whose products of several rows go through tinyBLAS (ggml_ops.cpp); read once the library is
+    bound."""
+    if not _SGEMM:
+        _SGEMM.append(frozenset(int(t) for t in _ops().sgemm_types()))
+    return _SGEMM[0]
 
 
 # ------------------------------------------------------------------------------------------------- binding ggml
@@ -279,9 +291,9 @@ class GGMLLinear(nn.Module):
     """A Linear whose weight is a GGMLMatrix [out_features, in_features]: y = x W^T (+ bias) by ggml's product
     (decode: the activations converted to the format's 8-bit blocks, as llama.cpp does; a Q4_0 / Q4_K matrix by
     ggml's interleaved gemv / gemm on a repacked copy where llama.cpp would run it so, at any number of rows: module
-    docstring), or for a matrix as stored and more than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix
-    de-quantized a tile at a time. `repack`: False keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0:
-    `repack_enabled`)."""
+    docstring; a Q8_0 matrix's rows by llamafile's tinyBLAS where the library has it), or for a matrix as stored and
+    more than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix de-quantized a tile at a time. `repack`:
+    False keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0: `repack_enabled`)."""
 
     def __init__(self, matrix: GGMLMatrix, bias: torch.Tensor | None = None, repack: bool = True):
         super().__init__()
@@ -336,7 +348,7 @@ class GGMLLinear(nn.Module):
         m = self.matrix
         if self._packed is not None:
             y = _ops().packed_product(flat, self._packed, m.type, m.cols)
-        elif flat.shape[0] <= PRODUCT_ROWS:
+        elif flat.shape[0] <= PRODUCT_ROWS or m.type in _sgemm_types():
             y = _ops().product(flat, self.run_bytes, m.type)
         else:
             y = _tiled_linear(flat, m, self.run_bytes)
