@@ -9,7 +9,7 @@ the model are bit-identical, which tests/unit/test_fastpaths.py checks) and `nby
 for the tokens used (`used_nbytes`: the same count without making the views). `allocated_nbytes` is the reserved
 buffer. The native steps write the next row themselves (`room_for_one`, `count_one`). The views are made when read,
 not when a row is counted: a native step counts a row in each of its layers every token, and making 2 views per
-layer there cost ~0.2 ms of a 23 ms token (BENCHMARKS.md, "Around the kernels").
+layer there was a measurable part of a CPU token (BENCHMARKS.md, "Around the kernels").
 
 Why a cache of tokentui's own (`PlainCache`): a GGUF's later start runs the native ggml step on a cache whose every
 layer is full attention (the step refuses any other: ggml_native.check_config), and transformers' cache classes

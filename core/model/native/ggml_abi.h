@@ -56,11 +56,11 @@ typedef void (*ggml_quantize_mat_t)(const float* x, void* vy, int64_t k);  // 4 
 typedef int (*ggml_cpu_has_fn)(void);
 
 // sgemm.h (ggml-cpu/llamafile): llamafile's tinyBLAS, what llama.cpp's CPU backend multiplies a prompt's rows with
-// (ggml_compute_forward_mul_mat, more than one activation row) where it has a kernel for the pair of formats. C = Aᵀ B
-// column-major: A the weights [m rows of k values], B the activations [n rows], C [n][ldc] (row j of the activations
-// at C + j * ldc); lda / ldb in blocks, ldc in floats. Its thread share is by `ith` of `nth` in `params`, the CPU
-// backend's own struct (ggml-cpu-impl.h), copied here as `ggml_compute_params_abi`: for the Q8_0 pair the pinned
-// sgemm.cpp reads only ith and nth from it. Returns false where it has no kernel for the pair.
+// (ggml_compute_forward_mul_mat, more than one activation row) where it has a kernel for the pair of formats.
+// C = Aᵀ B column-major: A the weights [m rows of k values], B the activations [n rows], C [n][ldc] (row j of the
+// activations at C + j * ldc); lda / ldb in blocks, ldc in floats. Its thread share is by `ith` of `nth` in `params`,
+// the CPU backend's own struct (ggml-cpu-impl.h), copied here as `ggml_compute_params_abi`: for the Q8_0 pair the
+// pinned sgemm.cpp reads only ith and nth from it. Returns false where it has no kernel for the pair.
 struct ggml_compute_params_abi {  // ggml-cpu-impl.h's ggml_compute_params
   int ith, nth;
   size_t wsize;

@@ -11,9 +11,9 @@
 // activation row is converted once with the CPU backend's from_float to the weight format's vec_dot_type (8-bit
 // blocks for the quantized formats), then one vec_dot per (weight row, activation row), or for several rows of a Q8_0
 // matrix llamafile's tinyBLAS as llama.cpp's prefill calls it (the same float32 outputs, bit for bit). So a product
-// here gives the values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel instead (on x86
-// with AVX2: Q4_0, Q4_K, its "repack" buffers) its sums run in another order, a float32 rounding apart: those
-// kernels are bound here too (bind_interleaved) and run on repacked copies by ggml_repack.cpp.
+// here gives the values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel
+// instead (on x86 with AVX2: Q4_0, Q4_K, its "repack" buffers) its sums run in another order, a float32 rounding
+// apart: those kernels are bound here too (bind_interleaved) and run on repacked copies by ggml_repack.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
@@ -80,8 +80,10 @@ void bind_interleaved(void* handle, Bound* b) {
 // llama.cpp's own prefill multiplies them: Q8_0 weights with Q8_0 activations, where the library exports
 // `llamafile_sgemm` (built with GGML_LLAMAFILE, the default). Its kernel keeps a tile of weight and activation rows in
 // registers across each block's integer dot products, where one vec_dot per (weight row, activation row) reloads
-// both: a 35-token prompt on Qwen2.5-0.5B Q8_0 took ~0.7 s through float32 tiles (BENCHMARKS.md, "A prompt's rows
-// through tinyBLAS"). Q4_0, the other 8-bit-activation format it serves, is repacked for ggml's gemm instead.
+// both, and nothing is de-quantized, where the float32 tiles wrote the whole matrix out (the prefill's time before
+// and after: BENCHMARKS.md, "A prompt's rows through tinyBLAS"). Q4_0, the other 8-bit-activation format it serves, is
+// repacked for ggml's gemm instead. Its float formats' kernels are not called: they share out their tiles through
+// ggml's own thread pool (params->threadpool), which is not run here.
 constexpr int kSgemmTypes[] = {GGML_ABI_Q8_0};
 
 void bind_sgemm(void* handle, Bound* b) {
