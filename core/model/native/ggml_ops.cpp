@@ -200,7 +200,8 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& raw, int64_t type) 
   const uint8_t* w = raw.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   if (M >= 2 && through_sgemm(fmt)) {  // a prompt's rows: tinyBLAS, each thread its share of the tiles (ith of nth)
-    const int nth = std::max(1, at::get_num_threads());
+    // as many threads as fork_rule.h's grain gives the weight rows (tinyBLAS shares out its tiles itself)
+    const int nth = static_cast<int>(std::clamp<int64_t>(N / grain_for(K, M), 1, at::get_num_threads()));
     at::parallel_for(0, nth, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const ggml_compute_params_abi params{static_cast<int>(t), nth, 0, nullptr, nullptr, false};

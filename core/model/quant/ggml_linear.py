@@ -29,6 +29,7 @@ what they left.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from dataclasses import dataclass
@@ -67,15 +68,11 @@ def _ops():
     return torch.ops.tokentui_ggml
 
 
-_SGEMM: list[frozenset[int]] = []  # the bound library's sgemm_types, read once
-
-
+@functools.cache
 def _sgemm_types() -> frozenset[int]:
-    """The ggml types whose products of several rows go through tinyBLAS (ggml_ops.cpp); read once the library is
-    bound."""
-    if not _SGEMM:
-        _SGEMM.append(frozenset(int(t) for t in _ops().sgemm_types()))
-    return _SGEMM[0]
+    """The ggml types whose products of several rows go through tinyBLAS (ggml_ops.cpp), asked once: a GGMLLinear
+    exists only once the library is bound."""
+    return frozenset(int(t) for t in _ops().sgemm_types())
 
 
 # ------------------------------------------------------------------------------------------------- binding ggml
