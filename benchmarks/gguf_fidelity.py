@@ -2,26 +2,38 @@
 (the decode step it runs on the file) against llama-server on the same file, teacher-forced on the reference's own
 greedy answer.
 
-    .venv/bin/python benchmarks/gguf_fidelity.py --folder HF_FOLDER --gguf NAME=PATH [--gguf ...] [--steps 128]
+    .venv/bin/python benchmarks/gguf_fidelity.py --gguf NAME=PATH [--gguf ...] [--folder HF_FOLDER] [--steps 128]
         [--prompt TEXT ...]
 
 --prompt (repeatable; the default is the seeds' prompt) gives more positions than one answer's 128: on random
 weights the top two scores are often close, so one prompt's count moves by a few positions either way.
 
-The reference: the HF folder the files were converted from, in float32 (transformers), its greedy answer to the
-default prompt (chat template, no end of sequence before --steps). Per position t, each contender gets the prompt
-and the reference's first t tokens and is counted right when its top token is the reference's token t: tokentui
-through the decode plan's step on one KV cache (the prompt prefilled, then one reference token a step), llama-server
-by one `/completion` (n_predict 1, temperature 0, prompt cache on) per position. Beside each count: the positions
-only one of the two gets right, and over several prompts a sign test on those (the chance of so uneven a split if
-neither engine were closer to the reference).
+The reference is the float32 model, its greedy answer to each prompt (chat template, no end of sequence before
+--steps). Without --folder it is each file's own weights de-quantized to float32 and run by transformers (tokentui's
+`--dtype float32`): the model the file holds, as the embedded model's "float32 reference" in issues 25 and 37 is, so
+what is counted is each engine's own rounding. With --folder it is the HF folder the files were converted from,
+before quantization: the file's quantization error then comes first, and both engines share it.
+
+Per position t, each contender gets the prompt and the reference's first t tokens and is counted right when its top
+token is the reference's token t: tokentui through the decode plan's step on one KV cache (the prompt prefilled,
+then one reference token a step), llama-server by one `/completion` (n_predict 1, temperature 0, prompt cache on)
+per position. Beside each count: the positions only one of the two gets right, and over several prompts a sign test
+on those (the chance of so uneven a split if neither engine were closer to the reference).
+
+On random weights the top two scores are often within an activation's 8-bit rounding of each other, so the counts
+move by a few positions either way with any change of summation order. Beside them, a measure that does not wait for
+a flip: per position, the mean |log p - the reference's log p| over the reference's 5 likeliest tokens (llama-server's
+from its `n_probs` 20 log-probabilities, the softmax of its raw scores; a token not among its 20 is left out of its
+mean), and on how many positions each engine is the closer one, with the same sign test.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,86 +46,148 @@ import llama_serve  # noqa: E402
 PROMPT = "Is OpenAI open?"
 
 
-def reference(folder: Path, steps: int, text: str = PROMPT) -> tuple[list[int], list[int]]:
-    """(prompt ids, the float32 model's greedy answer of `steps` tokens to `text`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@dataclass(frozen=True)
+class Case:
+    """One prompt's reference: its ids, the float32 model's greedy answer, and per answer position the reference's
+    `TOP` likeliest tokens with their log-probabilities."""
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt: list[int]
+    answer: list[int]
+    top: list[dict[int, float]]
+
+
+@dataclass(frozen=True)
+class Position:
+    """One contender at one position: whether its top token is the reference's, and its mean |log p error| over the
+    reference's likeliest tokens it gave (NaN if none)."""
+
+    right: bool
+    error: float
+
+
+TOP = 5
+SERVER_PROBS = 20
+
+
+def float32_model(source: Path):
+    """(transformers' float32 model, its tokenizer): an HF folder's own, or a GGUF file's weights de-quantized."""
+    if source.is_dir():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return (AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(source))
+    from tokentui.core.model.load.loader import load_model
+
+    loaded = load_model(str(source), device="cpu", dtype="float32")
+    return loaded.model.eval(), loaded.tokenizer
+
+
+def reference(source: Path, steps: int, texts: list[str]) -> list[Case]:
+    """Per text, its Case from the float32 model at `source`."""
+    model, tokenizer = float32_model(source)
+    return [_case(model, tokenizer, steps, text) for text in texts]
+
+
+def _case(model, tokenizer, steps: int, text: str) -> Case:
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=False)
+    prompt = tokenizer.encode(chat, add_special_tokens=False)  # a file's own tokenizer renders text only
     ids = torch.tensor([list(prompt)])
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
-    return list(prompt), out[0, ids.shape[1]:].tolist()
+        answer = out[0, ids.shape[1]:].tolist()
+        scores = model(out).logits[0, len(prompt) - 1:-1].float()  # [steps, vocab]: position t predicts answer[t]
+        top = torch.topk(torch.log_softmax(scores, -1), TOP)
+    return Case(list(prompt), answer, [dict(zip(i.tolist(), v.tolist())) for i, v in zip(top.indices, top.values)])
 
 
-def tokentui_agreement(path: Path, prompt: list[int], answer: list[int]) -> tuple[list[bool], str]:
-    """(per position, whether tokentui's decode step's top token is the reference's; the step's description)."""
+def _position(case: Case, t: int, top_id: int | None, log_p: dict[int, float]) -> Position:
+    errors = [abs(log_p[i] - v) for i, v in case.top[t].items() if i in log_p]
+    return Position(top_id == case.answer[t], statistics.fmean(errors) if errors else math.nan)
+
+
+def tokentui_positions(path: Path, case: Case) -> tuple[list[Position], str]:
+    """(per position, tokentui's decode step against the reference; the step's description)."""
     from tokentui.core.model.engine import Engine
     from tokentui.core.model.load.loader import load_model
 
     loaded = load_model(str(path), device="cpu")
     engine = Engine(loaded)
     plan_step = engine.plan.step
-    run, _ = plan_step.new_cache(len(prompt), len(answer) + 1)
+    run, _ = plan_step.new_cache(len(case.prompt), len(case.answer) + 1)
+    positions = []
     with torch.inference_mode():
-        logits = plan_step.prefill(run, torch.tensor([prompt]), True)
-        right = []
-        for token in answer:
-            right.append(int(torch.argmax(logits.reshape(-1)[-loaded.facts.vocab_rows:])) == token)
+        logits = plan_step.prefill(run, torch.tensor([case.prompt]), True)
+        for t, token in enumerate(case.answer):
+            log_p = torch.log_softmax(logits.reshape(-1)[-loaded.facts.vocab_rows:].float(), -1)
+            positions.append(_position(case, t, int(torch.argmax(log_p)),
+                                       {i: float(log_p[i]) for i in case.top[t]}))
             logits = plan_step.step(run, token)
-    return right, engine.facts.decode_plan
+    return positions, engine.facts.decode_plan
 
 
-def server_agreement(path: Path, prompt: list[int], answer: list[int], threads: int) -> list[bool]:
-    """Per position, whether llama-server's top token is the reference's."""
+def server_positions(path: Path, case: Case, threads: int) -> list[Position]:
+    """Per position, llama-server on the same file against the reference."""
     import httpx
 
     server = llama_serve.start(path, threads=threads)
-    right = []
+    positions = []
     try:
         with httpx.Client(trust_env=False, timeout=600) as client:
-            for t, token in enumerate(answer):
-                body = {"prompt": prompt + answer[:t], "n_predict": 1, "temperature": 0.0, "cache_prompt": True,
-                        "return_tokens": True}
+            for t in range(len(case.answer)):
+                body = {"prompt": case.prompt + case.answer[:t], "n_predict": 1, "temperature": 0.0,
+                        "cache_prompt": True, "return_tokens": True, "n_probs": SERVER_PROBS}
                 reply = client.post(f"{server.url}/completion", json=body)
                 reply.raise_for_status()
-                right.append((reply.json().get("tokens") or [None])[0] == token)
+                answer = reply.json()
+                probs = (answer.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
+                positions.append(_position(case, t, (answer.get("tokens") or [None])[0],
+                                           {int(p["id"]): float(p["logprob"]) for p in probs}))
     finally:
         server.stop()
-    return right
+    return positions
+
+
+def row(ours: list[Position], theirs: list[Position]) -> str:
+    """The table's figures for paired positions: counts right, only one right, mean errors, closer / farther."""
+    pairs = [(a.error, b.error) for a, b in zip(ours, theirs) if a.error == a.error and b.error == b.error]
+    closer, farther = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+    only_ours = sum(a.right and not b.right for a, b in zip(ours, theirs))
+    only_theirs = sum(b.right and not a.right for a, b in zip(ours, theirs))
+    n = len(ours)
+    return (f"{sum(a.right for a in ours)}/{n} | {sum(b.right for b in theirs)}/{n} | {only_ours} | {only_theirs} | "
+            f"p = {sign_test(only_ours, only_theirs):.2f} | {statistics.fmean(a for a, _ in pairs):.4f} | "
+            f"{statistics.fmean(b for _, b in pairs):.4f} | {closer} / {farther} | p = {sign_test(closer, farther):.2g}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--folder", type=Path, help="the reference: this HF folder (default: each file de-quantized)")
     parser.add_argument("--gguf", action="append", required=True, metavar="NAME=PATH")
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: the seeds')")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    cases = [reference(args.folder, args.steps, text) for text in (args.prompt or [PROMPT])]
-    for prompt, answer in cases:
-        print(f"reference: {len(prompt)} prompt ids, {len(answer)} greedy tokens", flush=True)
-    print("| file | prompt | tokentui top-1 = reference | llama-server top-1 = reference | only tokentui right | "
-          "only llama-server right | tokentui's step |")
-    print("|---|---|---|---|---|---|---|")
+    texts = args.prompt or [PROMPT]
+    shared = reference(args.folder, args.steps, texts) if args.folder else None
+    print(f"reference: {args.folder or 'each file de-quantized to float32'}", flush=True)
+    print("| file | prompt | tokentui top-1 = reference | llama-server | only tokentui right | only llama-server | "
+          "sign test | tokentui mean \\|Δ log p\\| | llama-server's | tokentui closer / farther | sign test | "
+          "tokentui's step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for spec in args.gguf:
         name, _, path = spec.partition("=")
-        total = [0, 0, 0, 0, 0]
-        for k, (prompt, answer) in enumerate(cases, 1):
-            ours, step = tokentui_agreement(Path(path), prompt, answer)
-            theirs = server_agreement(Path(path), prompt, answer, args.threads)
-            row = [sum(ours), sum(theirs), len(answer), sum(a and not b for a, b in zip(ours, theirs)),
-                   sum(b and not a for a, b in zip(ours, theirs))]
-            total = [t + r for t, r in zip(total, row)]
-            print(f"| {name} | {k} | {row[0]}/{row[2]} | {row[1]}/{row[2]} | {row[3]} | {row[4]} | {step} |",
-                  flush=True)
+        cases = shared or reference(Path(path), args.steps, texts)
+        all_ours, all_theirs = [], []
+        for k, case in enumerate(cases, 1):
+            ours, step = tokentui_positions(Path(path), case)
+            theirs = server_positions(Path(path), case, args.threads)
+            all_ours += ours
+            all_theirs += theirs
+            print(f"| {name} | {k} | {row(ours, theirs)} | {step} |", flush=True)
         if len(cases) > 1:
-            print(f"| {name} | all | {total[0]}/{total[2]} | {total[1]}/{total[2]} | {total[3]} | {total[4]} | "
-                  f"sign test p = {sign_test(total[3], total[4]):.2f} |", flush=True)
+            print(f"| {name} | all | {row(all_ours, all_theirs)} | |", flush=True)
     return 0
 
 
