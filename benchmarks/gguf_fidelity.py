@@ -22,9 +22,10 @@ on those (the chance of so uneven a split if neither engine were closer to the r
 
 On random weights the top two scores are often within an activation's 8-bit rounding of each other, so the counts
 move by a few positions either way with any change of summation order. Beside them, a measure that does not wait for
-a flip: per position, the mean |log p - the reference's log p| over the reference's 5 likeliest tokens (llama-server's
-from its `n_probs` 20 log-probabilities, the softmax of its raw scores; a token not among its 20 is left out of its
-mean), and on how many positions each engine is the closer one, with the same sign test.
+a flip: per position, the mean |log p - the reference's log p| over the reference's 5 likeliest tokens
+(llama-server's from its `n_probs` 20 log-probabilities, the softmax of its raw scores; a token that either engine
+does not have among its 20 likeliest is left out of both engines' means), and on how many positions each engine is
+the closer one, with the same sign test.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ class Case:
 
 @dataclass(frozen=True)
 class Position:
-    """One contender at one position: whether its top token is the reference's, and its mean |log p error| over the
-    reference's likeliest tokens it gave (NaN if none)."""
+    """One contender at one position: whether its top token is the reference's, and its log-probabilities of those
+    of the reference's likeliest tokens that are among its own `SERVER_PROBS` likeliest, beside the reference's."""
 
     right: bool
-    error: float
+    log_p: dict[int, float]
+    reference: dict[int, float]
+
+    def error(self, tokens) -> float:
+        """Mean |log p - the reference's log p| over `tokens` (some of `log_p`'s)."""
+        return statistics.fmean(abs(self.log_p[i] - self.reference[i]) for i in tokens)
 
 
 TOP = 5
@@ -102,8 +108,7 @@ def _case(model, tokenizer, steps: int, text: str) -> Case:
 
 
 def _position(case: Case, t: int, top_id: int | None, log_p: dict[int, float]) -> Position:
-    errors = [abs(log_p[i] - v) for i, v in case.top[t].items() if i in log_p]
-    return Position(top_id == case.answer[t], statistics.fmean(errors) if errors else math.nan)
+    return Position(top_id == case.answer[t], {i: log_p[i] for i in case.top[t] if i in log_p}, case.top[t])
 
 
 def tokentui_positions(path: Path, case: Case) -> tuple[list[Position], str]:
@@ -120,8 +125,9 @@ def tokentui_positions(path: Path, case: Case) -> tuple[list[Position], str]:
         logits = plan_step.prefill(run, torch.tensor([case.prompt]), True)
         for t, token in enumerate(case.answer):
             log_p = torch.log_softmax(logits.reshape(-1)[-loaded.facts.vocab_rows:].float(), -1)
-            positions.append(_position(case, t, int(torch.argmax(log_p)),
-                                       {i: float(log_p[i]) for i in case.top[t]}))
+            top = torch.topk(log_p, SERVER_PROBS)  # what llama-server's n_probs gives, so both are held alike
+            positions.append(_position(case, t, int(top.indices[0]), dict(zip(top.indices.tolist(),
+                                                                                top.values.tolist()))))
             logits = plan_step.step(run, token)
     return positions, engine.facts.decode_plan
 
@@ -150,7 +156,10 @@ def server_positions(path: Path, case: Case, threads: int) -> list[Position]:
 
 def row(ours: list[Position], theirs: list[Position]) -> str:
     """The table's figures for paired positions: counts right, only one right, mean errors, closer / farther."""
-    pairs = [(a.error, b.error) for a, b in zip(ours, theirs) if a.error == a.error and b.error == b.error]
+    # Each engine's error over the same tokens: the reference's likeliest that both have among their own likeliest
+    # (a token one of them puts lower is left out of both, not out of one).
+    shared = [(a, b, a.log_p.keys() & b.log_p.keys()) for a, b in zip(ours, theirs)]
+    pairs = [(a.error(tokens), b.error(tokens)) for a, b, tokens in shared if tokens]
     closer, farther = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
     only_ours = sum(a.right and not b.right for a, b in zip(ours, theirs))
     only_theirs = sum(b.right and not a.right for a, b in zip(ours, theirs))
