@@ -25,7 +25,8 @@ move by a few positions either way with any change of summation order. Beside th
 a flip: per position, the mean |log p - the reference's log p| over the reference's 5 likeliest tokens
 (llama-server's from its `n_probs` 20 log-probabilities, the softmax of its raw scores; a token that either engine
 does not have among its 20 likeliest is left out of both engines' means), and on how many positions each engine is
-the closer one, with the same sign test.
+the closer one, with the same sign test. The positions of one prompt share its KV cache (its prefill decides all
+128 together), so they are not independent: compare the per-prompt rows too, which engine is closer in how many.
 """
 
 from __future__ import annotations
