@@ -112,47 +112,54 @@ def _position(case: Case, t: int, top_id: int | None, log_p: dict[int, float]) -
     return Position(top_id == case.answer[t], {i: log_p[i] for i in case.top[t] if i in log_p}, case.top[t])
 
 
-def tokentui_positions(path: Path, case: Case) -> tuple[list[Position], str]:
-    """(per position, tokentui's decode step against the reference; the step's description)."""
+def tokentui_positions(path: Path, cases: list[Case]) -> tuple[list[list[Position]], str]:
+    """(per case, per position, tokentui's decode step against the reference; the step's description), the file
+    loaded once."""
     from tokentui.core.model.engine import Engine
     from tokentui.core.model.load.loader import load_model
 
     loaded = load_model(str(path), device="cpu")
     engine = Engine(loaded)
     plan_step = engine.plan.step
-    run, _ = plan_step.new_cache(len(case.prompt), len(case.answer) + 1)
-    positions = []
-    with torch.inference_mode():
-        logits = plan_step.prefill(run, torch.tensor([case.prompt]), True)
-        for t, token in enumerate(case.answer):
-            log_p = torch.log_softmax(logits.reshape(-1)[-loaded.facts.vocab_rows:].float(), -1)
-            top = torch.topk(log_p, SERVER_PROBS)  # what llama-server's n_probs gives, so both are held alike
-            positions.append(_position(case, t, int(top.indices[0]), dict(zip(top.indices.tolist(),
-                                                                                top.values.tolist()))))
-            logits = plan_step.step(run, token)
-    return positions, engine.facts.decode_plan
+    out = []
+    for case in cases:
+        run, _ = plan_step.new_cache(len(case.prompt), len(case.answer) + 1)
+        positions = []
+        with torch.inference_mode():
+            logits = plan_step.prefill(run, torch.tensor([case.prompt]), True)
+            for t, token in enumerate(case.answer):
+                log_p = torch.log_softmax(logits.reshape(-1)[-loaded.facts.vocab_rows:].float(), -1)
+                top = torch.topk(log_p, SERVER_PROBS)  # what llama-server's n_probs gives, so both are held alike
+                positions.append(_position(case, t, int(top.indices[0]), dict(zip(top.indices.tolist(),
+                                                                                    top.values.tolist()))))
+                logits = plan_step.step(run, token)
+        out.append(positions)
+    return out, engine.facts.decode_plan
 
 
-def server_positions(path: Path, case: Case, threads: int) -> list[Position]:
-    """Per position, llama-server on the same file against the reference."""
+def server_positions(path: Path, cases: list[Case], threads: int) -> list[list[Position]]:
+    """Per case, per position, llama-server on the same file against the reference (one server for all cases)."""
     import httpx
 
     server = llama_serve.start(path, threads=threads)
-    positions = []
+    out = []
     try:
         with httpx.Client(trust_env=False, timeout=600) as client:
-            for t in range(len(case.answer)):
-                body = {"prompt": case.prompt + case.answer[:t], "n_predict": 1, "temperature": 0.0,
-                        "cache_prompt": True, "return_tokens": True, "n_probs": SERVER_PROBS}
-                reply = client.post(f"{server.url}/completion", json=body)
-                reply.raise_for_status()
-                answer = reply.json()
-                probs = (answer.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
-                positions.append(_position(case, t, (answer.get("tokens") or [None])[0],
-                                           {int(p["id"]): float(p["logprob"]) for p in probs}))
+            for case in cases:
+                positions = []
+                for t in range(len(case.answer)):
+                    body = {"prompt": case.prompt + case.answer[:t], "n_predict": 1, "temperature": 0.0,
+                            "cache_prompt": True, "return_tokens": True, "n_probs": SERVER_PROBS}
+                    reply = client.post(f"{server.url}/completion", json=body)
+                    reply.raise_for_status()
+                    result = reply.json()
+                    probs = (result.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
+                    positions.append(_position(case, t, (result.get("tokens") or [None])[0],
+                                               {int(p["id"]): float(p["logprob"]) for p in probs}))
+                out.append(positions)
     finally:
         server.stop()
-    return positions
+    return out
 
 
 def row(ours: list[Position], theirs: list[Position]) -> str:
@@ -189,15 +196,12 @@ def main(argv=None) -> int:
     for spec in args.gguf:
         name, _, path = spec.partition("=")
         cases = shared or reference(Path(path), args.steps, texts)
-        all_ours, all_theirs = [], []
-        for k, case in enumerate(cases, 1):
-            ours, step = tokentui_positions(Path(path), case)
-            theirs = server_positions(Path(path), case, args.threads)
-            all_ours += ours
-            all_theirs += theirs
-            print(f"| {name} | {k} | {row(ours, theirs)} | {step} |", flush=True)
+        ours, step = tokentui_positions(Path(path), cases)
+        theirs = server_positions(Path(path), cases, args.threads)
+        for k, (a, b) in enumerate(zip(ours, theirs), 1):
+            print(f"| {name} | {k} | {row(a, b)} | {step} |", flush=True)
         if len(cases) > 1:
-            print(f"| {name} | all | {row(all_ours, all_theirs)} | |", flush=True)
+            print(f"| {name} | all | {row(sum(ours, []), sum(theirs, []))} | |", flush=True)
     return 0
 
 
