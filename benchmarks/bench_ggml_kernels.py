@@ -10,8 +10,10 @@ choosing"), and GGMLLinear's prefill path.
    activations, one call a matrix: the same call overhead); plus ggml's whole native step on the stack
    (torch.ops.tokentui_ggml.decode_step at position 0: the products with no call between them). Rounds alternate
    the kernels and 1 / 2 threads; each figure is the median over rounds of the best of 5 tokens, in ms per token.
-2. Prefill: a 1024 -> 3072 Q8_0 and Q4_K matrix at M = 16, 64, 512 rows: ggml's product against the matrix
-   de-quantized a tile at a time and torch's F.linear (GGMLLinear's two paths), ms per call.
+2. Prefill: a 1024 -> 3072 matrix as stored (Q8_0, Q5_K, Q6_K, F16, BF16) at M = 16, 64, 512 rows: ggml's
+   product (vec_dot; tinyBLAS for Q8_0), llama.cpp's matrix product through a ggml graph (mul_mat: GGMLLinear's
+   path above PRODUCT_ROWS), and the matrix de-quantized to float32 then torch's F.linear (its path before), ms per
+   call.
 
 ggml's library: $TOKENTUI_GGML_LIB, else the cached build (core/model/native/ggml_build.py, built if missing).
 """
@@ -29,7 +31,7 @@ import torch
 
 from tokentui.core.model.native.q4_native import NativeQ4, NativeQ4I16
 from tokentui.core.model.quant import ggml_linear
-from tokentui.core.model.quant.ggml_linear import GGMLMatrix, _tiled_linear
+from tokentui.core.model.quant.ggml_linear import GGMLMatrix
 from tokentui.core.model.quant.gguf_quant import read_blocks
 
 LAYERS, H, Q, KV, MLP = 28, 1024, 2048, 1024, 3072
@@ -124,12 +126,14 @@ def decode(formats, rounds: int) -> None:
 def prefill(rounds: int) -> None:
     print("prefill, ms per call of a 1024 -> 3072 matrix (median over rounds of the best of 3)")
     g = torch.Generator().manual_seed(1)
-    for fmt in ("Q8_0", "Q4_K"):
+    ops = torch.ops.tokentui_ggml
+    for fmt in ("Q8_0", "Q5_K", "Q6_K", "F16", "BF16"):
         m = GGMLMatrix.quantize(torch.randn(MLP, H, generator=g) * 0.02, fmt)
         for rows in (16, 64, 512):
             x = torch.randn(rows, H, generator=g)
-            runs = {"product": lambda: torch.ops.tokentui_ggml.product(x, m.raw, m.type),
-                    "dequantize+F.linear": lambda: _tiled_linear(x, m, m.raw)}
+            runs = {"product": lambda: ops.product(x, m.raw, m.type),
+                    "mul_mat": lambda: ops.mul_mat(x, m.raw, m.type),
+                    "dequantize+F.linear": lambda: torch.nn.functional.linear(x, m.dequantize())}
             times = {(n, t): [] for n in runs for t in (1, 2)}
             for _ in range(rounds):
                 for threads in (1, 2):

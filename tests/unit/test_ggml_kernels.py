@@ -182,11 +182,11 @@ def test_rows_are_the_dequantized_rows(fmt):
     assert (table.num_embeddings, table.embedding_dim) == (ROWS, COLS)
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q6_K", "Q4_K"])
-def test_linear_decodes_through_the_product_and_prefills_through_float32_or_gemm(fmt):
-    """A few rows through ggml's product; many (a prefill) through float32 tiles for a matrix as stored (Q6_K),
-    through ggml's gemm still for a repacked one (Q4_K), and through tinyBLAS for Q8_0 (its product, below), as
-    llama.cpp's prefill runs each."""
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q6_K", "Q5_K", "Q4_K", "BF16"])
+def test_linear_decodes_through_the_product_and_prefills_through_llama_cpps_matrix_product(fmt):
+    """A few rows through ggml's product; many (a prompt's) through llama.cpp's own matrix product (a ggml graph:
+    mul_mat, below) for a matrix as stored, through ggml's gemm still for a repacked one (Q4_K), as llama.cpp's
+    prefill runs each."""
     matrix = stored(values(), fmt)
     bias = torch.randn(ROWS)
     layer = GGMLLinear(matrix, bias)
@@ -199,15 +199,51 @@ def test_linear_decodes_through_the_product_and_prefills_through_float32_or_gemm
         else ops.packed_product(few.reshape(-1, COLS), layer.packed, matrix.type, COLS)  # Q4_K: repacked (below)
     assert torch.equal(layer(few), (product + bias).view(2, -1, ROWS))
     many = values(ggml_linear.PRODUCT_ROWS + 3, COLS, seed=3)
-    if matrix.type in ops.sgemm_types():
-        assert torch.equal(layer(many), ops.product(many, matrix.raw, matrix.type) + bias)
-    elif layer.packed is None:
-        expected = many.double() @ wd.double().T + bias.double()
-        assert float((layer(many).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    if layer.packed is None:
+        assert torch.equal(layer(many), ops.mul_mat(many, matrix.raw, matrix.type) + bias)
     else:
         assert torch.equal(layer(many), ops.packed_product(many, layer.packed, matrix.type, COLS) + bias)
     half = layer(few.to(torch.bfloat16))  # another dtype: cast in, the result cast back
     assert half.dtype == torch.bfloat16 and half.shape == (2, ggml_linear.PRODUCT_ROWS // 2, ROWS)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_llama_cpps_matrix_product_rounds_the_activations_as_the_product_does(fmt):
+    """mul_mat (a one-node ggml graph on ggml's CPU backend: its tiled kernels, tinyBLAS or vec_dot, by format) gives
+    what the product gives, the activations rounded to the same vec_dot_type, up to float32 summation order; at 1
+    and 2 threads, for a prompt of 37 rows (not a multiple of the kernels' tiles) as for 64, and from activations
+    that start off a 32-byte boundary."""
+    ops = torch.ops.tokentui_ggml
+    assert ops.mul_mat_bound()  # the pinned build has ggml's graph and CPU backend
+    matrix = stored(values(ROWS + 3, COLS, seed=12), fmt)  # 51 weight rows: not a multiple of a tile either
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (37, 64):
+                x = values(rows, COLS, seed=40 + rows)
+                ours, theirs = ops.mul_mat(x, matrix.raw, matrix.type), ops.product(x, matrix.raw, matrix.type)
+                assert ours.shape == (rows, ROWS + 3) and ours.dtype == torch.float32
+                assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max()), (count, rows)
+                offset = torch.empty(x.numel() + 1)[1:].view(rows, COLS).copy_(x)  # 4 bytes past an aligned start
+                assert torch.equal(ops.mul_mat(offset, matrix.raw, matrix.type), ours)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_matrix_off_ggmls_alignment_prefills_through_the_product():
+    """ggml's buffers start on 32 bytes: mul_mat refuses a matrix that does not, in one line, and a GGMLLinear over
+    one (a GGUF whose general.alignment is smaller) multiplies a prompt's rows by the product instead."""
+    aligned = stored(values(), "Q6_K")
+    bytes_ = torch.empty(aligned.raw.numel() + 8, dtype=torch.uint8)[8:].view(aligned.raw.shape).copy_(aligned.raw)
+    assert bytes_.data_ptr() % ggml_linear.GRAPH_ALIGNMENT != 0
+    off = GGMLMatrix(bytes_, "Q6_K", ROWS, COLS)
+    ops = torch.ops.tokentui_ggml
+    many = values(ggml_linear.PRODUCT_ROWS + 5, COLS, seed=6)
+    with pytest.raises(RuntimeError, match="mul_mat: the matrix's bytes are not 32-byte aligned"):
+        ops.mul_mat(many, off.raw, off.type)
+    assert torch.equal(GGMLLinear(off, repack=False)(many), ops.product(many, off.raw, off.type))
+    assert torch.equal(GGMLLinear(aligned, repack=False)(many), ops.mul_mat(many, aligned.raw, aligned.type))
 
 
 def test_a_prompts_q8_0_rows_go_through_tinyblas_with_the_bits_of_one_row_at_a_time():
@@ -287,7 +323,7 @@ def packed_or_skip(fmt: str) -> None:
 def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_values(fmt):
     """llama.cpp's repacked kernels sum the same 8-bit products in another order: within float32 rounding of
     vec_dot's result, for a decode step's one row and gemm's rows 4 at a time (plus the rest through gemv), a
-    prefill's many rows too (where a matrix as stored goes through float32 tiles)."""
+    prefill's many rows too (which a matrix as stored multiplies by llama.cpp's matrix product: mul_mat)."""
     packed_or_skip(fmt)
     matrix = stored(values(), fmt)
     layer, plain = GGMLLinear(matrix), GGMLLinear(matrix, repack=False)
@@ -302,8 +338,9 @@ def test_a_repacked_matrix_multiplies_as_vec_dot_and_dequantizes_to_the_files_va
         assert not torch.equal(ours, theirs) or rows == 1  # another kernel (one row may happen to agree)
         assert float((ours - theirs).abs().max()) <= 1e-5 * float(theirs.abs().max())
     many = values(ggml_linear.PRODUCT_ROWS + 9, COLS, seed=5)
-    floats = plain(many)  # a matrix as stored: float32 tiles, not 8-bit activations
-    assert not torch.allclose(layer(many), floats, rtol=0, atol=1e-5 * float(floats.abs().max()))
+    stored_rows = plain(many)  # a matrix as stored: llama.cpp's matrix product, the same 8-bit activations
+    assert torch.equal(stored_rows, ops.mul_mat(many, matrix.raw, matrix.type))
+    assert float((layer(many) - stored_rows).abs().max()) <= 1e-5 * float(stored_rows.abs().max())
 
 
 @pytest.mark.parametrize("fmt", PACKED)
@@ -354,23 +391,3 @@ def test_a_repacked_files_pages_are_given_back_and_read_again(tmp_path):
     assert torch.ops.tokentui_ggml.release(before) == 0  # anonymous memory: left alone
     layer = GGMLLinear(matrix)
     assert layer.kernel == "q4_0x8 gemv" and torch.equal(layer.weight, gguf_values(before, "Q4_0"))
-
-
-def test_the_prefill_tiles_share_one_buffer_and_give_the_float32_product(monkeypatch):
-    """Many rows go through float32 tiles de-quantized into one reused buffer (`dequantize_into`): over several
-    tiles (the last one short) and two matrices of other shapes in turn, the product is x @ W^T of the file's
-    values; `dequantize_into` writes dequantize's values and refuses a buffer of the wrong shape in one line."""
-    monkeypatch.setattr(ggml_linear, "TILE_VALUES", 3 * COLS)  # 3 rows a tile: ROWS is not a multiple of it
-    ops = torch.ops.tokentui_ggml
-    for fmt, rows, cols in (("Q6_K", ROWS + 5, COLS), ("Q4_0", 2 * ROWS, 2 * COLS), ("Q6_K", ROWS, COLS)):
-        matrix = stored(values(rows, cols, seed=rows), fmt)
-        layer = GGMLLinear(matrix, repack=False)
-        x = values(ggml_linear.PRODUCT_ROWS + 5, cols, seed=7)
-        wd = gguf_values(matrix.raw, fmt)
-        expected = x.double() @ wd.double().T
-        assert float((layer(x).double() - expected).abs().max()) <= 1e-5 * float(expected.abs().max()), fmt
-        out = torch.empty(4, cols)
-        ops.dequantize_into(matrix.raw[:4], matrix.type, cols, out)
-        assert torch.equal(out, ops.dequantize(matrix.raw[:4], matrix.type, cols))
-    with pytest.raises(RuntimeError, match="dequantize_into: out must be a contiguous"):
-        ops.dequantize_into(matrix.raw[:4], matrix.type, COLS, torch.empty(3, COLS))

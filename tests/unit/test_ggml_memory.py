@@ -67,7 +67,8 @@ def mapping_flags(tensor: torch.Tensor) -> tuple[int, int, list[str]]:
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_a_files_matrix_runs_from_a_huge_page_copy_of_its_bytes(tmp_path, fmt):
     """The copy is the file's bytes exactly, outside the file's map, in memory advised for huge pages; products (one
-    row: vec_dot; many: the float32 tiles) and `weight` give the very values of the file's own bytes."""
+    row: vec_dot; many: llama.cpp's matrix product through a ggml graph) and `weight` give the very values of the
+    file's own bytes."""
     w = values(64, 512)
     matrix = file_matrices(tmp_path, {"w": (w, fmt)})["w"]
     ops = torch.ops.tokentui_ggml

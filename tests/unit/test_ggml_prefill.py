@@ -44,8 +44,8 @@ def test_a_prompt_gives_the_forwards_scores_and_cache_rows(kind, fmt, tied):
 
 @pytest.mark.parametrize("kind, fmt, tied", [("qwen3", "mixed", True), ("qwen2", "Q8_0", True)])
 def test_chunks_and_a_continued_cache_see_the_earlier_positions(kind, fmt, tied):
-    """Three chunks (7, 1, then 20 ids) on one cache, against the forward fed the same chunks (a product's path
-    depends on its rows: ggml's product of 8-bit activations, or float32 tiles past PRODUCT_ROWS): each chunk's
+    """Three chunks (7, 1, then 20 ids) on one cache, against the forward fed the same chunks (so each product runs the
+    same kernel on the same rows: a repacked matrix's gemm and gemv may sum in another order): each chunk's
     queries see every earlier position (the causal mask offset by the cache's length)."""
     model = model_for(kind, fmt, tied)
     step = ggml_step(model)

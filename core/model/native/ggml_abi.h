@@ -72,6 +72,31 @@ typedef bool (*ggml_sgemm_fn)(const ggml_compute_params_abi* params, int64_t m, 
                               int64_t lda, const void* B, int64_t ldb, void* C, int64_t ldc, int Atype, int Btype,
                               int Ctype);
 
+// ggml.h / ggml-backend.h / ggml-cpu.h: a one-node graph (ggml_mul_mat) computed by the CPU backend, as llama.cpp
+// computes its prompt's products (ggml_mul_mat.cpp). Only pointers to ggml's own objects are held (its context,
+// tensors, graph, backend and buffers stay opaque), and `ggml_init_params` is the one struct passed by value.
+struct ggml_init_params_abi {  // ggml.h's ggml_init_params
+  size_t mem_size;
+  void* mem_buffer;
+  bool no_alloc;
+};
+typedef void* (*ggml_init_fn)(ggml_init_params_abi params);                       // -> ggml_context*
+typedef void (*ggml_free_fn)(void* ctx);
+typedef size_t (*ggml_overhead_fn)(void);                                         // ggml_tensor_overhead
+typedef size_t (*ggml_graph_overhead_custom_fn)(size_t size, bool grads);
+typedef void* (*ggml_new_tensor_2d_fn)(void* ctx, int type, int64_t ne0, int64_t ne1);  // -> ggml_tensor*
+typedef void* (*ggml_mul_mat_fn)(void* ctx, void* a, void* b);                    // -> ggml_tensor*
+typedef void* (*ggml_new_graph_custom_fn)(void* ctx, size_t size, bool grads);    // -> ggml_cgraph*
+typedef void (*ggml_build_forward_expand_fn)(void* graph, void* tensor);
+typedef void* (*ggml_backend_cpu_init_fn)(void);                                  // -> ggml_backend_t
+typedef void (*ggml_backend_cpu_set_n_threads_fn)(void* backend, int n_threads);
+typedef void (*ggml_backend_free_fn)(void* backend);
+typedef void* (*ggml_backend_cpu_buffer_from_ptr_fn)(void* ptr, size_t size);     // -> ggml_backend_buffer_t
+typedef void (*ggml_backend_buffer_free_fn)(void* buffer);
+typedef int (*ggml_backend_tensor_alloc_fn)(void* buffer, void* tensor, void* addr);     // -> enum ggml_status
+typedef int (*ggml_backend_graph_compute_fn)(void* backend, void* graph);                // -> enum ggml_status
+constexpr size_t GGML_ABI_TENSOR_ALIGNMENT = 32;  // ggml-impl.h's TENSOR_ALIGNMENT: a buffer's base is aligned so
+
 typedef const ggml_type_traits* (*ggml_get_type_traits_fn)(int type);
 typedef const ggml_type_traits_cpu* (*ggml_get_type_traits_cpu_fn)(int type);
 typedef void (*ggml_cpu_init_fn)(void);
@@ -125,5 +150,9 @@ struct Job {
 // Every job's rows, split over torch's threads as one range (fork_rule.h's shared_for), so a layer's q, k and v (or
 // gate and up) fork once; each row one vec_dot of K values, or a packed job's rows one gemv a group of 8.
 void run_products(const Job* jobs, int64_t count, int64_t K);
+
+// ggml_mul_mat.cpp: finds the CPU backend's graph functions in the library just opened (bind calls it once); false
+// where the library lacks one (then `mul_mat_bound` is false and ggml_linear.py keeps the other paths).
+bool bind_mul_mat(void* handle);
 
 }  // namespace tokentui_ggml

@@ -14,6 +14,7 @@
 // here gives the values of llama.cpp's vec_dot path; where llama.cpp repacks a format for an interleaved kernel
 // instead (on x86 with AVX2: Q4_0, Q4_K, its "repack" buffers) its sums run in another order, a float32 rounding
 // apart: those kernels are bound here too (bind_interleaved) and run on repacked copies by ggml_repack.cpp.
+// A whole prompt's rows go through llama.cpp's own matrix product instead (ggml_mul_mat.cpp).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
@@ -80,10 +81,9 @@ void bind_interleaved(void* handle, Bound* b) {
 // llama.cpp's own prefill multiplies them: Q8_0 weights with Q8_0 activations, where the library exports
 // `llamafile_sgemm` (built with GGML_LLAMAFILE, the default). Its kernel keeps a tile of weight and activation rows in
 // registers across each block's integer dot products, where one vec_dot per (weight row, activation row) reloads
-// both, and nothing is de-quantized, where the float32 tiles wrote the whole matrix out (the prefill's time before
-// and after: BENCHMARKS.md, "A prompt's rows through tinyBLAS"). Q4_0, the other 8-bit-activation format it serves, is
-// repacked for ggml's gemm instead. Its float formats' kernels are not called: they share out their tiles through
-// ggml's own thread pool (params->threadpool), which is not run here.
+// both (BENCHMARKS.md, "A prompt's rows through tinyBLAS"). Here it serves a few rows (2 to ggml_linear.py's
+// PRODUCT_ROWS); a whole prompt's go through ggml's graph (ggml_mul_mat.cpp), which calls the same kernel, and its
+// float formats' kernels too: those share out their tiles through ggml's own thread pool, which only a graph sets up.
 constexpr int kSgemmTypes[] = {GGML_ABI_Q8_0};
 
 void bind_sgemm(void* handle, Bound* b) {
@@ -141,6 +141,7 @@ std::string bind(const std::string& path) {
   }
   bind_interleaved(handle, b);
   bind_sgemm(handle, b);
+  bind_mul_mat(handle);
   bound = b;
   return "";
 }
@@ -238,18 +239,6 @@ at::Tensor dequantize(const at::Tensor& raw, int64_t type, int64_t K) {
   return out;
 }
 
-// dequantize_into(raw, type, K, out): dequantize's values written into `out` ([N, K] float32, contiguous), so a
-// caller that de-quantizes tile after tile (ggml_linear.py `_tiled_linear`, the prefill) reuses one buffer rather
-// than allocating each tile: the allocator kept a varying share of those short-lived 4 MB tiles (the peak memory).
-void dequantize_into(const at::Tensor& raw, int64_t type, int64_t K, at::Tensor out) {
-  const Format& fmt = checked(type);
-  check_raw(raw, fmt, K, "dequantize_into");
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.device().is_cpu() && out.is_contiguous() && out.dim() == 2 &&
-                  out.size(0) == raw.size(0) && out.size(1) == K,
-              "dequantize_into: out must be a contiguous [", raw.size(0), ", ", K, "] float32 CPU tensor");
-  fill_float(raw, fmt, K, out);
-}
-
 at::Tensor rows(const at::Tensor& raw, int64_t type, int64_t K, const at::Tensor& ids_in) {
   const Format& fmt = checked(type);
   check_raw(raw, fmt, K, "rows");
@@ -343,7 +332,6 @@ TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
   m.def("sgemm_types() -> int[]", &tokentui_ggml::sgemm_types);
   m.def("product(Tensor x, Tensor raw, int type) -> Tensor");
   m.def("dequantize(Tensor raw, int type, int K) -> Tensor");
-  m.def("dequantize_into(Tensor raw, int type, int K, Tensor(a!) out) -> ()");
   m.def("rows(Tensor raw, int type, int K, Tensor ids) -> Tensor");
   m.def("quantize(Tensor x, int type, bool cpu) -> Tensor");
 }
@@ -351,7 +339,6 @@ TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
 TORCH_LIBRARY_IMPL(tokentui_ggml, CPU, m) {
   m.impl("product", &tokentui_ggml::product);
   m.impl("dequantize", &tokentui_ggml::dequantize);
-  m.impl("dequantize_into", &tokentui_ggml::dequantize_into);
   m.impl("rows", &tokentui_ggml::rows);
   m.impl("quantize", &tokentui_ggml::quantize);
 }

@@ -40,10 +40,10 @@ NATIVE = Path(__file__).parent  # the C++ sources sit beside this file
 # select_chain.cpp the same with the whole sampler chain (core/steps/select_chain.py); exact_head.cpp the LM head's
 # exact scores (core/model/quant/qlinear.py's QLMHead);
 # ggml_ops.cpp / ggml_step.cpp / ggml_repack.cpp run ggml's CPU kernels, opened at run time (core/model/quant/
-# ggml_linear.py), on matrices in ggml_memory.cpp's memory
+# ggml_linear.py), on matrices in ggml_memory.cpp's memory; ggml_mul_mat.cpp a prompt's rows through ggml's graph
 SOURCES = (NATIVE / "q4_avx2.cpp", NATIVE / "decode_step.cpp", NATIVE / "select.cpp", NATIVE / "select_chain.cpp",
            NATIVE / "exact_head.cpp", NATIVE / "ggml_ops.cpp", NATIVE / "ggml_step.cpp", NATIVE / "ggml_repack.cpp",
-           NATIVE / "ggml_memory.cpp")
+           NATIVE / "ggml_memory.cpp", NATIVE / "ggml_mul_mat.cpp")
 HEADERS = (NATIVE / "q4_kernels.h", NATIVE / "i16_kernels.h", NATIVE / "select_draw.h", NATIVE / "select_math.h",
            NATIVE / "select_stages.h", NATIVE / "step_math.h", NATIVE / "ggml_abi.h",
            NATIVE / "ggml_memory.h", NATIVE / "fork_rule.h")

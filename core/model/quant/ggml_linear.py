@@ -29,7 +29,6 @@ what they left.
 
 from __future__ import annotations
 
-import functools
 import threading
 import warnings
 from dataclasses import dataclass
@@ -38,7 +37,6 @@ from typing import Callable
 import gguf
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...runs.events import LoadProgress
@@ -51,14 +49,18 @@ from .ggml_settings import (HUGE_PAGES_ENV, REPACK_ENV, ROWS_INTERLEAVED, THP_SE
 RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                       "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS",
                       "TQ1_0", "TQ2_0", "MXFP4"})
-# A GGMLLinear input of at most this many rows (a decode step's one, a fan-out's few) goes through ggml's product;
-# more (a prefill) through the matrix de-quantized a tile at a time and torch's float32 F.linear, which is faster
-# there than vec_dot row by row (measured: BENCHMARKS.md, "ggml's kernels"). A repacked matrix's rows go through
-# ggml's gemm at any count, as llama.cpp's prefill does: 4 rows at a time it is faster than the tiles at every prompt
-# length measured, up to 512 (BENCHMARKS.md, issue 37's prefill); so do a Q8_0 matrix's through llamafile's tinyBLAS
-# where ggml's library has it (ggml_ops.cpp's sgemm_types; BENCHMARKS.md, "A prompt's rows through tinyBLAS").
+# A GGMLLinear input of at most this many rows (a decode step's one, a fan-out's few) goes through ggml's product
+# (one vec_dot per weight row and activation row; for 2 or more rows of Q8_0, llamafile's tinyBLAS). More rows (a
+# prompt's) go through llama.cpp's own CPU matrix product, a one-node ggml graph (core/model/native/ggml_mul_mat.cpp),
+# as llama-server's prefill multiplies them: its tiled integer kernels for the K-quants and IQ formats, tinyBLAS for
+# Q8_0 and the float formats, vec_dot in chunks for the rest; faster than float32 tiles of the de-quantized matrix
+# (2-3x on Q5_K / Q6_K / BF16) and with llama.cpp's rounding of the activations, as on a decode step (BENCHMARKS.md,
+# issue 37: "A prompt's rows through ggml's graph"). A repacked Q4_0 / Q4_K matrix goes through ggml's interleaved
+# gemm at any row count, as llama.cpp's prefill runs it (BENCHMARKS.md, issue 37's prefill).
 PRODUCT_ROWS = 16
-TILE_VALUES = 1 << 20  # weights de-quantized at a time on the F.linear path (4 MB of float32)
+# ggml's TENSOR_ALIGNMENT: the graph takes a matrix whose bytes start on it (a GGUF's tensors are aligned to 32 unless
+# the file sets a smaller general.alignment: such a matrix's prompt rows go through the product instead)
+GRAPH_ALIGNMENT = 32
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
 # take its bytes as const), so exactly that warning is silenced where a file's tensor is wrapped
 _READ_ONLY_WARNING = "The given NumPy array is not writable"
@@ -66,13 +68,6 @@ _READ_ONLY_WARNING = "The given NumPy array is not writable"
 
 def _ops():
     return torch.ops.tokentui_ggml
-
-
-@functools.cache
-def _sgemm_types() -> frozenset[int]:
-    """The ggml types whose products of several rows go through tinyBLAS (ggml_ops.cpp), asked once: a GGMLLinear
-    exists only once the library is bound."""
-    return frozenset(int(t) for t in _ops().sgemm_types())
 
 
 # ------------------------------------------------------------------------------------------------- binding ggml
@@ -142,7 +137,7 @@ def _register_fakes() -> None:
         lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
     torch.library.register_fake("tokentui_ggml::dequantize")(
         lambda raw, type, k: raw.new_empty((raw.shape[0], k), dtype=torch.float32))
-    torch.library.register_fake("tokentui_ggml::dequantize_into")(lambda raw, type, k, out: None)
+    torch.library.register_fake("tokentui_ggml::mul_mat")(lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
     torch.library.register_fake("tokentui_ggml::rows")(
         lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
     torch.library.register_fake("tokentui_ggml::packed_product")(
@@ -285,12 +280,12 @@ def _ahead(matrix: GGMLMatrix) -> torch.Tensor | None:
 
 
 class GGMLLinear(nn.Module):
-    """A Linear whose weight is a GGMLMatrix [out_features, in_features]: y = x W^T (+ bias) by ggml's product
-    (decode: the activations converted to the format's 8-bit blocks, as llama.cpp does; a Q4_0 / Q4_K matrix by
-    ggml's interleaved gemv / gemm on a repacked copy where llama.cpp would run it so, at any number of rows: module
-    docstring; a Q8_0 matrix's rows by llamafile's tinyBLAS where the library has it), or for a matrix as stored and
-    more than PRODUCT_ROWS rows, by torch's float32 F.linear on the matrix de-quantized a tile at a time. `repack`:
-    False keeps the matrix as stored (as does $TOKENTUI_GGML_REPACK=0: `repack_enabled`)."""
+    """A Linear whose weight is a GGMLMatrix [out_features, in_features]: y = x W^T (+ bias) by ggml's kernels: for up
+    to PRODUCT_ROWS rows (a decode step's) its product, the activations converted to the format's vec_dot_type (8-bit
+    blocks for the quantized formats), as llama.cpp does; for more (a prompt's) llama.cpp's own matrix product
+    through a ggml graph (PRODUCT_ROWS says which kernels); a Q4_0 / Q4_K matrix by ggml's interleaved gemv / gemm on
+    a repacked copy where llama.cpp would run it so, at any number of rows (module docstring). `repack`: False keeps
+    the matrix as stored (as does $TOKENTUI_GGML_REPACK=0: `repack_enabled`)."""
 
     def __init__(self, matrix: GGMLMatrix, bias: torch.Tensor | None = None, repack: bool = True):
         super().__init__()
@@ -303,6 +298,8 @@ class GGMLLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
         self._packed = _packed(matrix) if repack else None
         self._resident = _resident(matrix) if self._packed is None else None
+        self._graph = self._packed is None and _ops().mul_mat_bound() \
+            and self.run_bytes.data_ptr() % GRAPH_ALIGNMENT == 0
 
     @property
     def packed(self) -> torch.Tensor | None:
@@ -345,10 +342,10 @@ class GGMLLinear(nn.Module):
         m = self.matrix
         if self._packed is not None:
             y = _ops().packed_product(flat, self._packed, m.type, m.cols)
-        elif flat.shape[0] <= PRODUCT_ROWS or m.type in _sgemm_types():
-            y = _ops().product(flat, self.run_bytes, m.type)
+        elif flat.shape[0] > PRODUCT_ROWS and self._graph:
+            y = _ops().mul_mat(flat, self.run_bytes, m.type)
         else:
-            y = _tiled_linear(flat, m, self.run_bytes)
+            y = _ops().product(flat, self.run_bytes, m.type)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -356,33 +353,6 @@ class GGMLLinear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.matrix.type_name}, " \
                f"bias={self.bias is not None}, kernel={self.kernel}"
-
-
-_TILES = threading.local()  # each thread's tile buffer for `_tiled_linear` (a preview's forward runs on another)
-
-
-def _tile_buffer(values: int) -> torch.Tensor:
-    """This thread's float32 buffer of at least `values` entries, kept for the next call: tile after tile and
-    matrix after matrix reuse it, where a new tensor per tile left the allocator keeping a varying share of them
-    (the load's peak memory moved by up to ~150 MiB between identical runs: BENCHMARKS.md, issue 37)."""
-    buffer = getattr(_TILES, "buffer", None)
-    if buffer is None or buffer.numel() < values:
-        buffer = _TILES.buffer = torch.empty(values, dtype=torch.float32)
-    return buffer
-
-
-def _tiled_linear(x: torch.Tensor, matrix: GGMLMatrix, raw: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ W^T with W de-quantized a tile of rows at a time (never the whole float32 matrix at once) from
-    `raw`, the matrix's bytes as stored, into one buffer reused from tile to tile."""
-    out = x.new_empty((x.shape[0], matrix.rows))
-    step = max(1, TILE_VALUES // matrix.cols)
-    buffer = _tile_buffer(step * matrix.cols)
-    for r0 in range(0, matrix.rows, step):
-        rows = raw[r0:r0 + step]
-        tile = buffer[:rows.shape[0] * matrix.cols].view(rows.shape[0], matrix.cols)  # [step, K]
-        _ops().dequantize_into(rows, matrix.type, matrix.cols, tile)
-        out[:, r0:r0 + step] = F.linear(x, tile)
-    return out
 
 
 class GGMLEmbedding(nn.Module):
