@@ -26,7 +26,8 @@ a flip: per position, the mean |log p - the reference's log p| over the referenc
 (llama-server's from its `n_probs` 20 log-probabilities, the softmax of its raw scores; a token that either engine
 does not have among its 20 likeliest is left out of both engines' means), and on how many positions each engine is
 the closer one, with the same sign test. The positions of one prompt share its KV cache (its prefill decides all
-128 together), so they are not independent: compare the per-prompt rows too, which engine is closer in how many.
+128 together), so they are not independent: the last line for each file counts the prompts where each engine is
+the closer, with the sign test over prompts.
 """
 
 from __future__ import annotations
@@ -162,12 +163,25 @@ def server_positions(path: Path, cases: list[Case], threads: int) -> list[list[P
     return out
 
 
+def errors(ours: list[Position], theirs: list[Position]) -> list[tuple[float, float]]:
+    """Each engine's error at each paired position, over the same tokens: the reference's likeliest that both have
+    among their own likeliest (a token one of them puts lower is left out of both, not out of one)."""
+    shared = [(a, b, a.log_p.keys() & b.log_p.keys()) for a, b in zip(ours, theirs)]
+    return [(a.error(tokens), b.error(tokens)) for a, b, tokens in shared if tokens]
+
+
+def by_prompt(ours: list[list[Position]], theirs: list[list[Position]]) -> str:
+    """The prompts where tokentui's mean error is the lower / llama-server's / neither (to 4 decimals, as printed),
+    with the sign test over the first two: a prompt's positions share its prefill, the prompts are independent."""
+    means = [[round(statistics.fmean(e), 4) for e in zip(*errors(a, b))] for a, b in zip(ours, theirs)]
+    closer, farther = sum(a < b for a, b in means), sum(a > b for a, b in means)
+    return (f"prompts where tokentui is closer / llama-server is / equal: {closer} / {farther} / "
+            f"{len(means) - closer - farther}, p = {sign_test(closer, farther):.2g}")
+
+
 def row(ours: list[Position], theirs: list[Position]) -> str:
     """The table's figures for paired positions: counts right, only one right, mean errors, closer / farther."""
-    # Each engine's error over the same tokens: the reference's likeliest that both have among their own likeliest
-    # (a token one of them puts lower is left out of both, not out of one).
-    shared = [(a, b, a.log_p.keys() & b.log_p.keys()) for a, b in zip(ours, theirs)]
-    pairs = [(a.error(tokens), b.error(tokens)) for a, b, tokens in shared if tokens]
+    pairs = errors(ours, theirs)
     closer, farther = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
     only_ours = sum(a.right and not b.right for a, b in zip(ours, theirs))
     only_theirs = sum(b.right and not a.right for a, b in zip(ours, theirs))
@@ -202,6 +216,7 @@ def main(argv=None) -> int:
             print(f"| {name} | {k} | {row(a, b)} | {step} |", flush=True)
         if len(cases) > 1:
             print(f"| {name} | all | {row(sum(ours, []), sum(theirs, []))} | |", flush=True)
+            print(f"{name}: {by_prompt(ours, theirs)}", flush=True)
     return 0
 
 
