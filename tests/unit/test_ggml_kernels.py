@@ -85,9 +85,10 @@ def gguf_bytes(w: torch.Tensor, fmt: str) -> torch.Tensor | None:
 
 def stored(w: torch.Tensor, fmt: str) -> GGMLMatrix:
     """w in format fmt: gguf-py's bytes where it quantizes the format, else ggml's reference quantization (the
-    K-quants)."""
+    K-quants). gguf-py's bytes are copied into torch's memory (aligned, as a GGUF's tensors are: numpy's is only to
+    16 bytes, which ggml's graph does not take: test_a_matrix_off_ggmls_alignment_prefills_through_the_product)."""
     raw = gguf_bytes(w, fmt)
-    return GGMLMatrix(raw, fmt, *w.shape) if raw is not None else GGMLMatrix.quantize(w, fmt)
+    return GGMLMatrix(raw.clone(), fmt, *w.shape) if raw is not None else GGMLMatrix.quantize(w, fmt)
 
 
 def gguf_values(raw: torch.Tensor, fmt: str) -> torch.Tensor:

@@ -35,7 +35,7 @@ PROMPT = "Is OpenAI open?"
 STEPS = 16
 # the files whose greedy ids are the float32 HF folder's on these tiny models (checked for each family below); the
 # 4- to 6-bit files move these random models' logits by as much as the logits (tests/unit/test_gguf_stored.py)
-KEEPS_THE_FOLDERS_IDS = ("F32", "F16")
+KEEPS_THE_FOLDERS_IDS = ("F32",)
 NEAR_TIE = 0.1  # raw probability between the forward's two best tokens where the native step may pick the other
 
 
@@ -74,8 +74,9 @@ def test_the_native_ggml_step_decodes_as_the_models_forward(family, tied, fmt):
     keeps them off the packed path, core/model/load/gguf_stored.py's packed_serves). A run through the forward (the lens asks for
     it) gives `generate`'s greedy ids through the same modules exactly; the native step's ids are those until the
     first step where the forward's two best tokens are within NEAR_TIE (the step sums norms and attention in another
-    order, which moves an activation across an 8-bit rounding step now and then: ggml_native's TOLERANCE). F32 and
-    F16 files also keep the float32 folder's ids (BF16 and Q8_0 do not on every one of these random models)."""
+    order, which moves an activation across an 8-bit rounding step now and then: ggml_native's TOLERANCE). F32 files
+    also keep the float32 folder's ids (the other formats' products round the activations to 8 or 16 bits, the
+    prompt's as llama.cpp's prefill does as well as each step's, and do not on every one of these random models)."""
     model_loaded = loaded(family, fmt, tied)
     engine = greedy(model_loaded)
     assert engine.facts.decode_plan.startswith("native ggml step: "), engine.facts.decode_plan
@@ -99,15 +100,21 @@ FILE = ("qwen3", "Q4_K_M", True)  # mixed formats (Q4_K, Q6_K), q/k norms, a tie
 
 def test_candidates_and_the_lens_are_the_forwards():
     """A run with the lens goes through the model's forward; without it, through the native step: the same ids and
-    candidates (within the step's rounding), and each lens row set's last layer is the step's own top token."""
+    candidates (within the step's rounding) up to the first step where the forward's two best are within NEAR_TIE
+    (the test above says why), and each lens row set's last layer is the step's own top token."""
     model_loaded = loaded(*FILE)
     layers = model_loaded.facts.layers
     _, native = run(greedy(model_loaded, top_candidates=5))
     _, lensed = run(greedy(model_loaded, top_candidates=5, logit_lens=True))
-    assert [s.id for s in native] == [s.id for s in lensed]
-    for a, b in zip(native, lensed):
+    at = next((i for i, (a, b) in enumerate(zip(native, lensed)) if a.id != b.id), len(native))
+    if at < len(native):
+        top = lensed[at].candidates
+        assert top[0].raw_prob - top[1].raw_prob < NEAR_TIE, (at, top[:2])
+    assert at >= 4, at  # the prompt's own step and a few after it agree whatever the ties later
+    for a, b in zip(native[:at], lensed[:at]):
         assert [c.id for c in a.candidates][:3] == [c.id for c in b.candidates][:3]
         assert max(abs(x.raw_prob - y.raw_prob) for x, y in zip(a.candidates, b.candidates)) < 2e-2
+    for a, b in zip(native, lensed):
         assert a.lens is None and b.lens is not None and len(b.lens) == layers
         assert b.lens[-1].id == b.id and b.lens[-1].prob == pytest.approx(b.chosen_raw_prob, abs=1e-4)
 
