@@ -117,9 +117,10 @@ at::Tensor mul_mat(const at::Tensor& x_in, const at::Tensor& raw, int64_t type) 
   Wrapped wb(raw.data_ptr(), static_cast<size_t>(raw.numel()));
   Wrapped ab(x.data_ptr(), static_cast<size_t>(x.numel()) * sizeof(float));
   Wrapped yb(out.data_ptr(), static_cast<size_t>(out.numel()) * sizeof(float));
-  TORCH_CHECK(fns->tensor_alloc(wb.buffer, w, raw.data_ptr()) == 0 && fns->tensor_alloc(ab.buffer, a, x.data_ptr()) == 0 &&
-                  fns->tensor_alloc(yb.buffer, y, out.data_ptr()) == 0,
-              "mul_mat: ggml refused a tensor's memory");
+  const bool placed = fns->tensor_alloc(wb.buffer, w, raw.data_ptr()) == 0 &&
+                      fns->tensor_alloc(ab.buffer, a, x.data_ptr()) == 0 &&
+                      fns->tensor_alloc(yb.buffer, y, out.data_ptr()) == 0;
+  TORCH_CHECK(placed, "mul_mat: ggml refused a tensor's memory");
   void* graph = fns->new_graph_custom(ctx, kGraphNodes, false);
   fns->build_forward_expand(graph, y);
   const int status = fns->graph_compute(state.backend, graph);

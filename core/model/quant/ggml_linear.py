@@ -137,7 +137,8 @@ def _register_fakes() -> None:
         lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
     torch.library.register_fake("tokentui_ggml::dequantize")(
         lambda raw, type, k: raw.new_empty((raw.shape[0], k), dtype=torch.float32))
-    torch.library.register_fake("tokentui_ggml::mul_mat")(lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
+    torch.library.register_fake("tokentui_ggml::mul_mat")(
+        lambda x, raw, type: x.new_empty((x.shape[0], raw.shape[0])))
     torch.library.register_fake("tokentui_ggml::rows")(
         lambda raw, type, k, ids: raw.new_empty((ids.numel(), k), dtype=torch.float32))
     torch.library.register_fake("tokentui_ggml::packed_product")(
