@@ -215,8 +215,8 @@ def test_llama_cpps_matrix_product_rounds_the_activations_as_the_product_does(fm
     and 2 threads, for a prompt of 37 rows (not a multiple of the kernels' tiles) as for 64, and from activations
     that start off a 32-byte boundary."""
     ops = torch.ops.tokentui_ggml
-    assert ops.mul_mat_bound()  # the pinned build has ggml's graph and CPU backend
     matrix = stored(values(ROWS + 3, COLS, seed=12), fmt)  # 51 weight rows: not a multiple of a tile either
+    assert ops.mul_mat_takes(matrix.raw)  # the pinned build has ggml's graph and CPU backend
     threads = torch.get_num_threads()
     try:
         for count in (1, 2):
@@ -237,9 +237,9 @@ def test_a_matrix_off_ggmls_alignment_prefills_through_the_product():
     one (a GGUF whose general.alignment is smaller) multiplies a prompt's rows by the product instead."""
     aligned = stored(values(), "Q6_K")
     bytes_ = torch.empty(aligned.raw.numel() + 8, dtype=torch.uint8)[8:].view(aligned.raw.shape).copy_(aligned.raw)
-    assert bytes_.data_ptr() % ggml_linear.GRAPH_ALIGNMENT != 0
-    off = GGMLMatrix(bytes_, "Q6_K", ROWS, COLS)
     ops = torch.ops.tokentui_ggml
+    assert bytes_.data_ptr() % 32 != 0 and not ops.mul_mat_takes(bytes_) and ops.mul_mat_takes(aligned.raw)
+    off = GGMLMatrix(bytes_, "Q6_K", ROWS, COLS)
     many = values(ggml_linear.PRODUCT_ROWS + 5, COLS, seed=6)
     with pytest.raises(RuntimeError, match="mul_mat: the matrix's bytes are not 32-byte aligned"):
         ops.mul_mat(many, off.raw, off.type)

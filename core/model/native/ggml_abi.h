@@ -95,7 +95,7 @@ typedef void* (*ggml_backend_cpu_buffer_from_ptr_fn)(void* ptr, size_t size);   
 typedef void (*ggml_backend_buffer_free_fn)(void* buffer);
 typedef int (*ggml_backend_tensor_alloc_fn)(void* buffer, void* tensor, void* addr);     // -> enum ggml_status
 typedef int (*ggml_backend_graph_compute_fn)(void* backend, void* graph);                // -> enum ggml_status
-constexpr size_t GGML_ABI_TENSOR_ALIGNMENT = 32;  // ggml-impl.h's TENSOR_ALIGNMENT: a buffer's base is aligned so
+constexpr size_t GGML_ABI_TENSOR_ALIGNMENT = 32;  // ggml-impl.h's TENSOR_ALIGNMENT: where a buffer's base must start
 
 typedef const ggml_type_traits* (*ggml_get_type_traits_fn)(int type);
 typedef const ggml_type_traits_cpu* (*ggml_get_type_traits_cpu_fn)(int type);
@@ -152,7 +152,7 @@ struct Job {
 void run_products(const Job* jobs, int64_t count, int64_t K);
 
 // ggml_mul_mat.cpp: finds the CPU backend's graph functions in the library just opened (bind calls it once); false
-// where the library lacks one (then `mul_mat_bound` is false and ggml_linear.py keeps the other paths).
+// where the library lacks one (then `mul_mat_takes` is false for every matrix and ggml_linear.py keeps the product).
 bool bind_mul_mat(void* handle);
 
 }  // namespace tokentui_ggml

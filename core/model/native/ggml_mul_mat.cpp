@@ -78,7 +78,9 @@ bool find(void* handle, const char* name, T& out) {
   return out != nullptr;
 }
 
-bool mul_mat_bound() { return fns != nullptr; }
+// mul_mat_takes(raw) -> whether mul_mat can run on this matrix's bytes: the graph functions are bound and the bytes
+// start on ggml's alignment (a GGUF's tensors do unless the file sets a smaller general.alignment)
+bool mul_mat_takes(const at::Tensor& raw) { return fns != nullptr && aligned(raw.data_ptr()); }
 
 // mul_mat(x [M, K] float32, raw [N, row_bytes] uint8 of ggml type `type`) -> [M, N] float32: x W^T as ggml computes
 // ggml_mul_mat(W, x) on the CPU.
@@ -157,7 +159,7 @@ bool bind_mul_mat(void* handle) {
 }  // namespace tokentui_ggml
 
 TORCH_LIBRARY_FRAGMENT(tokentui_ggml, m) {
-  m.def("mul_mat_bound() -> bool", &tokentui_ggml::mul_mat_bound);
+  m.def("mul_mat_takes(Tensor raw) -> bool", &tokentui_ggml::mul_mat_takes);
   m.def("mul_mat(Tensor x, Tensor raw, int type) -> Tensor");
 }
 

@@ -3,12 +3,12 @@ Qwen2, Qwen3 with every matrix a GGMLLinear), without transformers' forward: `pr
 
 The arithmetic is the forward's, on the same objects: each of a layer's 7 products is the same GGMLLinear called on
 the chunk's rows (ggml's gemm on a repacked matrix, llama.cpp's matrix product through a ggml graph on one as
-stored, as the forward calls it), q / k / v biases inside it; the RMSNorms by torch's F.rms_norm (as the lean step's); the rotation
-from the model's own rotary module (its rope type and scaling) applied as `rotate_half` does; keys and values
-appended to the run's cache through its layers' own `update` (buffers.py's GrowableBuffers); attention by torch's
-scaled_dot_product_attention (transformers' sdpa path), each query seeing the cache's earlier positions and the
-chunk's up to its own; SiLU MLP; residual adds. Only the last position goes through the final norm (the run needs
-its scores alone).
+stored, as the forward calls it), q / k / v biases inside it; the RMSNorms by torch's F.rms_norm (as the lean
+step's); the rotation from the model's own rotary module (its rope type and scaling) applied as `rotate_half` does;
+keys and values appended to the run's cache through its layers' own `update` (buffers.py's GrowableBuffers);
+attention by torch's scaled_dot_product_attention (transformers' sdpa path), each query seeing the cache's earlier
+positions and the chunk's up to its own; SiLU MLP; residual adds. Only the last position goes through the final norm
+(the run needs its scores alone).
 
 Why hand-written rather than the forward: it is the one part of a plain run that still needed transformers' modeling
 (the decode is the C++ step), which a start pays for in imports before its first token (issue 37, BENCHMARKS.md:

@@ -58,9 +58,6 @@ RUNNABLE = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_
 # issue 37: "A prompt's rows through ggml's graph"). A repacked Q4_0 / Q4_K matrix goes through ggml's interleaved
 # gemm at any row count, as llama.cpp's prefill runs it (BENCHMARKS.md, issue 37's prefill).
 PRODUCT_ROWS = 16
-# ggml's TENSOR_ALIGNMENT: the graph takes a matrix whose bytes start on it (a GGUF's tensors are aligned to 32 unless
-# the file sets a smaller general.alignment: such a matrix's prompt rows go through the product instead)
-GRAPH_ALIGNMENT = 32
 # torch.from_numpy warns on a read-only array (a GGUF file's memory map): nothing here writes to one (the operations
 # take its bytes as const), so exactly that warning is silenced where a file's tensor is wrapped
 _READ_ONLY_WARNING = "The given NumPy array is not writable"
@@ -299,8 +296,9 @@ class GGMLLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
         self._packed = _packed(matrix) if repack else None
         self._resident = _resident(matrix) if self._packed is None else None
-        self._graph = self._packed is None and _ops().mul_mat_bound() \
-            and self.run_bytes.data_ptr() % GRAPH_ALIGNMENT == 0
+        # the graph's prompt rows where it takes the bytes (ggml_mul_mat.cpp: bound, and on ggml's alignment), else
+        # the product's
+        self._graph = self._packed is None and _ops().mul_mat_takes(self.run_bytes)
 
     @property
     def packed(self) -> torch.Tensor | None:
